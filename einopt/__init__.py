@@ -1,0 +1,93 @@
+"""einopt: a derivation-based superoptimizer for tensor programs.
+
+The expression core is importable without TVM; ``einopt.compile`` imports
+TVM on first use (it takes over a second to load).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from einopt.api import (
+    L,
+    Sum,
+    absolute,
+    exp,
+    iters,
+    leaky_relu,
+    maximum,
+    minimum,
+    neg,
+    program,
+    relu,
+    sigmoid,
+    sqrt,
+    tanh,
+    tensor,
+)
+from einopt.ir import (
+    Access,
+    Binary,
+    Const,
+    IConst,
+    IRError,
+    Iter,
+    Program,
+    Scope,
+    Tensor,
+    Unary,
+)
+
+__version__ = "0.1.0"
+
+# Loaded on first use, so that `import einopt` stays fast.
+_LAZY: dict[str, tuple[str, str]] = {
+    "parse": ("einopt.syntax", "parse"),
+    "format_expr": ("einopt.syntax", "format_expr"),
+    "ParseError": ("einopt.syntax", "ParseError"),
+    "evaluate": ("einopt.interp", "evaluate"),
+    "key": ("einopt.keys", "key"),
+    "simplify": ("einopt.index", "simplify"),
+    "linear_form": ("einopt.index", "linear_form"),
+    "compile": ("einopt.codegen", "compile"),
+    "cuda_source": ("einopt.codegen", "cuda_source"),
+}
+
+__all__ = [
+    "Access",
+    "Binary",
+    "Const",
+    "IConst",
+    "IRError",
+    "Iter",
+    "L",
+    "Program",
+    "Scope",
+    "Sum",
+    "Tensor",
+    "Unary",
+    "absolute",
+    "exp",
+    "iters",
+    "leaky_relu",
+    "maximum",
+    "minimum",
+    "neg",
+    "program",
+    "relu",
+    "sigmoid",
+    "sqrt",
+    "tanh",
+    "tensor",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'einopt' has no attribute {name!r}")

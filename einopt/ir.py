@@ -1,0 +1,683 @@
+"""The tensor-algebra IR: immutable, interned expression nodes.
+
+An expression is written ``L_x Sum_y f(T[tau(x, y)])`` (method.md section 2).
+Every node is a frozen dataclass interned on construction, so two equal nodes
+are the same object: ``is`` is structural equality, and nodes can key caches.
+Constructors validate but never simplify; ``einopt.index.simplify`` and the
+derivation rules are the only places that rewrite.
+
+Semantics (the reference interpreter ``einopt.interp`` is the specification):
+
+* An iterator ``Iter(name, lo, hi)`` ranges over ``lo <= i < hi``.
+* A ``Scope`` is ``L[traversal] Sum[summation] body``. It is a *closed* term:
+  its body only uses its own iterators. Its result is a tensor indexed by the
+  *values* of its traversal iterators, so ``S[i]`` reads the element computed
+  at traversal value ``i`` (ranges may start below zero).
+* Reading any tensor or scope outside its range yields 0.
+* The order of summation iterators is irrelevant; the order of traversal
+  iterators is the output layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import weakref
+from collections.abc import Iterable, Iterator as PyIterator
+from typing import Any, ClassVar, Union
+
+__all__ = [
+    "Node",
+    "IndexExpr",
+    "Iter",
+    "IConst",
+    "IAdd",
+    "ISub",
+    "IMul",
+    "IFloorDiv",
+    "IMod",
+    "ValueExpr",
+    "Const",
+    "Access",
+    "Binary",
+    "Unary",
+    "Tensor",
+    "Scope",
+    "Program",
+    "IRError",
+    "BINARY_OPS",
+    "UNARY_FUNCS",
+    "DTYPES",
+    "as_index",
+    "as_value",
+    "scopes_in",
+    "tensors_in",
+]
+
+
+class IRError(ValueError):
+    """An expression is malformed (wrong rank, free iterator, bad range, ...)."""
+
+
+# --------------------------------------------------------------------------
+# Interning
+# --------------------------------------------------------------------------
+
+
+class _InternMeta(type):
+    """Construct, validate, then return the canonical instance.
+
+    The intern key is the node's class and field values; child nodes are
+    themselves interned, so they compare by identity and the key is cheap.
+    """
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        table = Node._table
+        names = _FIELD_NAMES.get(cls)
+        if names is None:
+            names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+        if not kwargs and len(args) == len(names):
+            # Fast path: an equal node exists already, so it was validated already.
+            try:
+                found = table.get(cls._key_of(args))
+            except TypeError:  # unhashable argument: let validation explain
+                found = None
+            if found is not None:
+                return found
+        node = super().__call__(*args, **kwargs)
+        key = cls._key_of(tuple(getattr(node, n) for n in names))
+        found = table.get(key)
+        if found is not None:
+            return found
+        table[key] = node
+        return node
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False, repr=False, weakref_slot=True)
+class Node(metaclass=_InternMeta):
+    """Base of every IR node: immutable, interned, compared by identity."""
+
+    _table: ClassVar[weakref.WeakValueDictionary] = weakref.WeakValueDictionary()
+
+    @classmethod
+    def _key_of(cls, values: tuple) -> tuple:
+        return (cls, *values)
+
+    def replace(self, **changes: Any) -> Node:
+        """Return a node with some fields changed (``self`` if none change)."""
+        if all(getattr(self, k) is v for k, v in changes.items()):
+            return self
+        return dataclasses.replace(self, **changes)
+
+    def __reduce__(self) -> tuple:
+        return (type(self), tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+
+    def __copy__(self) -> Node:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> Node:
+        return self
+
+    def __repr__(self) -> str:
+        from einopt.syntax import format_node
+
+        return f"<{type(self).__name__} {format_node(self)}>"
+
+    def __str__(self) -> str:
+        from einopt.syntax import format_node
+
+        return format_node(self)
+
+
+def _cached(node: Node, name: str, compute) -> Any:
+    """Per-node memo for derived facts (nodes are immutable, so it never goes stale)."""
+    cache = _CACHE.get(node)
+    if cache is None:
+        cache = _CACHE[node] = {}
+    if name not in cache:
+        cache[name] = compute()
+    return cache[name]
+
+
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+# --------------------------------------------------------------------------
+# Index expressions
+# --------------------------------------------------------------------------
+
+IndexLike = Union["IndexExpr", int]
+
+
+def as_index(x: IndexLike) -> IndexExpr:
+    """Coerce an int to ``IConst``; pass index expressions through."""
+    if isinstance(x, IndexExpr):
+        return x
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise IRError(f"index expressions are built from iterators and integers, got {x!r}")
+    return IConst(x)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False, repr=False)
+class IndexExpr(Node):
+    """An integer expression of iterators: ``+ - *``, ``//`` and ``%`` by constants."""
+
+    def __add__(self, other: IndexLike) -> IndexExpr:
+        return IAdd(self, as_index(other))
+
+    def __radd__(self, other: IndexLike) -> IndexExpr:
+        return IAdd(as_index(other), self)
+
+    def __sub__(self, other: IndexLike) -> IndexExpr:
+        return ISub(self, as_index(other))
+
+    def __rsub__(self, other: IndexLike) -> IndexExpr:
+        return ISub(as_index(other), self)
+
+    def __mul__(self, other: IndexLike) -> IndexExpr:
+        return IMul(self, as_index(other))
+
+    def __rmul__(self, other: IndexLike) -> IndexExpr:
+        return IMul(as_index(other), self)
+
+    def __neg__(self) -> IndexExpr:
+        return IMul(IConst(-1), self)
+
+    def __floordiv__(self, k: int) -> IndexExpr:
+        return IFloorDiv(self, k)
+
+    def __mod__(self, k: int) -> IndexExpr:
+        return IMod(self, k)
+
+    def iters(self) -> frozenset[Iter]:
+        """The iterators this expression reads."""
+        return _cached(self, "iters", lambda: frozenset(_index_iters(self)))
+
+
+def _index_iters(e: IndexExpr) -> PyIterator[Iter]:
+    if isinstance(e, Iter):
+        yield e
+    elif isinstance(e, (IAdd, ISub, IMul)):
+        yield from e.a.iters()
+        yield from e.b.iters()
+    elif isinstance(e, (IFloorDiv, IMod)):
+        yield from e.a.iters()
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Iter(IndexExpr):
+    """An iterator ``name`` over the half-open range ``[lo, hi)``."""
+
+    name: str
+    lo: int
+    hi: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise IRError(f"iterator name must be an identifier, got {self.name!r}")
+        for bound in (self.lo, self.hi):
+            if isinstance(bound, bool) or not isinstance(bound, int):
+                raise IRError(f"iterator {self.name}: bounds must be integers, got {bound!r}")
+        if self.hi <= self.lo:
+            raise IRError(f"iterator {self.name}: empty range [{self.lo}, {self.hi})")
+
+    @property
+    def extent(self) -> int:
+        return self.hi - self.lo
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False, repr=False)
+class IConst(IndexExpr):
+    value: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.value, bool) or not isinstance(self.value, int):
+            raise IRError(f"index constant must be an integer, got {self.value!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False, repr=False)
+class IAdd(IndexExpr):
+    a: IndexExpr
+    b: IndexExpr
+
+    def __post_init__(self) -> None:
+        _check_index_operands(self, self.a, self.b)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False, repr=False)
+class ISub(IndexExpr):
+    a: IndexExpr
+    b: IndexExpr
+
+    def __post_init__(self) -> None:
+        _check_index_operands(self, self.a, self.b)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False, repr=False)
+class IMul(IndexExpr):
+    a: IndexExpr
+    b: IndexExpr
+
+    def __post_init__(self) -> None:
+        _check_index_operands(self, self.a, self.b)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False, repr=False)
+class IFloorDiv(IndexExpr):
+    """Floor division by a positive constant ``k``."""
+
+    a: IndexExpr
+    k: int
+
+    def __post_init__(self) -> None:
+        _check_index_operands(self, self.a)
+        _check_divisor(self.k, "//")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False, repr=False)
+class IMod(IndexExpr):
+    """Modulo by a positive constant ``k`` (result in ``[0, k)``)."""
+
+    a: IndexExpr
+    k: int
+
+    def __post_init__(self) -> None:
+        _check_index_operands(self, self.a)
+        _check_divisor(self.k, "%")
+
+
+def _check_index_operands(node: Node, *operands: Any) -> None:
+    for x in operands:
+        if not isinstance(x, IndexExpr):
+            raise IRError(f"{type(node).__name__}: operand must be an index expression, got {x!r}")
+
+
+def _check_divisor(k: Any, op: str) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+        raise IRError(f"'{op}' needs a positive integer constant, got {k!r}")
+
+
+# --------------------------------------------------------------------------
+# Value expressions
+# --------------------------------------------------------------------------
+
+ValueLike = Union["ValueExpr", float, int]
+
+BINARY_OPS: tuple[str, ...] = ("+", "-", "*", "/", "max", "min")
+COMMUTATIVE_OPS: frozenset[str] = frozenset({"+", "*", "max", "min"})
+
+# Unary functions usable in fused eOperators; ``True`` marks a function that
+# takes one float parameter (leaky_relu's slope).
+UNARY_FUNCS: dict[str, bool] = {
+    "neg": False,
+    "relu": False,
+    "sigmoid": False,
+    "tanh": False,
+    "exp": False,
+    "abs": False,
+    "sqrt": False,
+    "leaky_relu": True,
+}
+
+DTYPES: tuple[str, ...] = ("float32", "float64", "float16", "int32", "int64")
+
+
+def as_value(x: ValueLike) -> ValueExpr:
+    """Coerce a Python number to ``Const``; pass value expressions through."""
+    if isinstance(x, ValueExpr):
+        return x
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise IRError(f"value expressions are built from accesses and numbers, got {x!r}")
+    return Const(float(x))
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False, repr=False)
+class ValueExpr(Node):
+    """A scalar computation on tensor elements."""
+
+    def __add__(self, other: ValueLike) -> ValueExpr:
+        return Binary("+", self, as_value(other))
+
+    def __radd__(self, other: ValueLike) -> ValueExpr:
+        return Binary("+", as_value(other), self)
+
+    def __sub__(self, other: ValueLike) -> ValueExpr:
+        return Binary("-", self, as_value(other))
+
+    def __rsub__(self, other: ValueLike) -> ValueExpr:
+        return Binary("-", as_value(other), self)
+
+    def __mul__(self, other: ValueLike) -> ValueExpr:
+        return Binary("*", self, as_value(other))
+
+    def __rmul__(self, other: ValueLike) -> ValueExpr:
+        return Binary("*", as_value(other), self)
+
+    def __truediv__(self, other: ValueLike) -> ValueExpr:
+        return Binary("/", self, as_value(other))
+
+    def __rtruediv__(self, other: ValueLike) -> ValueExpr:
+        return Binary("/", as_value(other), self)
+
+    def __neg__(self) -> ValueExpr:
+        return Unary("neg", self)
+
+    def iters(self) -> frozenset[Iter]:
+        """Free iterators of this value (nested scopes are closed, so only their indices count)."""
+        return _cached(self, "iters", lambda: frozenset(_value_iters(self)))
+
+
+def _value_iters(e: ValueExpr) -> PyIterator[Iter]:
+    if isinstance(e, Access):
+        for ix in e.indices:
+            yield from ix.iters()
+    elif isinstance(e, Binary):
+        yield from e.a.iters()
+        yield from e.b.iters()
+    elif isinstance(e, Unary):
+        yield from e.x.iters()
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Const(ValueExpr):
+    value: float
+
+    def __post_init__(self) -> None:
+        if isinstance(self.value, bool) or not isinstance(self.value, float):
+            raise IRError(f"value constant must be a float, got {self.value!r}")
+
+    @classmethod
+    def _key_of(cls, values: tuple) -> tuple:
+        # 0.0 and -0.0 compare equal but print differently; NaN never equals itself.
+        (v,) = values
+        return (Const, v.hex() if isinstance(v, float) and not math.isnan(v) else repr(v))
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Binary(ValueExpr):
+    op: str
+    a: ValueExpr
+    b: ValueExpr
+
+    def __post_init__(self) -> None:
+        if self.op not in BINARY_OPS:
+            raise IRError(f"unknown binary operator {self.op!r} (expected one of {', '.join(BINARY_OPS)})")
+        for x in (self.a, self.b):
+            if not isinstance(x, ValueExpr):
+                raise IRError(f"operand of '{self.op}' must be a value expression, got {x!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Unary(ValueExpr):
+    fn: str
+    x: ValueExpr
+    param: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.fn not in UNARY_FUNCS:
+            raise IRError(f"unknown function {self.fn!r} (expected one of {', '.join(UNARY_FUNCS)})")
+        if not isinstance(self.x, ValueExpr):
+            raise IRError(f"argument of {self.fn} must be a value expression, got {self.x!r}")
+        if UNARY_FUNCS[self.fn]:
+            if isinstance(self.param, bool) or not isinstance(self.param, float):
+                raise IRError(f"{self.fn} needs a float parameter, got {self.param!r}")
+        elif self.param is not None:
+            raise IRError(f"{self.fn} takes no parameter, got {self.param!r}")
+
+    @classmethod
+    def _key_of(cls, values: tuple) -> tuple:
+        fn, x, p = values
+        return (Unary, fn, x, p.hex() if isinstance(p, float) else repr(p))
+
+
+# --------------------------------------------------------------------------
+# Tensors, scopes, accesses
+# --------------------------------------------------------------------------
+
+
+class _Indexable:
+    """Mixin: ``T[i, j]`` builds an ``Access``."""
+
+    __slots__ = ()
+
+    def __getitem__(self, idx: IndexLike | tuple[IndexLike, ...]) -> Access:
+        if not isinstance(idx, tuple):
+            idx = (idx,)
+        return Access(self, tuple(as_index(i) for i in idx))
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Tensor(_Indexable, Node):
+    """An input tensor: valid indices are ``0 <= i < shape[d]``; outside reads 0."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise IRError(f"tensor name must be an identifier, got {self.name!r}")
+        if not isinstance(self.shape, tuple) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in self.shape
+        ):
+            raise IRError(f"tensor {self.name}: shape must be a tuple of positive ints, got {self.shape!r}")
+        if self.dtype not in DTYPES:
+            raise IRError(
+                f"tensor {self.name}: unsupported dtype {self.dtype!r} (expected one of {', '.join(DTYPES)})"
+            )
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def origin(self) -> tuple[int, ...]:
+        return (0,) * len(self.shape)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Scope(_Indexable, Node):
+    """``L[traversal] Sum[summation] body``, materialised as a tensor.
+
+    ``pad`` optionally gives, per traversal dimension, how many zero elements
+    the materialised buffer carries before and after the computed range. It
+    does not change the value (reads outside the range are 0 anyway); it lets
+    codegen read the padded region without guards.
+    """
+
+    traversal: tuple[Iter, ...]
+    summation: tuple[Iter, ...]
+    body: ValueExpr
+    pad: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.traversal, tuple) or not self.traversal:
+            raise IRError("a scope needs at least one traversal iterator")
+        if not isinstance(self.summation, tuple):
+            raise IRError("summation iterators must be a tuple")
+        for it in self.traversal + self.summation:
+            if not isinstance(it, Iter):
+                raise IRError(f"scope iterators must be Iter, got {it!r}")
+        names = [it.name for it in self.traversal + self.summation]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise IRError(f"iterator names bound twice in one scope: {', '.join(dup)}")
+        if not isinstance(self.body, ValueExpr):
+            raise IRError(f"scope body must be a value expression, got {self.body!r}")
+        bound = set(self.traversal) | set(self.summation)
+        free = self.body.iters() - bound
+        if free:
+            shown = ", ".join(f"{it.name}={it.lo}:{it.hi}" for it in sorted(free, key=lambda i: i.name))
+            raise IRError(f"scope body uses iterators it does not bind: {shown}")
+        if self.pad:
+            if len(self.pad) != len(self.traversal) or not all(
+                isinstance(p, tuple) and len(p) == 2 and all(isinstance(v, int) and v >= 0 for v in p)
+                for p in self.pad
+            ):
+                raise IRError("scope pad must give (before, after) >= 0 for every traversal iterator")
+            if all(p == (0, 0) for p in self.pad):
+                raise IRError("scope pad of all zeros: leave pad empty instead")
+
+    @property
+    def rank(self) -> int:
+        return len(self.traversal)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(it.extent for it in self.traversal)
+
+    @property
+    def origin(self) -> tuple[int, ...]:
+        """Traversal value stored at array position 0 in each dimension."""
+        return tuple(it.lo for it in self.traversal)
+
+    def iters(self) -> frozenset[Iter]:
+        """A scope is closed: it has no free iterators."""
+        return frozenset()
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Access(ValueExpr):
+    """``source[indices]`` where the source is an input tensor or a scope."""
+
+    source: Tensor | Scope
+    indices: tuple[IndexExpr, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, (Tensor, Scope)):
+            raise IRError(f"only tensors and scopes can be indexed, got {self.source!r}")
+        if not isinstance(self.indices, tuple) or not all(isinstance(i, IndexExpr) for i in self.indices):
+            raise IRError("access indices must be a tuple of index expressions")
+        if len(self.indices) != self.source.rank:
+            what = self.source.name if isinstance(self.source, Tensor) else "scope"
+            raise IRError(
+                f"{what} has rank {self.source.rank} but is indexed with {len(self.indices)} indices"
+            )
+
+
+# --------------------------------------------------------------------------
+# Programs: named expressions forming a DAG
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False, repr=False)
+class Program(Node):
+    """An ordered set of named scopes that may read each other, with designated inputs and outputs.
+
+    A binding's scope reads an earlier binding by accessing that very scope
+    object (nodes are interned), so a program is a let-block over scopes; the
+    names matter for printing and export, not for meaning.
+    """
+
+    inputs: tuple[Tensor, ...]
+    bindings: tuple[tuple[str, Scope], ...]
+    outputs: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        names = [t.name for t in self.inputs] + [n for n, _ in self.bindings]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise IRError(f"program names defined twice: {', '.join(dup)}")
+        for n, s in self.bindings:
+            if not isinstance(n, str) or not n.isidentifier() or not isinstance(s, Scope):
+                raise IRError(f"program binding must be (identifier, Scope), got ({n!r}, {type(s).__name__})")
+        declared = set(self.inputs)
+        seen: set[Scope] = set()
+        for n, s in self.bindings:
+            for t in tensors_in(s):
+                if t not in declared:
+                    raise IRError(
+                        f"binding {n} reads tensor {t.name}{list(t.shape)} that is not a program input"
+                    )
+            later = {s2 for n2, s2 in self.bindings if s2 not in seen and s2 is not s}
+            for sub in scopes_in(s):
+                if sub in later and sub is not s:
+                    name = next(n2 for n2, s2 in self.bindings if s2 is sub)
+                    raise IRError(f"binding {n} reads {name}, which is bound after it")
+            seen.add(s)
+        bound = {n for n, _ in self.bindings}
+        if not self.outputs:
+            raise IRError("a program needs at least one output")
+        for o in self.outputs:
+            if o not in bound:
+                raise IRError(f"program output {o!r} is not a bound expression")
+
+    def scope(self, name: str) -> Scope:
+        for n, s in self.bindings:
+            if n == name:
+                return s
+        raise KeyError(name)
+
+    def names(self) -> dict[Scope, str]:
+        """The name of each bound scope (the first name if a scope is bound twice)."""
+        out: dict[Scope, str] = {}
+        for n, s in self.bindings:
+            out.setdefault(s, n)
+        return out
+
+
+# --------------------------------------------------------------------------
+# Traversals
+# --------------------------------------------------------------------------
+
+
+def _children(node: Node) -> Iterable[Node]:
+    if isinstance(node, Scope):
+        yield node.body
+    elif isinstance(node, Access):
+        yield node.source
+    elif isinstance(node, Binary):
+        yield node.a
+        yield node.b
+    elif isinstance(node, Unary):
+        yield node.x
+    elif isinstance(node, Program):
+        for _, s in node.bindings:
+            yield s
+
+
+def _walk(root: Node) -> PyIterator[Node]:
+    """Every value/scope/tensor node reachable from ``root`` once, children before parents."""
+    seen: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            yield node
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        for child in reversed(list(_children(node))):
+            if id(child) not in seen:
+                stack.append((child, False))
+
+
+def scopes_in(root: Node) -> list[Scope]:
+    """All scopes reachable from ``root`` (including itself), producers before consumers."""
+    return [n for n in _walk(root) if isinstance(n, Scope)]
+
+
+def tensors_in(root: Node) -> list[Tensor]:
+    """All input tensors reachable from ``root`` in first-use order (depth first, left to right)."""
+    out: list[Tensor] = []
+    seen: set[Tensor] = set()
+
+    def visit(n: Node, done: set[int]) -> None:
+        if id(n) in done:
+            return
+        done.add(id(n))
+        if isinstance(n, Tensor):
+            if n not in seen:
+                seen.add(n)
+                out.append(n)
+            return
+        for c in _children(n):
+            visit(c, done)
+
+    visit(root, set())
+    return out
