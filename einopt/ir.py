@@ -23,7 +23,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import weakref
-from collections.abc import Iterable, Iterator as PyIterator
+from collections.abc import Iterable
+from collections.abc import Iterator as PyIterator
 from typing import Any, ClassVar, Union
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "BINARY_OPS",
     "UNARY_FUNCS",
     "DTYPES",
+    "RESERVED_NAMES",
     "as_index",
     "as_value",
     "scopes_in",
@@ -122,14 +124,16 @@ class Node(metaclass=_InternMeta):
         return self
 
     def __repr__(self) -> str:
-        from einopt.syntax import format_node
-
-        return f"<{type(self).__name__} {format_node(self)}>"
+        return f"<{type(self).__name__} {self}>"
 
     def __str__(self) -> str:
-        from einopt.syntax import format_node
+        try:
+            from einopt.syntax import format_node
 
-        return format_node(self)
+            return format_node(self)
+        except Exception:  # noqa: BLE001 - printing must never fail, even mid-development
+            fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in _FIELD_NAMES.get(type(self), ()))
+            return f"{type(self).__name__}({fields})"
 
 
 def _cached(node: Node, name: str, compute) -> Any:
@@ -194,17 +198,29 @@ class IndexExpr(Node):
 
     def iters(self) -> frozenset[Iter]:
         """The iterators this expression reads."""
-        return _cached(self, "iters", lambda: frozenset(_index_iters(self)))
+        return _cached(self, "iters", lambda: _free_iters(self))
 
 
-def _index_iters(e: IndexExpr) -> PyIterator[Iter]:
-    if isinstance(e, Iter):
-        yield e
-    elif isinstance(e, (IAdd, ISub, IMul)):
-        yield from e.a.iters()
-        yield from e.b.iters()
-    elif isinstance(e, (IFloorDiv, IMod)):
-        yield from e.a.iters()
+def _free_iters(root: Node) -> frozenset[Iter]:
+    """Iterators read by an index or value expression (iterative: bodies can be long chains)."""
+    out: set[Iter] = set()
+    stack: list[Node] = [root]
+    while stack:
+        e = stack.pop()
+        cache = _CACHE.get(e)
+        if cache is not None and "iters" in cache:
+            out |= cache["iters"]
+        elif isinstance(e, Iter):
+            out.add(e)
+        elif isinstance(e, (IAdd, ISub, IMul, Binary)):
+            stack += (e.a, e.b)
+        elif isinstance(e, (IFloorDiv, IMod)):
+            stack.append(e.a)
+        elif isinstance(e, Access):
+            stack.extend(e.indices)
+        elif isinstance(e, Unary):
+            stack.append(e.x)
+    return frozenset(out)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False, repr=False)
@@ -216,8 +232,7 @@ class Iter(IndexExpr):
     hi: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.isidentifier():
-            raise IRError(f"iterator name must be an identifier, got {self.name!r}")
+        _check_name(self.name, "iterator")
         for bound in (self.lo, self.hi):
             if isinstance(bound, bool) or not isinstance(bound, int):
                 raise IRError(f"iterator {self.name}: bounds must be integers, got {bound!r}")
@@ -324,6 +339,18 @@ UNARY_FUNCS: dict[str, bool] = {
 
 DTYPES: tuple[str, ...] = ("float32", "float64", "float16", "int32", "int64")
 
+# Words of the text syntax; no tensor, iterator or binding may be called so.
+RESERVED_NAMES: frozenset[str] = frozenset(
+    {"L", "Sum", "where", "return", "max", "min", "inf", "nan", *UNARY_FUNCS}
+)
+
+
+def _check_name(name: Any, what: str) -> None:
+    if not isinstance(name, str) or not name.isidentifier():
+        raise IRError(f"{what} name must be an identifier, got {name!r}")
+    if name in RESERVED_NAMES:
+        raise IRError(f"{what} name {name!r} is a reserved word of the text syntax")
+
 
 def as_value(x: ValueLike) -> ValueExpr:
     """Coerce a Python number to ``Const``; pass value expressions through."""
@@ -367,18 +394,7 @@ class ValueExpr(Node):
 
     def iters(self) -> frozenset[Iter]:
         """Free iterators of this value (nested scopes are closed, so only their indices count)."""
-        return _cached(self, "iters", lambda: frozenset(_value_iters(self)))
-
-
-def _value_iters(e: ValueExpr) -> PyIterator[Iter]:
-    if isinstance(e, Access):
-        for ix in e.indices:
-            yield from ix.iters()
-    elif isinstance(e, Binary):
-        yield from e.a.iters()
-        yield from e.b.iters()
-    elif isinstance(e, Unary):
-        yield from e.x.iters()
+        return _cached(self, "iters", lambda: _free_iters(self))
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False, repr=False)
@@ -458,8 +474,7 @@ class Tensor(_Indexable, Node):
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.isidentifier():
-            raise IRError(f"tensor name must be an identifier, got {self.name!r}")
+        _check_name(self.name, "tensor")
         if not isinstance(self.shape, tuple) or not all(
             isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in self.shape
         ):
@@ -514,12 +529,15 @@ class Scope(_Indexable, Node):
             raise IRError(f"scope body uses iterators it does not bind: {shown}")
         if self.pad:
             if len(self.pad) != len(self.traversal) or not all(
-                isinstance(p, tuple) and len(p) == 2 and all(isinstance(v, int) and v >= 0 for v in p)
+                isinstance(p, tuple)
+                and len(p) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in p)
                 for p in self.pad
             ):
                 raise IRError("scope pad must give (before, after) >= 0 for every traversal iterator")
             if all(p == (0, 0) for p in self.pad):
                 raise IRError("scope pad of all zeros: leave pad empty instead")
+        _tensors_by_name(self)  # two different tensors under one name are ambiguous
 
     @property
     def rank(self) -> int:
@@ -558,6 +576,38 @@ class Access(ValueExpr):
             )
 
 
+def _tensors_by_name(scope: Scope) -> dict[str, Tensor]:
+    """The input tensors a scope reads (nested scopes included), by name; refuses name clashes."""
+
+    def compute() -> dict[str, Tensor]:
+        found: dict[str, Tensor] = {}
+
+        def add(t: Tensor) -> None:
+            other = found.setdefault(t.name, t)
+            if other is not t:
+                raise IRError(
+                    f"two different tensors named {t.name}: {list(other.shape)} {other.dtype} "
+                    f"and {list(t.shape)} {t.dtype}"
+                )
+
+        stack: list[ValueExpr] = [scope.body]
+        while stack:
+            e = stack.pop()
+            if isinstance(e, Access):
+                if isinstance(e.source, Tensor):
+                    add(e.source)
+                else:
+                    for t in _tensors_by_name(e.source).values():
+                        add(t)
+            elif isinstance(e, Binary):
+                stack += (e.a, e.b)
+            elif isinstance(e, Unary):
+                stack.append(e.x)
+        return found
+
+    return _cached(scope, "tensors_by_name", compute)
+
+
 # --------------------------------------------------------------------------
 # Programs: named expressions forming a DAG
 # --------------------------------------------------------------------------
@@ -582,8 +632,9 @@ class Program(Node):
         if dup:
             raise IRError(f"program names defined twice: {', '.join(dup)}")
         for n, s in self.bindings:
-            if not isinstance(n, str) or not n.isidentifier() or not isinstance(s, Scope):
-                raise IRError(f"program binding must be (identifier, Scope), got ({n!r}, {type(s).__name__})")
+            _check_name(n, "binding")
+            if not isinstance(s, Scope):
+                raise IRError(f"program binding {n} must be a Scope, got {type(s).__name__}")
         declared = set(self.inputs)
         seen: set[Scope] = set()
         for n, s in self.bindings:
@@ -665,19 +716,15 @@ def scopes_in(root: Node) -> list[Scope]:
 def tensors_in(root: Node) -> list[Tensor]:
     """All input tensors reachable from ``root`` in first-use order (depth first, left to right)."""
     out: list[Tensor] = []
-    seen: set[Tensor] = set()
-
-    def visit(n: Node, done: set[int]) -> None:
-        if id(n) in done:
-            return
-        done.add(id(n))
+    seen: set[int] = set()
+    stack: list[Node] = [root]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
         if isinstance(n, Tensor):
-            if n not in seen:
-                seen.add(n)
-                out.append(n)
-            return
-        for c in _children(n):
-            visit(c, done)
-
-    visit(root, set())
+            out.append(n)
+        else:
+            stack.extend(reversed(list(_children(n))))
     return out
