@@ -1,0 +1,460 @@
+"""The reference interpreter: what every einopt expression means.
+
+``evaluate(node, inputs)`` computes a ``Scope`` or a ``Program`` with numpy.
+Every derivation rule and every lowering is tested against it, so it follows
+the semantics of ``einopt.ir`` literally:
+
+* a scope ``L[x] Sum[y] f`` evaluates ``f`` at every point of ``x`` and ``y``
+  and sums over ``y``; array position ``p`` in dimension ``d`` of the result
+  holds traversal value ``x[d].lo + p``;
+* reading an input tensor outside ``0 <= i < shape`` or a scope outside its
+  traversal ranges yields 0 (a scope's ``pad`` does not change values);
+* index ``//`` and ``%`` are floor division and modulo (Python/numpy).
+
+It evaluates without building the full iteration space. Inside one scope every
+sub-expression is an array with one axis per scope iterator (traversal, then
+summation), of size 1 on the axes it does not depend on, so numpy broadcasting
+does the rest. The body is expanded into a signed sum of products; each product
+is contracted with ``np.einsum`` over the summation iterators it reads and is
+multiplied by the extent of those it does not read. A term whose largest
+operand would exceed ``_BUDGET`` elements is evaluated in chunks of a summation
+range. Nested scopes are evaluated once per call (nodes are interned, so
+identity is structural equality) and then gathered from.
+
+Modes: ``"float64"`` (default), ``"float32"`` (inputs cast to float32, every
+operation in float32) and ``"int"``: exact integer arithmetic in int64 for
+checking rules that only hold up to rounding in floating point. Integer mode
+refuses operations without an exact integer meaning (``/``, sqrt, exp, tanh,
+sigmoid, non-integer constants or leaky_relu slopes) and non-integer inputs.
+int64 arithmetic wraps on overflow, so keep integer test data small.
+
+In floating point the result equals the literal evaluation up to rounding:
+summation order is unspecified and products are expanded over sums (which can
+also turn an overflow ``inf * 0`` into a different NaN or infinity).
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from einopt.index import bounds, linear_form
+from einopt.ir import (
+    Access,
+    Binary,
+    Const,
+    IAdd,
+    IConst,
+    IFloorDiv,
+    IMod,
+    IMul,
+    IndexExpr,
+    IRError,
+    ISub,
+    Iter,
+    Node,
+    Program,
+    Scope,
+    Tensor,
+    Unary,
+    ValueExpr,
+    scopes_in,
+    tensors_in,
+)
+
+__all__ = ["evaluate", "EvaluationError", "MODES"]
+
+MODES: dict[str, type] = {"float64": np.float64, "float32": np.float32, "int": np.int64}
+
+# Largest operand (in elements) built at once before a term is chunked.
+_BUDGET = 1 << 22
+
+# A product of sums is expanded into a sum of products only up to this many terms.
+_MAX_TERMS = 16
+
+
+class EvaluationError(IRError):
+    """An expression cannot be evaluated on the given inputs or in the given mode."""
+
+
+# --------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------
+
+
+def evaluate(
+    node: Scope | Program, inputs: Mapping[str, Any], *, mode: str = "float64"
+) -> np.ndarray | dict[str, np.ndarray]:
+    """Evaluate a scope or a program on concrete input tensors.
+
+    Parameters
+    ----------
+    node : Scope or Program
+        The expression to evaluate.
+    inputs : mapping of str to array-like
+        One array per input tensor, keyed by tensor name, of exactly the
+        tensor's shape. Extra entries are ignored.
+    mode : {"float64", "float32", "int"}
+        Arithmetic to compute in. ``"int"`` is exact int64 arithmetic: inputs
+        must be integer-valued and the expression may not use ``/``, sqrt,
+        exp, tanh, sigmoid, or non-integer constants and slopes.
+
+    Returns
+    -------
+    numpy.ndarray or dict of str to numpy.ndarray
+        For a scope, an array of shape ``scope.shape`` whose position ``p`` in
+        dimension ``d`` holds traversal value ``scope.traversal[d].lo + p``.
+        For a program, one such array per output, in ``program.outputs`` order.
+
+    Raises
+    ------
+    EvaluationError
+        On an unknown mode, a missing, misshapen or non-numeric input, or (in
+        integer mode) an inexact operation or a non-integer input.
+    """
+    if mode not in MODES:
+        raise EvaluationError(f"unknown mode {mode!r} (expected one of {', '.join(MODES)})")
+    if isinstance(node, Program):
+        tensors = list(node.inputs)
+    elif isinstance(node, Scope):
+        tensors = tensors_in(node)
+    else:
+        raise EvaluationError(f"evaluate takes a Scope or a Program, got {type(node).__name__}")
+    exact = mode == "int"
+    if exact:
+        _check_exact(node)
+    ev = _Evaluator(_load_inputs(tensors, inputs, mode), MODES[mode], exact)
+    # IEEE semantics for x/0, sqrt(-1), exp overflow: no warnings from the specification.
+    with np.errstate(all="ignore"):
+        if isinstance(node, Scope):
+            return ev.scope(node)
+        out: dict[str, np.ndarray] = {}
+        for name in node.outputs:
+            arr = ev.scope(node.scope(name))
+            # A scope bound under two output names still gives two arrays.
+            out[name] = arr.copy() if any(arr is a for a in out.values()) else arr
+        return out
+
+
+def _load_inputs(tensors: list[Tensor], inputs: Mapping[str, Any], mode: str) -> dict[str, np.ndarray]:
+    """Check and convert each input to the mode's dtype."""
+    # Tensor names are unique: Scope and Program refuse two tensors under one name.
+    out: dict[str, np.ndarray] = {}
+    for t in tensors:
+        what = f"input {t.name} (expected shape {t.shape})"
+        if t.name not in inputs:
+            raise EvaluationError(f"missing {what}")
+        try:
+            arr = np.asarray(inputs[t.name])
+        except (TypeError, ValueError) as exc:
+            raise EvaluationError(f"{what} is not an array: {exc}") from None
+        if arr.dtype.kind not in "biuf":
+            raise EvaluationError(f"{what} is not a real numeric array (dtype {arr.dtype})")
+        if arr.shape != t.shape:
+            raise EvaluationError(f"{what} has shape {arr.shape}")
+        if mode == "int":
+            arr = _as_exact_int(arr, what)
+        out[t.name] = arr.astype(MODES[mode], copy=False)
+    return out
+
+
+def _as_exact_int(arr: np.ndarray, what: str) -> np.ndarray:
+    if arr.dtype.kind == "f":
+        if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
+            raise EvaluationError(f"integer mode: {what} holds non-integer values")
+    if arr.size and arr.dtype.kind in "uf" and not (-(2**63) <= arr.min() and arr.max() < 2**63):
+        raise EvaluationError(f"integer mode: {what} holds values outside int64")
+    return arr
+
+
+# --------------------------------------------------------------------------
+# Integer mode: refuse what has no exact integer meaning
+# --------------------------------------------------------------------------
+
+
+def _values_in(e: ValueExpr) -> Iterator[ValueExpr]:
+    yield e
+    if isinstance(e, Binary):
+        yield from _values_in(e.a)
+        yield from _values_in(e.b)
+    elif isinstance(e, Unary):
+        yield from _values_in(e.x)
+
+
+def _check_exact(node: Scope | Program) -> None:
+    for s in scopes_in(node):
+        for e in _values_in(s.body):
+            problem = _inexact(e)
+            if problem:
+                raise EvaluationError(f"integer mode: {problem} has no exact integer meaning")
+
+
+def _inexact(e: ValueExpr) -> str | None:
+    if isinstance(e, Binary) and e.op == "/":
+        return "division '/'"
+    if isinstance(e, Unary) and e.fn in ("sqrt", "exp", "tanh", "sigmoid"):
+        return f"function {e.fn}"
+    if isinstance(e, Unary) and e.param is not None and not e.param.is_integer():
+        return f"{e.fn} with slope {e.param!r}"
+    if isinstance(e, Const) and not e.value.is_integer():
+        return f"constant {e.value!r}"
+    return None
+
+
+# --------------------------------------------------------------------------
+# Element-wise operations
+# --------------------------------------------------------------------------
+
+_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "+": np.add,
+    "-": np.subtract,
+    "*": np.multiply,
+    "/": np.true_divide,
+    "max": np.maximum,
+    "min": np.minimum,
+}
+
+# fn(x, param); constants are made with x.dtype.type so float32 stays float32.
+_UNARY: dict[str, Callable[[np.ndarray, Any], np.ndarray]] = {
+    "neg": lambda x, p: np.negative(x),
+    "relu": lambda x, p: np.maximum(x, x.dtype.type(0)),
+    "sigmoid": lambda x, p: x.dtype.type(1) / (x.dtype.type(1) + np.exp(-x)),
+    "tanh": lambda x, p: np.tanh(x),
+    "exp": lambda x, p: np.exp(x),
+    "abs": lambda x, p: np.abs(x),
+    "sqrt": lambda x, p: np.sqrt(x),
+    "leaky_relu": lambda x, p: np.where(x > 0, x, x.dtype.type(p) * x),
+}
+
+_INDEX_BINARY: dict[type, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    IAdd: np.add,
+    ISub: np.subtract,
+    IMul: np.multiply,
+}
+
+_INDEX_BY_CONST: dict[type, Callable[[np.ndarray, int], np.ndarray]] = {
+    IFloorDiv: np.floor_divide,
+    IMod: np.mod,
+}
+
+
+# --------------------------------------------------------------------------
+# Evaluation of scopes
+# --------------------------------------------------------------------------
+
+
+class _Frame:
+    """The iteration space of one scope (or one chunk of it).
+
+    ``axes`` are the scope's traversal then summation iterators; ``dom`` gives
+    each one's current half-open range (a chunk narrows a summation range).
+    Arrays computed in a frame have one axis per entry of ``axes`` and are
+    memoised in ``memo`` by node.
+    """
+
+    __slots__ = ("scope", "axes", "pos", "dom", "memo")
+
+    def __init__(self, scope: Scope, dom: dict[Iter, tuple[int, int]]) -> None:
+        self.scope = scope
+        self.axes = scope.traversal + scope.summation
+        self.pos = {it: d for d, it in enumerate(self.axes)}
+        self.dom = dom
+        self.memo: dict[Node, np.ndarray] = {}
+
+    def extent(self, it: Iter) -> int:
+        lo, hi = self.dom[it]
+        return hi - lo
+
+    def restrict(self, it: Iter, lo: int, hi: int) -> _Frame:
+        return _Frame(self.scope, {**self.dom, it: (lo, hi)})
+
+    def shape_of(self, its: frozenset[Iter] | set[Iter]) -> tuple[int, ...]:
+        """The broadcast shape of an array depending on ``its``."""
+        return tuple(self.extent(it) if it in its else 1 for it in self.axes)
+
+
+class _Evaluator:
+    """Holds the inputs and the memo of evaluated scopes for one ``evaluate`` call."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], dtype: type, exact: bool) -> None:
+        self.arrays = arrays
+        self.dtype = np.dtype(dtype)
+        self.exact = exact
+        self.scopes: dict[Scope, np.ndarray] = {}
+
+    def scalar(self, v: float | int) -> np.ndarray:
+        return np.asarray(int(v) if self.exact else v, dtype=self.dtype)
+
+    # ---- scopes and terms ------------------------------------------------
+
+    def scope(self, s: Scope) -> np.ndarray:
+        """The materialised value of ``s`` (computed once per call)."""
+        out = self.scopes.get(s)
+        if out is None:
+            out = np.zeros(s.shape, dtype=self.dtype)
+            frame = _Frame(s, {it: (it.lo, it.hi) for it in s.traversal + s.summation})
+            for coef, factors in _terms(s.body, self.exact):
+                out += self.term(frame, coef, factors)
+            self.scopes[s] = out
+        return out
+
+    def term(self, frame: _Frame, coef: float | int, factors: tuple[ValueExpr, ...]) -> np.ndarray:
+        """``coef * Sum[summation] prod(factors)`` as a traversal-shaped array."""
+        deps = frozenset().union(*(f.iters() for f in factors))
+        size = max((math.prod(frame.shape_of(f.iters())) for f in factors), default=1)
+        if size > _BUDGET:
+            split = [it for it in frame.scope.summation if it in deps and frame.extent(it) > 1]
+            if split:
+                it = max(split, key=frame.extent)
+                lo, hi = frame.dom[it]
+                step = max(1, (hi - lo) * _BUDGET // size)
+                parts = (
+                    self.term(frame.restrict(it, a, min(a + step, hi)), coef, factors)
+                    for a in range(lo, hi, step)
+                )
+                return sum(parts)
+        mult = math.prod(frame.extent(it) for it in frame.scope.summation if it not in deps)
+        if not factors:
+            return self.scalar(coef * mult)
+        letters = dict(zip(frame.axes, string.ascii_letters, strict=False))
+        operands, specs = [], []
+        for f in factors:
+            its = [it for it in frame.axes if it in f.iters()]
+            operands.append(self.compact(frame, self.value(frame, f), its))
+            specs.append("".join(letters[it] for it in its))
+        outs = [it for it in frame.scope.traversal if it in deps]
+        spec = ",".join(specs) + "->" + "".join(letters[it] for it in outs)
+        r = np.einsum(spec, *operands, optimize=True)
+        r = r.reshape(tuple(frame.extent(it) if it in deps else 1 for it in frame.scope.traversal))
+        if coef * mult != 1:
+            r = r * self.scalar(coef * mult)
+        return r
+
+    def compact(self, frame: _Frame, a: np.ndarray, its: list[Iter]) -> np.ndarray:
+        """Drop the size-1 axes of a frame-shaped array, keeping (and filling) those of ``its``."""
+        a = np.asarray(a)
+        a = a.reshape((1,) * (len(frame.axes) - a.ndim) + a.shape)
+        keep = {frame.pos[it] for it in its}
+        a = a.squeeze(axis=tuple(d for d in range(a.ndim) if d not in keep))
+        return np.broadcast_to(a, tuple(frame.extent(it) for it in its))
+
+    # ---- values and indices ----------------------------------------------
+
+    def value(self, frame: _Frame, e: ValueExpr) -> np.ndarray:
+        """``e`` at every point of the frame, as a frame-broadcast array."""
+        out = frame.memo.get(e)
+        if out is None:
+            if isinstance(e, Const):
+                out = self.scalar(e.value)
+            elif isinstance(e, Access):
+                out = self.gather(frame, e)
+            elif isinstance(e, Binary):
+                out = _BINARY[e.op](self.value(frame, e.a), self.value(frame, e.b))
+            elif isinstance(e, Unary):
+                out = _UNARY[e.fn](self.value(frame, e.x), e.param)
+            else:
+                raise EvaluationError(f"cannot evaluate {type(e).__name__}")
+            frame.memo[e] = out = np.asarray(out, dtype=self.dtype)
+        return out
+
+    def index(self, frame: _Frame, e: IndexExpr) -> np.ndarray:
+        """The integer index ``e`` at every point of the frame (int64, frame-broadcast)."""
+        out = frame.memo.get(e)
+        if out is None:
+            if isinstance(e, IConst):
+                out = np.asarray(e.value, dtype=np.int64)
+            elif isinstance(e, Iter):
+                lo, hi = frame.dom[e]
+                out = np.arange(lo, hi, dtype=np.int64).reshape(frame.shape_of({e}))
+            elif type(e) in _INDEX_BINARY:
+                out = _INDEX_BINARY[type(e)](self.index(frame, e.a), self.index(frame, e.b))
+            else:
+                out = _INDEX_BY_CONST[type(e)](self.index(frame, e.a), e.k)
+            frame.memo[e] = out
+        return out
+
+    def gather(self, frame: _Frame, acc: Access) -> np.ndarray:
+        """Read ``acc`` at every point of the frame; out-of-range reads give 0."""
+        src = acc.source
+        if isinstance(src, Tensor):
+            arr = self.arrays[src.name]
+        else:
+            arr = self.scope(src)
+        origin = src.origin
+        spans = []
+        for e, o in zip(acc.indices, origin, strict=True):
+            lo, hi = bounds(e, frame.dom)
+            spans.append((lo - o, hi - o))
+        if any(hi < 0 or lo >= n for (lo, hi), n in zip(spans, arr.shape, strict=True)):
+            return self.scalar(0)
+        if all(lo >= 0 and hi < n for (lo, hi), n in zip(spans, arr.shape, strict=True)):
+            view = _slice_view(frame, arr, acc.indices, origin)
+            if view is not None:
+                return view
+        idx, mask = [], None
+        for e, o, (lo, hi), n in zip(acc.indices, origin, spans, arr.shape, strict=True):
+            i = self.index(frame, e)
+            if o:
+                i = i - o
+            if lo < 0 or hi >= n:
+                ok = (i >= 0) & (i < n)
+                mask = ok if mask is None else mask & ok
+                i = np.clip(i, 0, n - 1)
+            idx.append(i)
+        out = arr[tuple(idx)]
+        if mask is not None:
+            out = np.where(mask, out, self.scalar(0))
+        return out
+
+
+def _slice_view(
+    frame: _Frame, arr: np.ndarray, indices: tuple[IndexExpr, ...], origin: tuple[int, ...]
+) -> np.ndarray | None:
+    """A strided view for in-range indices ``c*i + k`` (``c > 0``) of distinct iterators, else None."""
+    sl: list[slice | int] = []
+    its: list[Iter] = []
+    for e, o in zip(indices, origin, strict=True):
+        lf = linear_form(e)
+        if lf.atoms or len(lf.coeffs) > 1:
+            return None
+        if not lf.coeffs:
+            sl.append(lf.const - o)
+            continue
+        ((it, c),) = lf.coeffs
+        if c <= 0 or it in its:
+            return None
+        lo, hi = frame.dom[it]
+        sl.append(slice(c * lo + lf.const - o, c * (hi - 1) + lf.const - o + 1, c))
+        its.append(it)
+    view = arr[tuple(sl)]
+    order = sorted(range(len(its)), key=lambda k: frame.pos[its[k]])
+    return view.transpose(order).reshape(frame.shape_of(set(its)))
+
+
+# --------------------------------------------------------------------------
+# Sum-of-products form of a body
+# --------------------------------------------------------------------------
+
+
+def _terms(e: ValueExpr, exact: bool) -> list[tuple[float | int, tuple[ValueExpr, ...]]]:
+    """``e`` as ``sum(coef * prod(factors))``; factors are never constants.
+
+    Sums and negations are distributed; a product of sums is expanded while
+    it stays within ``_MAX_TERMS`` terms, otherwise it is one opaque factor.
+    """
+    if isinstance(e, Const):
+        return [(int(e.value) if exact else e.value, ())]
+    if isinstance(e, Unary) and e.fn == "neg":
+        return [(-c, fs) for c, fs in _terms(e.x, exact)]
+    if isinstance(e, Binary) and e.op in ("+", "-"):
+        sign = 1 if e.op == "+" else -1
+        return _terms(e.a, exact) + [(sign * c, fs) for c, fs in _terms(e.b, exact)]
+    if isinstance(e, Binary) and e.op == "*":
+        ta, tb = _terms(e.a, exact), _terms(e.b, exact)
+        if len(ta) * len(tb) <= _MAX_TERMS:
+            return [(ca * cb, fa + fb) for ca, fa in ta for cb, fb in tb]
+    return [(1, (e,))]
