@@ -48,6 +48,7 @@ from einopt.ir import (
     Tensor,
     Unary,
 )
+from tests.paper import conv_reference, fig5_chain
 from tests.strategies import programs, random_inputs, scopes
 
 # --------------------------------------------------------------------------
@@ -203,41 +204,6 @@ def test_fig4_matmul_chain():
     rng = np.random.default_rng(4)
     a, b, c = rng.standard_normal((5, 4)), rng.standard_normal((4, 6)), rng.standard_normal((6, 3))
     np.testing.assert_allclose(evaluate(abc, {"A": a, "B": b, "C": c}), a @ b @ c, rtol=1e-12)
-
-
-def conv_reference(a, k):
-    """3x3 convolution with padding 1, HWC input and K[r, s, f, c] weights."""
-    H, W, _ = a.shape
-    ap = np.pad(a, ((1, 1), (1, 1), (0, 0)))
-    return sum(
-        np.einsum("hwc,fc->hwf", ap[r : r + H, s : s + W], k[r, s]) for r in range(3) for s in range(3)
-    )
-
-
-def fig5_chain(H, W, C, F):
-    """E1..E7 of the paper's Fig. 5: deriving a 3x3 convolution into a matmul plus an offset reduction."""
-    h, w, f = iters(f"h:{H} w:{W} f:{F}")
-    r, s, c = iters(f"r:3 s:3 c:{C}")
-    A, K = tensor("A", (H, W, C)), tensor("K", (3, 3, F, C))
-
-    def inner(t1, t2):
-        return L(r, s, f, t1, t2)(Sum(c)(A[t1, t2, c] * K[r, s, f, c]))
-
-    def offset_reduce(t):
-        return L(h, w, f)(Sum(r, s)(t[r, s, f, h + r - 1, w + s - 1]))
-
-    e1 = L(h, w, f)(Sum(r, s, c)(A[h + r - 1, w + s - 1, c] * K[r, s, f, c]))
-    split = L(r, s, h, w, f)(Sum(c)(A[h + r - 1, w + s - 1, c] * K[r, s, f, c]))
-    e2 = L(h, w, f)(Sum(r, s)(split[r, s, h, w, f]))
-    t_box = inner(*iters(f"t1=-1:{H + 1} t2=-1:{W + 1}"))
-    middle = L(r, s, h, w, f)(t_box[r, s, f, h + r - 1, w + s - 1])
-    e3 = L(h, w, f)(Sum(r, s)(middle[r, s, h, w, f]))
-    e4 = offset_reduce(t_box)
-    e5 = offset_reduce(inner(*iters(f"t1=-2:{H + 2} t2=-2:{W + 2}")))
-    t_tight = inner(*iters(f"t1:{H} t2:{W}"))
-    e6 = offset_reduce(t_tight)
-    e7 = program(outputs={"Y": offset_reduce(t_tight)}, intermediates={"T": t_tight})
-    return [e1, e2, e3, e4, e5, e6, e7]
 
 
 @pytest.mark.parametrize("step", range(7), ids=[f"E{n}" for n in range(1, 8)])
