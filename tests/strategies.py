@@ -1,6 +1,6 @@
 """Hypothesis strategies for random *valid* IR, small enough to evaluate quickly.
 
-    >>> from tests.strategies import scopes, programs, random_inputs
+    >>> from strategies import scopes, programs, random_inputs
     >>> @given(scopes(integer_safe=True), st.integers(0, 2**32 - 1))
     ... def test_x(s, seed):
     ...     inputs = random_inputs(s, np.random.default_rng(seed), integer=True)

@@ -48,8 +48,8 @@ from einopt.ir import (
     Tensor,
     Unary,
 )
-from tests.paper import conv_reference, fig5_chain
-from tests.strategies import programs, random_inputs, scopes
+from paper import conv_reference, fig5_chain
+from strategies import programs, random_inputs, scopes
 
 # --------------------------------------------------------------------------
 # A naive reference: loops over every point

@@ -10,7 +10,7 @@ import pytest
 
 import einopt
 from einopt.ir import Program
-from tests.paper import conv_reference, fig4, fig4_text, fig5_chain, fig5_texts
+from paper import conv_reference, fig4, fig4_text, fig5_chain, fig5_texts
 
 H, W, C, F = 8, 8, 6, 5
 STEPS = [f"E{n}" for n in range(1, 8)]

@@ -18,7 +18,7 @@ from einopt.ir import (
     scopes_in,
     tensors_in,
 )
-from tests.strategies import (
+from strategies import (
     INTEGER_BINARY_OPS,
     INTEGER_UNARY_FNS,
     programs,
