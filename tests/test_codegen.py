@@ -20,6 +20,7 @@ from einopt import L, Sum, iters, leaky_relu, program, tensor
 from einopt.codegen import DeviceUnavailableError
 from einopt.interp import evaluate
 from einopt.ir import UNARY_FUNCS, Binary, Unary
+
 from strategies import programs, random_inputs, scopes
 
 tvm_test = pytest.mark.tvm

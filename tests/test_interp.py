@@ -48,6 +48,7 @@ from einopt.ir import (
     Tensor,
     Unary,
 )
+
 from paper import conv_reference, fig5_chain
 from strategies import programs, random_inputs, scopes
 

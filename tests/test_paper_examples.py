@@ -10,6 +10,7 @@ import pytest
 
 import einopt
 from einopt.ir import Program
+
 from paper import conv_reference, fig4, fig4_text, fig5_chain, fig5_texts
 
 H, W, C, F = 8, 8, 6, 5

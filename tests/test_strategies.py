@@ -18,6 +18,7 @@ from einopt.ir import (
     scopes_in,
     tensors_in,
 )
+
 from strategies import (
     INTEGER_BINARY_OPS,
     INTEGER_UNARY_FNS,

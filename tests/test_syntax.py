@@ -25,6 +25,7 @@ from einopt.ir import (
     tensors_in,
 )
 from einopt.syntax import RESERVED, ParseError, format_expr, format_node, parse
+
 from strategies import programs, scopes
 
 h, w, f, r, s, c = iters("h:56 w:56 f:64 r:3 s:3 c:64")
