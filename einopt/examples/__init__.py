@@ -1,0 +1,1 @@
+"""Bundled example expressions in the text syntax (``einopt examples`` lists them)."""
