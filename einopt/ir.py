@@ -77,7 +77,7 @@ class _InternMeta(type):
         table = Node._table
         names = _FIELD_NAMES.get(cls)
         if names is None:
-            names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+            names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls) if f.init)
         if not kwargs and len(args) == len(names):
             # Fast path: an equal node exists already, so it was validated already.
             try:
@@ -103,6 +103,8 @@ class Node(metaclass=_InternMeta):
     """Base of every IR node: immutable, interned, compared by identity."""
 
     _table: ClassVar[weakref.WeakValueDictionary] = weakref.WeakValueDictionary()
+    # Derived facts (free iterators, linear forms, keys, ...): see ``_cached``.
+    _memo: dict | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def _key_of(cls, values: tuple) -> tuple:
@@ -115,7 +117,7 @@ class Node(metaclass=_InternMeta):
         return dataclasses.replace(self, **changes)
 
     def __reduce__(self) -> tuple:
-        return (type(self), tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+        return (type(self), tuple(getattr(self, n) for n in _FIELD_NAMES[type(self)]))
 
     def __copy__(self) -> Node:
         return self
@@ -138,15 +140,14 @@ class Node(metaclass=_InternMeta):
 
 def _cached(node: Node, name: str, compute) -> Any:
     """Per-node memo for derived facts (nodes are immutable, so it never goes stale)."""
-    cache = _CACHE.get(node)
-    if cache is None:
-        cache = _CACHE[node] = {}
-    if name not in cache:
-        cache[name] = compute()
-    return cache[name]
-
-
-_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    memo = node._memo
+    if memo is None:
+        memo = {}
+        object.__setattr__(node, "_memo", memo)
+    elif name in memo:
+        return memo[name]
+    value = memo[name] = compute()
+    return value
 
 
 # --------------------------------------------------------------------------
@@ -207,9 +208,9 @@ def _free_iters(root: Node) -> frozenset[Iter]:
     stack: list[Node] = [root]
     while stack:
         e = stack.pop()
-        cache = _CACHE.get(e)
-        if cache is not None and "iters" in cache:
-            out |= cache["iters"]
+        memo = e._memo
+        if memo is not None and "iters" in memo:
+            out |= memo["iters"]
         elif isinstance(e, Iter):
             out.add(e)
         elif isinstance(e, (IAdd, ISub, IMul, Binary)):
