@@ -48,6 +48,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "ParseError": ("einopt.syntax", "ParseError"),
     "evaluate": ("einopt.interp", "evaluate"),
     "key": ("einopt.keys", "key"),
+    "fingerprint": ("einopt.keys", "fingerprint"),
+    "canonical_form": ("einopt.keys", "canonical_form"),
     "simplify": ("einopt.index", "simplify"),
     "linear_form": ("einopt.index", "linear_form"),
     "compile": ("einopt.codegen", "compile"),
