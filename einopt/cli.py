@@ -19,7 +19,7 @@ import click
 import numpy as np
 
 import einopt
-from einopt.ir import IRError, Program, Scope, tensors_in
+from einopt.ir import IRError, Program, Scope, input_tensors
 
 # Distinct exit codes, so scripts can tell failures apart.
 EXIT_CODES = {
@@ -136,13 +136,9 @@ def _load_node(
         raise CliError(f"{origin}: {message}", "bad_input") from None
 
 
-def _input_tensors(node: Scope | Program) -> list[einopt.Tensor]:
-    return list(node.inputs) if isinstance(node, Program) else tensors_in(node)
-
-
 def _make_inputs(node: Scope | Program, npz: str | None, seed: int, integer: bool) -> dict[str, np.ndarray]:
     """Inputs from an .npz file, else seeded random ones (small integers with ``integer``)."""
-    tensors = _input_tensors(node)
+    tensors = input_tensors(node)
     if npz is not None:
         try:
             with np.load(npz) as data:
@@ -175,7 +171,7 @@ def _describe(node: Scope | Program) -> list[str]:
     from einopt.keys import key
 
     kind = f"program with {len(node.bindings)} expressions" if isinstance(node, Program) else "expression"
-    ins = ", ".join(f"{t.name}{list(t.shape)}" for t in _input_tensors(node))
+    ins = ", ".join(f"{t.name}{list(t.shape)}" for t in input_tensors(node))
     return [f"{kind}; inputs {ins}", f"key {key(node)}"]
 
 

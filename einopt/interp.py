@@ -62,8 +62,8 @@ from einopt.ir import (
     Tensor,
     Unary,
     ValueExpr,
+    input_tensors,
     scopes_in,
-    tensors_in,
 )
 
 __all__ = ["evaluate", "EvaluationError", "MODES"]
@@ -118,12 +118,9 @@ def evaluate(
     """
     if mode not in MODES:
         raise EvaluationError(f"unknown mode {mode!r} (expected one of {', '.join(MODES)})")
-    if isinstance(node, Program):
-        tensors = list(node.inputs)
-    elif isinstance(node, Scope):
-        tensors = tensors_in(node)
-    else:
+    if not isinstance(node, (Scope, Program)):
         raise EvaluationError(f"evaluate takes a Scope or a Program, got {type(node).__name__}")
+    tensors = input_tensors(node)
     exact = mode == "int"
     if exact:
         _check_exact(node)

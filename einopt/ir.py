@@ -54,6 +54,7 @@ __all__ = [
     "as_value",
     "scopes_in",
     "tensors_in",
+    "input_tensors",
 ]
 
 
@@ -712,6 +713,11 @@ def _walk(root: Node) -> PyIterator[Node]:
 def scopes_in(root: Node) -> list[Scope]:
     """All scopes reachable from ``root`` (including itself), producers before consumers."""
     return [n for n in _walk(root) if isinstance(n, Scope)]
+
+
+def input_tensors(node: Scope | Program) -> list[Tensor]:
+    """The inputs of a scope (tensors read, first use first) or a program (as declared)."""
+    return list(node.inputs) if isinstance(node, Program) else tensors_in(node)
 
 
 def tensors_in(root: Node) -> list[Tensor]:

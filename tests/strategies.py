@@ -56,6 +56,7 @@ from einopt.ir import (
     Tensor,
     Unary,
     ValueExpr,
+    input_tensors,
     scopes_in,
     tensors_in,
 )
@@ -402,7 +403,7 @@ def random_inputs(
     Normal values, or with ``integer=True`` small integers in ``[-3, 3]``
     (still float64), so integer-safe expressions evaluate exactly.
     """
-    tensors = node.inputs if isinstance(node, Program) else tensors_in(node)
+    tensors = input_tensors(node)
     out: dict[str, np.ndarray] = {}
     for t in tensors:
         if integer:

@@ -51,8 +51,8 @@ from einopt.ir import (
     Tensor,
     Unary,
     ValueExpr,
+    input_tensors,
     scopes_in,
-    tensors_in,
 )
 
 __all__ = ["StageInfo", "Output", "Lowered", "lower"]
@@ -190,20 +190,15 @@ def lower(node: Scope | Program) -> Lowered:
 class _Lowerer:
     def __init__(self, node: Scope | Program) -> None:
         if isinstance(node, Program):
-            tensors = list(node.inputs)
             roots = [node.scope(n) for n in node.outputs]
             names = node.names()
         elif isinstance(node, Scope):
-            tensors = tensors_in(node)
             roots = [node]
             names = {}
         else:
             raise IRError(f"can only compile a Scope or a Program, got {type(node).__name__}")
-        by_name: dict[str, Tensor] = {}
-        for t in tensors:
-            other = by_name.setdefault(t.name, t)
-            if other is not t:
-                raise IRError(f"two different tensors are named {t.name}: shapes {other.shape} and {t.shape}")
+        # Tensor names are unique: Scope and Program refuse two tensors under one name.
+        tensors = input_tensors(node)
         self.node = node
         self.inputs = tuple(sorted(tensors, key=lambda t: t.name))
         self.roots = roots
