@@ -73,9 +73,8 @@ Caching and speed
 -----------------
 Keys are memoised per node with ``einopt.ir._cached``, so a scope shared by
 many states is keyed once. Context-free facts about access and index nodes
-(their texts, linear forms and roles) are memoised in bounded LRU caches,
-which are faster to hit than the weak per-node memo but hold their nodes
-alive until evicted. The body is rendered once per scope unless summation
+(their texts, linear forms and roles) are memoised per node the same way,
+so they live exactly as long as their nodes. The body is rendered once per scope unless summation
 iterators tie. ``scripts/bench_keys.py`` measures 25-45k keys/s on freshly
 built Conv3x3 expressions and their Fig. 5 derivation states (with a nested
 scope), and about 14k/s when every index has div/mod atoms, on one core of
@@ -195,8 +194,11 @@ def _program_form(p: Program) -> str:
     return f"P:in[{inputs}]out[{outputs}]"
 
 
-@functools.lru_cache(maxsize=1 << 12)
 def _tensor_text(t: Tensor) -> str:
+    return _cached(t, "keys._tensor_text", lambda: _compute_tensor_text(t))
+
+
+def _compute_tensor_text(t: Tensor) -> str:
     return f"{t.name}:{t.dtype}({','.join(map(str, t.shape))})"
 
 
@@ -222,8 +224,11 @@ _PREFIXES = {c: _prefix(c) for c in range(-16, 17) if c}
 _CONSTANTS = {c: f"{c:+d}" if c else "" for c in range(-16, 17)}
 
 
-@functools.lru_cache(maxsize=1 << 14)
 def _index_info(e: IndexExpr) -> tuple[tuple, tuple[tuple[Iter, str], ...]]:
+    return _cached(e, "keys._index_info", lambda: _compute_index_info(e))
+
+
+def _compute_index_info(e: IndexExpr) -> tuple[tuple, tuple[tuple[Iter, str], ...]]:
     """``(cindex, roles)`` of an index node, memoised (nodes are interned and immutable).
 
     A role is how an iterator occurs (its coefficient, and the atoms it sits
@@ -367,8 +372,11 @@ def _atom_text(atom: tuple, names: dict[Iter, str]) -> str:
 # --------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=1 << 13)
 def _access_info(acc: Access) -> tuple[str, tuple, bool]:
+    return _cached(acc, "keys._access_info", lambda: _compute_access_info(acc))
+
+
+def _compute_access_info(acc: Access) -> tuple[str, tuple, bool]:
     """Memoised: the source's text, each index as the Iter itself or its ``_index_info``,
     and whether every index is a plain iterator."""
     src = acc.source
@@ -434,8 +442,11 @@ def _ranges(its: tuple[Iter, ...]) -> str:
     return ",".join(map(_range, its))
 
 
-@functools.lru_cache(maxsize=1 << 12)
 def _range(it: Iter) -> str:
+    return _cached(it, "keys._range", lambda: _compute_range(it))
+
+
+def _compute_range(it: Iter) -> str:
     return f"{it.lo}:{it.hi}"
 
 
