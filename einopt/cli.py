@@ -161,7 +161,7 @@ def _make_inputs(node: Scope | Program, npz: str | None, seed: int, integer: boo
     return {t.name: rng.standard_normal(t.shape).astype(np.float32) for t in tensors}
 
 
-def _results(value: np.ndarray | dict[str, np.ndarray], node: Scope | Program) -> dict[str, np.ndarray]:
+def _results(value: np.ndarray | dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     if isinstance(value, dict):
         return value
     return {"result": value}
@@ -253,7 +253,7 @@ def eval(source, expr, example, shapes, npz, seed, mode, output) -> None:  # noq
     node = _load_node(source, expr, example, shapes)
     inputs = _make_inputs(node, npz, seed, integer=mode == "int")
     start = time.perf_counter()
-    results = _results(einopt.evaluate(node, inputs, mode=mode), node)
+    results = _results(einopt.evaluate(node, inputs, mode=mode))
     elapsed = time.perf_counter() - start
     quiet = click.get_current_context().find_root().params["quiet"]
     if not quiet:
@@ -331,8 +331,8 @@ def compile(source, expr, example, shapes, npz, seed, target, emit, check, repea
     if not check:
         return
     inputs = _make_inputs(node, npz, seed, integer=False)
-    got = _results(kernel(**inputs), node)
-    want = _results(einopt.evaluate(node, inputs), node)
+    got = _results(kernel(**inputs))
+    want = _results(einopt.evaluate(node, inputs))
     times = []
     for _ in range(max(repeat, 1)):
         t0 = time.perf_counter()
