@@ -1,0 +1,715 @@
+"""Prepare an ONNX model for translation: pin input shapes, infer shapes, fold constants and BatchNormalization.
+
+:func:`prepare` runs pin -> (infer -> fold constants) to a fixpoint -> fold
+BatchNormalization -> infer. Each stage is also a public function that returns
+a new model; none changes graph input/output names, order or element types,
+opset imports or metadata (pinning sets the pinned dims, and shape inference
+may fill in output dims that were not declared).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from einopt import modelio
+from einopt.errors import ModelError, UnsupportedModelError
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Prepared",
+    "prepare",
+    "pin_input_shapes",
+    "parse_input_shape",
+    "infer_shapes",
+    "fold_constants",
+    "fold_batchnorm",
+]
+
+# Folded outputs larger than this stay as nodes (they would bloat the model).
+MAX_FOLD_ELEMENTS = 1 << 26
+# Ops whose results are random or depend on a seed: never evaluated at compile time.
+NONDETERMINISTIC = frozenset(
+    {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
+)
+_MAX_FOLD_ROUNDS = 8
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+_FLOATS = (np.float16, np.float32, np.float64)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A prepared model and human-readable facts about the preparation, for the report."""
+
+    model: onnx.ModelProto
+    notes: tuple[str, ...]
+
+
+# ----------------------------------------------------------------------------- graph facts
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    return next((int(o.version) for o in model.opset_import if o.domain in _DEFAULT_DOMAINS), 1)
+
+
+def _subgraph_reads(graph: onnx.GraphProto) -> Iterable[str]:
+    """Every name read anywhere in ``graph`` (over-approximates the outer values a subgraph uses)."""
+    for node in graph.node:
+        yield from (i for i in node.input if i)
+        for a in node.attribute:
+            for g in [a.g] if a.HasField("g") else a.graphs:
+                yield from _subgraph_reads(g)
+    yield from (o.name for o in graph.output)
+
+
+def _read_counts(graph: onnx.GraphProto) -> collections.Counter[str]:
+    """How many times each value is read by nodes of ``graph``, subgraph reads included."""
+    counts: collections.Counter[str] = collections.Counter()
+    for node in graph.node:
+        counts.update(i for i in node.input if i)
+        for a in node.attribute:
+            for g in [a.g] if a.HasField("g") else a.graphs:
+                counts.update(set(_subgraph_reads(g)))
+    return counts
+
+
+def _has_subgraph(node: onnx.NodeProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+
+
+def _static_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
+    """Values whose shape is fully known (declared or inferred), plus constant initializer shapes."""
+    out: dict[str, tuple[int, ...]] = {}
+    for vi in [*graph.input, *graph.value_info, *graph.output]:
+        tt = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and tt.HasField("shape"):
+            if all(d.HasField("dim_value") for d in tt.shape.dim):
+                out[vi.name] = tuple(int(d.dim_value) for d in tt.shape.dim)
+    for t in _constants(graph).values():  # an overridable initializer's shape is what its input declares
+        out[t.name] = tuple(int(d) for d in t.dims)
+    return out
+
+
+def _constants(graph: onnx.GraphProto) -> dict[str, TensorProto]:
+    """Initializers that are not graph inputs (inputs with a default can be overridden)."""
+    inputs = {i.name for i in graph.input}
+    return {t.name: t for t in graph.initializer if t.name not in inputs}
+
+
+def _all_names(graph: onnx.GraphProto) -> set[str]:
+    names = {v.name for v in [*graph.input, *graph.output, *graph.value_info]}
+    names |= {t.name for t in graph.initializer}
+    names |= set(_subgraph_reads(graph))
+    names |= {o for n in graph.node for o in n.output}
+    return names
+
+
+def _unique(base: str, taken: set[str]) -> str:
+    name, k = base, 1
+    while name in taken:
+        name, k = f"{base}_{k}", k + 1
+    taken.add(name)
+    return name
+
+
+def _delete(repeated: object, indices: Iterable[int]) -> None:
+    for i in sorted(set(indices), reverse=True):
+        del repeated[i]  # type: ignore[attr-defined]
+
+
+def _drop_value_info(graph: onnx.GraphProto) -> None:
+    """Drop value_info of values no node produces any more, or that are now initializers."""
+    produced = {o for n in graph.node for o in n.output}
+    inits = {t.name for t in graph.initializer}
+    _delete(
+        graph.value_info,
+        [i for i, v in enumerate(graph.value_info) if v.name not in produced or v.name in inits],
+    )
+
+
+def _drop_unused_initializers(graph: onnx.GraphProto, candidates: set[str]) -> int:
+    """Remove the ``candidates`` no node reads any more (graph inputs and outputs are kept)."""
+    reads = _read_counts(graph)
+    keep = {v.name for v in [*graph.input, *graph.output]}
+    dead = [
+        i
+        for i, t in enumerate(graph.initializer)
+        if t.name in candidates and not reads[t.name] and t.name not in keep
+    ]
+    _delete(graph.initializer, dead)
+    return len(dead)
+
+
+# ----------------------------------------------------------------------------- input shapes
+
+
+def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """Parse ``"NAME=1,3,224,224"`` into ``("NAME", (1, 3, 224, 224))``.
+
+    The name may contain ``=``, ``:`` or ``/``: the text is split at the last
+    ``=``. ``"NAME="`` is a scalar.
+
+    Raises
+    ------
+    ModelError
+        No ``=``, an empty name, or a dimension that is not a positive integer.
+    """
+    name, sep, dims = text.rpartition("=")
+    name = name.strip()
+    if not sep or not name:
+        raise ModelError(f"bad input shape {text!r}: expected NAME=D1,D2,... (e.g. x=1,3,224,224)")
+    parts = [p.strip() for p in dims.split(",")] if dims.strip() else []
+    shape: list[int] = []
+    for p in parts:
+        try:
+            d = int(p)
+        except ValueError:
+            raise ModelError(f"bad input shape {text!r}: dimension {p!r} is not an integer") from None
+        if d < 1:
+            raise ModelError(f"bad input shape {text!r}: dimension {d} must be positive")
+        shape.append(d)
+    return name, tuple(shape)
+
+
+def pin_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
+    """Set the dims of graph inputs to concrete values.
+
+    A symbolic dim pinned on one input takes the same value wherever else it
+    appears (other inputs, outputs, value_info).
+
+    Raises
+    ------
+    ModelError
+        Unknown input name, rank mismatch, a fixed dim that differs, a
+        non-positive dim, or one symbolic dim pinned to two values.
+    """
+    m = modelio.copy_model(model)
+    _pin(m, shapes)
+    return m
+
+
+def _pin(m: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> list[str]:
+    g = m.graph
+    by_name = {i.name: i for i in g.input}
+    unknown = sorted(set(shapes) - set(by_name))
+    if unknown:
+        raise ModelError(f"cannot pin unknown inputs {unknown}; the model's inputs are {list(by_name)}")
+    symbols: dict[str, int] = {}
+    notes = []
+    for name, dims in shapes.items():
+        dims = [int(d) for d in dims]
+        if any(d < 1 for d in dims):
+            raise ModelError(f"cannot pin input {name!r} to {dims}: dimensions must be positive")
+        vi = by_name[name]
+        if not vi.type.HasField("tensor_type"):
+            raise ModelError(f"cannot pin input {name!r}: it is not a tensor")
+        tt = vi.type.tensor_type
+        declared = [x.dim_value if x.HasField("dim_value") else x.dim_param or "?" for x in tt.shape.dim]
+        if tt.HasField("shape") and len(tt.shape.dim) != len(dims):
+            raise ModelError(
+                f"cannot pin input {name!r} to {dims}: the model declares rank {len(tt.shape.dim)}"
+            )
+        if not tt.HasField("shape"):
+            tt.shape.dim.extend(onnx.TensorShapeProto.Dimension() for _ in dims)
+        for d, value in zip(tt.shape.dim, dims, strict=True):
+            if d.HasField("dim_value") and d.dim_value != value:
+                raise ModelError(f"cannot pin input {name!r} to {dims}: the model declares {declared}")
+            if d.HasField("dim_param"):
+                if symbols.setdefault(d.dim_param, value) != value:
+                    raise ModelError(
+                        f"cannot pin dimension {d.dim_param!r} to both {symbols[d.dim_param]} and {value}"
+                    )
+            d.dim_value = value
+        notes.append(f"pinned input {name} to {dims}")
+    for vi in [*g.input, *g.output, *g.value_info]:
+        if vi.name not in shapes and vi.type.HasField("tensor_type"):
+            for d in vi.type.tensor_type.shape.dim:
+                if d.HasField("dim_param") and d.dim_param in symbols:
+                    d.dim_value = symbols[d.dim_param]
+    return notes
+
+
+# ----------------------------------------------------------------------------- shape inference
+
+
+def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """ONNX shape inference with data propagation; never fails.
+
+    Runs on a copy without the data of large tensors (so models over 2 GB
+    work) and copies the inferred value_info and output types back. If ONNX
+    cannot infer the model, a warning is logged and the model is returned as is.
+    """
+    m = modelio.copy_model(model)
+    _infer(m)
+    return m
+
+
+def _complete(vi: onnx.ValueInfoProto | None) -> bool:
+    """A tensor type with an element type and every dim known (value or symbol)."""
+    if vi is None or not vi.type.HasField("tensor_type"):
+        return False
+    tt = vi.type.tensor_type
+    return bool(tt.elem_type) and tt.HasField("shape") and all(d.WhichOneof("value") for d in tt.shape.dim)
+
+
+def _infer(m: onnx.ModelProto) -> str | None:
+    """Infer shapes in place; return the reason when ONNX could not.
+
+    ONNX keeps existing value_info when it disagrees with what it infers, so
+    inference first runs without the model's annotations; they are used (in a
+    second run) only for values it could not infer, e.g. custom op outputs.
+    """
+    skeleton = modelio.strip_tensors(m)
+    annotations = list(skeleton.graph.value_info)
+    del skeleton.graph.value_info[:]
+    try:
+        inferred = onnx.shape_inference.infer_shapes(skeleton, data_prop=True)
+        known = {vi.name for vi in inferred.graph.value_info if _complete(vi)}
+        extra = [vi for vi in annotations if vi.name not in known]
+        if extra:
+            for vi in extra:
+                skeleton.graph.value_info.add().CopyFrom(vi)
+            inferred = onnx.shape_inference.infer_shapes(skeleton, data_prop=True)
+    except Exception as e:  # noqa: BLE001 - ONNX raises many types; the pipeline goes on
+        error = f"{type(e).__name__}: {' '.join(str(e).split())}"
+        log.warning("shape inference failed, continuing without it: %s", error)
+        return error
+    g = m.graph
+    del g.value_info[:]
+    for vi in inferred.graph.value_info:
+        g.value_info.add().CopyFrom(vi)
+    for out, vi in zip(g.output, inferred.graph.output, strict=True):
+        if out.type.tensor_type.elem_type in (0, vi.type.tensor_type.elem_type):
+            out.CopyFrom(vi)
+    return None
+
+
+# ----------------------------------------------------------------------------- constant folding
+
+
+def _constant_tensor(node: onnx.NodeProto) -> TensorProto | None:
+    """The value of a Constant node as a tensor named after its output (None for sparse values)."""
+    a = node.attribute[0] if len(node.attribute) == 1 else None
+    convert = _CONSTANT_ATTRS.get(a.name) if a is not None else None
+    if convert is None:
+        return None
+    t = convert(a)
+    t.name = node.output[0]
+    return t
+
+
+def _copy_tensor(t: TensorProto) -> TensorProto:
+    out = TensorProto()
+    out.CopyFrom(t)
+    return out
+
+
+_CONSTANT_ATTRS: dict[str, Callable[[onnx.AttributeProto], TensorProto]] = {
+    "value": lambda a: _copy_tensor(a.t),
+    "value_float": lambda a: numpy_helper.from_array(np.array(a.f, np.float32)),
+    "value_floats": lambda a: numpy_helper.from_array(np.array(list(a.floats), np.float32)),
+    "value_int": lambda a: numpy_helper.from_array(np.array(a.i, np.int64)),
+    "value_ints": lambda a: numpy_helper.from_array(np.array(list(a.ints), np.int64)),
+    "value_string": lambda a: numpy_helper.from_array(np.array(a.s, dtype=object)),
+    "value_strings": lambda a: numpy_helper.from_array(np.array(list(a.strings), dtype=object)),
+}
+
+
+def _shape_value(node: onnx.NodeProto, shape: tuple[int, ...]) -> np.ndarray:
+    """Shape (with start/end) or Size of a value of known shape."""
+    if node.op_type == "Size":
+        return np.array(int(np.prod(shape, dtype=np.int64)), np.int64)
+    attrs = {a.name: a.i for a in node.attribute}
+    return np.array(shape[slice(attrs.get("start", 0), attrs.get("end"))], np.int64)
+
+
+def _why_not_foldable(
+    node: onnx.NodeProto, constant: set[str], shapes: Mapping[str, tuple[int, ...]]
+) -> str | None:
+    """Why ``node`` cannot be evaluated at compile time, or None if it can."""
+    if node.domain not in _DEFAULT_DOMAINS:
+        return f"domain {node.domain!r}"
+    if node.op_type in NONDETERMINISTIC:
+        return "nondeterministic"
+    if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
+        return "Dropout with training_mode"
+    if _has_subgraph(node):
+        return "has a subgraph"
+    missing = [i for i in node.input if i and i not in constant]
+    if missing:
+        return f"input {missing[0]!r} is not constant"
+    sizes = [int(np.prod(shapes[o])) for o in node.output if o in shapes]
+    if any(s > MAX_FOLD_ELEMENTS for s in sizes):
+        return "output too large"
+    return None
+
+
+def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Evaluate the constant parts of the graph at compile time.
+
+    Constant nodes become initializers; nodes whose inputs are all constants
+    (initializers that are not graph inputs, or folded values), and Shape/Size
+    of values whose inferred shape is fully static, are evaluated (in one
+    ONNX Runtime session) and replaced by initializers. Never folded: nodes
+    producing a graph output, nondeterministic ops, nodes with subgraphs,
+    non-default domains, outputs over ``MAX_FOLD_ELEMENTS`` elements.
+    Initializers that become unused are removed. Shape inference and folding
+    repeat until nothing changes.
+    """
+    m = modelio.copy_model(model)
+    _fold_to_fixpoint(m)
+    return m
+
+
+def _fold_to_fixpoint(m: onnx.ModelProto) -> tuple[collections.Counter[str], str | None]:
+    total: collections.Counter[str] = collections.Counter()
+    error = None
+    for _ in range(_MAX_FOLD_ROUNDS):
+        error = _infer(m)
+        folded = _fold_once(m)
+        total += folded
+        if not folded:
+            break
+    return total, error
+
+
+def _fold_once(m: onnx.ModelProto) -> collections.Counter[str]:
+    """One folding pass in place; returns the folded op types."""
+    g = m.graph
+    graph_outputs = {o.name for o in g.output}
+    shapes = _static_shapes(g)
+    inits = _constants(g)
+    constant = set(inits)
+    direct: dict[str, TensorProto] = {}  # values known without running anything
+    batch: list[int] = []
+    folded: set[int] = set()
+    for idx, node in enumerate(g.node):
+        if any(o in graph_outputs for o in node.output) or node.domain not in _DEFAULT_DOMAINS:
+            continue
+        if node.op_type == "Constant" and (t := _constant_tensor(node)) is not None:
+            direct[t.name] = t
+        elif node.op_type in ("Shape", "Size") and node.input[0] in shapes:
+            value = _shape_value(node, shapes[node.input[0]])
+            direct[node.output[0]] = numpy_helper.from_array(value, node.output[0])
+        elif (reason := _why_not_foldable(node, constant, shapes)) is None:
+            batch.append(idx)
+        else:
+            log.debug("not folding %s %r: %s", node.op_type, node.name, reason)
+            continue
+        folded.add(idx)
+        constant.update(o for o in node.output if o)
+    if not folded:
+        return collections.Counter()
+    values = _evaluate(m, batch, inits, direct)
+    folded -= {i for i in batch if not all(o in values for o in g.node[i].output if o)}
+    # Keep (unfold) producers of needed values that are too large, until nothing changes.
+    producer = {o: i for i, n in enumerate(g.node) for o in n.output if o}
+    while True:
+        kept = [n for i, n in enumerate(g.node) if i not in folded]
+        needed = {x for n in kept for x in n.input if x} | _subgraph_names(kept)
+        big = {
+            producer[x]
+            for x in needed
+            if x in producer and producer[x] in folded and _too_big(x, values, direct)
+        }
+        if not big:
+            break
+        folded -= big
+    stats = collections.Counter(g.node[i].op_type for i in folded)
+    read_before = {x for i in folded for x in g.node[i].input if x}
+    produced = {o for i in folded for o in g.node[i].output if o}
+    for name in sorted(produced & needed):
+        t = direct[name] if name in direct else numpy_helper.from_array(values[name], name)
+        g.initializer.add().CopyFrom(t)
+    _delete(g.node, folded)
+    _drop_unused_initializers(g, read_before)
+    _drop_value_info(g)
+    return stats
+
+
+def _subgraph_names(nodes: Sequence[onnx.NodeProto]) -> set[str]:
+    names: set[str] = set()
+    for node in nodes:
+        for a in node.attribute:
+            for sub in [a.g] if a.HasField("g") else a.graphs:
+                names.update(_subgraph_reads(sub))
+    return names
+
+
+def _too_big(name: str, values: Mapping[str, np.ndarray], direct: Mapping[str, TensorProto]) -> bool:
+    if name in direct:
+        return False
+    return name not in values or values[name].size > MAX_FOLD_ELEMENTS
+
+
+def _evaluate(
+    m: onnx.ModelProto,
+    batch: Sequence[int],
+    inits: Mapping[str, TensorProto],
+    direct: Mapping[str, TensorProto],
+) -> dict[str, np.ndarray]:
+    """Run the ``batch`` nodes in one small model; on failure, node by node, skipping those that fail."""
+    if not batch:
+        return {}
+    nodes = [m.graph.node[i] for i in batch]
+    try:
+        return _run_nodes(m, nodes, inits, direct, {})
+    except (UnsupportedModelError, ModelError) as e:
+        log.debug("batched constant folding failed (%s); folding node by node", e)
+    values: dict[str, np.ndarray] = {}
+    for node in nodes:
+        if not all(i in inits or i in direct or i in values for i in node.input if i):
+            continue
+        try:
+            values.update(_run_nodes(m, [node], inits, direct, values))
+        except (UnsupportedModelError, ModelError) as e:
+            log.debug("not folding %s %r: %s", node.op_type, node.name, e)
+    return values
+
+
+def _run_nodes(
+    m: onnx.ModelProto,
+    nodes: Sequence[onnx.NodeProto],
+    inits: Mapping[str, TensorProto],
+    direct: Mapping[str, TensorProto],
+    values: Mapping[str, np.ndarray],
+) -> dict[str, np.ndarray]:
+    produced = [o for n in nodes for o in n.output if o]
+    read = sorted({i for n in nodes for i in n.input if i} - set(produced))
+    graph = onnx.GraphProto(name="fold")
+    for node in nodes:
+        graph.node.add().CopyFrom(node)
+    for name in read:
+        t = graph.initializer.add()
+        if name in values:
+            t.CopyFrom(numpy_helper.from_array(values[name], name))
+        else:
+            t.CopyFrom(inits[name] if name in inits else direct[name])
+    graph.output.extend(onnx.ValueInfoProto(name=o) for o in produced)
+    part = onnx.ModelProto(ir_version=m.ir_version, graph=graph)
+    part.opset_import.extend(m.opset_import)
+    try:
+        return modelio.run(modelio.session(part, threads=1), {}, produced)
+    except (TypeError, RuntimeError) as e:  # e.g. an output type numpy cannot hold
+        raise UnsupportedModelError(str(e)) from e
+
+
+# ----------------------------------------------------------------------------- BatchNormalization
+
+
+_BnFold = tuple[np.ndarray, np.ndarray, dict[str, float]] | str
+
+
+def _bn_into_conv(
+    node: onnx.NodeProto, w: np.ndarray, b: np.ndarray | None, a: np.ndarray, c: np.ndarray
+) -> _BnFold:
+    """Conv: ``W'[m, ...] = W[m, ...] * a[m]``, ``b' = b * a + c``."""
+    if w.ndim < 3 or a.shape != (w.shape[0],):
+        return f"weight shape {list(w.shape)} does not match {a.size} channels"
+    return w * a.reshape(-1, *[1] * (w.ndim - 1)), (0.0 if b is None else b) * a + c, {}
+
+
+def _bn_into_conv_transpose(
+    node: onnx.NodeProto, w: np.ndarray, b: np.ndarray | None, a: np.ndarray, c: np.ndarray
+) -> _BnFold:
+    """ConvTranspose: ``W[ci, j, ...]`` feeds output channel ``(ci // Cg) * Mg + j``; bias as for Conv."""
+    group = next((int(x.i) for x in node.attribute if x.name == "group"), 1)
+    if w.ndim < 3 or w.shape[0] % group or a.shape != (w.shape[1] * group,):
+        return f"weight shape {list(w.shape)} (group {group}) does not match {a.size} channels"
+    ci = np.arange(w.shape[0]) // (w.shape[0] // group)
+    scale = a[ci[:, None] * w.shape[1] + np.arange(w.shape[1])[None, :]]
+    return w * scale.reshape(*scale.shape, *[1] * (w.ndim - 2)), (0.0 if b is None else b) * a + c, {}
+
+
+def _bn_into_gemm(
+    node: onnx.NodeProto, w: np.ndarray, b: np.ndarray | None, a: np.ndarray, c: np.ndarray
+) -> _BnFold:
+    """Gemm: the columns of ``op(B)`` scale by ``a``; ``C' = beta * C * a + c`` and ``beta = 1``."""
+    attrs = {x.name: x for x in node.attribute}
+    trans_b = bool(attrs["transB"].i) if "transB" in attrs else False
+    if w.ndim != 2 or a.shape != (w.shape[0 if trans_b else 1],):
+        return f"B shape {list(w.shape)} (transB={int(trans_b)}) does not match {a.size} channels"
+    beta = attrs["beta"].f if "beta" in attrs else 1.0
+    bias = c if b is None else beta * b * a + c
+    return w * (a[:, None] if trans_b else a[None, :]), bias, {"beta": 1.0}
+
+
+# Producer op -> folding function; the weights are input 1, the bias (Gemm: C) input 2.
+_BN_PRODUCERS: dict[str, Callable[..., _BnFold]] = {
+    "Conv": _bn_into_conv,
+    "ConvTranspose": _bn_into_conv_transpose,
+    "Gemm": _bn_into_gemm,
+}
+
+
+def fold_batchnorm(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Fold inference-mode BatchNormalization into a preceding Conv, ConvTranspose or Gemm.
+
+    With ``a = scale / sqrt(var + eps)`` and ``c = B - mean * a``, the
+    producer's weights are scaled per output channel by ``a`` and its bias
+    becomes ``bias * a + c``. Folded only when BN has one output and constant
+    parameters, the producer's weights and bias are constant initializers,
+    and the producer's output is read by the BN alone and is not a graph
+    output. New weights get new names; the BN's output name moves to the producer.
+    """
+    m = modelio.copy_model(model)
+    _fold_bn(m)
+    return m
+
+
+def _fold_bn(m: onnx.ModelProto) -> collections.Counter[str]:
+    g = m.graph
+    opset = _default_opset(m)
+    consts = _constants(g)
+    reads = _read_counts(g)
+    outputs = {o.name for o in g.output}
+    producer = {o: n for n in g.node for o in n.output if o}
+    taken = _all_names(g)
+    stats: collections.Counter[str] = collections.Counter()
+    removed: list[int] = []
+    touched: set[str] = set()
+    for idx, bn in enumerate(g.node):
+        if bn.op_type != "BatchNormalization" or bn.domain not in _DEFAULT_DOMAINS:
+            continue
+        plan = _match_bn(bn, producer.get(bn.input[0]), consts, reads, outputs, opset)
+        if isinstance(plan, str):
+            log.debug("not folding BatchNormalization %r: %s", bn.name, plan)
+            continue
+        prod, weight, bias, attrs = plan
+        w_name = _unique(f"{prod.input[1]}_bn", taken)
+        b_name = _unique(f"{prod.input[1]}_bn_bias", taken)
+        for name, value in ((w_name, weight), (b_name, bias)):
+            t = g.initializer.add()
+            t.CopyFrom(numpy_helper.from_array(value, name))
+            consts[name] = t
+        touched.update(i for i in [*prod.input[1:], *bn.input[1:]] if i)
+        prod.input[1] = w_name
+        while len(prod.input) < 3:
+            prod.input.append("")
+        prod.input[2] = b_name
+        for key, value in attrs.items():
+            _delete(prod.attribute, [i for i, x in enumerate(prod.attribute) if x.name == key])
+            prod.attribute.append(onnx.helper.make_attribute(key, value))
+        prod.output[0] = bn.output[0]
+        producer[bn.output[0]] = prod
+        removed.append(idx)
+        stats[prod.op_type] += 1
+    _delete(g.node, removed)
+    _drop_unused_initializers(g, touched)
+    _drop_value_info(g)
+    return stats
+
+
+def _match_bn(
+    bn: onnx.NodeProto,
+    prod: onnx.NodeProto | None,
+    consts: Mapping[str, TensorProto],
+    reads: Mapping[str, int],
+    outputs: set[str],
+    opset: int,
+) -> tuple[onnx.NodeProto, np.ndarray, np.ndarray, dict[str, float]] | str:
+    """``(producer, weight, bias, attrs)`` to fold ``bn`` into its producer, or the reason it cannot."""
+    attrs = {a.name: a for a in bn.attribute}
+    if [o for o in bn.output if o] != [bn.output[0]]:
+        return "training outputs are used"
+    if "training_mode" in attrs and attrs["training_mode"].i:
+        return "training mode"
+    if "spatial" in attrs and not attrs["spatial"].i:
+        return "spatial=0"
+    params = list(bn.input[1:5])
+    if len(params) != 4 or any(p not in consts for p in params):
+        return "parameters are not constant"
+    if prod is None or prod.op_type not in _BN_PRODUCERS or prod.domain not in _DEFAULT_DOMAINS:
+        return "not produced by Conv/ConvTranspose/Gemm"
+    x = bn.input[0]
+    if reads[x] != 1 or x in outputs or len(prod.output) != 1:
+        return f"{prod.op_type} output is used elsewhere"
+    if prod.op_type == "Gemm" and opset < 7:
+        return "Gemm before opset 7"
+    weight_inputs = [i for i in prod.input[1:3] if i]
+    if any(i not in consts for i in weight_inputs):
+        return f"{prod.op_type} weights are not constant initializers"
+    w = numpy_helper.to_array(consts[prod.input[1]])
+    if w.dtype.type not in _FLOATS:
+        return f"weights of type {w.dtype}"
+    b = numpy_helper.to_array(consts[prod.input[2]]) if len(prod.input) > 2 and prod.input[2] else None
+    scale, shift, mean, var = (numpy_helper.to_array(consts[p]).astype(np.float64) for p in params)
+    if not (scale.ndim == 1 and scale.shape == shift.shape == mean.shape == var.shape):
+        return "parameters are not 1-D of one length"
+    eps = attrs["epsilon"].f if "epsilon" in attrs else 1e-5
+    a = scale / np.sqrt(var + eps)
+    c = shift - mean * a
+    result = _BN_PRODUCERS[prod.op_type](
+        prod, w.astype(np.float64), None if b is None else b.astype(np.float64), a, c
+    )
+    if isinstance(result, str):
+        return result
+    new_w, bias, new_attrs = result
+    return prod, new_w.astype(w.dtype), np.ascontiguousarray(bias, dtype=w.dtype), new_attrs
+
+
+# ----------------------------------------------------------------------------- the whole preparation
+
+
+def _counts(stats: collections.Counter[str]) -> str:
+    return ", ".join(f"{op} x{n}" if n > 1 else op for op, n in sorted(stats.items()))
+
+
+def _symbolic_notes(m: onnx.ModelProto) -> list[str]:
+    notes = []
+    for vi in modelio.feed_inputs(m):
+        if not vi.type.HasField("tensor_type"):
+            continue
+        tt = vi.type.tensor_type
+        if not tt.HasField("shape"):
+            notes.append(f"input {vi.name} has unknown rank: parts depending on it pass through")
+            continue
+        symbolic = [d.dim_param or "?" for d in tt.shape.dim if not d.HasField("dim_value")]
+        if symbolic:
+            dims = ", ".join(symbolic)
+            notes.append(f"input {vi.name} has symbolic dims [{dims}]: parts depending on them pass through")
+    return notes
+
+
+def prepare(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] = {}) -> Prepared:
+    """Pin input shapes, infer shapes, fold constants and BatchNormalization.
+
+    Parameters
+    ----------
+    model
+        A loaded model (not modified).
+    input_shapes
+        Concrete shapes for graph inputs (see :func:`pin_input_shapes`).
+
+    Returns
+    -------
+    Prepared
+        The new model and notes for the report (what was pinned and folded,
+        which inputs stay symbolic, whether shape inference failed).
+
+    Raises
+    ------
+    ModelError
+        Bad ``input_shapes``.
+    """
+    m = modelio.copy_model(model)
+    notes = _pin(m, input_shapes)
+    folded, error = _fold_to_fixpoint(m)
+    if folded:
+        notes.append(f"folded {sum(folded.values())} nodes into constants ({_counts(folded)})")
+    bn = _fold_bn(m)
+    for op, n in sorted(bn.items()):
+        notes.append(f"folded {n} BatchNormalization into {op}")
+    if bn:
+        error = _infer(m)
+    if error:
+        notes.append(f"shape inference failed ({error}): shapes it would give are unknown")
+    notes += _symbolic_notes(m)
+    return Prepared(m, tuple(notes))

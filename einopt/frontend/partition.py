@@ -1,0 +1,123 @@
+"""Split a graph into subprograms at non-linear activations and unsupported ops.
+
+Every node is classified (see :func:`classify`): *linear* nodes (supported
+tensor-algebra operators) are grouped into subprograms, *activation* nodes
+(supported non-linear element-wise functions) become single-node
+subprograms, everything else passes through. Two linear nodes join one
+group when one reads the other's output or both read the same non-constant
+value (so the search can merge expressions that share an input), unless the
+union would make the quotient graph cyclic: a group is replaced as one unit,
+so no path may leave it and come back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import onnx
+
+# Non-linear element-wise ops: subprogram boundaries, translated on their own
+# so later fusion can absorb them into an eOperator.
+ACTIVATIONS: frozenset[str] = frozenset(
+    {"Relu", "Sigmoid", "Tanh", "LeakyRelu", "PRelu", "Clip", "Exp", "Abs", "Sqrt", "Max", "Min"}
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """Node indices (graph order) of one subprogram, and whether it is an activation."""
+
+    nodes: tuple[int, ...]
+    kind: str  # "linear" | "activation"
+
+
+def group_nodes(
+    nodes: Sequence[onnx.NodeProto],
+    kinds: Sequence[str | None],
+    constants: Mapping[str, object] | frozenset[str],
+) -> list[Group]:
+    """Group translatable nodes into convex subprograms.
+
+    Parameters
+    ----------
+    nodes
+        The graph's nodes in topological order.
+    kinds
+        Per node: ``"linear"``, ``"activation"`` or ``None`` (passes through).
+    constants
+        Names of constant values; sharing a constant does not join nodes.
+
+    Returns
+    -------
+    list[Group]
+        In order of their first node.
+    """
+    n = len(nodes)
+    producer: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        for o in node.output:
+            if o:
+                producer[o] = i
+    preds: list[list[int]] = [[] for _ in range(n)]
+    readers: dict[str, list[int]] = {}
+    for i, node in enumerate(nodes):
+        for name in node.input:
+            if not name:
+                continue
+            if name in producer and producer[name] not in preds[i]:
+                preds[i].append(producer[name])
+            if name not in constants:
+                readers.setdefault(name, []).append(i)
+
+    label = list(range(n))  # group id of each node: the smallest node index in the group
+    linear = [k == "linear" for k in kinds]
+    candidates: list[tuple[int, int]] = []
+    for i in range(n):
+        if linear[i]:
+            candidates += [(p, i) for p in preds[i] if linear[p]]
+    for rs in readers.values():
+        lin = [r for r in rs if linear[r]]
+        candidates += [(lin[0], r) for r in lin[1:]]
+    for a, b in candidates:
+        ga, gb = label[a], label[b]
+        if ga == gb:
+            continue
+        keep, gone = min(ga, gb), max(ga, gb)
+        moved = [i for i in range(n) if label[i] == gone]
+        for i in moved:
+            label[i] = keep
+        if not _acyclic(preds, label):
+            for i in moved:
+                label[i] = gone
+    members: dict[int, list[int]] = {}
+    for i in range(n):
+        if kinds[i] is not None:
+            members.setdefault(label[i], []).append(i)
+    return [
+        Group(tuple(ms), kinds[ms[0]] or "linear")
+        for _, ms in sorted(members.items(), key=lambda kv: kv[1][0])
+    ]
+
+
+def _acyclic(preds: list[list[int]], label: list[int]) -> bool:
+    """Is the graph with every group contracted to one vertex still a DAG?"""
+    succ: dict[int, set[int]] = {}
+    indeg: dict[int, int] = {}
+    for i, gi in enumerate(label):
+        indeg.setdefault(gi, 0)
+        for p in preds[i]:
+            gp = label[p]
+            if gp != gi and gi not in succ.setdefault(gp, set()):
+                succ[gp].add(gi)
+                indeg[gi] = indeg.get(gi, 0) + 1
+    ready = [g for g, d in indeg.items() if d == 0]
+    seen = 0
+    while ready:
+        g = ready.pop()
+        seen += 1
+        for s in succ.get(g, ()):
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                ready.append(s)
+    return seen == len(indeg)

@@ -1,0 +1,87 @@
+"""Grouping nodes into convex subprograms (einopt.frontend.partition)."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from onnx import helper
+
+from einopt.frontend.partition import group_nodes
+
+
+def _nodes(spec: str) -> list[onnx.NodeProto]:
+    """'a,b->c; c->d' style: one node per ';', inputs -> outputs."""
+    out = []
+    for k, part in enumerate(spec.split(";")):
+        ins, outs = part.split("->")
+        out.append(
+            helper.make_node(
+                "Op",
+                [i.strip() for i in ins.split(",") if i.strip()],
+                [o.strip() for o in outs.split(",")],
+                name=f"n{k}",
+            )
+        )
+    return out
+
+
+def _groups(spec: str, kinds: str, constants=frozenset()) -> list[tuple[tuple[int, ...], str]]:
+    table = {"L": "linear", "A": "activation", "-": None}
+    return [(g.nodes, g.kind) for g in group_nodes(_nodes(spec), [table[c] for c in kinds], constants)]
+
+
+@pytest.mark.parametrize(
+    ("spec", "kinds", "expected"),
+    [
+        # conv -> add -> relu -> conv: two linear groups around the activation
+        ("x->a; a->b; b->c; c->d", "LLAL", [((0, 1), "linear"), ((2,), "activation"), ((3,), "linear")]),
+        # two matmuls reading the same input join (inter-expression merging needs them together)
+        ("x->a; x->b; a,b->c", "LLL", [((0, 1, 2), "linear")]),
+        # a path that leaves the group through an activation and comes back: no merge
+        ("x->a; a->b; a,b->c", "LAL", [((0,), "linear"), ((1,), "activation"), ((2,), "linear")]),
+        # passed-through node between two linear nodes
+        ("x->a; a->b; b->c", "L-L", [((0,), "linear"), ((2,), "linear")]),
+        # residual: y = conv(relu(conv(x))) + x: the first conv shares x with the add, but the path
+        # conv1 -> relu -> conv2 -> add leaves and re-enters, so conv1 stays alone
+        ("x->a; a->b; b->c; c,x->d", "LALL", [((0,), "linear"), ((1,), "activation"), ((2, 3), "linear")]),
+    ],
+    ids=["chain", "shared-input", "no-cycle", "passthrough", "residual"],
+)
+def test_grouping(spec, kinds, expected):
+    assert _groups(spec, kinds) == expected
+
+
+def test_shared_constant_does_not_join():
+    assert _groups("x,w->a; y,w->b", "LL", constants={"w"}) == [((0,), "linear"), ((1,), "linear")]
+    assert _groups("x,w->a; y,w->b", "LL") == [((0, 1), "linear")]
+
+
+def test_groups_are_convex_on_a_random_dag():
+    """No group may have a path that leaves it and comes back (checked by brute force)."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(30):
+        n = 14
+        specs = []
+        for i in range(n):
+            ins = sorted({f"v{j}" for j in rng.sample(range(i), min(i, rng.randint(1, 2)))} or {"x"})
+            specs.append(f"{','.join(ins)}->v{i}")
+        kinds = "".join(rng.choice("LLLA-") for _ in range(n))
+        nodes = _nodes(";".join(specs))
+        groups = group_nodes(
+            nodes, [{"L": "linear", "A": "activation", "-": None}[c] for c in kinds], frozenset()
+        )
+        succ = {i: [j for j in range(n) if f"v{i}" in nodes[j].input] for i in range(n)}
+        for g in groups:
+            members = set(g.nodes)
+            # every node reachable from the group through an outside node must be outside the group
+            frontier = [j for i in members for j in succ[i] if j not in members]
+            seen = set(frontier)
+            while frontier:
+                k = frontier.pop()
+                assert k not in members, (kinds, specs, g)
+                for j in succ[k]:
+                    if j not in seen:
+                        seen.add(j)
+                        frontier.append(j)
