@@ -5,6 +5,10 @@ BatchNormalization -> infer. Each stage is also a public function that returns
 a new model; none changes graph input/output names, order or element types,
 opset imports or metadata (pinning sets the pinned dims, and shape inference
 may fill in output dims that were not declared).
+
+BatchNormalization folding lives in :mod:`einopt.frontend.batchnorm` and the
+graph helpers shared with it in :mod:`einopt.frontend.onnx_graph`;
+:func:`fold_batchnorm` is re-exported here.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -20,6 +24,17 @@ from onnx import TensorProto, numpy_helper
 
 from einopt import modelio
 from einopt.errors import ModelError, UnsupportedModelError
+from einopt.frontend.batchnorm import fold_batchnorm, fold_batchnorm_in_place
+from einopt.frontend.onnx_graph import (
+    DEFAULT_DOMAINS,
+    constants,
+    delete_at,
+    drop_unused_initializers,
+    drop_value_info,
+    has_subgraph,
+    static_shapes,
+    subgraph_reads,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +55,6 @@ NONDETERMINISTIC = frozenset(
     {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
 )
 _MAX_FOLD_ROUNDS = 8
-_DEFAULT_DOMAINS = ("", "ai.onnx")
-_FLOATS = (np.float16, np.float32, np.float64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,101 +63,6 @@ class Prepared:
 
     model: onnx.ModelProto
     notes: tuple[str, ...]
-
-
-# ----------------------------------------------------------------------------- graph facts
-
-
-def _default_opset(model: onnx.ModelProto) -> int:
-    return next((int(o.version) for o in model.opset_import if o.domain in _DEFAULT_DOMAINS), 1)
-
-
-def _subgraph_reads(graph: onnx.GraphProto) -> Iterable[str]:
-    """Every name read anywhere in ``graph`` (over-approximates the outer values a subgraph uses)."""
-    for node in graph.node:
-        yield from (i for i in node.input if i)
-        for a in node.attribute:
-            for g in [a.g] if a.HasField("g") else a.graphs:
-                yield from _subgraph_reads(g)
-    yield from (o.name for o in graph.output)
-
-
-def _read_counts(graph: onnx.GraphProto) -> collections.Counter[str]:
-    """How many times each value is read by nodes of ``graph``, subgraph reads included."""
-    counts: collections.Counter[str] = collections.Counter()
-    for node in graph.node:
-        counts.update(i for i in node.input if i)
-        for a in node.attribute:
-            for g in [a.g] if a.HasField("g") else a.graphs:
-                counts.update(set(_subgraph_reads(g)))
-    return counts
-
-
-def _has_subgraph(node: onnx.NodeProto) -> bool:
-    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
-
-
-def _static_shapes(graph: onnx.GraphProto) -> dict[str, tuple[int, ...]]:
-    """Values whose shape is fully known (declared or inferred), plus constant initializer shapes."""
-    out: dict[str, tuple[int, ...]] = {}
-    for vi in [*graph.input, *graph.value_info, *graph.output]:
-        tt = vi.type.tensor_type
-        if vi.type.HasField("tensor_type") and tt.HasField("shape"):
-            if all(d.HasField("dim_value") for d in tt.shape.dim):
-                out[vi.name] = tuple(int(d.dim_value) for d in tt.shape.dim)
-    for t in _constants(graph).values():  # an overridable initializer's shape is what its input declares
-        out[t.name] = tuple(int(d) for d in t.dims)
-    return out
-
-
-def _constants(graph: onnx.GraphProto) -> dict[str, TensorProto]:
-    """Initializers that are not graph inputs (inputs with a default can be overridden)."""
-    inputs = {i.name for i in graph.input}
-    return {t.name: t for t in graph.initializer if t.name not in inputs}
-
-
-def _all_names(graph: onnx.GraphProto) -> set[str]:
-    names = {v.name for v in [*graph.input, *graph.output, *graph.value_info]}
-    names |= {t.name for t in graph.initializer}
-    names |= set(_subgraph_reads(graph))
-    names |= {o for n in graph.node for o in n.output}
-    return names
-
-
-def _unique(base: str, taken: set[str]) -> str:
-    name, k = base, 1
-    while name in taken:
-        name, k = f"{base}_{k}", k + 1
-    taken.add(name)
-    return name
-
-
-def _delete(repeated: object, indices: Iterable[int]) -> None:
-    for i in sorted(set(indices), reverse=True):
-        del repeated[i]  # type: ignore[attr-defined]
-
-
-def _drop_value_info(graph: onnx.GraphProto) -> None:
-    """Drop value_info of values no node produces any more, or that are now initializers."""
-    produced = {o for n in graph.node for o in n.output}
-    inits = {t.name for t in graph.initializer}
-    _delete(
-        graph.value_info,
-        [i for i, v in enumerate(graph.value_info) if v.name not in produced or v.name in inits],
-    )
-
-
-def _drop_unused_initializers(graph: onnx.GraphProto, candidates: set[str]) -> int:
-    """Remove the ``candidates`` no node reads any more (graph inputs and outputs are kept)."""
-    reads = _read_counts(graph)
-    keep = {v.name for v in [*graph.input, *graph.output]}
-    dead = [
-        i
-        for i, t in enumerate(graph.initializer)
-        if t.name in candidates and not reads[t.name] and t.name not in keep
-    ]
-    _delete(graph.initializer, dead)
-    return len(dead)
 
 
 # ----------------------------------------------------------------------------- input shapes
@@ -334,13 +252,13 @@ def _why_not_foldable(
     node: onnx.NodeProto, constant: set[str], shapes: Mapping[str, tuple[int, ...]]
 ) -> str | None:
     """Why ``node`` cannot be evaluated at compile time, or None if it can."""
-    if node.domain not in _DEFAULT_DOMAINS:
+    if node.domain not in DEFAULT_DOMAINS:
         return f"domain {node.domain!r}"
     if node.op_type in NONDETERMINISTIC:
         return "nondeterministic"
     if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
         return "Dropout with training_mode"
-    if _has_subgraph(node):
+    if has_subgraph(node):
         return "has a subgraph"
     missing = [i for i in node.input if i and i not in constant]
     if missing:
@@ -384,14 +302,14 @@ def _fold_once(m: onnx.ModelProto) -> collections.Counter[str]:
     """One folding pass in place; returns the folded op types."""
     g = m.graph
     graph_outputs = {o.name for o in g.output}
-    shapes = _static_shapes(g)
-    inits = _constants(g)
+    shapes = static_shapes(g)
+    inits = constants(g)
     constant = set(inits)
     direct: dict[str, TensorProto] = {}  # values known without running anything
     batch: list[int] = []
     folded: set[int] = set()
     for idx, node in enumerate(g.node):
-        if any(o in graph_outputs for o in node.output) or node.domain not in _DEFAULT_DOMAINS:
+        if any(o in graph_outputs for o in node.output) or node.domain not in DEFAULT_DOMAINS:
             continue
         if node.op_type == "Constant" and (t := _constant_tensor(node)) is not None:
             direct[t.name] = t
@@ -428,9 +346,9 @@ def _fold_once(m: onnx.ModelProto) -> collections.Counter[str]:
     for name in sorted(produced & needed):
         t = direct[name] if name in direct else numpy_helper.from_array(values[name], name)
         g.initializer.add().CopyFrom(t)
-    _delete(g.node, folded)
-    _drop_unused_initializers(g, read_before)
-    _drop_value_info(g)
+    delete_at(g.node, folded)
+    drop_unused_initializers(g, read_before)
+    drop_value_info(g)
     return stats
 
 
@@ -439,7 +357,7 @@ def _subgraph_names(nodes: Sequence[onnx.NodeProto]) -> set[str]:
     for node in nodes:
         for a in node.attribute:
             for sub in [a.g] if a.HasField("g") else a.graphs:
-                names.update(_subgraph_reads(sub))
+                names.update(subgraph_reads(sub))
     return names
 
 
@@ -501,160 +419,6 @@ def _run_nodes(
         raise UnsupportedModelError(str(e)) from e
 
 
-# ----------------------------------------------------------------------------- BatchNormalization
-
-
-_BnFold = tuple[np.ndarray, np.ndarray, dict[str, float]] | str
-
-
-def _bn_into_conv(
-    node: onnx.NodeProto, w: np.ndarray, b: np.ndarray | None, a: np.ndarray, c: np.ndarray
-) -> _BnFold:
-    """Conv: ``W'[m, ...] = W[m, ...] * a[m]``, ``b' = b * a + c``."""
-    if w.ndim < 3 or a.shape != (w.shape[0],):
-        return f"weight shape {list(w.shape)} does not match {a.size} channels"
-    return w * a.reshape(-1, *[1] * (w.ndim - 1)), (0.0 if b is None else b) * a + c, {}
-
-
-def _bn_into_conv_transpose(
-    node: onnx.NodeProto, w: np.ndarray, b: np.ndarray | None, a: np.ndarray, c: np.ndarray
-) -> _BnFold:
-    """ConvTranspose: ``W[ci, j, ...]`` feeds output channel ``(ci // Cg) * Mg + j``; bias as for Conv."""
-    group = next((int(x.i) for x in node.attribute if x.name == "group"), 1)
-    if w.ndim < 3 or w.shape[0] % group or a.shape != (w.shape[1] * group,):
-        return f"weight shape {list(w.shape)} (group {group}) does not match {a.size} channels"
-    ci = np.arange(w.shape[0]) // (w.shape[0] // group)
-    scale = a[ci[:, None] * w.shape[1] + np.arange(w.shape[1])[None, :]]
-    return w * scale.reshape(*scale.shape, *[1] * (w.ndim - 2)), (0.0 if b is None else b) * a + c, {}
-
-
-def _bn_into_gemm(
-    node: onnx.NodeProto, w: np.ndarray, b: np.ndarray | None, a: np.ndarray, c: np.ndarray
-) -> _BnFold:
-    """Gemm: the columns of ``op(B)`` scale by ``a``; ``C' = beta * C * a + c`` and ``beta = 1``."""
-    attrs = {x.name: x for x in node.attribute}
-    trans_b = bool(attrs["transB"].i) if "transB" in attrs else False
-    if w.ndim != 2 or a.shape != (w.shape[0 if trans_b else 1],):
-        return f"B shape {list(w.shape)} (transB={int(trans_b)}) does not match {a.size} channels"
-    beta = attrs["beta"].f if "beta" in attrs else 1.0
-    bias = c if b is None else beta * b * a + c
-    return w * (a[:, None] if trans_b else a[None, :]), bias, {"beta": 1.0}
-
-
-# Producer op -> folding function; the weights are input 1, the bias (Gemm: C) input 2.
-_BN_PRODUCERS: dict[str, Callable[..., _BnFold]] = {
-    "Conv": _bn_into_conv,
-    "ConvTranspose": _bn_into_conv_transpose,
-    "Gemm": _bn_into_gemm,
-}
-
-
-def fold_batchnorm(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Fold inference-mode BatchNormalization into a preceding Conv, ConvTranspose or Gemm.
-
-    With ``a = scale / sqrt(var + eps)`` and ``c = B - mean * a``, the
-    producer's weights are scaled per output channel by ``a`` and its bias
-    becomes ``bias * a + c``. Folded only when BN has one output and constant
-    parameters, the producer's weights and bias are constant initializers,
-    and the producer's output is read by the BN alone and is not a graph
-    output. New weights get new names; the BN's output name moves to the producer.
-    """
-    m = modelio.copy_model(model)
-    _fold_bn(m)
-    return m
-
-
-def _fold_bn(m: onnx.ModelProto) -> collections.Counter[str]:
-    g = m.graph
-    opset = _default_opset(m)
-    consts = _constants(g)
-    reads = _read_counts(g)
-    outputs = {o.name for o in g.output}
-    producer = {o: n for n in g.node for o in n.output if o}
-    taken = _all_names(g)
-    stats: collections.Counter[str] = collections.Counter()
-    removed: list[int] = []
-    touched: set[str] = set()
-    for idx, bn in enumerate(g.node):
-        if bn.op_type != "BatchNormalization" or bn.domain not in _DEFAULT_DOMAINS:
-            continue
-        plan = _match_bn(bn, producer.get(bn.input[0]), consts, reads, outputs, opset)
-        if isinstance(plan, str):
-            log.debug("not folding BatchNormalization %r: %s", bn.name, plan)
-            continue
-        prod, weight, bias, attrs = plan
-        w_name = _unique(f"{prod.input[1]}_bn", taken)
-        b_name = _unique(f"{prod.input[1]}_bn_bias", taken)
-        for name, value in ((w_name, weight), (b_name, bias)):
-            t = g.initializer.add()
-            t.CopyFrom(numpy_helper.from_array(value, name))
-            consts[name] = t
-        touched.update(i for i in [*prod.input[1:], *bn.input[1:]] if i)
-        prod.input[1] = w_name
-        while len(prod.input) < 3:
-            prod.input.append("")
-        prod.input[2] = b_name
-        for key, value in attrs.items():
-            _delete(prod.attribute, [i for i, x in enumerate(prod.attribute) if x.name == key])
-            prod.attribute.append(onnx.helper.make_attribute(key, value))
-        prod.output[0] = bn.output[0]
-        producer[bn.output[0]] = prod
-        removed.append(idx)
-        stats[prod.op_type] += 1
-    _delete(g.node, removed)
-    _drop_unused_initializers(g, touched)
-    _drop_value_info(g)
-    return stats
-
-
-def _match_bn(
-    bn: onnx.NodeProto,
-    prod: onnx.NodeProto | None,
-    consts: Mapping[str, TensorProto],
-    reads: Mapping[str, int],
-    outputs: set[str],
-    opset: int,
-) -> tuple[onnx.NodeProto, np.ndarray, np.ndarray, dict[str, float]] | str:
-    """``(producer, weight, bias, attrs)`` to fold ``bn`` into its producer, or the reason it cannot."""
-    attrs = {a.name: a for a in bn.attribute}
-    if [o for o in bn.output if o] != [bn.output[0]]:
-        return "training outputs are used"
-    if "training_mode" in attrs and attrs["training_mode"].i:
-        return "training mode"
-    if "spatial" in attrs and not attrs["spatial"].i:
-        return "spatial=0"
-    params = list(bn.input[1:5])
-    if len(params) != 4 or any(p not in consts for p in params):
-        return "parameters are not constant"
-    if prod is None or prod.op_type not in _BN_PRODUCERS or prod.domain not in _DEFAULT_DOMAINS:
-        return "not produced by Conv/ConvTranspose/Gemm"
-    x = bn.input[0]
-    if reads[x] != 1 or x in outputs or len(prod.output) != 1:
-        return f"{prod.op_type} output is used elsewhere"
-    if prod.op_type == "Gemm" and opset < 7:
-        return "Gemm before opset 7"
-    weight_inputs = [i for i in prod.input[1:3] if i]
-    if any(i not in consts for i in weight_inputs):
-        return f"{prod.op_type} weights are not constant initializers"
-    w = numpy_helper.to_array(consts[prod.input[1]])
-    if w.dtype.type not in _FLOATS:
-        return f"weights of type {w.dtype}"
-    b = numpy_helper.to_array(consts[prod.input[2]]) if len(prod.input) > 2 and prod.input[2] else None
-    scale, shift, mean, var = (numpy_helper.to_array(consts[p]).astype(np.float64) for p in params)
-    if not (scale.ndim == 1 and scale.shape == shift.shape == mean.shape == var.shape):
-        return "parameters are not 1-D of one length"
-    eps = attrs["epsilon"].f if "epsilon" in attrs else 1e-5
-    a = scale / np.sqrt(var + eps)
-    c = shift - mean * a
-    result = _BN_PRODUCERS[prod.op_type](
-        prod, w.astype(np.float64), None if b is None else b.astype(np.float64), a, c
-    )
-    if isinstance(result, str):
-        return result
-    new_w, bias, new_attrs = result
-    return prod, new_w.astype(w.dtype), np.ascontiguousarray(bias, dtype=w.dtype), new_attrs
-
-
 # ----------------------------------------------------------------------------- the whole preparation
 
 
@@ -704,7 +468,7 @@ def prepare(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] = 
     folded, error = _fold_to_fixpoint(m)
     if folded:
         notes.append(f"folded {sum(folded.values())} nodes into constants ({_counts(folded)})")
-    bn = _fold_bn(m)
+    bn = fold_batchnorm_in_place(m)
     for op, n in sorted(bn.items()):
         notes.append(f"folded {n} BatchNormalization into {op}")
     if bn:

@@ -1,0 +1,19 @@
+"""Expressions back to ONNX: operator matching, eOperators, compile-time constants.
+
+Entry point: :func:`einopt.instantiate.emit.instantiate` turns an
+``ir.Program`` (one subprogram) into ONNX nodes, initializers and model-local
+functions. Each bound scope is, in order of preference:
+
+1. evaluated at compile time into an initializer when every tensor it reads is
+   a known constant;
+2. matched to a predefined operator (``match.py``: an iterator-mapping table
+   per operator that derives the attributes from the index functions);
+3. emitted as an eOperator (``eop.py``): a call to a model-local ONNX function
+   in domain ``einopt.eop`` whose body uses only standard ops.
+
+Scopes are materialised without their ``pad`` (a codegen hint; reads outside a
+scope's range are 0 either way). A tensor holding scope ``S`` stores traversal
+value ``S.origin[d] + p`` at array position ``p``.
+"""
+
+EOP_DOMAIN = "einopt.eop"
