@@ -1,0 +1,426 @@
+"""Instantiation: an ``ir.Program`` as ONNX nodes, initializers and eOperator functions.
+
+Each scope (program bindings in order, and the inline scopes they read) is
+materialised once, by the first of:
+
+1. every tensor it reads is a known constant: evaluated at compile time with
+   the reference interpreter (float64, stored as float32) into an initializer;
+2. a matcher of ``einopt.instantiate.match.MATCHERS`` accepts it: its operands'
+   layout steps are emitted (or folded, for constant operands), then its
+   operators and the steps on the result;
+3. otherwise an eOperator call (a model-local function in domain
+   ``einopt.eop``, ``einopt.instantiate.eop``).
+
+Nodes are interned: the same operator on the same inputs is emitted once.
+Program outputs are produced under exactly the ONNX names given; every other
+value gets a fresh readable name starting with the prefix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from einopt import ir
+from einopt.instantiate import EOP_DOMAIN
+from einopt.instantiate.match import MATCHERS, match
+from einopt.instantiate.plan import (
+    Context,
+    DepthToSpace,
+    Expand,
+    Literal,
+    Match,
+    Pad,
+    Reshape,
+    Scale,
+    Slice,
+    SpaceToDepth,
+    Step,
+    Transpose,
+)
+from einopt.interp import evaluate
+
+__all__ = ["Choice", "Instantiated", "InstantiationError", "MIN_OPSET", "instantiate"]
+
+log = logging.getLogger(__name__)
+
+# Slice, Pad and Clip take tensor inputs from opset 11 on (ReduceSum's axes: from 13, see _FORMS).
+MIN_OPSET = 11
+
+
+class InstantiationError(ValueError):
+    """A program cannot be instantiated (bad names, unsupported opset, no eOperator available)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """How one materialised scope was instantiated.
+
+    ``binding`` is the binding name (``binding/k`` for the k-th inline scope
+    materialised for it); ``how`` is ``"constant"``, a match label (``"Conv"``,
+    ``"Slice+Transpose"``) or ``"eop:<name>"``; ``failures`` lists the
+    matchers tried before, with their reasons.
+    """
+
+    binding: str
+    how: str
+    failures: tuple[tuple[str, str], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Instantiated:
+    """ONNX pieces computing a program: add them to a graph (and the functions to the model)."""
+
+    nodes: tuple[onnx.NodeProto, ...]  # topologically ordered
+    initializers: tuple[onnx.TensorProto, ...]
+    functions: tuple[onnx.FunctionProto, ...]  # eOperators, domain "einopt.eop"
+    choices: tuple[Choice, ...]
+
+
+def instantiate(
+    program: ir.Program,
+    *,
+    onnx_names: Mapping[str, str],
+    constants: Mapping[str, np.ndarray],
+    opset: int,
+    prefix: str,
+    taken_function_names: set[str] | frozenset[str] = frozenset(),
+) -> Instantiated:
+    """Emit ONNX nodes computing ``program``.
+
+    Parameters
+    ----------
+    program : ir.Program
+        The subprogram.
+    onnx_names : mapping of str to str
+        ONNX value names of the program's input tensors and output bindings
+        (outputs are produced under exactly these names). Constant inputs
+        without a name get an initializer of their own.
+    constants : mapping of str to numpy.ndarray
+        Arrays of the program inputs known at compile time (weights).
+    opset : int
+        Default-domain opset version to emit for (>= ``MIN_OPSET``).
+    prefix : str
+        Start of every new value, node and function name.
+    taken_function_names : set of str
+        Function names already used in the model.
+
+    Returns
+    -------
+    Instantiated
+        Nodes (topologically ordered), new initializers, eOperator functions
+        and one :class:`Choice` per materialised scope.
+
+    Raises
+    ------
+    InstantiationError
+        On an opset outside ``[MIN_OPSET, onnx's latest]``, a program input or
+        output without an ONNX name (and no constant value), or a scope no
+        matcher accepts when eOperators are unavailable.
+    """
+    if not MIN_OPSET <= opset <= onnx.defs.onnx_opset_version():
+        raise InstantiationError(
+            f"opset {opset} unsupported: need {MIN_OPSET} <= opset <= {onnx.defs.onnx_opset_version()}"
+        )
+    missing = [o for o in program.outputs if o not in onnx_names]
+    if missing:
+        raise InstantiationError(f"program output(s) {', '.join(missing)} have no ONNX name")
+    em = _Emitter(program, onnx_names, constants, opset, prefix, set(taken_function_names))
+    outputs = set(program.outputs)
+    for name, scope in program.bindings:
+        if name in outputs:
+            em.materialise(scope, name, onnx_names[name])
+        elif scope not in em.scopes:
+            em.materialise(scope, name, em.fresh(name), required=False)
+    return Instantiated(tuple(em.nodes), tuple(em.inits.values()), tuple(em.functions), tuple(em.choices))
+
+
+def _identifier(text: str) -> str:
+    out = re.sub(r"\W", "_", text)
+    return out if out and not out[0].isdigit() else "_" + out
+
+
+class _Emitter:
+    """Names, interned nodes and initializers, and compile-time values of one instantiation."""
+
+    def __init__(
+        self,
+        program: ir.Program,
+        onnx_names: Mapping[str, str],
+        constants: Mapping[str, np.ndarray],
+        opset: int,
+        prefix: str,
+        taken_functions: set[str],
+    ) -> None:
+        self.onnx_names = onnx_names
+        self.constants = constants
+        self.opset = opset
+        self.prefix = prefix
+        self.taken_functions = taken_functions
+        self.used: set[str] = set(onnx_names.values())
+        self.node_names: set[str] = set()
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: dict[str, onnx.TensorProto] = {}
+        self.init_by_content: dict[tuple, str] = {}
+        self.known: dict[str, np.ndarray] = {}  # compile-time values by ONNX name
+        self.interned: dict[tuple, str] = {}
+        self.key_of: dict[str, tuple] = {}
+        self.scopes: dict[ir.Scope, str] = {}
+        self.tensors: dict[str, str] = {}
+        self.functions: list[onnx.FunctionProto] = []
+        self.choices: list[Choice] = []
+        self.inline_count: dict[str, int] = {}
+        const_scopes = {
+            s for s in ir.scopes_in(program) if all(t.name in constants for t in ir.input_tensors(s))
+        }
+        const_tensors = {t for t in program.inputs if t.name in constants}
+        self.const_scopes = const_scopes
+        self.ctx = Context(
+            constant=frozenset(const_tensors | const_scopes),
+            bound=frozenset(s for _, s in program.bindings),
+            opset=opset,
+        )
+
+    # ---- names -----------------------------------------------------------
+
+    def fresh(self, base: str) -> str:
+        stem = self.prefix + _identifier(base)
+        name, k = stem, 1
+        while name in self.used:
+            name, k = f"{stem}_{k}", k + 1
+        self.used.add(name)
+        return name
+
+    def node_name(self, base: str) -> str:
+        stem = self.prefix + _identifier(base)
+        name, k = stem, 1
+        while name in self.node_names:
+            name, k = f"{stem}_{k}", k + 1
+        self.node_names.add(name)
+        return name
+
+    # ---- values ----------------------------------------------------------
+
+    def initializer(self, arr: np.ndarray, base: str) -> str:
+        arr = np.ascontiguousarray(arr)
+        digest = hashlib.blake2b(arr.tobytes(), digest_size=16).hexdigest()
+        key = (arr.dtype.str, arr.shape, digest)
+        name = self.init_by_content.get(key)
+        if name is None:
+            name = self.fresh(base)
+            self.inits[name] = numpy_helper.from_array(arr, name)
+            self.init_by_content[key] = name
+            self.known[name] = arr
+        return name
+
+    def int64s(self, values: tuple[int, ...] | list[int]) -> str:
+        return self.initializer(np.asarray(values, dtype=np.int64), "shape")
+
+    def scalar(self, v: float) -> str:
+        return self.initializer(np.asarray(v, dtype=np.float32), "const")
+
+    def tensor(self, t: ir.Tensor) -> str:
+        name = self.tensors.get(t.name)
+        if name is not None:
+            return name
+        if t.name in self.onnx_names:
+            name = self.onnx_names[t.name]
+            if t.name in self.constants:
+                self.known[name] = np.asarray(self.constants[t.name], dtype=np.float32)
+        elif t.name in self.constants:
+            name = self.initializer(np.asarray(self.constants[t.name], dtype=np.float32), t.name)
+        else:
+            raise InstantiationError(f"program input {t.name} has no ONNX name and no constant value")
+        self.tensors[t.name] = name
+        return name
+
+    def value_of(self, src: ir.Tensor | ir.Scope | Literal, label: str) -> str:
+        if isinstance(src, ir.Tensor):
+            return self.tensor(src)
+        if isinstance(src, Literal):
+            v = src.value
+            return self.initializer(v if v.dtype == np.int64 else v.astype(np.float32), "const")
+        if src in self.scopes:
+            return self.scopes[src]
+        k = self.inline_count[label] = self.inline_count.get(label, 0) + 1
+        return self.materialise(src, f"{label}/{k}", None)
+
+    # ---- nodes -----------------------------------------------------------
+
+    def node(
+        self, op_type: str, inputs: list[str], attrs: tuple[tuple[str, Any], ...] = (), **kw: Any
+    ) -> str:
+        """The output of ``op_type(inputs)``, emitted once per distinct node."""
+        key = (op_type, tuple(inputs), attrs, kw.get("domain", ""))
+        out = self.interned.get(key)
+        if out is None:
+            out = self.fresh(kw.pop("base", op_type.lower()))
+            clean = {k: (list(v) if isinstance(v, tuple) else v) for k, v in attrs}
+            self.nodes.append(
+                helper.make_node(op_type, inputs, [out], name=self.node_name(op_type.lower()), **clean, **kw)
+            )
+            self.interned[key] = out
+            self.key_of[out] = key
+        return out
+
+    def steps(self, name: str, steps: tuple[Step, ...]) -> str:
+        for st in steps:
+            if name in self.known:
+                name = self.initializer(st.apply(self.known[name]).astype(self.known[name].dtype), "folded")
+            else:
+                name = _STEP_EMITTERS[type(st)](self, name, st)
+        return name
+
+    def bind(self, value: str, target: str, first_node: int, required: bool = True) -> str:
+        """Make ``value`` available as ``target``: rename its fresh node's output, else (if the
+        name is ``required``) copy it with Identity."""
+        last = self.nodes[-1] if len(self.nodes) > first_node else None
+        reused = value in self.onnx_names.values() or value in self.scopes.values()
+        if last is not None and list(last.output) == [value] and not reused:
+            last.output[0] = target
+            key = self.key_of.pop(value)
+            self.interned[key] = target
+            self.key_of[target] = key
+            return target
+        if not required:
+            return value
+        self.nodes.append(helper.make_node("Identity", [value], [target], name=self.node_name("identity")))
+        return target
+
+    # ---- scopes ----------------------------------------------------------
+
+    def materialise(self, scope: ir.Scope, label: str, target: str | None, required: bool = True) -> str:
+        """The ONNX value holding ``scope``: named ``target`` when given (if not ``required``,
+        only when that costs no Identity node)."""
+        done = self.scopes.get(scope)
+        if done is not None:
+            if target is None or target == done:
+                return done
+            return self.bind(done, target, len(self.nodes))
+        first = len(self.nodes)
+        failures: tuple[tuple[str, str], ...] = ()
+        if scope in self.const_scopes:
+            arr = evaluate(scope, self.constants)
+            value = self.initializer(np.asarray(arr, dtype=np.float32), label)
+            how = "constant"
+        else:
+            m, fails = match(scope, self.ctx, MATCHERS)
+            failures = tuple((n, f.reason) for n, f in fails)
+            if m is not None:
+                value, how = self.emit_match(m, label), m.op_type
+            else:
+                value, how = self.eoperator(scope, label)
+        if target is not None:
+            value = self.bind(value, target, first, required)
+        self.scopes[scope] = value
+        self.choices.append(Choice(label, how, failures))
+        log.debug("%s: %s", label, how)
+        return value
+
+    def emit_match(self, m: Match, label: str) -> str:
+        values = [self.steps(self.value_of(op.source, label), op.steps) for op in m.operands]
+        for op in m.ops:
+            inputs = ["" if i is None else values[i] for i in op.inputs]
+            inputs, attrs = _FORMS.get(op.op_type, _same)(self, inputs, op.attrs)
+            values.append(self.node(op.op_type, inputs, attrs))
+        return self.steps(values[-1] if m.ops else values[0], m.post)
+
+    def eoperator(self, scope: ir.Scope, label: str) -> tuple[str, str]:
+        try:
+            from einopt.instantiate import eop
+        except ImportError as exc:  # pragma: no cover - eop ships with einopt
+            raise InstantiationError(f"{label}: no operator matches and eOperators are unavailable") from exc
+        kind = eop.eop_name(scope)
+        stem = _identifier(self.prefix + kind)
+        fname, k = stem, 1
+        while fname in self.taken_functions:
+            fname, k = f"{stem}_{k}", k + 1
+        self.taken_functions.add(fname)
+        op = eop.eoperator(scope, fname, self.opset)
+        self.functions.append(op.function)
+        inputs = [self.value_of(s, label) for s in op.sources]
+        out = self.node(op.function.name, inputs, (), domain=EOP_DOMAIN, base=kind)
+        return out, f"eop:{kind}"
+
+
+# --------------------------------------------------------------------------
+# Operator forms that depend on the opset
+# --------------------------------------------------------------------------
+
+Attrs = tuple[tuple[str, Any], ...]
+
+
+def _same(em: _Emitter, inputs: list[str], attrs: Attrs) -> tuple[list[str], Attrs]:
+    return inputs, attrs
+
+
+def _reduce_sum(em: _Emitter, inputs: list[str], attrs: Attrs) -> tuple[list[str], Attrs]:
+    """ReduceSum's axes are an input from opset 13, an attribute before."""
+    if em.opset >= 13:
+        return inputs, attrs
+    axes = tuple(int(a) for a in em.known[inputs[1]])
+    return inputs[:1], (*attrs, ("axes", axes))
+
+
+_FORMS: dict[str, Callable[[_Emitter, list[str], Attrs], tuple[list[str], Attrs]]] = {
+    "ReduceSum": _reduce_sum,
+}
+
+
+# --------------------------------------------------------------------------
+# Layout steps as ONNX nodes
+# --------------------------------------------------------------------------
+
+
+def _slice(em: _Emitter, x: str, st: Slice) -> str:
+    return em.node(
+        "Slice", [x, em.int64s(st.starts), em.int64s(st.ends), em.int64s(st.axes), em.int64s(st.steps)]
+    )
+
+
+def _pad(em: _Emitter, x: str, st: Pad) -> str:
+    return em.node("Pad", [x, em.int64s(st.pads)])
+
+
+def _transpose(em: _Emitter, x: str, st: Transpose) -> str:
+    return em.node("Transpose", [x], (("perm", st.perm),))
+
+
+def _reshape(em: _Emitter, x: str, st: Reshape) -> str:
+    return em.node("Reshape", [x, em.int64s(st.shape)])
+
+
+def _expand(em: _Emitter, x: str, st: Expand) -> str:
+    return em.node("Expand", [x, em.int64s(st.shape)])
+
+
+def _scale(em: _Emitter, x: str, st: Scale) -> str:
+    return em.node("Mul", [x, em.scalar(st.factor)])
+
+
+def _depth_to_space(em: _Emitter, x: str, st: DepthToSpace) -> str:
+    return em.node("DepthToSpace", [x], (("blocksize", st.blocksize), ("mode", st.mode)))
+
+
+def _space_to_depth(em: _Emitter, x: str, st: SpaceToDepth) -> str:
+    return em.node("SpaceToDepth", [x], (("blocksize", st.blocksize),))
+
+
+_STEP_EMITTERS: dict[type, Callable[[_Emitter, str, Any], str]] = {
+    Slice: _slice,
+    Pad: _pad,
+    Transpose: _transpose,
+    Reshape: _reshape,
+    Expand: _expand,
+    Scale: _scale,
+    DepthToSpace: _depth_to_space,
+    SpaceToDepth: _space_to_depth,
+}

@@ -1,0 +1,267 @@
+"""Pure layout operators: a single access without summation, and Concat.
+
+A layout plan is a chain of steps (``Slice``, ``Pad``, ``Transpose``,
+``Reshape``, ``Expand``, ``DepthToSpace``, ``SpaceToDepth``) applied to the
+source. Every plan is checked against the scope's integer index map (the
+source position each output element reads, -1 for zero): a wrong layout match
+is impossible. Maps are built with numpy up to :data:`CHECK_LIMIT` elements;
+above it only plans from :func:`einopt.instantiate.plan.simple_view` are
+accepted (they are exact by construction: every dimension group is derived
+arithmetically or checked along its single iterator), others are refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from einopt import ir
+from einopt.instantiate.plan import (
+    NO_CONTEXT,
+    Context,
+    DepthToSpace,
+    Failure,
+    Literal,
+    Match,
+    Operand,
+    OpNode,
+    Reshape,
+    SpaceToDepth,
+    Step,
+    Transpose,
+    normalize,
+)
+from einopt.instantiate.views import (
+    index_map,
+    plan_map,
+    simple_view,
+    subst_index,
+    to_traversal,
+)
+
+__all__ = ["CHECK_LIMIT", "layout_plan", "match_layout", "match_concat", "step_label"]
+
+log = logging.getLogger(__name__)
+
+# Largest index map (elements of the output or the source) checked exhaustively.
+CHECK_LIMIT = 1 << 22
+
+
+def step_label(steps: Sequence[Step]) -> str:
+    """``"Slice+Transpose"`` for the steps' operator types (``"Identity"`` for none)."""
+    return "+".join(type(st).__name__ for st in steps) or "Identity"
+
+
+def match_layout(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
+    """A single access without summation as a chain of layout operators.
+
+    ``L i, j: X[j, i]`` is a Transpose, ``X[2*i + 1]`` a Slice with step 2,
+    ``X[i - 1]`` over a wider range a Pad, ``X[i // 4, i % 4]`` a Reshape,
+    DepthToSpace/SpaceToDepth index patterns those operators, and simple
+    compositions (Slice then Transpose) several steps.
+    """
+    if scope.summation:
+        return Failure("sums over iterators: not a layout operator")
+    body = scope.body
+    if not isinstance(body, ir.Access):
+        return Failure("the body is not a single access")
+    steps = layout_plan(scope.traversal, body)
+    if isinstance(steps, Failure):
+        return steps
+    return Match(step_label(steps), (Operand(body.source, steps),))
+
+
+def layout_plan(traversal: Sequence[ir.Iter], acc: ir.Access) -> tuple[Step, ...] | Failure:
+    """Steps computing ``L traversal: acc`` from ``acc.source``, checked against the index map."""
+    src_shape = tuple(acc.source.shape)
+    out_shape = tuple(t.extent for t in traversal)
+    small = max(math.prod(src_shape), math.prod(out_shape)) <= CHECK_LIMIT
+    view = simple_view(acc)
+    if not isinstance(view, Failure):
+        steps = normalize(view.steps + to_traversal(view.labels, view.shape, traversal), src_shape)
+        if small and not np.array_equal(plan_map(src_shape, steps), index_map(traversal, acc)):
+            log.warning("layout plan %s does not reproduce %s", steps, acc)
+            return Failure(f"the view plan {step_label(steps)} does not reproduce the index map")
+        return steps
+    if not small:
+        return Failure(f"{view.reason}; the exhaustive layout check is limited to {CHECK_LIMIT} elements")
+    m = np.asarray(index_map(traversal, acc))
+    for name, candidate in _CANDIDATES.items():
+        steps = candidate(src_shape, out_shape, m)
+        if steps is None:
+            continue
+        steps = normalize(steps, src_shape)
+        got = plan_map(src_shape, steps)
+        if got.shape == m.shape and np.array_equal(got, m):
+            log.debug("layout %s matched as %s", acc, name)
+            return steps
+    return Failure(f"{view.reason}; no Reshape/Transpose/DepthToSpace/SpaceToDepth reproduces the index map")
+
+
+# --------------------------------------------------------------------------
+# Candidates for index maps that are not simple views
+# --------------------------------------------------------------------------
+
+Candidate = Callable[[tuple[int, ...], tuple[int, ...], np.ndarray], tuple[Step, ...] | None]
+
+
+def _bijective(m: np.ndarray, size: int) -> bool:
+    flat = m.ravel()
+    return m.size == size and flat.min() >= 0 and bool((np.bincount(flat, minlength=size) == 1).all())
+
+
+def _deduce_perm(m: np.ndarray, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The perm ``P`` with ``m == transpose(arange(shape), P).ravel()``, if any (then checked)."""
+    flat = m.ravel()
+    if flat[0] != 0:
+        return None
+    coords = np.unravel_index(flat, shape)
+    first_change = {}
+    for a, n in enumerate(shape):
+        if n > 1:
+            changed = np.flatnonzero(coords[a] != 0)
+            first_change[a] = int(changed[0]) if changed.size else 0
+    moving = sorted(first_change, key=lambda a: -first_change[a])
+    return tuple(moving) + tuple(a for a, n in enumerate(shape) if n == 1)
+
+
+def _reshape(src: tuple[int, ...], out: tuple[int, ...], m: np.ndarray) -> tuple[Step, ...] | None:
+    return (Reshape(out),) if math.prod(src) == math.prod(out) else None
+
+
+def _transpose_reshape(src: tuple[int, ...], out: tuple[int, ...], m: np.ndarray) -> tuple[Step, ...] | None:
+    if not _bijective(m, math.prod(src)):
+        return None
+    perm = _deduce_perm(m, src)
+    return None if perm is None else (Transpose(perm), Reshape(out))
+
+
+def _reshape_transpose(src: tuple[int, ...], out: tuple[int, ...], m: np.ndarray) -> tuple[Step, ...] | None:
+    size = math.prod(src)
+    if not _bijective(m, size):
+        return None
+    inverse = np.empty(size, dtype=np.int64)
+    inverse[m.ravel()] = np.arange(size)
+    q = _deduce_perm(inverse, out)
+    if q is None:
+        return None
+    back = tuple(int(i) for i in np.argsort(q))
+    return (Reshape(tuple(out[a] for a in q)), Transpose(back))
+
+
+def _block(depth: tuple[int, ...], space: tuple[int, ...]) -> int | None:
+    """The block size ``b`` with ``depth = [N, C*b*b, H, W]`` and ``space = [N, C, H*b, W*b]``."""
+    if len(depth) != 4 or len(space) != 4 or space[2] % depth[2]:
+        return None
+    b = space[2] // depth[2]
+    if b < 2 or space[3] != depth[3] * b or depth[1] != space[1] * b * b or depth[0] != space[0]:
+        return None
+    return b
+
+
+def _depth_to_space(mode: str) -> Candidate:
+    def candidate(src: tuple[int, ...], out: tuple[int, ...], m: np.ndarray) -> tuple[Step, ...] | None:
+        b = _block(src, out)
+        return None if b is None else (DepthToSpace(b, mode),)
+
+    return candidate
+
+
+def _space_to_depth(src: tuple[int, ...], out: tuple[int, ...], m: np.ndarray) -> tuple[Step, ...] | None:
+    b = _block(out, src)
+    return None if b is None else (SpaceToDepth(b),)
+
+
+# Tried in order; each candidate's plan is then checked against the index map.
+_CANDIDATES: dict[str, Candidate] = {
+    "Reshape": _reshape,
+    "DepthToSpace(DCR)": _depth_to_space("DCR"),
+    "DepthToSpace(CRD)": _depth_to_space("CRD"),
+    "SpaceToDepth": _space_to_depth,
+    "Transpose+Reshape": _transpose_reshape,
+    "Reshape+Transpose": _reshape_transpose,
+}
+
+
+# --------------------------------------------------------------------------
+# Concat
+# --------------------------------------------------------------------------
+
+
+def _terms(e: ir.ValueExpr) -> list[ir.ValueExpr]:
+    out, stack = [], [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, ir.Binary) and x.op == "+":
+            stack += (x.b, x.a)
+        else:
+            out.append(x)
+    return out
+
+
+def match_concat(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
+    """A sum of accesses whose in-range parts are disjoint slabs along one axis.
+
+    ``L i: A[i] + B[i - 4]`` with ``A: [4]`` and ``i:10`` is
+    ``Concat(A, B[:6])``; gaps between slabs are filled with zeros.
+    """
+    if scope.summation:
+        return Failure("sums over iterators: not a concatenation")
+    terms = _terms(scope.body)
+    if len(terms) < 2 or not all(isinstance(t, ir.Access) for t in terms):
+        return Failure("the body is not a sum of two or more accesses")
+    trav = scope.traversal
+    boxes: list[list[tuple[int, int]]] = []
+    for k, term in enumerate(terms):
+        view = simple_view(term)
+        if isinstance(view, Failure):
+            return Failure(f"term {k + 1}: {view.reason}")
+        box = []
+        for t in trav:
+            if t not in view.labels:
+                box.append((0, t.extent))
+                continue
+            valid = view.valid[view.labels.index(t)]
+            if valid is None:
+                return Failure(
+                    f"term {k + 1} reads {t.name} jointly with other iterators; its extent is unclear"
+                )
+            box.append(valid)
+        boxes.append(box)
+    partial = sorted({d for box in boxes for d, t in enumerate(trav) if box[d] != (0, t.extent)})
+    if not partial:
+        return Failure("every term covers the whole output: a sum, not a concatenation")
+    if len(partial) > 1:
+        names = ", ".join(trav[d].name for d in partial)
+        return Failure(f"terms are cut along several axes ({names}): not a concatenation")
+    (axis,) = partial
+    t = trav[axis]
+    order = sorted(range(len(terms)), key=lambda k: boxes[k][axis])
+    operands: list[Operand] = []
+    at = 0
+    for k in order:
+        a, b = boxes[k][axis]
+        if a < at:
+            return Failure(f"terms overlap along {t.name} (positions {a}..{at - 1})")
+        if a > at:
+            operands.append(_zeros(trav, axis, a - at))
+        cut = ir.Iter(t.name, t.lo + a, t.lo + b)
+        sub = {t: cut}
+        acc = ir.Access(terms[k].source, tuple(subst_index(i, sub) for i in terms[k].indices))
+        steps = layout_plan(tuple(cut if x is t else x for x in trav), acc)
+        if isinstance(steps, Failure):
+            return Failure(f"term {k + 1}: {steps.reason}")
+        operands.append(Operand(acc.source, steps))
+        at = b
+    if at < t.extent:
+        operands.append(_zeros(trav, axis, t.extent - at))
+    op = OpNode("Concat", tuple(range(len(operands))), (("axis", axis),))
+    return Match("Concat", tuple(operands), (op,))
+
+
+def _zeros(trav: Sequence[ir.Iter], axis: int, n: int) -> Operand:
+    shape = tuple(n if d == axis else t.extent for d, t in enumerate(trav))
+    return Operand(Literal(np.zeros(shape, dtype=np.float32)))

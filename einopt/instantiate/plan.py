@@ -1,0 +1,349 @@
+"""What an operator match says: layout steps, operands, operator nodes, failures.
+
+A :class:`Match` describes how to compute one scope with ONNX operators:
+``operands`` (a tensor, scope or literal array read through layout ``steps``),
+``ops`` (operator nodes over operands and earlier ops) and ``post`` (layout
+steps on the result). Steps are small frozen records with a numpy meaning
+(``apply``), so a constant operand is transformed at compile time and a layout
+plan can be checked against the scope's integer index map.
+
+
+The analyses that build plans (views of accesses, arranging dimensions,
+index maps) are in :mod:`einopt.instantiate.views`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from einopt import ir
+
+__all__ = [
+    "Step",
+    "Slice",
+    "Pad",
+    "Transpose",
+    "Reshape",
+    "Expand",
+    "Scale",
+    "DepthToSpace",
+    "SpaceToDepth",
+    "Literal",
+    "Source",
+    "Operand",
+    "OpNode",
+    "Match",
+    "Failure",
+    "Context",
+    "NO_CONTEXT",
+    "normalize",
+    "steps_shape",
+    "apply_steps",
+    "steps_cost",
+]
+
+
+# --------------------------------------------------------------------------
+# Layout steps
+# --------------------------------------------------------------------------
+
+
+class Step:
+    """A layout (or scaling) transformation of one array, with a numpy meaning."""
+
+    __slots__ = ()
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def apply(self, arr: np.ndarray, fill: Any = 0) -> np.ndarray:
+        """The step on ``arr``; ``fill`` is the value of inserted (padding) elements."""
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class Slice(Step):
+    """ONNX ``Slice`` with non-negative starts (an end of ``-(n+1)`` runs to the start)."""
+
+    starts: tuple[int, ...]
+    ends: tuple[int, ...]
+    axes: tuple[int, ...]
+    steps: tuple[int, ...]
+
+    def _slices(self, rank: int) -> tuple[slice, ...]:
+        sl = [slice(None)] * rank
+        for s, e, a, st in zip(self.starts, self.ends, self.axes, self.steps, strict=True):
+            sl[a] = slice(s, e, st)
+        return tuple(sl)
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(len(range(*s.indices(n))) for s, n in zip(self._slices(len(shape)), shape, strict=True))
+
+    def apply(self, arr: np.ndarray, fill: Any = 0) -> np.ndarray:
+        return arr[self._slices(arr.ndim)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Pad(Step):
+    """ONNX ``Pad`` with zeros; ``pads`` is all befores then all afters."""
+
+    pads: tuple[int, ...]
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        r = len(shape)
+        return tuple(n + self.pads[d] + self.pads[r + d] for d, n in enumerate(shape))
+
+    def apply(self, arr: np.ndarray, fill: Any = 0) -> np.ndarray:
+        r = arr.ndim
+        return np.pad(arr, [(self.pads[d], self.pads[r + d]) for d in range(r)], constant_values=fill)
+
+
+@dataclasses.dataclass(frozen=True)
+class Transpose(Step):
+    perm: tuple[int, ...]
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(shape[p] for p in self.perm)
+
+    def apply(self, arr: np.ndarray, fill: Any = 0) -> np.ndarray:
+        return np.transpose(arr, self.perm)
+
+
+@dataclasses.dataclass(frozen=True)
+class Reshape(Step):
+    shape: tuple[int, ...]
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        if math.prod(shape) != math.prod(self.shape):
+            raise ValueError(f"cannot reshape {list(shape)} to {list(self.shape)}")
+        return self.shape
+
+    def apply(self, arr: np.ndarray, fill: Any = 0) -> np.ndarray:
+        return arr.reshape(self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Expand(Step):
+    """Broadcast size-1 dimensions to ``shape``."""
+
+    shape: tuple[int, ...]
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(np.broadcast_shapes(shape, self.shape))
+
+    def apply(self, arr: np.ndarray, fill: Any = 0) -> np.ndarray:
+        return np.array(np.broadcast_to(arr, self.out_shape(arr.shape)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale(Step):
+    """Multiply by a constant (a ``Mul``; folded into constant operands)."""
+
+    factor: float
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return shape
+
+    def apply(self, arr: np.ndarray, fill: Any = 0) -> np.ndarray:
+        return (arr * self.factor).astype(arr.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class DepthToSpace(Step):
+    blocksize: int
+    mode: str  # "DCR" or "CRD"
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        n, c, h, w = shape
+        b = self.blocksize
+        return (n, c // (b * b), h * b, w * b)
+
+    def apply(self, arr: np.ndarray, fill: Any = 0) -> np.ndarray:
+        n, c, h, w = arr.shape
+        b = self.blocksize
+        if self.mode == "DCR":
+            t = arr.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)
+        else:
+            t = arr.reshape(n, c // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3)
+        return t.reshape(self.out_shape(arr.shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class SpaceToDepth(Step):
+    blocksize: int
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        n, c, h, w = shape
+        b = self.blocksize
+        return (n, c * b * b, h // b, w // b)
+
+    def apply(self, arr: np.ndarray, fill: Any = 0) -> np.ndarray:
+        n, c, h, w = arr.shape
+        b = self.blocksize
+        t = arr.reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4)
+        return t.reshape(self.out_shape(arr.shape))
+
+
+def steps_shape(steps: Iterable[Step], shape: tuple[int, ...]) -> tuple[int, ...]:
+    for st in steps:
+        shape = st.out_shape(shape)
+    return shape
+
+
+def apply_steps(steps: Iterable[Step], arr: np.ndarray, fill: Any = 0) -> np.ndarray:
+    for st in steps:
+        arr = st.apply(arr, fill)
+    return arr
+
+
+def normalize(steps: Iterable[Step], shape: tuple[int, ...]) -> tuple[Step, ...]:
+    """Equal steps without no-ops: identity transposes and reshapes, chained reshapes merged,
+    chained transposes composed, transposes that only move size-1 dimensions turned into reshapes."""
+    out: list[tuple[Step, tuple[int, ...]]] = []  # (step, its input shape)
+    cur = tuple(shape)
+    for st in steps:
+        nxt = st.out_shape(cur)
+        if isinstance(st, Transpose):
+            moved = [p for p in st.perm if cur[p] != 1]
+            if moved == sorted(moved):
+                st = Reshape(nxt)
+        if out and isinstance(st, Transpose) and isinstance(out[-1][0], Transpose):
+            prev, cur = out.pop()
+            st = Transpose(tuple(prev.perm[p] for p in st.perm))
+        if out and isinstance(st, Reshape) and isinstance(out[-1][0], Reshape):
+            _, cur = out.pop()
+        if out and isinstance(st, Scale) and isinstance(out[-1][0], Scale):
+            prev, cur = out.pop()
+            st = Scale(prev.factor * st.factor)
+        identity = (
+            (isinstance(st, (Reshape, Expand)) and nxt == cur)
+            or (isinstance(st, Transpose) and st.perm == tuple(range(len(cur))))
+            or (isinstance(st, Scale) and st.factor == 1.0)
+        )
+        if not identity:
+            out.append((st, cur))
+        cur = nxt
+    return tuple(st for st, _ in out)
+
+
+# Runtime cost of a step on a value computed at run time (constants fold for free).
+_STEP_COST: dict[type, float] = {
+    Transpose: 10.0,
+    Slice: 4.0,
+    Pad: 4.0,
+    Expand: 4.0,
+    Scale: 3.0,
+    DepthToSpace: 10.0,
+    SpaceToDepth: 10.0,
+    Reshape: 0.1,
+}
+
+
+def steps_cost(steps: Sequence[Step], constant: bool) -> float:
+    """How much ``steps`` cost: nodes at run time, or a (small) new initializer when constant."""
+    if constant:
+        return 0.01 * bool(steps)
+    return sum(_STEP_COST[type(st)] for st in steps)
+
+
+# --------------------------------------------------------------------------
+# Matches
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Literal:
+    """A constant array operand (a scalar constant of the body, Clip bounds, zero fill)."""
+
+    value: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.value.shape)
+
+
+Source = ir.Tensor | ir.Scope | Literal
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Operand:
+    """An operator input: ``source`` read through ``steps``."""
+
+    source: Source
+    steps: tuple[Step, ...] = ()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return steps_shape(self.steps, tuple(self.source.shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class OpNode:
+    """One operator node; ``inputs`` number values: operands first, then earlier ops (None: omitted)."""
+
+    op_type: str
+    inputs: tuple[int | None, ...]
+    attrs: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Match:
+    """How to compute a scope with predefined operators.
+
+    The result is the last op's output (operand 0 when ``ops`` is empty, a pure
+    layout match) followed by ``post``. ``consumes`` lists the inline scopes
+    the match fuses (so they are not materialised for it).
+    """
+
+    op_type: str
+    operands: tuple[Operand, ...]
+    ops: tuple[OpNode, ...] = ()
+    post: tuple[Step, ...] = ()
+    consumes: tuple[ir.Scope, ...] = ()
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """The attributes of the main (last) operator."""
+        return dict(self.ops[-1].attrs) if self.ops else {}
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        """Layout steps of a pure layout match (operand 0's steps, then ``post``)."""
+        return (self.operands[0].steps if not self.ops else ()) + self.post
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """Why a matcher refused a scope."""
+
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What a matcher may know besides the scope.
+
+    ``constant``: tensors and scopes whose values are known at compile time
+    (layout steps on them are free). ``bound``: scopes materialised as program
+    bindings, which a matcher must not fuse (they are computed anyway).
+    ``opset``: operators newer than it are refused.
+    """
+
+    constant: frozenset = frozenset()
+    bound: frozenset = frozenset()
+    opset: int | None = None  # default-domain opset emitted for (None: any operator is available)
+
+    def is_constant(self, src: Source) -> bool:
+        return isinstance(src, Literal) or src in self.constant
+
+
+# The context of a scope matched on its own: nothing constant, nothing bound.
+NO_CONTEXT = Context()
