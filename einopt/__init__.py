@@ -54,6 +54,9 @@ _LAZY: dict[str, tuple[str, str]] = {
     "linear_form": ("einopt.index", "linear_form"),
     "compile": ("einopt.codegen", "compile"),
     "cuda_source": ("einopt.codegen", "cuda_source"),
+    "optimize": ("einopt.pipeline", "optimize"),
+    "Options": ("einopt.pipeline", "Options"),
+    "translate": ("einopt.frontend.translate", "translate_graph"),
 }
 
 __all__ = [

@@ -19,6 +19,7 @@ import click
 import numpy as np
 
 import einopt
+from einopt.errors import ModelError, UnsupportedModelError, VerificationError
 from einopt.ir import IRError, Program, Scope, input_tensors
 
 # Distinct exit codes, so scripts can tell failures apart.
@@ -27,9 +28,12 @@ EXIT_CODES = {
     "internal": 1,  # a bug in einopt
     "usage": 2,  # bad command line (click's own code)
     "bad_input": 3,  # unreadable file, malformed expression, wrong inputs
-    "mismatch": 4,  # compiled result differs from the reference interpreter
+    "mismatch": 4,  # results differ: compiled vs interpreter, or optimized vs original model
     "unavailable": 5,  # the target device or toolchain is missing
+    "unsupported": 6,  # a valid model einopt cannot process (e.g. too old an opset)
 }
+
+_ERROR_CODES = {ModelError: "bad_input", UnsupportedModelError: "unsupported", VerificationError: "mismatch"}
 
 log = logging.getLogger("einopt")
 
@@ -52,6 +56,8 @@ def _handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             _fail(str(e), e.code, verbose)
         except IRError as e:
             _fail(str(e), "bad_input", verbose)
+        except (ModelError, UnsupportedModelError, VerificationError) as e:
+            _fail(str(e), _ERROR_CODES[type(e)], verbose)
         except click.ClickException:
             raise
         except Exception as e:  # noqa: BLE001 - the last line of defence for the user
@@ -378,6 +384,9 @@ def examples() -> None:
         first = next((ln.lstrip("# ").strip() for ln in text.splitlines() if ln.startswith("#")), "")
         click.echo(f"{name:28s} {first}")
 
+
+# The ONNX commands (optimize, inspect) live in their own module; importing it registers them.
+from einopt import cli_model  # noqa: E402, F401
 
 if __name__ == "__main__":
     main()

@@ -25,6 +25,10 @@ from typing import IO, Any
 import numpy as np
 import onnx
 import onnxruntime as ort
+
+# ORT logs a failing kernel on stderr through the run's logger; einopt reports the error itself.
+_QUIET_RUN = ort.RunOptions()
+_QUIET_RUN.log_severity_level = 3
 from google.protobuf.message import DecodeError, EncodeError
 from onnx import TensorProto, numpy_helper
 
@@ -569,7 +573,7 @@ def run(
     sess = model if isinstance(model, ort.InferenceSession) else session(model)
     names = list(outputs) if outputs is not None else [o.name for o in sess.get_outputs()]
     try:
-        values = sess.run(names, dict(feeds))
+        values = sess.run(names, dict(feeds), _QUIET_RUN)
     except _ORT_ERRORS as e:
         raise ModelError(f"onnxruntime failed to run the model: {_ort_message(e)}") from e
     return dict(zip(names, values, strict=True))

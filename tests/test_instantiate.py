@@ -288,6 +288,36 @@ def test_opsets(case, opset):
     assert run_onnx(text, constants, opset=opset)[1] == ops
 
 
+@pytest.mark.parametrize("opset", [7, 9, 10])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "conv_bias_fused",
+        "gemm_bias_alpha_beta",
+        "clip",
+        "reduce_sum",
+        "concat",
+        "pad_from_range",
+        "squeeze_select",
+        "transpose",
+        "prelu",
+    ],
+)
+def test_old_opsets_use_attribute_forms(case, opset):
+    _, text, constants, ops = next(c for c in CASES if c[0] == case)
+    assert run_onnx(text, constants, opset=opset)[1] == ops
+
+
+@pytest.mark.parametrize(
+    ("case", "opset", "reason"),
+    [("slice_then_transpose", 9, "strided Slice needs opset 10"), ("expand", 7, "Expand needs opset 8")],
+)
+def test_old_opsets_refuse_forms_they_lack(case, opset, reason):
+    _, text, constants, _ = next(c for c in CASES if c[0] == case)
+    with pytest.raises(InstantiationError, match=reason):
+        run_onnx(text, constants, opset=opset)
+
+
 def test_einsum_needs_opset_12():
     pytest.importorskip("einopt.instantiate.eop")
     _, text, _, _ = next(c for c in CASES if c[0] == "einsum_chain")
@@ -468,8 +498,8 @@ def test_eoperator_names_avoid_taken_functions():
 
 def test_errors():
     prog = as_program("L[i:3] X[i] * 2.0 where X:[3]")
-    with pytest.raises(InstantiationError, match="opset 10"):
-        instantiate(prog, onnx_names={"X": "x", "out": "y"}, constants={}, opset=10, prefix="p")
+    with pytest.raises(InstantiationError, match="opset 6"):
+        instantiate(prog, onnx_names={"X": "x", "out": "y"}, constants={}, opset=6, prefix="p")
     with pytest.raises(InstantiationError, match="output"):
         instantiate(prog, onnx_names={"X": "x"}, constants={}, opset=OPSET, prefix="p")
     with pytest.raises(InstantiationError, match="X has no ONNX name"):

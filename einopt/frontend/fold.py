@@ -364,7 +364,9 @@ def _subgraph_names(nodes: Sequence[onnx.NodeProto]) -> set[str]:
 def _too_big(name: str, values: Mapping[str, np.ndarray], direct: Mapping[str, TensorProto]) -> bool:
     if name in direct:
         return False
-    return name not in values or values[name].size > MAX_FOLD_ELEMENTS
+    value = values.get(name)
+    # sequences and optionals are not tensors: they cannot become initializers
+    return not isinstance(value, np.ndarray) or value.size > MAX_FOLD_ELEMENTS
 
 
 def _evaluate(

@@ -52,8 +52,9 @@ __all__ = ["Choice", "Instantiated", "InstantiationError", "MIN_OPSET", "instant
 
 log = logging.getLogger(__name__)
 
-# Slice, Pad and Clip take tensor inputs from opset 11 on (ReduceSum's axes: from 13, see _FORMS).
-MIN_OPSET = 11
+# From opset 7 on, element-wise ops broadcast like numpy; forms that changed later (Slice, Pad,
+# Clip, ReduceSum, Expand, DepthToSpace's mode) are chosen per opset below.
+MIN_OPSET = 7
 
 
 class InstantiationError(ValueError):
@@ -370,8 +371,30 @@ def _reduce_sum(em: _Emitter, inputs: list[str], attrs: Attrs) -> tuple[list[str
     return inputs[:1], (*attrs, ("axes", axes))
 
 
+def _clip(em: _Emitter, inputs: list[str], attrs: Attrs) -> tuple[list[str], Attrs]:
+    """Clip's bounds are inputs from opset 11, attributes before."""
+    if em.opset >= 11:
+        return inputs, attrs
+    bounds = tuple(
+        (name, float(np.asarray(em.known[i]).reshape(-1)[0])) for name, i in zip(("min", "max"), inputs[1:], strict=False) if i
+    )
+    return inputs[:1], (*attrs, *bounds)
+
+
+def _einsum(em: _Emitter, inputs: list[str], attrs: Attrs) -> tuple[list[str], Attrs]:
+    _needs(em, "Einsum", 12)
+    return inputs, attrs
+
+
+def _needs(em: _Emitter, what: str, opset: int) -> None:
+    if em.opset < opset:
+        raise InstantiationError(f"{what} needs opset {opset} (the model has {em.opset})")
+
+
 _FORMS: dict[str, Callable[[_Emitter, list[str], Attrs], tuple[list[str], Attrs]]] = {
     "ReduceSum": _reduce_sum,
+    "Clip": _clip,
+    "Einsum": _einsum,
 }
 
 
@@ -381,12 +404,18 @@ _FORMS: dict[str, Callable[[_Emitter, list[str], Attrs], tuple[list[str], Attrs]
 
 
 def _slice(em: _Emitter, x: str, st: Slice) -> str:
+    if em.opset < 10:  # attributes, and no steps
+        if any(s != 1 for s in st.steps):
+            raise InstantiationError(f"a strided Slice needs opset 10 (the model has {em.opset})")
+        return em.node("Slice", [x], (("starts", st.starts), ("ends", st.ends), ("axes", st.axes)))
     return em.node(
         "Slice", [x, em.int64s(st.starts), em.int64s(st.ends), em.int64s(st.axes), em.int64s(st.steps)]
     )
 
 
 def _pad(em: _Emitter, x: str, st: Pad) -> str:
+    if em.opset < 11:
+        return em.node("Pad", [x], (("pads", st.pads),))
     return em.node("Pad", [x, em.int64s(st.pads)])
 
 
@@ -399,6 +428,7 @@ def _reshape(em: _Emitter, x: str, st: Reshape) -> str:
 
 
 def _expand(em: _Emitter, x: str, st: Expand) -> str:
+    _needs(em, "Expand", 8)
     return em.node("Expand", [x, em.int64s(st.shape)])
 
 
@@ -407,6 +437,10 @@ def _scale(em: _Emitter, x: str, st: Scale) -> str:
 
 
 def _depth_to_space(em: _Emitter, x: str, st: DepthToSpace) -> str:
+    if em.opset < 11:  # no mode attribute: DCR only
+        if st.mode != "DCR":
+            raise InstantiationError(f"DepthToSpace mode {st.mode} needs opset 11 (the model has {em.opset})")
+        return em.node("DepthToSpace", [x], (("blocksize", st.blocksize),))
     return em.node("DepthToSpace", [x], (("blocksize", st.blocksize), ("mode", st.mode)))
 
 

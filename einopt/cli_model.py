@@ -1,0 +1,153 @@
+"""``einopt optimize`` and ``einopt inspect``: the ONNX commands.
+
+Heavy imports (onnx, onnxruntime, the pipeline) happen inside the commands so
+``einopt --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import click
+
+from einopt.cli import CliError, _handle_errors, main
+from einopt.errors import UnsupportedModelError
+
+
+def _input_shapes(specs: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
+    from einopt.frontend.fold import parse_input_shape
+
+    return dict(parse_input_shape(s) for s in specs)
+
+
+def _write_json(path: str, data: dict) -> None:
+    """Atomic, like every output einopt writes."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", suffix=".json.tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, target)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise CliError(f"cannot write {path}: {e.strerror or e}", "bad_input") from None
+
+
+_shape_option = click.option(
+    "--input-shape",
+    "input_shapes",
+    multiple=True,
+    metavar="NAME=D0,D1,...",
+    help="Pin a graph input's shape (symbolic dims); repeatable. Without it, parts with symbolic shapes pass through.",
+)
+
+
+@main.command()
+@click.argument("source", metavar="IN", type=click.Path(dir_okay=False))
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Where to write the optimized model.",
+)
+@click.option(
+    "--max-depth",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Search depth. The search is not in this version yet: only 0 (translate and re-instantiate) is accepted.",
+)
+@_shape_option
+@click.option(
+    "--inputs", "npz", type=click.Path(dir_okay=False), help="Extra verification inputs (.npz by input name)."
+)
+@click.option("--no-verify", is_flag=True, help="Skip verification in ONNX Runtime (experts only).")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random verification inputs.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write a JSON report here.")
+@click.option(
+    "--external-data/--no-external-data",
+    default=None,
+    help="Store weights in OUT.data (default: only for large models).",
+)
+@_handle_errors
+def optimize(
+    source, output, max_depth, input_shapes, npz, no_verify, seed, report_path, external_data
+) -> None:
+    """Optimize an ONNX model; the output is verified equal to the original in ONNX Runtime."""
+    if max_depth > 0:
+        raise click.UsageError("--max-depth > 0 needs the search, which is not in this version of einopt yet")
+    from einopt.pipeline import Options
+    from einopt.pipeline import optimize as run
+
+    shapes = _input_shapes(input_shapes)
+    extra = (npz,) if npz is not None else ()
+    options = Options(max_depth=max_depth, input_shapes=shapes, inputs=extra, verify=not no_verify, seed=seed)
+    result = run(source, options)
+    if result.blocked:
+        raise UnsupportedModelError(f"{source}: {result.blocked}")
+    result.save(output, external_data=external_data)
+    if report_path:
+        _write_json(report_path, result.report())
+    if not click.get_current_context().find_root().params["quiet"]:
+        _print_summary(result, output)
+
+
+def _print_summary(result, output: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    c = result.counts()
+    table = Table(title=f"einopt optimize -> {output}", show_lines=False)
+    for col in ("subprogram", "ops", "status", "now"):
+        table.add_column(col)
+    for p in result.parts:
+        if p.kind == "passthrough":
+            continue
+        table.add_row(p.name, " ".join(p.ops), p.status, " ".join(p.new_ops) or p.reason)
+    console.print(table)
+    verified = "verified equal in ONNX Runtime" if result.verified else "NOT verified (--no-verify)"
+    click.echo(
+        f"{c['nodes']} nodes: {c['translated']} translated, {c['rewritten']} re-instantiated, "
+        f"{c['rolled_back']} rolled back, {c['passed_through']} passed through; {verified}"
+    )
+    for note in result.notes:
+        click.echo(f"note: {note}")
+
+
+@main.command()
+@click.argument("source", metavar="IN", type=click.Path(dir_okay=False))
+@_shape_option
+@click.option(
+    "--all", "show_all", is_flag=True, help="Also list the nodes that pass through, with the reason."
+)
+@_handle_errors
+def inspect(source, input_shapes, show_all) -> None:
+    """Print the subprograms of an ONNX model and their expressions."""
+    from einopt import modelio
+    from einopt.frontend.fold import prepare
+    from einopt.frontend.translate import translate_graph
+    from einopt.syntax import format_expr
+
+    prepared = prepare(modelio.load_model(source), _input_shapes(input_shapes))
+    graph = prepared.model.graph
+    parts = translate_graph(prepared.model)
+    for note in prepared.notes:
+        click.echo(f"# note: {note}")
+    for p in parts:
+        ops = " ".join(graph.node[i].op_type for i in p.nodes)
+        if p.program is None:
+            if show_all:
+                click.echo(f"# {p.name}: passes through ({ops}): {p.reason}")
+            continue
+        ins = ", ".join(f"{k}={v}" for k, v in p.names.items() if k in {t.name for t in p.program.inputs})
+        outs = ", ".join(f"{k}={p.names[k]}" for k in p.program.outputs)
+        click.echo(f"# {p.name} ({p.kind}): {ops}")
+        click.echo(f"# inputs {ins}; outputs {outs}")
+        click.echo(format_expr(p.program))
+        click.echo()

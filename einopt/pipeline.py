@@ -1,0 +1,364 @@
+"""The whole product in one screen: load -> prepare -> partition and translate ->
+(search) -> instantiate -> verify -> assemble.
+
+>>> result = optimize("model.onnx", Options(seed=0))   # doctest: +SKIP
+>>> result.save("out.onnx")                             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from einopt import modelio
+from einopt.errors import UnsupportedModelError
+from einopt.export import assemble
+from einopt.frontend.fold import prepare
+from einopt.frontend.translate import Part, default_opset, translate_graph
+from einopt.instantiate.emit import Instantiated, instantiate
+from einopt.syntax import format_expr
+from einopt.verify import Comparison, Tolerance, capture, compare, subgraph_model
+
+log = logging.getLogger(__name__)
+
+MIN_OPSET = 7  # numpy-style broadcasting; older models pass through
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Everything that determines the output model (same options, same model)."""
+
+    max_depth: int = 0
+    input_shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    inputs: Sequence[
+        Mapping[str, np.ndarray] | str | Path
+    ] = ()  # extra verification data sets (or .npz paths)
+    verify: bool = True
+    seed: int = 0
+    tolerance: Tolerance = Tolerance()
+
+
+@dataclasses.dataclass(frozen=True)
+class PartResult:
+    """What happened to one subprogram (or one passed-through node)."""
+
+    name: str
+    kind: str  # linear | activation | passthrough
+    ops: tuple[str, ...]  # original op types
+    status: str  # rewritten | rolled back | passed through
+    reason: str = ""
+    new_ops: tuple[str, ...] = ()
+    expression: str = ""
+    max_error: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    model: onnx.ModelProto
+    parts: tuple[PartResult, ...]
+    notes: tuple[str, ...]
+    verified: bool
+    seconds: Mapping[str, float]
+    blocked: str = ""  # why the whole model passed through untouched, if it did
+
+    def save(self, path: str | Path, *, external_data: bool | None = None) -> None:
+        modelio.save_model(self.model, path, external_data=external_data)
+
+    def counts(self) -> dict[str, int]:
+        """Op counts: translated (in any subprogram), re-instantiated (rewritten), passed through."""
+        c = {"nodes": 0, "translated": 0, "rewritten": 0, "rolled_back": 0, "passed_through": 0}
+        for p in self.parts:
+            n = len(p.ops)
+            c["nodes"] += n
+            if p.kind != "passthrough":
+                c["translated"] += n
+            key = {"rewritten": "rewritten", "rolled back": "rolled_back"}.get(p.status, "passed_through")
+            c[key] += n
+        return c
+
+    def report(self) -> dict:
+        """A JSON-serialisable summary."""
+        return {
+            "einopt_report": 1,
+            "verified": self.verified,
+            "blocked": self.blocked,
+            "counts": self.counts(),
+            "notes": list(self.notes),
+            "seconds": dict(self.seconds),
+            "subprograms": [dataclasses.asdict(p) for p in self.parts],
+        }
+
+
+def optimize(source: str | Path | onnx.ModelProto, options: Options = Options()) -> Result:
+    """Optimize an ONNX model; every rewritten subprogram is verified unless ``options.verify`` is off.
+
+    A model einopt cannot handle at all (too old an opset, or one ONNX Runtime
+    cannot run so nothing can be verified) comes back untouched, with a note
+    saying why.
+    """
+    clock = _Clock()
+    original = modelio.load_model(source)
+    opset = default_opset(original)
+    if opset < MIN_OPSET:
+        return _untouched(
+            original, f"default-domain opset {opset} is older than {MIN_OPSET}: the model passes through"
+        )
+    datasets, references, data_note = _datasets(original, options) if options.verify else ([], [], "")
+    if options.verify and not datasets:
+        return _untouched(original, data_note)
+    prepared = prepare(original, options.input_shapes)
+    model = prepared.model
+    clock("prepare")
+    parts = translate_graph(model)
+    clock("translate")
+    # The search (rules + distance-guided exploration) plugs in here; depth 0 keeps the translation.
+    emitted, reasons = _instantiate(parts, opset, {f.name for f in original.functions})
+    clock("instantiate")
+
+    checks: dict[str, Comparison] = {}
+    if options.verify and emitted:
+        checks = _verify_parts(
+            model, [p for p in parts if p.name in emitted], emitted, datasets, options.tolerance
+        )
+        for name, c in checks.items():
+            if not c.ok:
+                log.warning("%s: rewrite differs from the original, rolled back: %s", name, c.message)
+                reasons[name] = f"verification failed: {c.message}"
+                del emitted[name]
+    clock("verify parts")
+
+    by_name = {p.name: p for p in parts}
+    out = assemble(model, {by_name[n].nodes: inst for n, inst in emitted.items()})
+    notes = list(prepared.notes) + ([data_note] if data_note else [])
+    if options.verify:
+        final = _compare_models(references, out, datasets, options.tolerance)
+        if not final.ok and emitted:
+            log.warning(
+                "assembled model differs from the original (%s); rolling back every rewrite", final.message
+            )
+            for n in emitted:
+                reasons[n] = f"rolled back with the whole model: {final.message}"
+            emitted = {}
+            out = assemble(model, {})
+            final = _compare_models(references, out, datasets, options.tolerance)
+        if not final.ok:
+            log.warning(
+                "the prepared (folded) model differs from the original: %s; writing the original",
+                final.message,
+            )
+            return _untouched(
+                original, f"folding changed the outputs ({final.message}): the model passes through"
+            )
+    clock("verify model")
+    check_note = _check_output(original, out)
+    notes += [check_note] if check_note else []
+    results = tuple(_part_result(model, p, emitted, reasons, checks) for p in parts)
+    return Result(out, results, tuple(notes), options.verify, clock.seconds)
+
+
+def _untouched(model: onnx.ModelProto, reason: str) -> Result:
+    log.warning("%s", reason)
+    parts = tuple(
+        PartResult(f"node{i}_{n.op_type}", "passthrough", (n.op_type,), "passed through", reason)
+        for i, n in enumerate(model.graph.node)
+    )
+    return Result(model, parts, (reason,), False, {}, blocked=reason)
+
+
+def _instantiate(
+    parts: Sequence[Part], opset: int, taken: set[str]
+) -> tuple[dict[str, Instantiated], dict[str, str]]:
+    """Instantiate every translated part; a part that fails passes through with the reason."""
+    emitted: dict[str, Instantiated] = {}
+    reasons: dict[str, str] = {}
+    for p in parts:
+        if not p.translated:
+            continue
+        try:
+            inst = instantiate(
+                p.program,
+                onnx_names=p.names,
+                constants=p.constants,
+                opset=opset,
+                prefix=p.name + "/",
+                taken_function_names=taken,
+            )
+        except Exception as e:  # noqa: BLE001 - one bad part must not sink the model; the report says why
+            log.warning("%s: instantiation failed, passing through: %s", p.name, _first_line(e))
+            reasons[p.name] = f"instantiation failed: {_first_line(e)}"
+            continue
+        taken |= {f.name for f in inst.functions}
+        emitted[p.name] = inst
+    return emitted, reasons
+
+
+def _datasets(
+    model: onnx.ModelProto, options: Options
+) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]], str]:
+    """Verification inputs, the original model's outputs on them, and a note on the ones that are unusable.
+
+    Seeded random inputs come first, then the user's. Inputs the original
+    model cannot run on (integer inputs that must hold valid indices, a model
+    ONNX Runtime cannot load) are dropped with a note; with none left, nothing
+    can be verified. Inputs that do not fit the model are a ``ModelError``.
+    """
+    candidates: list[tuple[str, dict[str, np.ndarray] | None, str]] = []
+    try:
+        candidates.append(("generated inputs", modelio.random_inputs(model, options.seed, dict(options.input_shapes)), ""))
+    except UnsupportedModelError as e:
+        candidates.append(("generated inputs", None, str(e)))
+    for k, d in enumerate(options.inputs):
+        feeds = modelio.load_inputs(d, model) if isinstance(d, str | Path) else dict(d)
+        candidates.append((f"given inputs #{k + 1}" if len(options.inputs) > 1 else "the given inputs", feeds, ""))
+    sets: list[dict[str, np.ndarray]] = []
+    refs: list[dict[str, np.ndarray]] = []
+    problems: list[str] = []
+    sess = None
+    for label, feeds, problem in candidates:
+        if feeds is None:
+            problems.append(f"no {label}: {problem}")
+            continue
+        try:
+            sess = sess or modelio.session(model)
+            refs.append(modelio.run(sess, feeds))
+            sets.append(feeds)
+        except Exception as e:  # noqa: BLE001 - ORT's errors have many types
+            problems.append(f"ONNX Runtime cannot run the original model on {label} ({_first_line(e)})")
+    note = "; ".join(problems)
+    if problems and not sets:
+        hint = "" if options.inputs else " (pass real inputs with --inputs)"
+        note += f": nothing can be verified, so the model passes through{hint}"
+    return sets, refs, note
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
+def _verify_parts(
+    model: onnx.ModelProto,
+    parts: Sequence[Part],
+    emitted: Mapping[str, Instantiated],
+    datasets: Sequence[Mapping[str, np.ndarray]],
+    tol: Tolerance,
+) -> dict[str, Comparison]:
+    """Run each part's original and new nodes on the values that reach it; compare."""
+    nodes = list(model.graph.node)
+    boundary: dict[str, tuple[list[str], list[str]]] = {}
+    for p in parts:
+        old = [nodes[i] for i in p.nodes]
+        inst = emitted[p.name]
+        boundary[p.name] = (_reads(old), _reads(inst.nodes, {t.name for t in inst.initializers}))
+    wanted = {n for a, b in boundary.values() for n in a + b}
+    checks: dict[str, Comparison] = {}
+    for feeds in datasets:
+        values = capture(model, feeds, wanted)
+        for p in parts:
+            if p.name in checks and not checks[p.name].ok:
+                continue
+            inst = emitted[p.name]
+            outputs = [p.names[o] for o in p.program.outputs]
+            old_in, new_in = boundary[p.name]
+            ref_model = subgraph_model(
+                model, [nodes[i] for i in p.nodes], {n: values[n] for n in old_in}, outputs
+            )
+            new_model = subgraph_model(
+                model, inst.nodes, {n: values[n] for n in new_in}, outputs, inst.initializers, inst.functions
+            )
+            try:
+                ref = modelio.run(ref_model, {n: values[n] for n in old_in})
+                got = modelio.run(new_model, {n: values[n] for n in new_in})
+            except Exception as e:  # noqa: BLE001 - a rewrite ORT cannot run is a failed rewrite
+                checks[p.name] = Comparison(
+                    False, float("inf"), f"ONNX Runtime failed: {type(e).__name__}: {e}"
+                )
+                continue
+            c = compare(ref, got, tol)
+            prev = checks.get(p.name)
+            checks[p.name] = (
+                c if prev is None else Comparison(c.ok, max(c.max_abs_error, prev.max_abs_error), c.message)
+            )
+    return checks
+
+
+def _reads(nodes: Sequence[onnx.NodeProto], local: set[str] = frozenset()) -> list[str]:
+    """Values the nodes read from outside themselves (in first-read order)."""
+    produced = {o for n in nodes for o in n.output}
+    return list(
+        dict.fromkeys(i for n in nodes for i in n.input if i and i not in produced and i not in local)
+    )
+
+
+def _compare_models(
+    references: Sequence[Mapping[str, np.ndarray]],
+    out: onnx.ModelProto,
+    datasets: Sequence[Mapping[str, np.ndarray]],
+    tol: Tolerance,
+) -> Comparison:
+    worst = 0.0
+    sess = None
+    for ref, feeds in zip(references, datasets, strict=True):
+        try:
+            sess = sess or modelio.session(out)
+            got = modelio.run(sess, feeds)
+        except Exception as e:  # noqa: BLE001
+            return Comparison(
+                False, float("inf"), f"ONNX Runtime cannot run the optimized model: {_first_line(e)}"
+            )
+        c = compare(ref, got, tol)
+        if not c.ok:
+            return c
+        worst = max(worst, c.max_abs_error)
+    return Comparison(True, worst)
+
+
+def _check_output(original: onnx.ModelProto, out: onnx.ModelProto) -> str:
+    """``onnx.checker`` (full) on the output; only a note when the original fails it too."""
+    try:
+        onnx.checker.check_model(out, full_check=True)
+        return ""
+    except Exception as e:  # noqa: BLE001
+        try:
+            onnx.checker.check_model(original, full_check=True)
+        except Exception:  # noqa: BLE001
+            return f"the original model fails onnx.checker full_check too: {str(e).splitlines()[0]}"
+        raise
+
+
+def _part_result(
+    model: onnx.ModelProto,
+    p: Part,
+    emitted: Mapping[str, Instantiated],
+    reasons: Mapping[str, str],
+    checks: Mapping[str, Comparison],
+) -> PartResult:
+    ops = tuple(model.graph.node[i].op_type for i in p.nodes)
+    text = format_expr(p.program) if p.program is not None else ""
+    err = checks[p.name].max_abs_error if p.name in checks else None
+    if p.name in emitted:
+        new_ops = tuple(
+            n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+            for n in emitted[p.name].nodes
+        )
+        return PartResult(p.name, p.kind, ops, "rewritten", "", new_ops, text, err)
+    if p.translated:
+        return PartResult(p.name, p.kind, ops, "rolled back", reasons.get(p.name, ""), (), text, err)
+    return PartResult(p.name, p.kind, ops, "passed through", p.reason or "", (), "", None)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def __call__(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.seconds[stage] = round(now - self._t, 4)
+        self._t = now

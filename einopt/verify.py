@@ -1,0 +1,157 @@
+"""Numerical verification in ONNX Runtime: per subprogram, then end to end.
+
+Each rewritten subprogram is checked on its own, on the values that really
+reach it when the original model runs on the verification inputs: the
+original nodes and the new nodes run as two small models and their outputs
+are compared. A subprogram that differs is rolled back by the caller. The
+assembled model is then compared with the original on the same inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from einopt import modelio
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """``|got - ref| <= atol * scale + rtol * |ref|`` elementwise, ``scale = max(1, max |ref|)``.
+
+    The defaults allow float32 reassociation of long sums while catching a
+    wrong index, a lost term or a swapped operand.
+    """
+
+    rtol: float = 1e-3
+    atol: float = 1e-4
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    ok: bool
+    max_abs_error: float
+    message: str = ""
+
+
+def compare(
+    refs: Mapping[str, np.ndarray], gots: Mapping[str, np.ndarray], tol: Tolerance = Tolerance()
+) -> Comparison:
+    """Compare named outputs; the message names the first output that differs and how."""
+    worst = 0.0
+    for name, ref in refs.items():
+        got = gots[name]
+        if isinstance(ref, list | tuple) or ref is None or isinstance(got, list | tuple) or got is None:
+            c = _compare_sequences(name, ref, got, tol)  # sequence- or optional-typed outputs
+            if not c.ok:
+                return c
+            worst = max(worst, c.max_abs_error)
+            continue
+        ref = np.asarray(ref)
+        got = np.asarray(got)
+        if ref.shape != got.shape or ref.dtype != got.dtype:
+            return Comparison(
+                False,
+                float("inf"),
+                f"output {name!r}: {got.dtype}{list(got.shape)} != {ref.dtype}{list(ref.shape)}",
+            )
+        if ref.size == 0:
+            continue
+        if not np.issubdtype(ref.dtype, np.floating):
+            if not np.array_equal(ref, got):
+                return Comparison(False, float("inf"), f"output {name!r}: values differ")
+            continue
+        r = ref.astype(np.float64)
+        g = got.astype(np.float64)
+        same_special = (np.isnan(r) & np.isnan(g)) | (np.isinf(r) & (r == g))
+        finite = np.isfinite(r)
+        scale = max(1.0, float(np.max(np.abs(r[finite]))) if finite.any() else 1.0)
+        with np.errstate(invalid="ignore", over="ignore"):
+            err = np.where(same_special, 0.0, np.abs(g - r))
+        err = np.where(np.isnan(err), np.inf, err)
+        bad = err > tol.atol * scale + tol.rtol * np.abs(np.where(finite, r, 0.0))
+        bad &= ~same_special
+        worst = max(worst, float(err.max()))
+        if bad.any():
+            at = tuple(int(v) for v in np.argwhere(bad)[0])
+            return Comparison(
+                False,
+                worst,
+                f"output {name!r} differs at {list(at)}: {g[at]:.6g} vs {r[at]:.6g} (max error {worst:.3g})",
+            )
+    return Comparison(True, worst)
+
+
+def _compare_sequences(name: str, ref: object, got: object, tol: Tolerance) -> Comparison:
+    if ref is None or got is None:
+        ok = ref is None and got is None
+        return Comparison(ok, 0.0 if ok else float("inf"), "" if ok else f"output {name!r}: optional presence differs")
+    if not isinstance(ref, list | tuple) or not isinstance(got, list | tuple) or len(ref) != len(got):
+        return Comparison(False, float("inf"), f"output {name!r}: sequences differ in length or kind")
+    return compare(
+        {f"{name}[{k}]": r for k, r in enumerate(ref)}, {f"{name}[{k}]": g for k, g in enumerate(got)}, tol
+    )
+
+
+def capture(
+    model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], names: Iterable[str]
+) -> dict[str, np.ndarray]:
+    """Run ``model`` on ``feeds`` and return the values of ``names`` (inputs, initializers or intermediates)."""
+    wanted = list(dict.fromkeys(names))
+    graph_inputs = {i.name for i in model.graph.input}
+    inits = {t.name: t for t in model.graph.initializer}
+    out: dict[str, np.ndarray] = {}
+    to_run: list[str] = []
+    for n in wanted:
+        if n in feeds:
+            out[n] = np.asarray(feeds[n])
+        elif n in inits and n not in graph_inputs:
+            out[n] = onnx.numpy_helper.to_array(inits[n])
+        else:
+            to_run.append(n)
+    if to_run:
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+        existing = {o.name for o in m.graph.output}
+        types = {vi.name: vi for vi in m.graph.value_info}
+        for n in to_run:
+            if n not in existing:
+                m.graph.output.append(types[n] if n in types else onnx.ValueInfoProto(name=n))
+        out.update(modelio.run(m, feeds, outputs=to_run))
+    return out
+
+
+def subgraph_model(
+    template: onnx.ModelProto,
+    nodes: Sequence[onnx.NodeProto],
+    inputs: Mapping[str, np.ndarray],
+    outputs: Sequence[str],
+    initializers: Sequence[onnx.TensorProto] = (),
+    functions: Sequence[onnx.FunctionProto] = (),
+) -> onnx.ModelProto:
+    """A standalone model of ``nodes`` whose graph inputs are typed after ``inputs``'s arrays."""
+    init_names = {t.name for t in initializers}
+    graph_inputs = [
+        onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape))
+        for n, a in inputs.items()
+        if n not in init_names
+    ]
+    graph = onnx.helper.make_graph(
+        list(nodes),
+        "part",
+        graph_inputs,
+        [onnx.ValueInfoProto(name=o) for o in outputs],
+        initializer=list(initializers),
+    )
+    opsets = list(template.opset_import)
+    if functions and not any(o.domain == "einopt.eop" for o in opsets):
+        opsets.append(onnx.helper.make_opsetid("einopt.eop", 1))
+    m = onnx.helper.make_model(graph, opset_imports=opsets, functions=list(functions))
+    m.ir_version = max(template.ir_version, 8 if functions else template.ir_version)
+    return m

@@ -1,0 +1,76 @@
+"""Small ONNX models built with onnx.helper for pipeline and CLI tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def _w(rng: np.random.Generator, *shape: int, scale: float = 0.3) -> np.ndarray:
+    return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+
+def make(nodes, inputs, outputs, inits, opset: int = 17, name: str = "m") -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        name,
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs],
+        initializer=[numpy_helper.from_array(a, n) for n, a in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def conv_block(seed: int = 0, batch: int | str = 1) -> onnx.ModelProto:
+    """Conv(+bias) -> Relu -> Conv -> Add(residual) -> Relu: two linear subprograms, two activations."""
+    rng = np.random.default_rng(seed)
+    inits = {"W1": _w(rng, 8, 8, 3, 3), "B1": _w(rng, 8), "W2": _w(rng, 8, 8, 3, 3)}
+    nodes = [
+        helper.make_node("Conv", ["x", "W1", "B1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "W2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "x"], ["s"], name="add"),
+        helper.make_node("Relu", ["s"], ["y"], name="relu2"),
+    ]
+    m = make(nodes, [("x", [batch, 8, 6, 6])], [("y", [batch, 8, 6, 6])], inits, name="conv_block")
+    m.doc_string = "a residual block"
+    helper.set_model_props(m, {"author": "einopt tests"})
+    return m
+
+
+def lstm_cell(seed: int = 0, hidden: int = 16) -> onnx.ModelProto:
+    """The fused-LSTM example's cell: 8 MatMul + 4 Add, sigmoid/tanh gates, c' = f*c + i*g, h' = o*tanh(c')."""
+    rng = np.random.default_rng(seed)
+    inits = {}
+    nodes = []
+    gates = {}
+    for g in "ifgo":
+        inits[f"Wx_{g}"] = _w(rng, hidden, hidden)
+        inits[f"Wh_{g}"] = _w(rng, hidden, hidden)
+        nodes += [
+            helper.make_node("MatMul", ["x", f"Wx_{g}"], [f"mx_{g}"], name=f"mx_{g}"),
+            helper.make_node("MatMul", ["h", f"Wh_{g}"], [f"mh_{g}"], name=f"mh_{g}"),
+            helper.make_node("Add", [f"mx_{g}", f"mh_{g}"], [f"pre_{g}"], name=f"add_{g}"),
+        ]
+        act = "Tanh" if g == "g" else "Sigmoid"
+        nodes.append(helper.make_node(act, [f"pre_{g}"], [f"gate_{g}"], name=f"act_{g}"))
+        gates[g] = f"gate_{g}"
+    nodes += [
+        helper.make_node("Mul", ["gate_f", "c"], ["fc"], name="fc"),
+        helper.make_node("Mul", ["gate_i", "gate_g"], ["ig"], name="ig"),
+        helper.make_node("Add", ["fc", "ig"], ["c_next"], name="c_next"),
+        helper.make_node("Tanh", ["c_next"], ["tc"], name="tanh_c"),
+        helper.make_node("Mul", ["gate_o", "tc"], ["h_next"], name="h_next"),
+    ]
+    shape = [2, hidden]
+    return make(
+        nodes,
+        [("x", shape), ("h", shape), ("c", shape)],
+        [("h_next", shape), ("c_next", shape)],
+        inits,
+        name="lstm_cell",
+    )

@@ -1,0 +1,102 @@
+"""`einopt optimize` and `einopt inspect`: outputs, reports, exit codes, no partial files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from click.testing import CliRunner
+from onnx_models import conv_block
+
+from einopt.cli import EXIT_CODES, main
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def _save(model, path):
+    onnx.save(model, str(path))
+    return path
+
+
+def test_optimize_writes_a_verified_model_and_report(tmp_path):
+    src = _save(conv_block(), tmp_path / "in.onnx")
+    out, report = tmp_path / "out.onnx", tmp_path / "report.json"
+    result = run("optimize", src, "-o", out, "--report", report, "--seed", 3)
+    assert result.exit_code == 0, result.output
+    assert "5 re-instantiated" in result.output and "verified equal" in result.output
+    data = json.loads(report.read_text())
+    assert data["verified"] and data["counts"]["rewritten"] == 5
+    model = onnx.load(str(out))
+    onnx.checker.check_model(model, full_check=True)
+    x = np.random.default_rng(0).standard_normal((1, 8, 6, 6)).astype(np.float32)
+    ref = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_optimize_with_inputs_npz_and_input_shape(tmp_path):
+    src = _save(conv_block(batch="N"), tmp_path / "in.onnx")
+    np.savez(tmp_path / "x.npz", x=np.ones((2, 8, 6, 6), np.float32))
+    out = tmp_path / "out.onnx"
+    result = run("optimize", src, "-o", out, "--input-shape", "x=2,8,6,6", "--inputs", tmp_path / "x.npz")
+    assert result.exit_code == 0, result.output
+    assert "5 re-instantiated" in result.output
+
+
+def test_bad_input_file_is_a_clear_error_and_writes_nothing(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model at all")
+    out = tmp_path / "out.onnx"
+    result = run("optimize", bad, "-o", out)
+    assert result.exit_code == EXIT_CODES["bad_input"]
+    assert result.output.startswith("einopt: error:") and "Traceback" not in result.output
+    assert not out.exists() and list(tmp_path.iterdir()) == [bad]
+
+
+def test_missing_file(tmp_path):
+    result = run("optimize", tmp_path / "nope.onnx", "-o", tmp_path / "o.onnx")
+    assert result.exit_code == EXIT_CODES["bad_input"]
+    assert "nope.onnx" in result.output
+
+
+def test_bad_input_shape_spec(tmp_path):
+    src = _save(conv_block(), tmp_path / "in.onnx")
+    result = run("optimize", src, "-o", tmp_path / "o.onnx", "--input-shape", "x=1,two")
+    assert result.exit_code == EXIT_CODES["bad_input"]
+    result = run("optimize", src, "-o", tmp_path / "o.onnx", "--input-shape", "nosuch=1,2")
+    assert result.exit_code == EXIT_CODES["bad_input"] and "nosuch" in result.output
+
+
+def test_old_opset_is_unsupported(tmp_path):
+    model = conv_block()
+    model.opset_import[0].version = 6
+    src = _save(model, tmp_path / "in.onnx")
+    result = run("optimize", src, "-o", tmp_path / "o.onnx")
+    assert result.exit_code == EXIT_CODES["unsupported"]
+    assert "opset 6" in result.output
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_max_depth_needs_the_search(tmp_path):
+    src = _save(conv_block(), tmp_path / "in.onnx")
+    result = run("optimize", src, "-o", tmp_path / "o.onnx", "--max-depth", 2)
+    assert result.exit_code == EXIT_CODES["usage"]
+
+
+def test_no_verify(tmp_path):
+    src = _save(conv_block(), tmp_path / "in.onnx")
+    result = run("optimize", src, "-o", tmp_path / "o.onnx", "--no-verify")
+    assert result.exit_code == 0, result.output
+    assert "NOT verified" in result.output
+
+
+def test_inspect_prints_expressions(tmp_path):
+    src = _save(conv_block(), tmp_path / "in.onnx")
+    result = run("inspect", src, "--all")
+    assert result.exit_code == 0, result.output
+    assert result.output.count("# sp") == 4
+    assert "Sum[" in result.output and "relu(" in result.output

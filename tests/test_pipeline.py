@@ -1,0 +1,164 @@
+"""`einopt.optimize` end to end on small models: translate, re-instantiate, verify, roll back."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx_models import conv_block, lstm_cell
+
+import einopt
+from einopt import pipeline
+from einopt.pipeline import Options, optimize
+
+
+def _run(model, feeds):
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def _random_feeds(model, seed=3):
+    rng = np.random.default_rng(seed)
+    return {
+        i.name: rng.standard_normal([d.dim_value or 1 for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+        for i in model.graph.input
+    }
+
+
+def _assert_same(a, b, feeds, rtol=1e-4, atol=1e-5):
+    for x, y in zip(_run(a, feeds), _run(b, feeds), strict=True):
+        np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
+
+
+def test_conv_block_round_trip():
+    model = conv_block()
+    result = optimize(model)
+    assert result.verified and not result.blocked
+    c = result.counts()
+    assert c["nodes"] == 5 and c["translated"] == 5 and c["rewritten"] == 5, result.report()
+    out = result.model
+    onnx.checker.check_model(out, full_check=True)
+    # same interface and metadata
+    assert [i.name for i in out.graph.input] == ["x"] and [o.name for o in out.graph.output] == ["y"]
+    assert out.graph.output[0].type == model.graph.output[0].type
+    assert list(out.opset_import) == list(model.opset_import)
+    assert out.doc_string == model.doc_string
+    assert {p.key: p.value for p in out.metadata_props} == {"author": "einopt tests"}
+    # re-instantiated through operator matching as the same kernels (bias fused back into Conv)
+    assert sorted(n.op_type for n in out.graph.node) == ["Add", "Conv", "Conv", "Relu", "Relu"]
+    _assert_same(model, out, _random_feeds(model))
+    kinds = [(p.kind, p.ops) for p in result.parts]
+    assert kinds == [
+        ("linear", ("Conv",)),
+        ("activation", ("Relu",)),
+        ("linear", ("Conv", "Add")),
+        ("activation", ("Relu",)),
+    ]
+
+
+def test_lstm_cell_groups_shared_inputs():
+    model = lstm_cell()
+    result = optimize(model)
+    assert result.verified
+    linear = [p for p in result.parts if p.kind == "linear" and p.status == "rewritten"]
+    # the 8 matmuls and 4 adds that read x and h form one subprogram (the search can merge them)
+    assert any(sorted(p.ops).count("MatMul") == 8 for p in linear), [p.ops for p in linear]
+    _assert_same(model, result.model, _random_feeds(model))
+
+
+def test_wrong_rewrite_is_rolled_back(monkeypatch, caplog):
+    """A rewrite that negates its output (a stand-in for a wrong derivation) is caught and rolled back."""
+    model = conv_block()
+    real = pipeline.instantiate
+
+    def corrupt(program, **kw):
+        inst = real(program, **kw)
+        if "conv2" not in kw["prefix"]:
+            return inst
+        out = kw["onnx_names"][program.outputs[0]]
+        nodes = []
+        for n in inst.nodes:
+            m = onnx.NodeProto()
+            m.CopyFrom(n)
+            m.output[:] = [o + "_wrong" if o == out else o for o in m.output]
+            nodes.append(m)
+        nodes.append(onnx.helper.make_node("Neg", [out + "_wrong"], [out]))
+        return dataclasses.replace(inst, nodes=tuple(nodes))
+
+    monkeypatch.setattr(pipeline, "instantiate", corrupt)
+    with caplog.at_level(logging.WARNING, logger="einopt"):
+        result = optimize(model)
+    rolled = [p for p in result.parts if p.status == "rolled back"]
+    assert [p.ops for p in rolled] == [("Conv", "Add")]
+    assert "verification failed" in rolled[0].reason
+    assert any(rolled[0].name in rec.getMessage() for rec in caplog.records)
+    assert result.counts()["rewritten"] == 3
+    _assert_same(model, result.model, _random_feeds(model))
+
+
+def test_failed_instantiation_passes_through(monkeypatch):
+    model = conv_block()
+
+    def boom(program, **kw):
+        raise RuntimeError("no luck")
+
+    monkeypatch.setattr(pipeline, "instantiate", boom)
+    result = optimize(model)
+    assert result.counts()["rewritten"] == 0
+    assert all("instantiation failed: RuntimeError: no luck" in p.reason for p in result.parts if p.kind != "passthrough")
+    _assert_same(model, result.model, _random_feeds(model))
+
+
+def test_symbolic_shapes_pass_through_unless_pinned():
+    model = conv_block(batch="N")
+    result = optimize(model)
+    assert result.counts()["rewritten"] == 0
+    assert any("symbolic" in p.reason for p in result.parts)
+    assert any("symbolic" in n for n in result.notes)
+
+    pinned = optimize(model, Options(input_shapes={"x": (2, 8, 6, 6)}))
+    assert pinned.counts()["rewritten"] == 5
+    dims = [d.dim_value for d in pinned.model.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [2, 8, 6, 6]
+
+
+def test_old_opset_is_blocked_with_a_reason():
+    model = conv_block()
+    model.opset_import[0].version = 6
+    result = optimize(model)
+    assert result.blocked and "opset 6" in result.blocked
+    assert result.model.graph == model.graph
+
+
+def test_given_inputs_are_used_for_verification():
+    model = conv_block()
+    feeds = _random_feeds(model, seed=9)
+    result = optimize(model, Options(inputs=[feeds], seed=4))
+    assert result.verified and result.counts()["rewritten"] == 5
+
+
+def test_same_options_same_model():
+    a = optimize(conv_block()).model.SerializeToString()
+    b = optimize(conv_block()).model.SerializeToString()
+    assert a == b
+
+
+def test_api_is_exported():
+    assert einopt.optimize is optimize
+    assert einopt.Options is Options
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_report_is_json(seed):
+    import json
+
+    report = optimize(conv_block(seed)).report()
+    text = json.dumps(report)
+    assert json.loads(text)["counts"]["rewritten"] == 5
+    assert all("expression" in p for p in report["subprograms"])
