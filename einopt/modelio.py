@@ -25,10 +25,6 @@ from typing import IO, Any
 import numpy as np
 import onnx
 import onnxruntime as ort
-
-# ORT logs a failing kernel on stderr through the run's logger; einopt reports the error itself.
-_QUIET_RUN = ort.RunOptions()
-_QUIET_RUN.log_severity_level = 3
 from google.protobuf.message import DecodeError, EncodeError
 from onnx import TensorProto, numpy_helper
 
@@ -36,6 +32,10 @@ from einopt.errors import ModelError, UnsupportedModelError
 from einopt.inputs import feed_inputs, load_inputs, random_inputs
 
 log = logging.getLogger(__name__)
+
+# ORT logs a failing kernel on stderr through the run's logger; einopt reports the error itself.
+_QUIET_RUN = ort.RunOptions()
+_QUIET_RUN.log_severity_level = 3
 
 __all__ = [
     "load_model",

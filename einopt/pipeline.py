@@ -112,7 +112,29 @@ def optimize(source: str | Path | onnx.ModelProto, options: Options = Options())
     datasets, references, data_note = _datasets(original, options) if options.verify else ([], [], "")
     if options.verify and not datasets:
         return _untouched(original, data_note)
-    prepared = prepare(original, options.input_shapes)
+    result = _rewrite(original, options, datasets, references, data_note, clock, fold=True)
+    if isinstance(result, str):  # folding broke the model (an ONNX Runtime or folding bug): try without
+        log.warning("the folded model differs from the original (%s); retrying without folding", result)
+        result = _rewrite(original, options, datasets, references, data_note, clock, fold=False)
+    if isinstance(result, str):
+        return _untouched(
+            original, f"the prepared model differs from the original ({result}): it passes through"
+        )
+    return result
+
+
+def _rewrite(
+    original: onnx.ModelProto,
+    options: Options,
+    datasets: Sequence[Mapping[str, np.ndarray]],
+    references: Sequence[Mapping[str, np.ndarray]],
+    data_note: str,
+    clock: _Clock,
+    fold: bool,
+) -> Result | str:
+    """Prepare, translate, instantiate, verify and assemble; a string says why the prepared model is wrong."""
+    opset = default_opset(original)
+    prepared = prepare(original, options.input_shapes, fold=fold)
     model = prepared.model
     clock("prepare")
     parts = translate_graph(model)
@@ -136,6 +158,10 @@ def optimize(source: str | Path | onnx.ModelProto, options: Options = Options())
     by_name = {p.name: p for p in parts}
     out = assemble(model, {by_name[n].nodes: inst for n, inst in emitted.items()})
     notes = list(prepared.notes) + ([data_note] if data_note else [])
+    if not fold:
+        notes.append(
+            "constant and BatchNormalization folding skipped: the folded model differed from the original"
+        )
     if options.verify:
         final = _compare_models(references, out, datasets, options.tolerance)
         if not final.ok and emitted:
@@ -148,13 +174,7 @@ def optimize(source: str | Path | onnx.ModelProto, options: Options = Options())
             out = assemble(model, {})
             final = _compare_models(references, out, datasets, options.tolerance)
         if not final.ok:
-            log.warning(
-                "the prepared (folded) model differs from the original: %s; writing the original",
-                final.message,
-            )
-            return _untouched(
-                original, f"folding changed the outputs ({final.message}): the model passes through"
-            )
+            return final.message
     clock("verify model")
     check_note = _check_output(original, out)
     notes += [check_note] if check_note else []
@@ -210,12 +230,16 @@ def _datasets(
     """
     candidates: list[tuple[str, dict[str, np.ndarray] | None, str]] = []
     try:
-        candidates.append(("generated inputs", modelio.random_inputs(model, options.seed, dict(options.input_shapes)), ""))
+        candidates.append(
+            ("generated inputs", modelio.random_inputs(model, options.seed, dict(options.input_shapes)), "")
+        )
     except UnsupportedModelError as e:
         candidates.append(("generated inputs", None, str(e)))
     for k, d in enumerate(options.inputs):
         feeds = modelio.load_inputs(d, model) if isinstance(d, str | Path) else dict(d)
-        candidates.append((f"given inputs #{k + 1}" if len(options.inputs) > 1 else "the given inputs", feeds, ""))
+        candidates.append(
+            (f"given inputs #{k + 1}" if len(options.inputs) > 1 else "the given inputs", feeds, "")
+        )
     sets: list[dict[str, np.ndarray]] = []
     refs: list[dict[str, np.ndarray]] = []
     problems: list[str] = []

@@ -60,7 +60,9 @@ def run_node_case(case) -> CaseOutcome:
         result = optimize(case.model, Options(inputs=datasets))
         c = result.counts()
         assert c["rewritten"] == 0, f"{case.name}: rewrote a model nothing can verify"
-        return CaseOutcome(case.name, "ort cannot run", c["nodes"], c["translated"], 0, str(e).splitlines()[0][:120])
+        return CaseOutcome(
+            case.name, "ort cannot run", c["nodes"], c["translated"], 0, str(e).splitlines()[0][:120]
+        )
     result = optimize(case.model, Options(inputs=datasets))
     c = result.counts()
     onnx.checker.check_model(result.model, full_check=False)
@@ -110,7 +112,9 @@ def light_model(path: str, seed: int = 0) -> onnx.ModelProto:
     for node in model.graph.node:
         if node.op_type == "ConstantOfShape" and node.input[0] in inits:
             shape = tuple(int(d) for d in inits[node.input[0]])
-            new_inits.append(numpy_helper.from_array(_random_weight(rng, shape, role.get(node.output[0])), node.output[0]))
+            new_inits.append(
+                numpy_helper.from_array(_random_weight(rng, shape, role.get(node.output[0])), node.output[0])
+            )
         else:
             kept_nodes.append(node)
     used = {i for n in kept_nodes for i in n.input}
@@ -149,4 +153,3 @@ def _random_weight(rng: np.random.Generator, shape: tuple[int, ...], role: str |
     if role == "scale":
         return rng.uniform(0.5, 1.0, shape).astype(np.float32)
     return (0.1 * rng.standard_normal(shape)).astype(np.float32)
-

@@ -31,11 +31,15 @@ def test_node_suite(chunk):
     assert not failures, f"{len(failures)} of {len(cases)} cases failed:\n" + "\n".join(failures)
 
 
-@pytest.mark.parametrize("path", light_model_paths(), ids=lambda p: os.path.basename(p)[len("light_") : -len(".onnx")])
+@pytest.mark.parametrize(
+    "path", light_model_paths(), ids=lambda p: os.path.basename(p)[len("light_") : -len(".onnx")]
+)
 def test_light_model(path):
     model = light_model(path)
     result = optimize(model, Options(seed=1))
     counts = result.counts()
     assert result.verified
-    assert counts["translated"] > 0 and counts["rewritten"] == counts["translated"], result.report()["subprograms"]
+    assert counts["translated"] > 0 and counts["rewritten"] == counts["translated"], result.report()[
+        "subprograms"
+    ]
     assert counts["rolled_back"] == 0

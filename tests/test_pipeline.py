@@ -26,7 +26,9 @@ def _run(model, feeds):
 def _random_feeds(model, seed=3):
     rng = np.random.default_rng(seed)
     return {
-        i.name: rng.standard_normal([d.dim_value or 1 for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+        i.name: rng.standard_normal([d.dim_value or 1 for d in i.type.tensor_type.shape.dim]).astype(
+            np.float32
+        )
         for i in model.graph.input
     }
 
@@ -111,7 +113,11 @@ def test_failed_instantiation_passes_through(monkeypatch):
     monkeypatch.setattr(pipeline, "instantiate", boom)
     result = optimize(model)
     assert result.counts()["rewritten"] == 0
-    assert all("instantiation failed: RuntimeError: no luck" in p.reason for p in result.parts if p.kind != "passthrough")
+    assert all(
+        "instantiation failed: RuntimeError: no luck" in p.reason
+        for p in result.parts
+        if p.kind != "passthrough"
+    )
     _assert_same(model, result.model, _random_feeds(model))
 
 
@@ -162,3 +168,22 @@ def test_report_is_json(seed):
     text = json.dumps(report)
     assert json.loads(text)["counts"]["rewritten"] == 5
     assert all("expression" in p for p in report["subprograms"])
+
+
+def test_broken_folding_is_retried_without_folding(monkeypatch):
+    """If the prepared (folded) model differs from the original, einopt optimizes the unfolded one."""
+    real = pipeline.prepare
+
+    def bad_prepare(model, shapes, fold=True):
+        prepared = real(model, shapes, fold=fold)
+        if fold:
+            w1 = next(t for t in prepared.model.graph.initializer if t.name == "W1")
+            w1.CopyFrom(onnx.numpy_helper.from_array(np.zeros_like(onnx.numpy_helper.to_array(w1)), "W1"))
+        return prepared
+
+    monkeypatch.setattr(pipeline, "prepare", bad_prepare)
+    model = conv_block()
+    result = optimize(model)
+    assert result.verified and result.counts()["rewritten"] == 5
+    assert any("folding skipped" in n for n in result.notes)
+    _assert_same(model, result.model, _random_feeds(model))

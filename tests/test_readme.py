@@ -19,3 +19,20 @@ def test_readme_api_example_runs(capsys):
     assert scope["same"] is scope["conv"]
     np.testing.assert_allclose(scope["out"], scope["ref"], rtol=1e-3, atol=1e-3)
     assert "__global__" in capsys.readouterr().out
+
+
+def test_readme_onnx_example_runs(tmp_path, monkeypatch, capsys):
+    if not README.exists():
+        pytest.skip("README.md is not beside the tests (installed elsewhere)")
+    import onnx
+    from onnx_models import conv_block
+
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    block = next(b for b in blocks if "einopt.optimize(" in b)
+    monkeypatch.chdir(tmp_path)
+    onnx.save(conv_block(), "model.onnx")
+    scope: dict = {}
+    exec(block, scope)  # noqa: S102 - the README's own example
+    assert scope["report"]["counts"]["rewritten"] == 5
+    assert (tmp_path / "out.onnx").exists()
+    assert "Sum[" in capsys.readouterr().out

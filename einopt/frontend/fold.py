@@ -444,7 +444,9 @@ def _symbolic_notes(m: onnx.ModelProto) -> list[str]:
     return notes
 
 
-def prepare(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] = {}) -> Prepared:
+def prepare(
+    model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] = {}, *, fold: bool = True
+) -> Prepared:
     """Pin input shapes, infer shapes, fold constants and BatchNormalization.
 
     Parameters
@@ -453,6 +455,8 @@ def prepare(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] = 
         A loaded model (not modified).
     input_shapes
         Concrete shapes for graph inputs (see :func:`pin_input_shapes`).
+    fold
+        Fold constants and BatchNormalization (off: only pin and infer shapes).
 
     Returns
     -------
@@ -467,6 +471,10 @@ def prepare(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] = 
     """
     m = modelio.copy_model(model)
     notes = _pin(m, input_shapes)
+    if not fold:
+        error = _infer(m)
+        notes += [f"shape inference failed ({error})"] if error else []
+        return Prepared(m, tuple(notes + _symbolic_notes(m)))
     folded, error = _fold_to_fixpoint(m)
     if folded:
         notes.append(f"folded {sum(folded.values())} nodes into constants ({_counts(folded)})")
