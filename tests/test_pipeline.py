@@ -187,3 +187,28 @@ def test_broken_folding_is_retried_without_folding(monkeypatch):
     assert result.verified and result.counts()["rewritten"] == 5
     assert any("folding skipped" in n for n in result.notes)
     _assert_same(model, result.model, _random_feeds(model))
+
+
+def test_eoperators_in_a_written_model(monkeypatch, tmp_path):
+    """With no predefined operator available, every subprogram becomes an eOperator: model-local
+    functions in domain einopt.eop that stock ONNX Runtime runs, verified equal to the original."""
+    from einopt.instantiate import emit
+    from einopt.instantiate.plan import Failure
+
+    monkeypatch.setattr(
+        emit, "MATCHERS", {"Nothing": lambda scope, ctx=None: Failure("disabled for this test")}
+    )
+    model = conv_block()
+    result = optimize(model)
+    assert result.verified and result.counts()["rewritten"] == 5
+    out = result.model
+    assert {n.domain for n in out.graph.node} == {"einopt.eop"}
+    assert len(out.functions) == len(out.graph.node) == 6  # conv1's bias add is an eOperator of its own
+    assert all(f.domain == "einopt.eop" for f in out.functions)
+    assert sum("Contract" in f.name for f in out.functions) == 2  # the two convolutions
+    assert all("L[" in f.doc_string for f in out.functions)  # the expression text
+    assert {o.domain: o.version for o in out.opset_import}["einopt.eop"] == 1
+    onnx.checker.check_model(out, full_check=True)
+    result.save(tmp_path / "eop.onnx")
+    reloaded = onnx.load(str(tmp_path / "eop.onnx"))
+    _assert_same(model, reloaded, _random_feeds(model))
