@@ -17,13 +17,12 @@ import numpy as np
 import onnx
 
 from einopt import modelio
-from einopt.errors import UnsupportedModelError
 from einopt.export import assemble
 from einopt.frontend.fold import prepare
 from einopt.frontend.translate import Part, default_opset, translate_graph
 from einopt.instantiate.emit import Instantiated, instantiate
 from einopt.syntax import format_expr
-from einopt.verify import Comparison, Tolerance, capture, compare, subgraph_model
+from einopt.verify import Comparison, Tolerance, compare_models, first_line, verification_inputs, verify_parts
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +108,9 @@ def optimize(source: str | Path | onnx.ModelProto, options: Options = Options())
         return _untouched(
             original, f"default-domain opset {opset} is older than {MIN_OPSET}: the model passes through"
         )
-    datasets, references, data_note = _datasets(original, options) if options.verify else ([], [], "")
+    datasets, references, data_note = (
+        verification_inputs(original, options) if options.verify else ([], [], "")
+    )
     if options.verify and not datasets:
         return _untouched(original, data_note)
     result = _rewrite(original, options, datasets, references, data_note, clock, fold=True)
@@ -145,7 +146,7 @@ def _rewrite(
 
     checks: dict[str, Comparison] = {}
     if options.verify and emitted:
-        checks = _verify_parts(
+        checks = verify_parts(
             model, [p for p in parts if p.name in emitted], emitted, datasets, options.tolerance
         )
         for name, c in checks.items():
@@ -163,7 +164,7 @@ def _rewrite(
             "constant and BatchNormalization folding skipped: the folded model differed from the original"
         )
     if options.verify:
-        final = _compare_models(references, out, datasets, options.tolerance)
+        final = compare_models(references, out, datasets, options.tolerance)
         if not final.ok and emitted:
             log.warning(
                 "assembled model differs from the original (%s); rolling back every rewrite", final.message
@@ -172,7 +173,7 @@ def _rewrite(
                 reasons[n] = f"rolled back with the whole model: {final.message}"
             emitted = {}
             out = assemble(model, {})
-            final = _compare_models(references, out, datasets, options.tolerance)
+            final = compare_models(references, out, datasets, options.tolerance)
         if not final.ok:
             return final.message
     clock("verify model")
@@ -210,137 +211,12 @@ def _instantiate(
                 taken_function_names=taken,
             )
         except Exception as e:  # noqa: BLE001 - one bad part must not sink the model; the report says why
-            log.warning("%s: instantiation failed, passing through: %s", p.name, _first_line(e))
-            reasons[p.name] = f"instantiation failed: {_first_line(e)}"
+            log.warning("%s: instantiation failed, passing through: %s", p.name, first_line(e))
+            reasons[p.name] = f"instantiation failed: {first_line(e)}"
             continue
         taken |= {f.name for f in inst.functions}
         emitted[p.name] = inst
     return emitted, reasons
-
-
-def _datasets(
-    model: onnx.ModelProto, options: Options
-) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]], str]:
-    """Verification inputs, the original model's outputs on them, and a note on the ones that are unusable.
-
-    Seeded random inputs come first, then the user's. Inputs the original
-    model cannot run on (integer inputs that must hold valid indices, a model
-    ONNX Runtime cannot load) are dropped with a note; with none left, nothing
-    can be verified. Inputs that do not fit the model are a ``ModelError``.
-    """
-    candidates: list[tuple[str, dict[str, np.ndarray] | None, str]] = []
-    try:
-        candidates.append(
-            ("generated inputs", modelio.random_inputs(model, options.seed, dict(options.input_shapes)), "")
-        )
-    except UnsupportedModelError as e:
-        candidates.append(("generated inputs", None, str(e)))
-    for k, d in enumerate(options.inputs):
-        feeds = modelio.load_inputs(d, model) if isinstance(d, str | Path) else dict(d)
-        candidates.append(
-            (f"given inputs #{k + 1}" if len(options.inputs) > 1 else "the given inputs", feeds, "")
-        )
-    sets: list[dict[str, np.ndarray]] = []
-    refs: list[dict[str, np.ndarray]] = []
-    problems: list[str] = []
-    sess = None
-    for label, feeds, problem in candidates:
-        if feeds is None:
-            problems.append(f"no {label}: {problem}")
-            continue
-        try:
-            sess = sess or modelio.session(model)
-            refs.append(modelio.run(sess, feeds))
-            sets.append(feeds)
-        except Exception as e:  # noqa: BLE001 - ORT's errors have many types
-            problems.append(f"ONNX Runtime cannot run the original model on {label} ({_first_line(e)})")
-    note = "; ".join(problems)
-    if problems and not sets:
-        hint = "" if options.inputs else " (pass real inputs with --inputs)"
-        note += f": nothing can be verified, so the model passes through{hint}"
-    return sets, refs, note
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
-
-
-def _verify_parts(
-    model: onnx.ModelProto,
-    parts: Sequence[Part],
-    emitted: Mapping[str, Instantiated],
-    datasets: Sequence[Mapping[str, np.ndarray]],
-    tol: Tolerance,
-) -> dict[str, Comparison]:
-    """Run each part's original and new nodes on the values that reach it; compare."""
-    nodes = list(model.graph.node)
-    boundary: dict[str, tuple[list[str], list[str]]] = {}
-    for p in parts:
-        old = [nodes[i] for i in p.nodes]
-        inst = emitted[p.name]
-        boundary[p.name] = (_reads(old), _reads(inst.nodes, {t.name for t in inst.initializers}))
-    wanted = {n for a, b in boundary.values() for n in a + b}
-    checks: dict[str, Comparison] = {}
-    for feeds in datasets:
-        values = capture(model, feeds, wanted)
-        for p in parts:
-            if p.name in checks and not checks[p.name].ok:
-                continue
-            inst = emitted[p.name]
-            outputs = [p.names[o] for o in p.program.outputs]
-            old_in, new_in = boundary[p.name]
-            ref_model = subgraph_model(
-                model, [nodes[i] for i in p.nodes], {n: values[n] for n in old_in}, outputs
-            )
-            new_model = subgraph_model(
-                model, inst.nodes, {n: values[n] for n in new_in}, outputs, inst.initializers, inst.functions
-            )
-            try:
-                ref = modelio.run(ref_model, {n: values[n] for n in old_in})
-                got = modelio.run(new_model, {n: values[n] for n in new_in})
-            except Exception as e:  # noqa: BLE001 - a rewrite ORT cannot run is a failed rewrite
-                checks[p.name] = Comparison(
-                    False, float("inf"), f"ONNX Runtime failed: {type(e).__name__}: {e}"
-                )
-                continue
-            c = compare(ref, got, tol)
-            prev = checks.get(p.name)
-            checks[p.name] = (
-                c if prev is None else Comparison(c.ok, max(c.max_abs_error, prev.max_abs_error), c.message)
-            )
-    return checks
-
-
-def _reads(nodes: Sequence[onnx.NodeProto], local: set[str] = frozenset()) -> list[str]:
-    """Values the nodes read from outside themselves (in first-read order)."""
-    produced = {o for n in nodes for o in n.output}
-    return list(
-        dict.fromkeys(i for n in nodes for i in n.input if i and i not in produced and i not in local)
-    )
-
-
-def _compare_models(
-    references: Sequence[Mapping[str, np.ndarray]],
-    out: onnx.ModelProto,
-    datasets: Sequence[Mapping[str, np.ndarray]],
-    tol: Tolerance,
-) -> Comparison:
-    worst = 0.0
-    sess = None
-    for ref, feeds in zip(references, datasets, strict=True):
-        try:
-            sess = sess or modelio.session(out)
-            got = modelio.run(sess, feeds)
-        except Exception as e:  # noqa: BLE001
-            return Comparison(
-                False, float("inf"), f"ONNX Runtime cannot run the optimized model: {_first_line(e)}"
-            )
-        c = compare(ref, got, tol)
-        if not c.ok:
-            return c
-        worst = max(worst, c.max_abs_error)
-    return Comparison(True, worst)
 
 
 def _check_output(original: onnx.ModelProto, out: onnx.ModelProto) -> str:

@@ -12,11 +12,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from einopt import modelio
+from einopt.errors import UnsupportedModelError
+
+if TYPE_CHECKING:
+    from einopt.frontend.translate import Part
+    from einopt.instantiate.emit import Instantiated
+    from einopt.pipeline import Options
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +99,9 @@ def compare(
 def _compare_sequences(name: str, ref: object, got: object, tol: Tolerance) -> Comparison:
     if ref is None or got is None:
         ok = ref is None and got is None
-        return Comparison(ok, 0.0 if ok else float("inf"), "" if ok else f"output {name!r}: optional presence differs")
+        return Comparison(
+            ok, 0.0 if ok else float("inf"), "" if ok else f"output {name!r}: optional presence differs"
+        )
     if not isinstance(ref, list | tuple) or not isinstance(got, list | tuple) or len(ref) != len(got):
         return Comparison(False, float("inf"), f"output {name!r}: sequences differ in length or kind")
     return compare(
@@ -155,3 +165,128 @@ def subgraph_model(
     m = onnx.helper.make_model(graph, opset_imports=opsets, functions=list(functions))
     m.ir_version = max(template.ir_version, 8 if functions else template.ir_version)
     return m
+
+
+def verification_inputs(
+    model: onnx.ModelProto, options: Options
+) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]], str]:
+    """Verification inputs, the original model's outputs on them, and a note on the ones that are unusable.
+
+    Seeded random inputs come first, then the user's. Inputs the original
+    model cannot run on (integer inputs that must hold valid indices, a model
+    ONNX Runtime cannot load) are dropped with a note; with none left, nothing
+    can be verified. Inputs that do not fit the model are a ``ModelError``.
+    """
+    candidates: list[tuple[str, dict[str, np.ndarray] | None, str]] = []
+    try:
+        candidates.append(
+            ("generated inputs", modelio.random_inputs(model, options.seed, dict(options.input_shapes)), "")
+        )
+    except UnsupportedModelError as e:
+        candidates.append(("generated inputs", None, str(e)))
+    for k, d in enumerate(options.inputs):
+        feeds = modelio.load_inputs(d, model) if isinstance(d, str | Path) else dict(d)
+        candidates.append(
+            (f"given inputs #{k + 1}" if len(options.inputs) > 1 else "the given inputs", feeds, "")
+        )
+    sets: list[dict[str, np.ndarray]] = []
+    refs: list[dict[str, np.ndarray]] = []
+    problems: list[str] = []
+    sess = None
+    for label, feeds, problem in candidates:
+        if feeds is None:
+            problems.append(f"no {label}: {problem}")
+            continue
+        try:
+            sess = sess or modelio.session(model)
+            refs.append(modelio.run(sess, feeds))
+            sets.append(feeds)
+        except Exception as e:  # noqa: BLE001 - ORT's errors have many types
+            problems.append(f"ONNX Runtime cannot run the original model on {label} ({first_line(e)})")
+    note = "; ".join(problems)
+    if problems and not sets:
+        hint = "" if options.inputs else " (pass real inputs with --inputs)"
+        note += f": nothing can be verified, so the model passes through{hint}"
+    return sets, refs, note
+
+
+def first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
+def verify_parts(
+    model: onnx.ModelProto,
+    parts: Sequence[Part],
+    emitted: Mapping[str, Instantiated],
+    datasets: Sequence[Mapping[str, np.ndarray]],
+    tol: Tolerance,
+) -> dict[str, Comparison]:
+    """Run each part's original and new nodes on the values that reach it; compare."""
+    nodes = list(model.graph.node)
+    boundary: dict[str, tuple[list[str], list[str]]] = {}
+    for p in parts:
+        old = [nodes[i] for i in p.nodes]
+        inst = emitted[p.name]
+        boundary[p.name] = (_reads(old), _reads(inst.nodes, {t.name for t in inst.initializers}))
+    wanted = {n for a, b in boundary.values() for n in a + b}
+    checks: dict[str, Comparison] = {}
+    for feeds in datasets:
+        values = capture(model, feeds, wanted)
+        for p in parts:
+            if p.name in checks and not checks[p.name].ok:
+                continue
+            inst = emitted[p.name]
+            outputs = [p.names[o] for o in p.program.outputs]
+            old_in, new_in = boundary[p.name]
+            ref_model = subgraph_model(
+                model, [nodes[i] for i in p.nodes], {n: values[n] for n in old_in}, outputs
+            )
+            new_model = subgraph_model(
+                model, inst.nodes, {n: values[n] for n in new_in}, outputs, inst.initializers, inst.functions
+            )
+            try:
+                ref = modelio.run(ref_model, {n: values[n] for n in old_in})
+                got = modelio.run(new_model, {n: values[n] for n in new_in})
+            except Exception as e:  # noqa: BLE001 - a rewrite ORT cannot run is a failed rewrite
+                checks[p.name] = Comparison(
+                    False, float("inf"), f"ONNX Runtime failed: {type(e).__name__}: {e}"
+                )
+                continue
+            c = compare(ref, got, tol)
+            prev = checks.get(p.name)
+            checks[p.name] = (
+                c if prev is None else Comparison(c.ok, max(c.max_abs_error, prev.max_abs_error), c.message)
+            )
+    return checks
+
+
+def _reads(nodes: Sequence[onnx.NodeProto], local: set[str] = frozenset()) -> list[str]:
+    """Values the nodes read from outside themselves (in first-read order)."""
+    produced = {o for n in nodes for o in n.output}
+    return list(
+        dict.fromkeys(i for n in nodes for i in n.input if i and i not in produced and i not in local)
+    )
+
+
+def compare_models(
+    references: Sequence[Mapping[str, np.ndarray]],
+    out: onnx.ModelProto,
+    datasets: Sequence[Mapping[str, np.ndarray]],
+    tol: Tolerance,
+) -> Comparison:
+    worst = 0.0
+    sess = None
+    for ref, feeds in zip(references, datasets, strict=True):
+        try:
+            sess = sess or modelio.session(out)
+            got = modelio.run(sess, feeds)
+        except Exception as e:  # noqa: BLE001
+            return Comparison(
+                False, float("inf"), f"ONNX Runtime cannot run the optimized model: {first_line(e)}"
+            )
+        c = compare(ref, got, tol)
+        if not c.ok:
+            return c
+        worst = max(worst, c.max_abs_error)
+    return Comparison(True, worst)
