@@ -212,3 +212,13 @@ def test_eoperators_in_a_written_model(monkeypatch, tmp_path):
     result.save(tmp_path / "eop.onnx")
     reloaded = onnx.load(str(tmp_path / "eop.onnx"))
     _assert_same(model, reloaded, _random_feeds(model))
+
+
+@pytest.mark.parametrize("make_model", [conv_block, lstm_cell], ids=["conv_block", "lstm_cell"])
+def test_translated_subprograms_round_trip_through_the_text_syntax(make_model):
+    from einopt.frontend.fold import prepare
+
+    parts = einopt.translate(prepare(make_model()).model)
+    assert parts and all(p.program is not None for p in parts)
+    for p in parts:
+        assert einopt.parse(einopt.format_expr(p.program)) is p.program
