@@ -84,6 +84,9 @@ def optimize(
     from einopt.pipeline import Options
     from einopt.pipeline import optimize as run
 
+    for path in (output, report_path):  # fail before a long run, not after it
+        if path and not Path(path).resolve().parent.is_dir():
+            raise CliError(f"cannot write {path}: directory {Path(path).parent} does not exist", "bad_input")
     shapes = _input_shapes(input_shapes)
     extra = (npz,) if npz is not None else ()
     options = Options(max_depth=max_depth, input_shapes=shapes, inputs=extra, verify=not no_verify, seed=seed)

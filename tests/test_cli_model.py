@@ -100,3 +100,12 @@ def test_inspect_prints_expressions(tmp_path):
     assert result.exit_code == 0, result.output
     assert result.output.count("# sp") == 4
     assert "Sum[" in result.output and "relu(" in result.output
+
+
+def test_missing_output_directory_fails_before_optimizing(tmp_path, monkeypatch):
+    from einopt import pipeline
+
+    src = _save(conv_block(), tmp_path / "in.onnx")
+    monkeypatch.setattr(pipeline, "optimize", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
+    result = run("optimize", src, "-o", tmp_path / "no" / "out.onnx")
+    assert result.exit_code == EXIT_CODES["bad_input"] and "does not exist" in result.output
