@@ -376,7 +376,9 @@ def _clip(em: _Emitter, inputs: list[str], attrs: Attrs) -> tuple[list[str], Att
     if em.opset >= 11:
         return inputs, attrs
     bounds = tuple(
-        (name, float(np.asarray(em.known[i]).reshape(-1)[0])) for name, i in zip(("min", "max"), inputs[1:], strict=False) if i
+        (name, float(np.asarray(em.known[i]).reshape(-1)[0]))
+        for name, i in zip(("min", "max"), inputs[1:], strict=False)
+        if i
     )
     return inputs[:1], (*attrs, *bounds)
 
