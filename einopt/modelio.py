@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 
 # ORT logs a failing kernel on stderr through the run's logger; einopt reports the error itself.
 _QUIET_RUN = ort.RunOptions()
-_QUIET_RUN.log_severity_level = 3
+_QUIET_RUN.log_severity_level = 4
+ort.set_default_logger_severity(4)  # errors only: einopt reports them itself
 
 __all__ = [
     "load_model",
@@ -531,7 +532,7 @@ def session(model: onnx.ModelProto, *, threads: int | None = None) -> ort.Infere
     """
     _require_loaded(model)
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4
     if threads is not None:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
