@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 # ORT logs a failing kernel on stderr through the run's logger; einopt reports the error itself.
 _QUIET_RUN = ort.RunOptions()
 _QUIET_RUN.log_severity_level = 4
-ort.set_default_logger_severity(4)  # errors only: einopt reports them itself
+ort.set_default_logger_severity(4)  # fatal only: einopt reports failures itself
 
 __all__ = [
     "load_model",
