@@ -19,7 +19,8 @@ import onnx
 from einopt import modelio
 from einopt.export import assemble
 from einopt.frontend.fold import prepare
-from einopt.frontend.translate import Part, default_opset, translate_graph
+from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset
+from einopt.frontend.translate import Part, translate_graph
 from einopt.instantiate.emit import Instantiated, instantiate
 from einopt.syntax import format_expr
 from einopt.verify import Comparison, Tolerance, compare_models, first_line, verification_inputs, verify_parts
@@ -244,7 +245,7 @@ def _part_result(
     err = checks[p.name].max_abs_error if p.name in checks else None
     if p.name in emitted:
         new_ops = tuple(
-            n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+            n.op_type if n.domain in DEFAULT_DOMAINS else f"{n.domain}.{n.op_type}"
             for n in emitted[p.name].nodes
         )
         return PartResult(p.name, p.kind, ops, "rewritten", "", new_ops, text, err)

@@ -27,6 +27,7 @@ from einopt.frontend.importers_conv import CONV_IMPORTERS
 from einopt.frontend.importers_elementwise import ELEMENTWISE_IMPORTERS
 from einopt.frontend.importers_layout import LAYOUT_IMPORTERS
 from einopt.frontend.importers_linear import LINEAR_IMPORTERS
+from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset, unique_name
 from einopt.frontend.operand import Importer, NodeView, Operand, Unsupported, node_attrs
 
 __all__ = ["IMPORTERS", "import_node", "translate_single_node", "sanitize_name"]
@@ -61,7 +62,7 @@ def import_node(view: NodeView) -> tuple[ir.Scope, ...]:
         When the op has no importer (or is not in the default domain), or the
         importer refuses the node; the message says why.
     """
-    if view.node.domain not in ("", "ai.onnx"):
+    if view.node.domain not in DEFAULT_DOMAINS:
         raise Unsupported(f"{view.node.domain}.{view.op_type}: not a default-domain operator")
     importer = IMPORTERS.get(view.op_type)
     if importer is None:
@@ -79,11 +80,7 @@ def sanitize_name(name: str, taken: set[str]) -> str:
         base = "v_" + base
     if base in ir.RESERVED_NAMES or keyword.iskeyword(base):
         base += "_"
-    out, k = base, 1
-    while out in taken:
-        out, k = f"{base}_{k}", k + 1
-    taken.add(out)
-    return out
+    return unique_name(base, taken)
 
 
 def _type_of(vi_type: onnx.TypeProto | None, value: np.ndarray | None) -> tuple[int, tuple[int, ...] | None]:
@@ -133,7 +130,7 @@ def translate_single_node(
     if len(graph.node) != 1:
         raise ValueError(f"expected a model of one node, got {len(graph.node)}")
     (node,) = graph.node
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    opset = default_opset(model)
     types = {vi.name: vi.type for vi in (*graph.input, *graph.value_info, *graph.output)}
     values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     values.update({k: np.asarray(v) for k, v in (constants or {}).items()})

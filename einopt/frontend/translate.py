@@ -20,6 +20,7 @@ from onnx import numpy_helper
 
 from einopt import ir
 from einopt.frontend.importers import IMPORTERS, import_node, sanitize_name
+from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, constants, default_opset
 from einopt.frontend.operand import NodeView, Operand, Unsupported, node_attrs
 from einopt.frontend.partition import ACTIVATIONS, group_nodes
 
@@ -78,19 +79,6 @@ def value_types(model: onnx.ModelProto) -> dict[str, ValueType]:
     return out
 
 
-def constant_values(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
-    """Initializers that are not overridable graph inputs."""
-    inputs = {i.name for i in model.graph.input}
-    return {t.name: t for t in model.graph.initializer if t.name not in inputs}
-
-
-def default_opset(model: onnx.ModelProto) -> int:
-    for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            return int(imp.version)
-    return 1
-
-
 class _Names:
     """Injective map from ONNX value names to einopt identifiers."""
 
@@ -111,7 +99,7 @@ class _Translator:
         self.graph = model.graph
         self.opset = default_opset(model)
         self.types = value_types(model)
-        self.constant_protos = constant_values(model)
+        self.constant_protos = constants(model.graph)
         self._arrays: dict[str, np.ndarray] = {}
         self.names = _Names()
         self.new_constants: dict[str, np.ndarray] = {}
@@ -149,7 +137,7 @@ class _Translator:
 
     def import_node(self, node: onnx.NodeProto, operands: Mapping[str, Operand]) -> tuple[ir.Scope, ...]:
         """Translate one node; raises Unsupported with the reason it cannot be."""
-        if node.op_type not in IMPORTERS or node.domain not in ("", "ai.onnx"):
+        if node.op_type not in IMPORTERS or node.domain not in DEFAULT_DOMAINS:
             return import_node(self.view(node, operands))  # raises Unsupported with the reason
         for o in node.output:
             vt = self.types.get(o)

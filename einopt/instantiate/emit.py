@@ -30,7 +30,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from einopt import ir
-from einopt.instantiate import EOP_DOMAIN
+from einopt.frontend.onnx_graph import unique_name
+from einopt.instantiate import EOP_DOMAIN, eop
 from einopt.instantiate.match import MATCHERS, match
 from einopt.instantiate.plan import (
     Context,
@@ -193,20 +194,10 @@ class _Emitter:
     # ---- names -----------------------------------------------------------
 
     def fresh(self, base: str) -> str:
-        stem = self.prefix + _identifier(base)
-        name, k = stem, 1
-        while name in self.used:
-            name, k = f"{stem}_{k}", k + 1
-        self.used.add(name)
-        return name
+        return unique_name(self.prefix + _identifier(base), self.used)
 
     def node_name(self, base: str) -> str:
-        stem = self.prefix + _identifier(base)
-        name, k = stem, 1
-        while name in self.node_names:
-            name, k = f"{stem}_{k}", k + 1
-        self.node_names.add(name)
-        return name
+        return unique_name(self.prefix + _identifier(base), self.node_names)
 
     # ---- values ----------------------------------------------------------
 
@@ -335,16 +326,8 @@ class _Emitter:
         return self.steps(values[-1] if m.ops else values[0], m.post)
 
     def eoperator(self, scope: ir.Scope, label: str) -> tuple[str, str]:
-        try:
-            from einopt.instantiate import eop
-        except ImportError as exc:  # pragma: no cover - eop ships with einopt
-            raise InstantiationError(f"{label}: no operator matches and eOperators are unavailable") from exc
         kind = eop.eop_name(scope)
-        stem = _identifier(self.prefix + kind)
-        fname, k = stem, 1
-        while fname in self.taken_functions:
-            fname, k = f"{stem}_{k}", k + 1
-        self.taken_functions.add(fname)
+        fname = unique_name(_identifier(self.prefix + kind), self.taken_functions)
         op = eop.eoperator(scope, fname, self.opset)
         self.functions.append(op.function)
         inputs = [self.value_of(s, label) for s in op.sources]

@@ -53,9 +53,10 @@ import onnx
 from onnx import helper
 
 from einopt import ir
+from einopt.frontend.onnx_graph import unique_name
 from einopt.instantiate import EOP_DOMAIN
 from einopt.instantiate.eop_access import accesses, gather, plan_access, reads_nothing, slice_and_pad
-from einopt.instantiate.eop_graph import Graph, fresh_name
+from einopt.instantiate.eop_graph import Graph
 from einopt.instantiate.eop_rewrite import split_iterators, unroll_summation
 from einopt.syntax import format_expr
 
@@ -151,8 +152,8 @@ def eoperator(scope: ir.Scope, name: str, opset: int) -> EOperator:
         if isinstance(s, ir.Tensor):
             input_names.append(s.name)
         else:
-            input_names.append(fresh_name(f"S{len(input_names)}", taken))
-    output = fresh_name("Y", taken)
+            input_names.append(unique_name(f"S{len(input_names)}", taken))
+    output = unique_name("Y", taken)
     g = Graph(opset, taken)
     split = unroll_summation(split_iterators(scope))
     low = _Lowerer(g, split, dict(zip(sources, input_names, strict=True)))

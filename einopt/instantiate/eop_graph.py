@@ -2,7 +2,7 @@
 
 :class:`Graph` is the node builder used by :mod:`einopt.instantiate.eop`
 (lowering a scope) and :mod:`einopt.instantiate.eop_access` (reading accesses);
-:func:`fresh_name` picks unused names (function inputs, split iterators).
+:func:`einopt.frontend.onnx_graph.unique_name` picks unused names (function inputs, split iterators).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-__all__ = ["Graph", "fresh_name"]
+__all__ = ["Graph"]
 
 # From this opset ReduceSum takes its axes as an input instead of an attribute.
 _REDUCE_AXES_INPUT_OPSET = 13
@@ -91,13 +91,3 @@ class Graph:
                 kept.append(n)
                 needed.update(n.input)
         self.nodes = kept[::-1]
-
-
-def fresh_name(hint: str, taken: set[str]) -> str:
-    """``hint``, or ``hint_1``, ``hint_2``, ...: the first not in ``taken``, which it is added to."""
-    name, n = hint, 0
-    while name in taken:
-        n += 1
-        name = f"{hint}_{n}"
-    taken.add(name)
-    return name

@@ -15,9 +15,9 @@ import itertools
 import math
 
 from einopt import ir
+from einopt.frontend.onnx_graph import unique_name
 from einopt.index import linear_form, simplify
 from einopt.instantiate.eop_access import accesses, plan_access, reads_nothing
-from einopt.instantiate.eop_graph import fresh_name
 
 __all__ = ["split_iterators", "unroll_summation"]
 
@@ -86,8 +86,8 @@ def split_iterators(scope: ir.Scope) -> ir.Scope:
         count = len(_divmods(current))
         for it, k in _split_candidates(current):
             taken = {x.name for x in current.traversal + current.summation}
-            hq = ir.Iter(fresh_name(f"{it.name}_q", taken), 0, it.extent // k)
-            hr = ir.Iter(fresh_name(f"{it.name}_r", taken), 0, k)
+            hq = ir.Iter(unique_name(f"{it.name}_q", taken), 0, it.extent // k)
+            hr = ir.Iter(unique_name(f"{it.name}_r", taken), 0, k)
             value = ir.IAdd(ir.IMul(ir.IConst(k), hq), hr)
             if it.lo:
                 value = ir.IAdd(value, ir.IConst(it.lo))
