@@ -27,7 +27,7 @@ from einopt.ir import (
     _cached,
 )
 
-__all__ = ["LinearForm", "linear_form", "bounds", "simplify", "from_linear_form", "is_linear"]
+__all__ = ["LinearForm", "linear_form", "bounds", "simplify", "from_linear_form", "is_linear", "substitute"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -262,3 +262,14 @@ def from_linear_form(lf: LinearForm) -> IndexExpr:
     for x, c in terms[1:]:
         out = IAdd(out, scaled(x, c)) if c > 0 else ISub(out, scaled(x, -c))
     return out
+
+
+def substitute(e: IndexExpr, mapping: Mapping[Iter, IndexExpr]) -> IndexExpr:
+    """``e`` with the iterators in ``mapping`` replaced (others kept); not simplified."""
+    if isinstance(e, Iter):
+        return mapping.get(e, e)
+    if isinstance(e, IConst):
+        return e
+    if isinstance(e, IFloorDiv | IMod):
+        return type(e)(substitute(e.a, mapping), e.k)
+    return type(e)(substitute(e.a, mapping), substitute(e.b, mapping))

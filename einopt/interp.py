@@ -66,7 +66,7 @@ from einopt.ir import (
     scopes_in,
 )
 
-__all__ = ["evaluate", "EvaluationError", "MODES"]
+__all__ = ["evaluate", "eval_index", "EvaluationError", "MODES"]
 
 MODES: dict[str, type] = {"float64": np.float64, "float32": np.float32, "int": np.int64}
 
@@ -237,6 +237,17 @@ _INDEX_BY_CONST: dict[type, Callable[[np.ndarray, int], np.ndarray]] = {
     IFloorDiv: np.floor_divide,
     IMod: np.mod,
 }
+
+
+def eval_index(e: IndexExpr, env: Mapping[Iter, np.ndarray]) -> np.ndarray:
+    """``e`` on integer arrays of iterator values ``env`` (floor ``//`` and ``%``), int64."""
+    if isinstance(e, IConst):
+        return np.asarray(e.value, dtype=np.int64)
+    if isinstance(e, Iter):
+        return env[e]
+    if type(e) in _INDEX_BINARY:
+        return _INDEX_BINARY[type(e)](eval_index(e.a, env), eval_index(e.b, env))
+    return _INDEX_BY_CONST[type(e)](eval_index(e.a, env), e.k)
 
 
 # --------------------------------------------------------------------------

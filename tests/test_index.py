@@ -96,3 +96,12 @@ def test_simplify_rules():
     assert simplify(x + 2 - 2) is x
     assert simplify((x + 1) * 3 - x * 3) is IConst(3)
     assert str(simplify(x + 1 - 2)) == "x-1"
+
+
+def test_substitute_replaces_only_mapped_iterators():
+    from einopt.index import substitute
+
+    h, w, t = Iter("h", 0, 4), Iter("w", 0, 3), Iter("t", 0, 12)
+    e = (h * 3 + w) // 2 + h % 2
+    assert substitute(e, {h: t // 3}) is (t // 3 * 3 + w) // 2 + (t // 3) % 2
+    assert substitute(e, {}) is e

@@ -450,3 +450,11 @@ def test_non_numeric_input_and_bad_arguments():
         L(i)(X[i] + other[i])  # refused when the scope is built
     assert issubclass(EvaluationError, IRError)
     assert isinstance(L(i)(X[i]), Scope)
+
+
+def test_eval_index_uses_floor_division_and_modulo():
+    from einopt.interp import eval_index
+
+    i = Iter("i", -3, 3)
+    vals = np.arange(-3, 3)
+    np.testing.assert_array_equal(eval_index((i * 2 - 1) // 4 + i % 3, {i: vals}), (vals * 2 - 1) // 4 + vals % 3)

@@ -20,6 +20,7 @@ import numpy as np
 from einopt import ir
 from einopt.index import LinearForm, bounds, from_linear_form, linear_form
 from einopt.instantiate.eop_graph import Graph
+from einopt.interp import eval_index
 
 __all__ = [
     "Dim",
@@ -28,13 +29,9 @@ __all__ = [
     "group_dims",
     "split_dim",
     "reads_nothing",
-    "eval_index",
     "slice_and_pad",
     "gather",
 ]
-
-_INDEX_BINARY = {ir.IAdd: np.add, ir.ISub: np.subtract, ir.IMul: np.multiply}
-_INDEX_BY_CONST = {ir.IFloorDiv: np.floor_divide, ir.IMod: np.mod}
 
 
 def accesses(e: ir.ValueExpr) -> list[ir.Access]:
@@ -142,17 +139,6 @@ def reads_nothing(acc: ir.Access) -> bool:
         if hi < o or lo >= o + n:
             return True
     return False
-
-
-def eval_index(e: ir.IndexExpr, env: dict[ir.Iter, np.ndarray]) -> np.ndarray:
-    """``e`` on integer grids of its iterators (floor ``//`` and ``%`` as in the interpreter)."""
-    if isinstance(e, ir.IConst):
-        return np.asarray(e.value, dtype=np.int64)
-    if isinstance(e, ir.Iter):
-        return env[e]
-    if type(e) in _INDEX_BINARY:
-        return _INDEX_BINARY[type(e)](eval_index(e.a, env), eval_index(e.b, env))
-    return _INDEX_BY_CONST[type(e)](eval_index(e.a, env), e.k)
 
 
 def slice_and_pad(g: Graph, x: str, dims: list[Dim], consts: list[int], simple: list[int]) -> str | None:

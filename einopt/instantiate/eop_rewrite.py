@@ -16,7 +16,7 @@ import math
 
 from einopt import ir
 from einopt.frontend.onnx_graph import unique_name
-from einopt.index import linear_form, simplify
+from einopt.index import linear_form, simplify, substitute
 from einopt.instantiate.eop_access import accesses, plan_access, reads_nothing
 
 __all__ = ["split_iterators", "unroll_summation"]
@@ -41,18 +41,8 @@ def _map_indices(e: ir.ValueExpr, f, memo: dict) -> ir.ValueExpr:
     return out
 
 
-def _substitute(e: ir.IndexExpr, m: dict[ir.Iter, ir.IndexExpr]) -> ir.IndexExpr:
-    if isinstance(e, ir.Iter):
-        return m.get(e, e)
-    if isinstance(e, ir.IConst):
-        return e
-    if isinstance(e, (ir.IFloorDiv, ir.IMod)):
-        return type(e)(_substitute(e.a, m), e.k)
-    return type(e)(_substitute(e.a, m), _substitute(e.b, m))
-
-
 def _substituting(m: dict[ir.Iter, ir.IndexExpr]):
-    return lambda e: simplify(_substitute(e, m))
+    return lambda e: simplify(substitute(e, m))
 
 
 def _divmods(scope: ir.Scope) -> list[ir.IFloorDiv | ir.IMod]:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from einopt import ir
+from einopt.index import substitute
 from einopt.instantiate.plan import (
     NO_CONTEXT,
     Context,
@@ -38,7 +39,6 @@ from einopt.instantiate.views import (
     index_map,
     plan_map,
     simple_view,
-    subst_index,
     to_traversal,
 )
 
@@ -250,7 +250,7 @@ def match_concat(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
             operands.append(_zeros(trav, axis, a - at))
         cut = ir.Iter(t.name, t.lo + a, t.lo + b)
         sub = {t: cut}
-        acc = ir.Access(terms[k].source, tuple(subst_index(i, sub) for i in terms[k].indices))
+        acc = ir.Access(terms[k].source, tuple(substitute(i, sub) for i in terms[k].indices))
         steps = layout_plan(tuple(cut if x is t else x for x in trav), acc)
         if isinstance(steps, Failure):
             return Failure(f"term {k + 1}: {steps.reason}")

@@ -38,18 +38,17 @@ from einopt.instantiate.plan import (
     apply_steps,
     normalize,
 )
+from einopt.interp import eval_index
 
 __all__ = [
     "window_1d",
     "simple_view",
     "arrange",
     "finish",
-    "eval_index",
     "index_map",
     "positional",
     "as_product",
     "iter_list",
-    "subst_index",
     "to_traversal",
     "plan_map",
     "source_name",
@@ -62,20 +61,6 @@ __all__ = [
 # --------------------------------------------------------------------------
 # Index helpers
 # --------------------------------------------------------------------------
-
-_INDEX_BINARY = {ir.IAdd: np.add, ir.ISub: np.subtract, ir.IMul: np.multiply}
-_INDEX_BY_CONST = {ir.IFloorDiv: np.floor_divide, ir.IMod: np.mod}
-
-
-def eval_index(e: ir.IndexExpr, env: dict[ir.Iter, np.ndarray]) -> np.ndarray:
-    """``e`` evaluated on integer arrays of iterator values (floor ``//`` and ``%``)."""
-    if isinstance(e, ir.IConst):
-        return np.asarray(e.value, dtype=np.int64)
-    if isinstance(e, ir.Iter):
-        return env[e]
-    if type(e) in _INDEX_BINARY:
-        return _INDEX_BINARY[type(e)](eval_index(e.a, env), eval_index(e.b, env))
-    return _INDEX_BY_CONST[type(e)](eval_index(e.a, env), e.k)
 
 
 def positional(idx: ir.IndexExpr, origin: int = 0) -> tuple[dict[ir.Iter, int], int] | None:
@@ -424,17 +409,6 @@ def index_map(traversal: Sequence[ir.Iter], acc: ir.Access) -> np.ndarray:
 def plan_map(shape: tuple[int, ...], steps: Sequence[Step]) -> np.ndarray:
     """The index map of ``steps`` applied to a source of ``shape`` (-1 for inserted zeros)."""
     return apply_steps(steps, np.arange(math.prod(shape), dtype=np.int64).reshape(shape), fill=-1)
-
-
-def subst_index(e: ir.IndexExpr, m: dict[ir.Iter, ir.IndexExpr]) -> ir.IndexExpr:
-    """``e`` with iterators replaced by ``m`` (others kept)."""
-    if isinstance(e, ir.Iter):
-        return m.get(e, e)
-    if isinstance(e, ir.IConst):
-        return e
-    if isinstance(e, (ir.IFloorDiv, ir.IMod)):
-        return type(e)(subst_index(e.a, m), e.k)
-    return type(e)(subst_index(e.a, m), subst_index(e.b, m))
 
 
 def to_traversal(
