@@ -17,3 +17,20 @@ value ``S.origin[d] + p`` at array position ``p``.
 """
 
 EOP_DOMAIN = "einopt.eop"
+
+# Standard ONNX operators for the IR's element-wise operations (matching and eOperators share them).
+BINARY_OPS: dict[str, str] = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div", "max": "Max", "min": "Min"}
+UNARY_OPS: dict[str, str] = {
+    "neg": "Neg",
+    "relu": "Relu",
+    "sigmoid": "Sigmoid",
+    "tanh": "Tanh",
+    "exp": "Exp",
+    "abs": "Abs",
+    "sqrt": "Sqrt",
+    "leaky_relu": "LeakyRelu",
+}
+# The attribute carrying a unary function's parameter.
+UNARY_PARAM: dict[str, str] = {"leaky_relu": "alpha"}
+# Einsum exists from this default-domain opset on.
+EINSUM_OPSET = 12

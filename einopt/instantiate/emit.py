@@ -31,7 +31,7 @@ from onnx import helper, numpy_helper
 
 from einopt import ir
 from einopt.frontend.onnx_graph import unique_name
-from einopt.instantiate import EOP_DOMAIN, eop
+from einopt.instantiate import EINSUM_OPSET, EOP_DOMAIN, eop
 from einopt.instantiate.match import MATCHERS, match
 from einopt.instantiate.plan import (
     Context,
@@ -367,7 +367,7 @@ def _clip(em: _Emitter, inputs: list[str], attrs: Attrs) -> tuple[list[str], Att
 
 
 def _einsum(em: _Emitter, inputs: list[str], attrs: Attrs) -> tuple[list[str], Attrs]:
-    _needs(em, "Einsum", 12)
+    _needs(em, "Einsum", EINSUM_OPSET)
     return inputs, attrs
 
 

@@ -31,7 +31,7 @@ grouped into dimensions sharing iterators, each group merged and read with one
 (out-of-range reads point at an appended zero). The body is a signed sum of
 products: a product summed over iterators is an ``Einsum`` (``Mul`` +
 ``ReduceSum`` before opset 12), a single summed factor a ``ReduceSum``, other
-arithmetic element-wise operators (``_BINARY``, ``_UNARY``) with ``Transpose``
+arithmetic element-wise operators (``BINARY_OPS``, ``UNARY_OPS``) with ``Transpose``
 and ``Reshape`` lining operands up for broadcasting; terms are added.
 
 This module holds the entry points and the lowering of the body; the rewrites
@@ -54,7 +54,7 @@ from onnx import helper
 
 from einopt import ir
 from einopt.frontend.onnx_graph import unique_name
-from einopt.instantiate import EOP_DOMAIN
+from einopt.instantiate import BINARY_OPS, EINSUM_OPSET, EOP_DOMAIN, UNARY_OPS, UNARY_PARAM
 from einopt.instantiate.eop_access import accesses, gather, plan_access, reads_nothing, slice_and_pad
 from einopt.instantiate.eop_graph import Graph
 from einopt.instantiate.eop_rewrite import split_iterators, unroll_summation
@@ -68,25 +68,10 @@ log = logging.getLogger(__name__)
 MAX_INDEX_ELEMENTS = 2**27
 # Pad and Slice with tensor inputs (opset 11) are the oldest forms used.
 MIN_OPSET = 11
-_EINSUM_OPSET = 12
 # A product of sums is distributed only up to this many terms.
 _MAX_TERMS = 16
 # Einsum subscripts (lower case only: the safest subset across runtimes).
 _LETTERS = string.ascii_lowercase
-
-_BINARY: dict[str, str] = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div", "max": "Max", "min": "Min"}
-_UNARY: dict[str, str] = {
-    "neg": "Neg",
-    "relu": "Relu",
-    "sigmoid": "Sigmoid",
-    "tanh": "Tanh",
-    "exp": "Exp",
-    "abs": "Abs",
-    "sqrt": "Sqrt",
-    "leaky_relu": "LeakyRelu",
-}
-# Attributes of unary operators taking the function's parameter.
-_UNARY_PARAM: dict[str, str] = {"leaky_relu": "alpha"}
 
 
 class EOperatorError(ValueError):
@@ -229,10 +214,10 @@ def _op_names(e: ir.ValueExpr, out: dict[str, None]) -> None:
     if isinstance(e, ir.Binary):
         _op_names(e.a, out)
         _op_names(e.b, out)
-        out.setdefault(_BINARY[e.op])
+        out.setdefault(BINARY_OPS[e.op])
     elif isinstance(e, ir.Unary):
         _op_names(e.x, out)
-        out.setdefault(_UNARY[e.fn])
+        out.setdefault(UNARY_OPS[e.fn])
 
 
 def _sources(body: ir.ValueExpr) -> tuple[ir.Tensor | ir.Scope, ...]:
@@ -357,7 +342,7 @@ class _Lowerer:
         deps = {it for v in arrays for it in v.axes}
         used = [it for it in summation if it in deps]
         scale = coef * math.prod(it.extent for it in summation if it not in deps)
-        if len(arrays) >= 2 and used and self.g.opset >= _EINSUM_OPSET and len(self.axes) <= len(_LETTERS):
+        if len(arrays) >= 2 and used and self.g.opset >= EINSUM_OPSET and len(self.axes) <= len(_LETTERS):
             vals = [self.einsum(arrays, self.in_order(deps - set(used))), *scalars]
         elif used:
             out = self.product(arrays)
@@ -401,10 +386,10 @@ class _Lowerer:
             elif isinstance(e, ir.Access):
                 out = self.access(e)
             elif isinstance(e, ir.Binary):
-                out = self.elementwise(_BINARY[e.op], [self.value(e.a), self.value(e.b)])
+                out = self.elementwise(BINARY_OPS[e.op], [self.value(e.a), self.value(e.b)])
             elif isinstance(e, ir.Unary):
-                attrs = {_UNARY_PARAM[e.fn]: e.param} if e.fn in _UNARY_PARAM else {}
-                out = self.elementwise(_UNARY[e.fn], [self.value(e.x)], **attrs)
+                attrs = {UNARY_PARAM[e.fn]: e.param} if e.fn in UNARY_PARAM else {}
+                out = self.elementwise(UNARY_OPS[e.fn], [self.value(e.x)], **attrs)
             else:
                 raise EOperatorError(f"cannot lower {type(e).__name__}")
             self.memo[e] = out

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from einopt import ir
+from einopt.instantiate import EINSUM_OPSET
 from einopt.instantiate.match_conv import match_conv, match_conv_transpose
 from einopt.instantiate.match_elementwise import match_elementwise
 from einopt.instantiate.match_layout import match_concat, match_layout
@@ -72,7 +73,6 @@ log = logging.getLogger(__name__)
 
 Matcher = Callable[[ir.Scope, Context], Match | Failure]
 
-_EINSUM_OPSET = 12
 
 # Single-sided output iterators tried as broadcast batch dimensions (all subsets up to this many).
 _MAX_BATCH_SUBSETS = 4
@@ -377,8 +377,8 @@ def match_reduce_sum(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Fail
 
 def match_einsum(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
     """Any product of accesses with view indices, summed: ``Einsum`` (the contraction fallback)."""
-    if ctx.opset is not None and ctx.opset < _EINSUM_OPSET:
-        return Failure(f"Einsum needs opset {_EINSUM_OPSET} (emitting for {ctx.opset})")
+    if ctx.opset is not None and ctx.opset < EINSUM_OPSET:
+        return Failure(f"Einsum needs opset {EINSUM_OPSET} (emitting for {ctx.opset})")
     c = _contraction(scope, need_sum=False)
     if isinstance(c, Failure):
         return c

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from einopt import ir
+from einopt.instantiate import BINARY_OPS, UNARY_OPS, UNARY_PARAM
 from einopt.instantiate.plan import (
     NO_CONTEXT,
     Context,
@@ -34,21 +35,7 @@ from einopt.instantiate.views import (
     simple_view,
 )
 
-__all__ = ["BINARY_OPS", "UNARY_OPS", "PATTERNS", "match_elementwise"]
-
-BINARY_OPS: dict[str, str] = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div", "max": "Max", "min": "Min"}
-UNARY_OPS: dict[str, str] = {
-    "neg": "Neg",
-    "relu": "Relu",
-    "sigmoid": "Sigmoid",
-    "tanh": "Tanh",
-    "exp": "Exp",
-    "abs": "Abs",
-    "sqrt": "Sqrt",
-    "leaky_relu": "LeakyRelu",
-}
-# The attribute carrying a unary function's parameter.
-UNARY_PARAM: dict[str, str] = {"leaky_relu": "alpha"}
+__all__ = ["PATTERNS", "match_elementwise"]
 
 
 @dataclasses.dataclass(frozen=True)
