@@ -239,6 +239,16 @@ def _flip(labels: Sequence[Hashable], ks: list[ir.Iter]) -> tuple[Step, ...]:
     )
 
 
+def _output_channel(scope: ir.Scope, weight_iters: set[ir.Iter]) -> ir.Iter | None | Failure:
+    """The one traversal iterator the weight varies with (the output channel), if any."""
+    f_its = [t for t in scope.traversal if t in weight_iters]
+    if len(f_its) > 1:
+        return Failure(
+            f"the weight varies with several output iterators ({', '.join(t.name for t in f_its)})"
+        )
+    return f_its[0] if f_its else None
+
+
 def _check_roles(
     scope: ir.Scope,
     batch: list[ir.Iter],
@@ -373,12 +383,9 @@ def _conv_attempt(scope: ir.Scope, x: ir.Access, w: ir.Access, scale: float, ctx
         if isinstance(ch, Failure):
             return ch
         channel = ch
-    f_its = [t for t in scope.traversal if t in weight]
-    if len(f_its) > 1:
-        return Failure(
-            f"the weight varies with several output iterators ({', '.join(t.name for t in f_its)})"
-        )
-    f = f_its[0] if f_its else None
+    f = _output_channel(scope, weight)
+    if isinstance(f, Failure):
+        return f
     if channel is not None and channel.f is not None and channel.f is not f:
         return Failure("the group term is not the output channel")
     batch = [t for t in scope.traversal if any(t is b for _, b, _ in batch_dims)]
@@ -511,12 +518,9 @@ def _conv_transpose_attempt(
         if isinstance(ch, Failure):
             return ch
         channel = ch
-    f_its = [t for t in scope.traversal if t in w_iters]
-    if len(f_its) > 1:
-        return Failure(
-            f"the weight varies with several output iterators ({', '.join(t.name for t in f_its)})"
-        )
-    f = f_its[0] if f_its else None
+    f = _output_channel(scope, w_iters)
+    if isinstance(f, Failure):
+        return f
     batch = [t for t in scope.traversal if any(t is b for _, b, _ in batch_dims)]
     bad = _check_roles(scope, batch, f, channel, spatial, w_iters, x.iters() | w_iters)
     if bad:
