@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import onnx
 
+from einopt.frontend.onnx_graph import read_counts, subgraph_reads
 from einopt.instantiate import EOP_DOMAIN
 
 
@@ -49,8 +50,8 @@ def assemble(
     del g.node[:]
     g.node.extend(nodes)
 
-    used = _names_read(nodes) | {o.name for o in g.output}
-    kept = [t for t in g.initializer if t.name in used or t.name in {i.name for i in g.input}]
+    used = set(read_counts(g)) | {o.name for o in g.output} | {i.name for i in g.input}
+    kept = [t for t in g.initializer if t.name in used]
     del g.initializer[:]
     g.initializer.extend(kept + [t for t in new_inits if t.name in used])
 
@@ -67,17 +68,6 @@ def assemble(
     return out
 
 
-def _names_read(nodes: Iterable[onnx.NodeProto]) -> set[str]:
-    """Every value name the nodes read, including from inside subgraphs (If/Loop/Scan bodies)."""
-    names: set[str] = set()
-    for n in nodes:
-        names.update(i for i in n.input if i)
-        for a in n.attribute:
-            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                names |= _names_read(sub.node)
-    return names
-
-
 def toposort(nodes: Sequence[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:
     """Stable topological order (a node keeps its place unless it reads a later node's output)."""
     producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
@@ -87,8 +77,8 @@ def toposort(nodes: Sequence[onnx.NodeProto], available: set[str]) -> list[onnx.
     def deps(k: int) -> list[int]:
         reads = set(nodes[k].input)
         for a in nodes[k].attribute:  # outer-scope values read by subgraphs
-            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                reads |= _names_read(sub.node)
+            for sub in [a.g] if a.HasField("g") else a.graphs:
+                reads.update(subgraph_reads(sub))
         return sorted(producer[r] for r in reads if r in producer and r not in available and producer[r] != k)
 
     for start in range(len(nodes)):
