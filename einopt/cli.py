@@ -275,15 +275,19 @@ def eval(source, expr, example, shapes, npz, seed, mode, output) -> None:  # noq
 
 
 def _save_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
-    """Write atomically: a failure leaves no partial file."""
+    write_atomic(path, lambda f: np.savez(f, **arrays))
+
+
+def write_atomic(path: str, write: Callable[[Any], None]) -> None:
+    """Write a file through ``write(binary_file)`` atomically: a failure leaves no partial file."""
     import os
     import tempfile
 
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent or ".", suffix=".npz.tmp")
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=target.suffix + ".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
+            write(f)
         os.replace(tmp, target)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)

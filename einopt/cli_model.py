@@ -7,13 +7,11 @@ Heavy imports (onnx, onnxruntime, the pipeline) happen inside the commands so
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import click
 
-from einopt.cli import CliError, _handle_errors, main
+from einopt.cli import CliError, _handle_errors, main, write_atomic
 from einopt.errors import UnsupportedModelError
 
 
@@ -24,17 +22,7 @@ def _input_shapes(specs: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
 
 
 def _write_json(path: str, data: dict) -> None:
-    """Atomic, like every output einopt writes."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", suffix=".json.tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, target)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise CliError(f"cannot write {path}: {e.strerror or e}", "bad_input") from None
+    write_atomic(path, lambda f: f.write((json.dumps(data, indent=2) + "\n").encode()))
 
 
 _shape_option = click.option(
