@@ -21,6 +21,7 @@ from einopt import ir
 from einopt.index import LinearForm, bounds, from_linear_form, linear_form
 from einopt.instantiate.eop_graph import Graph
 from einopt.interp import eval_index
+from einopt.rewrite import accesses
 
 __all__ = [
     "Dim",
@@ -32,21 +33,6 @@ __all__ = [
     "slice_and_pad",
     "gather",
 ]
-
-
-def accesses(e: ir.ValueExpr) -> list[ir.Access]:
-    """Distinct accesses of a body, first first."""
-    out: dict[ir.Access, None] = {}
-    stack = [e]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, ir.Access):
-            out.setdefault(x)
-        elif isinstance(x, ir.Binary):
-            stack += (x.b, x.a)
-        elif isinstance(x, ir.Unary):
-            stack.append(x.x)
-    return list(out)
 
 
 @dataclasses.dataclass

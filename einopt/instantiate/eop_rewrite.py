@@ -17,28 +17,13 @@ import math
 from einopt import ir
 from einopt.frontend.onnx_graph import unique_name
 from einopt.index import linear_form, simplify, substitute
-from einopt.instantiate.eop_access import accesses, plan_access, reads_nothing
+from einopt.instantiate.eop_access import plan_access, reads_nothing
+from einopt.rewrite import accesses, map_indices
 
 __all__ = ["split_iterators", "unroll_summation"]
 
 # Largest number of copies of a body made by unrolling summation iterators.
 _MAX_UNROLL = 25
-
-
-def _map_indices(e: ir.ValueExpr, f, memo: dict) -> ir.ValueExpr:
-    """``e`` with every direct access's indices mapped by ``f`` (nested scopes are closed)."""
-    out = memo.get(e)
-    if out is None:
-        if isinstance(e, ir.Access):
-            out = ir.Access(e.source, tuple(f(i) for i in e.indices))
-        elif isinstance(e, ir.Binary):
-            out = e.replace(a=_map_indices(e.a, f, memo), b=_map_indices(e.b, f, memo))
-        elif isinstance(e, ir.Unary):
-            out = e.replace(x=_map_indices(e.x, f, memo))
-        else:
-            out = e
-        memo[e] = out
-    return out
 
 
 def _substituting(m: dict[ir.Iter, ir.IndexExpr]):
@@ -70,7 +55,7 @@ def split_iterators(scope: ir.Scope) -> ir.Scope:
     """
     # Iterators of extent 1 are constants: reading them leaves nothing to gather.
     units = {it: ir.IConst(it.lo) for it in scope.traversal + scope.summation if it.extent == 1}
-    body = _map_indices(scope.body, _substituting(units), {})
+    body = map_indices(scope.body, _substituting(units))
     current = ir.Scope(scope.traversal, scope.summation, body)
     while True:
         count = len(_divmods(current))
@@ -81,7 +66,7 @@ def split_iterators(scope: ir.Scope) -> ir.Scope:
             value = ir.IAdd(ir.IMul(ir.IConst(k), hq), hr)
             if it.lo:
                 value = ir.IAdd(value, ir.IConst(it.lo))
-            body = _map_indices(current.body, _substituting({it: value}), {})
+            body = map_indices(current.body, _substituting({it: value}))
 
             def replaced(its: tuple[ir.Iter, ...], it: ir.Iter = it, new=(hq, hr)) -> tuple[ir.Iter, ...]:
                 return tuple(y for x in its for y in (new if x is it else (x,)))
@@ -112,10 +97,9 @@ def unroll_summation(scope: ir.Scope) -> ir.Scope:
             if size > _MAX_UNROLL or (best is not None and size >= best[0]):
                 continue
             copies = [
-                _map_indices(
+                map_indices(
                     scope.body,
                     _substituting({it: ir.IConst(v) for it, v in zip(its, values, strict=True)}),
-                    {},
                 )
                 for values in itertools.product(*(range(it.lo, it.hi) for it in its))
             ]

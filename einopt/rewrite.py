@@ -1,0 +1,148 @@
+"""Pure, generic transformations of expressions.
+
+The derivation rules (``einopt.rules``) and the eOperator rewrites
+(``einopt.instantiate.eop_rewrite``) are built from these: walking the
+accesses of a body, mapping index functions, substituting iterators,
+replacing scopes throughout a program, and naming new iterators and
+bindings. Every function returns new (interned) nodes and never changes its
+arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from einopt import ir
+from einopt.index import simplify, substitute
+
+__all__ = [
+    "accesses",
+    "map_accesses",
+    "map_indices",
+    "substitute_iters",
+    "replace_scopes",
+    "sort_bindings",
+    "fresh_name",
+    "iter_names",
+    "product_factors",
+]
+
+
+def accesses(e: ir.ValueExpr) -> list[ir.Access]:
+    """Distinct accesses of a body, first first (nested scopes are closed: not entered)."""
+    out: dict[ir.Access, None] = {}
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, ir.Access):
+            out.setdefault(x)
+        elif isinstance(x, ir.Binary):
+            stack += (x.b, x.a)
+        elif isinstance(x, ir.Unary):
+            stack.append(x.x)
+    return list(out)
+
+
+def map_accesses(e: ir.ValueExpr, fn: Callable[[ir.Access], ir.ValueExpr]) -> ir.ValueExpr:
+    """``e`` with every access ``a`` replaced by ``fn(a)`` (each distinct access mapped once)."""
+    memo: dict[ir.ValueExpr, ir.ValueExpr] = {}
+
+    def go(x: ir.ValueExpr) -> ir.ValueExpr:
+        out = memo.get(x)
+        if out is None:
+            if isinstance(x, ir.Access):
+                out = fn(x)
+            elif isinstance(x, ir.Binary):
+                out = x.replace(a=go(x.a), b=go(x.b))
+            elif isinstance(x, ir.Unary):
+                out = x.replace(x=go(x.x))
+            else:
+                out = x
+            memo[x] = out
+        return out
+
+    return go(e)
+
+
+def map_indices(e: ir.ValueExpr, f: Callable[[ir.IndexExpr], ir.IndexExpr]) -> ir.ValueExpr:
+    """``e`` with every index of every access mapped by ``f``."""
+    return map_accesses(e, lambda a: ir.Access(a.source, tuple(f(i) for i in a.indices)))
+
+
+def substitute_iters(e: ir.ValueExpr, mapping: Mapping[ir.Iter, ir.IndexExpr]) -> ir.ValueExpr:
+    """``e`` with iterators replaced by index expressions; every changed index is simplified."""
+
+    def one(i: ir.IndexExpr) -> ir.IndexExpr:
+        return simplify(substitute(i, mapping)) if i.iters() & mapping.keys() else i
+
+    return map_indices(e, one)
+
+
+def replace_scopes(program: ir.Program, mapping: Mapping[ir.Scope, ir.Scope]) -> ir.Program:
+    """``program`` with every occurrence of each key scope replaced by its value.
+
+    Occurrences are found by identity (nodes are interned), in bindings and
+    nested inside other scopes alike; scopes that read a replaced scope are
+    rebuilt. The inputs stay as declared.
+    """
+    memo: dict[ir.Scope, ir.Scope] = dict(mapping)
+
+    def scope(s: ir.Scope) -> ir.Scope:
+        out = memo.get(s)
+        if out is None:
+            out = memo[s] = s.replace(body=map_accesses(s.body, access))
+        return out
+
+    def access(a: ir.Access) -> ir.Access:
+        return a if isinstance(a.source, ir.Tensor) else a.replace(source=scope(a.source))
+
+    bindings = tuple((n, scope(s)) for n, s in program.bindings)
+    return program.replace(bindings=bindings)
+
+
+def sort_bindings(bindings: Iterable[tuple[str, ir.Scope]]) -> tuple[tuple[str, ir.Scope], ...]:
+    """Bindings reordered (stably) so that every binding comes after the bound scopes it reads."""
+    pending = list(bindings)
+    bound = {s for _, s in pending}
+    done: set[ir.Scope] = set()
+    out: list[tuple[str, ir.Scope]] = []
+    while pending:
+        for k, (name, s) in enumerate(pending):
+            reads = {x for x in ir.scopes_in(s) if x is not s and x in bound}
+            if reads <= done:
+                out.append((name, s))
+                done.add(s)
+                del pending[k]
+                break
+        else:
+            raise ir.IRError("bindings read each other in a cycle")
+    return tuple(out)
+
+
+def fresh_name(base: str, taken: Iterable[str]) -> str:
+    """``base`` or ``base1``, ``base2``, ...: the first that is not taken and not a reserved word."""
+    used = set(taken) | ir.RESERVED_NAMES
+    if base not in used:
+        return base
+    k = 1
+    while f"{base}{k}" in used:
+        k += 1
+    return f"{base}{k}"
+
+
+def iter_names(scope: ir.Scope) -> set[str]:
+    """Names of the iterators a scope binds."""
+    return {it.name for it in scope.traversal + scope.summation}
+
+
+def product_factors(e: ir.ValueExpr) -> list[ir.ValueExpr]:
+    """The factors of a product ``a * b * ...`` (a lone non-product is one factor)."""
+    out: list[ir.ValueExpr] = []
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, ir.Binary) and x.op == "*":
+            stack += (x.b, x.a)
+        else:
+            out.append(x)
+    return out

@@ -1,0 +1,143 @@
+"""Shared test support for derivation rules: example tables, checks, hypothesis strategies.
+
+Every ``tests/test_rules_*.py`` module defines two tables that
+``tests/test_rules_registry.py`` collects and runs for every registered rule:
+
+* ``EXAMPLES = {rule_name: [Example(...), ...]}``: programs the rule must match;
+  every match is applied and the result checked against the input with the
+  reference interpreter (float64 and exact integer mode), its canonical key
+  and its text round trip.
+* ``NEAR_MISSES = {rule_name: [NearMiss(...), ...]}``: programs the rule must
+  refuse, with a reason containing the given text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+
+import numpy as np
+from hypothesis import strategies as st
+
+from einopt import ir
+from einopt.keys import key
+from einopt.parser import parse
+from einopt.rules import NO_CONTEXT, Context, Match, check_equivalent, get
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """A program (text syntax) the rule must match; ``constants`` become the Context."""
+
+    text: str
+    constants: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    shapes: Mapping[str, list[int]] | None = None
+    min_matches: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class NearMiss:
+    """A program the rule must not match, refusing it with ``reason`` in a failure message."""
+
+    text: str
+    reason: str
+    constants: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    shapes: Mapping[str, list[int]] | None = None
+
+
+def as_program(node: ir.Scope | ir.Program, name: str = "Y") -> ir.Program:
+    """A scope as a one-binding program (programs pass through)."""
+    if isinstance(node, ir.Program):
+        return node
+    return ir.Program(tuple(ir.input_tensors(node)), ((name, node),), (name,))
+
+
+def load(text: str, shapes: Mapping[str, list[int]] | None = None) -> ir.Program:
+    return as_program(parse(text, shapes))
+
+
+def check_result(before: ir.Program, after: ir.Program, ctx: Context = NO_CONTEXT) -> tuple[str, ...]:
+    """The checks every rule result passes: equal values, a well-formed key, a text round trip."""
+    checked = check_equivalent(before, after, ctx)
+    assert "float64" in checked
+    assert re.fullmatch(r"[0-9a-f]{32}", key(after))
+    assert parse(str(after)) is after, f"text does not round-trip:\n{after}"
+    return checked
+
+
+def apply_all(
+    rule_name: str, program: ir.Program, ctx: Context = NO_CONTEXT
+) -> list[tuple[Match, ir.Program]]:
+    """Apply every match of a rule to ``program``, checking each result; returns (match, result)."""
+    rule = get(rule_name)
+    out = []
+    for m in rule.matches(program, ctx):
+        after = rule.apply(program, m, ctx)
+        assert after is not program, f"{m} changed nothing"
+        try:
+            check_result(program, after, ctx)
+        except AssertionError as e:
+            raise AssertionError(f"{m}\nbefore:\n{program}\nafter:\n{after}\n{e}") from None
+        out.append((m, after))
+    return out
+
+
+def context(constants: Mapping[str, np.ndarray]) -> Context:
+    return Context(dict(constants)) if constants else NO_CONTEXT
+
+
+# --------------------------------------------------------------------------
+# Hypothesis strategies: small random expressions of the shapes rules see
+# --------------------------------------------------------------------------
+
+_NAMES = "ijklmn"
+_SUM_NAMES = "pqrs"
+
+
+@st.composite
+def iterators(draw, names: str, min_size: int, max_size: int, max_extent: int = 4) -> tuple[ir.Iter, ...]:
+    n = draw(st.integers(min_size, max_size))
+    out = []
+    for name in names[:n]:
+        lo = draw(st.sampled_from([0, 0, 0, -1, 1]))
+        out.append(ir.Iter(name, lo, lo + draw(st.integers(1, max_extent))))
+    return tuple(out)
+
+
+@st.composite
+def affine_index(draw, its: tuple[ir.Iter, ...]) -> ir.IndexExpr:
+    """``c1*x1 + c2*x2 + k`` over one or two iterators (or a constant)."""
+    chosen = draw(st.lists(st.sampled_from(its), min_size=0, max_size=2, unique=True)) if its else []
+    e: ir.IndexExpr = ir.IConst(draw(st.integers(-1, 1)))
+    for it in chosen:
+        c = draw(st.sampled_from([1, 1, 1, 2, -1]))
+        e = ir.IAdd(e, it if c == 1 else ir.IMul(ir.IConst(c), it))
+    return e
+
+
+@st.composite
+def contractions(draw, max_tensors: int = 2, max_sums: int = 3, min_sums: int = 0) -> ir.Scope:
+    """``L[traversal] Sum[summation] A[..] * B[..]`` with random affine indices.
+
+    Tensor shapes are drawn independently of the index ranges, so some reads
+    fall outside (padding) and some elements are never read.
+    """
+    traversal = draw(iterators(_NAMES, 1, 3))
+    summation = draw(iterators(_SUM_NAMES, min_sums, max_sums, 3))
+    its = traversal + summation
+    factors = []
+    for k in range(draw(st.integers(1, max_tensors))):
+        rank = draw(st.integers(1, 3))
+        shape = tuple(draw(st.integers(1, 5)) for _ in range(rank))
+        t = ir.Tensor("ABC"[k], shape)
+        factors.append(t[tuple(draw(affine_index(its)) for _ in range(rank))])
+    body = factors[0]
+    for f in factors[1:]:
+        body = body * f
+    return ir.Scope(traversal, summation, body)
+
+
+@st.composite
+def programs(draw, **kwargs) -> ir.Program:
+    return as_program(draw(contractions(**kwargs)))
