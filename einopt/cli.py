@@ -389,8 +389,9 @@ def examples() -> None:
         click.echo(f"{name:28s} {first}")
 
 
-# The ONNX commands (optimize, inspect) live in their own module; importing it registers them.
-from einopt import cli_model  # noqa: E402, F401
+# The ONNX commands (optimize, inspect) and the rule commands (rules, derive) live in their own
+# modules; importing them registers them.
+from einopt import cli_model, cli_rules  # noqa: E402, F401
 
 if __name__ == "__main__":
     main()

@@ -18,7 +18,16 @@ from einopt import ir
 from einopt.interp import EvaluationError, evaluate
 from einopt.rules.base import NO_CONTEXT, Context, Failure, Match
 
-__all__ = ["DerivationError", "Step", "Trace", "TraceStep", "apply_rule", "check_equivalent", "derive"]
+__all__ = [
+    "DerivationError",
+    "NotEquivalentError",
+    "Step",
+    "Trace",
+    "TraceStep",
+    "apply_rule",
+    "check_equivalent",
+    "derive",
+]
 
 # Float64 results of equivalent programs differ only by summation order.
 _RTOL = 1e-9
@@ -27,6 +36,10 @@ _INT_RANGE = 4
 
 class DerivationError(ValueError):
     """A step cannot be taken (no such match, or several) or its result differs."""
+
+
+class NotEquivalentError(DerivationError):
+    """A rewritten program computes different values than the program it came from."""
 
 
 def check_equivalent(
@@ -57,7 +70,7 @@ def check_equivalent(
         If the outputs differ in names, shapes or values.
     """
     if before.outputs != after.outputs:
-        raise DerivationError(f"outputs differ: {list(before.outputs)} vs {list(after.outputs)}")
+        raise NotEquivalentError(f"outputs differ: {list(before.outputs)} vs {list(after.outputs)}")
     tensors = {t.name: t for t in (*before.inputs, *after.inputs)}
     checked = []
     for mode in modes:
@@ -82,7 +95,7 @@ def check_equivalent(
         for name in before.outputs:
             a, b = want[name], got[name]
             if a.shape != b.shape:
-                raise DerivationError(f"output {name}: shape {list(a.shape)} became {list(b.shape)}")
+                raise NotEquivalentError(f"output {name}: shape {list(a.shape)} became {list(b.shape)}")
             if mode == "int":
                 ok = np.array_equal(a, b)
             else:
@@ -91,7 +104,7 @@ def check_equivalent(
             if not ok:
                 diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
                 where = tuple(int(i) for i in np.unravel_index(np.argmax(diff), diff.shape))
-                raise DerivationError(
+                raise NotEquivalentError(
                     f"output {name} differs in {mode} mode: max |difference| {diff.max():.3g} "
                     f"at {list(where)} ({a[where]} vs {b[where]})"
                 )
@@ -208,7 +221,7 @@ def derive(
             try:
                 checked = check_equivalent(current, new, ctx, seed=seed)
             except DerivationError as e:
-                raise DerivationError(f"E{k} ({match}) is not equivalent: {e}") from None
+                raise NotEquivalentError(f"E{k} ({match}) is not equivalent: {e}") from None
         taken.append(TraceStep(match.rule, match.where, match.summary, new, checked))
         current = new
     return Trace(program, tuple(taken))

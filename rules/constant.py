@@ -1,0 +1,401 @@
+"""Constant-aware rules: rewrites that hold because of the values of constant tensors.
+
+These are not identities of the algebra; each one holds for the actual
+weights, whose minimum, maximum and uniformity come from
+:meth:`Context.facts <einopt.rules.base.Context.facts>`. Only tensors in
+``ctx.constants`` are constant. Together they give the FSRCNN rewrite of a
+PRelu after a convolution into the maximum of two convolutions::
+
+    max(conv(x, W), 0) + a * min(conv(x, W), 0)
+      -> max(conv(x, W), a * conv(x, W))        rewrite_prelu_max (every slope <= 1)
+      -> max(conv(x, W), conv(x, a * W))        fold_channel_scale
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from einopt import ir
+from einopt.index import bounds
+from einopt.rewrite import fresh_name, product_factors
+from einopt.rules.base import Context, Hit, Rule, ScopeRule, hit
+
+__all__ = ["RewritePreluMax", "RewritePreluLeaky", "FoldChannelScale", "RULES"]
+
+
+# --------------------------------------------------------------------------
+# Walking bodies
+# --------------------------------------------------------------------------
+
+
+def _subterms(body: ir.ValueExpr) -> list[ir.ValueExpr]:
+    """Distinct value subterms of a body, parents before children, left to right (scopes not entered)."""
+    out: dict[ir.ValueExpr, None] = {}
+    stack = [body]
+    while stack:
+        x = stack.pop()
+        if x in out:
+            continue
+        out[x] = None
+        if isinstance(x, ir.Binary):
+            stack += (x.b, x.a)
+        elif isinstance(x, ir.Unary):
+            stack.append(x.x)
+    return list(out)
+
+
+def _replace_term(body: ir.ValueExpr, old: ir.ValueExpr, new: ir.ValueExpr) -> ir.ValueExpr:
+    """``body`` with every occurrence of the subterm ``old`` replaced by ``new``."""
+    memo: dict[ir.ValueExpr, ir.ValueExpr] = {}
+
+    def go(x: ir.ValueExpr) -> ir.ValueExpr:
+        if x is old:
+            return new
+        out = memo.get(x)
+        if out is None:
+            if isinstance(x, ir.Binary):
+                out = x.replace(a=go(x.a), b=go(x.b))
+            elif isinstance(x, ir.Unary):
+                out = x.replace(x=go(x.x))
+            else:
+                out = x
+            memo[x] = out
+        return out
+
+    return go(body)
+
+
+def _pairs(e: ir.ValueExpr, op: str) -> list[tuple[ir.ValueExpr, ir.ValueExpr]]:
+    """The operands of a binary ``op`` in both orders (nothing if ``e`` is not one)."""
+    if isinstance(e, ir.Binary) and e.op == op:
+        return [(e.a, e.b), (e.b, e.a)]
+    return []
+
+
+def _is_zero(e: ir.ValueExpr) -> bool:
+    return isinstance(e, ir.Const) and e.value == 0.0
+
+
+# --------------------------------------------------------------------------
+# PRelu
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prelu:
+    """One occurrence of ``max(y, 0) + a * min(y, 0)`` (any operand order)."""
+
+    node: ir.ValueExpr
+    y: ir.ValueExpr
+    slope: ir.ValueExpr
+
+
+def _prelu_forms(body: ir.ValueExpr) -> list[_Prelu]:
+    out = []
+    for node in _subterms(body):
+        found = next(
+            (
+                _Prelu(node, y, a)
+                for pos, neg in _pairs(node, "+")
+                for y, z in _pairs(pos, "max")
+                if _is_zero(z)
+                for a, m in _pairs(neg, "*")
+                for y2, z2 in _pairs(m, "min")
+                if y2 is y and _is_zero(z2)
+            ),
+            None,
+        )
+        if found is not None:
+            out.append(found)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Slopes:
+    """The values a slope can take where it is read (reads outside a tensor give 0)."""
+
+    what: str
+    lo: float
+    hi: float
+    padded: bool  # some reads may fall outside the tensor and give 0
+    number: bool = False  # the slope is a number, not a tensor
+
+    @property
+    def uniform(self) -> float | None:
+        return self.lo if self.lo == self.hi else None
+
+    def describe(self) -> str:
+        if self.number:
+            return self.what
+        return f"{self.what} has values in [{self.lo:g}, {self.hi:g}]" + (
+            " (reads outside it give 0)" if self.padded else ""
+        )
+
+
+def _slopes(a: ir.ValueExpr, ctx: Context) -> _Slopes | str:
+    """What is known about a slope's values, or why it is not a constant."""
+    if isinstance(a, ir.Const):
+        return _Slopes(f"slope {a.value:g}", a.value, a.value, False, number=True)
+    if not isinstance(a, ir.Access):
+        return f"slope {a} is not a constant tensor or number"
+    if not isinstance(a.source, ir.Tensor):
+        return f"slope {a} is not a constant (it reads a scope)"
+    t = a.source
+    facts = ctx.facts(t)
+    if facts is None:
+        return f"slope {t.name} is not a constant"
+    padded = any(
+        not (0 <= lo and hi < n) for (lo, hi), n in zip((bounds(i) for i in a.indices), t.shape, strict=True)
+    )
+    lo, hi = facts.min, facts.max
+    if padded:
+        lo, hi = min(lo, 0.0), max(hi, 0.0)
+    return _Slopes(f"slope tensor {t.name}", lo, hi, padded)
+
+
+class RewritePreluMax(ScopeRule):
+    """PRelu as one maximum (or minimum), for the actual slopes::
+
+        max(y, 0) + a * min(y, 0)  ->  max(y, a * y)    when every slope a <= 1
+        max(y, 0) + a * min(y, 0)  ->  min(y, a * y)    when every slope a >= 1
+
+    Legality: with ``a <= 1``, ``y >= 0`` gives ``y >= a*y`` and ``y < 0``
+    gives ``a*y >= y``, so the maximum picks exactly PRelu's branch; the
+    usual slopes in ``[0, 1]`` are a special case, and negative slopes are
+    fine. With ``a >= 1`` the inequalities flip and the minimum picks it.
+    Operands of ``+``, ``*``, ``max`` and ``min`` may come in either order;
+    the slope ``a`` is a number or reads a constant tensor, whose minimum and
+    maximum come from the context (a read that may fall outside the tensor
+    also counts its padding value 0). Both forms are offered when every slope
+    is 1. The result's ``a * y`` is a per-channel scale that
+    ``fold_channel_scale`` can move into the weights of the producer of ``y``.
+    """
+
+    name = "rewrite_prelu_max"
+    family = "constant"
+    math = "max(y, 0) + a*min(y, 0) -> max(y, a*y) (a <= 1) | min(y, a*y) (a >= 1)"
+
+    def match_scope(self, scope: ir.Scope, ctx: Context) -> Iterator[Hit | str]:
+        for form in _prelu_forms(scope.body):
+            slopes = _slopes(form.slope, ctx)
+            if isinstance(slopes, str):
+                yield slopes
+                continue
+            ok = False
+            for op, legal, bound in (("max", slopes.hi <= 1.0, "<= 1"), ("min", slopes.lo >= 1.0, ">= 1")):
+                if legal:
+                    ok = True
+                    yield hit(
+                        f"{op}(y, a*y) for y = {_short(form.y)}: every slope {bound} ({slopes.describe()})",
+                        node=form.node,
+                        y=form.y,
+                        slope=form.slope,
+                        op=op,
+                    )
+            if not ok:
+                low = f"down to {slopes.lo:g} < 1" + (" (reads outside it give 0)" if slopes.padded else "")
+                yield (
+                    f"{slopes.what} has values up to {slopes.hi:g} > 1 and {low}: "
+                    "neither max(y, a*y) nor min(y, a*y) equals PRelu"
+                )
+
+    def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:
+        y: ir.ValueExpr = params["y"]
+        new = ir.Binary(params["op"], y, ir.Binary("*", params["slope"], y))
+        return scope.replace(body=_replace_term(scope.body, params["node"], new))
+
+
+class RewritePreluLeaky(ScopeRule):
+    """PRelu with one slope everywhere is a leaky ReLU::
+
+        max(y, 0) + a * min(y, 0)  ->  leaky_relu(y, alpha)    when every slope a == alpha
+
+    Exact: for ``y > 0`` both give ``y``, otherwise both give ``alpha * y``.
+    The slope is a number, or reads a constant tensor whose elements are all
+    equal (a read that may fall outside the tensor counts its padding value
+    0 too, so it only qualifies when ``alpha`` is 0).
+    """
+
+    name = "rewrite_prelu_leaky"
+    family = "constant"
+    math = "max(y, 0) + a*min(y, 0) -> leaky_relu(y, alpha) (every a == alpha)"
+
+    def match_scope(self, scope: ir.Scope, ctx: Context) -> Iterator[Hit | str]:
+        for form in _prelu_forms(scope.body):
+            slopes = _slopes(form.slope, ctx)
+            if isinstance(slopes, str):
+                yield slopes
+            elif slopes.uniform is None:
+                yield f"slopes are not all equal: {slopes.describe()}"
+            else:
+                alpha = slopes.uniform
+                yield hit(f"leaky_relu({_short(form.y)}, {alpha:g})", node=form.node, y=form.y, alpha=alpha)
+
+    def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:
+        new = ir.Unary("leaky_relu", params["y"], float(params["alpha"]))
+        return scope.replace(body=_replace_term(scope.body, params["node"], new))
+
+
+# --------------------------------------------------------------------------
+# Folding a per-channel scale into the weights
+# --------------------------------------------------------------------------
+
+
+def _replace_factor(e: ir.ValueExpr, old: ir.ValueExpr, new: ir.ValueExpr) -> ir.ValueExpr:
+    """A product with ONE occurrence of the factor ``old`` replaced (``W * W`` scales once)."""
+    done = False
+
+    def go(x: ir.ValueExpr) -> ir.ValueExpr:
+        nonlocal done
+        if done:
+            return x
+        if x is old:
+            done = True
+            return new
+        if isinstance(x, ir.Binary) and x.op == "*":
+            a = go(x.a)
+            return ir.Binary("*", a, go(x.b))
+        return x
+
+    return go(e)
+
+
+def _scale_dims(
+    scale: ir.Access, read: ir.Access, weight: ir.Access
+) -> tuple[tuple[int | None, ...], str | None]:
+    """For each index of ``scale``: the dimension of ``weight`` it becomes (``None``: a constant).
+
+    ``scale`` multiplies ``read`` (an access to a scope S); an index of the
+    scale equal to the ``j``-th index of the read means "S's ``j``-th
+    traversal iterator", which must be a plain index of ``weight`` in S's body.
+    Returns a reason instead when that fails.
+    """
+    s: ir.Scope = read.source
+    out: list[int | None] = []
+    for g in scale.indices:
+        if isinstance(g, ir.IConst):
+            out.append(None)
+            continue
+        js = [j for j, tau in enumerate(read.indices) if tau is g]
+        if not js:
+            return (), f"scale index {_show(g)} of {scale} is not an index of the scaled read {_short(read)}"
+        dims = [d for j in js for d, p in enumerate(weight.indices) if p is s.traversal[j]]
+        if not dims:
+            shown = " or ".join(s.traversal[j].name for j in js)
+            return (), f"iterator {shown} of the scaled scope is not a plain index of {weight}"
+        out.append(dims[0])
+    return tuple(out), None
+
+
+def _show(e: ir.IndexExpr) -> str:
+    """An index for messages (a lone iterator prints as its name, not its declaration)."""
+    return e.name if isinstance(e, ir.Iter) else str(e)
+
+
+def _short(e: ir.ValueExpr) -> str:
+    """An expression for a one-line summary: a scope read shows as ``{...}[indices]``."""
+    if isinstance(e, ir.Access) and isinstance(e.source, ir.Scope):
+        return "{...}[" + ", ".join(_show(i) for i in e.indices) + "]"
+    text = str(e)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class FoldChannelScale(ScopeRule):
+    """Fold a scale that depends only on the output index into the constant weights::
+
+        C[g] * S[tau]  ->  S'[tau],   S = L_t Sum_s P[pi] * R,   S' = L_t Sum_s P'[pi] * R,
+        P' = L_i C[g'] * P[i]
+
+    ``C`` and ``P`` are constant tensors and ``S`` a scope whose body is a
+    product with the factor ``P[pi]``. Every index of ``g`` is a constant or
+    syntactically equal to some ``tau_j``, and then ``S``'s ``j``-th
+    traversal iterator ``t_j`` is a plain index ``pi_d = t_j`` of ``P``; ``g'``
+    reads ``i_d`` there. Identity: ``a[f] * Sum W[f, ...] x = Sum (a[f] W[f, ...]) x``
+    because the scale does not depend on the summation; reads of ``S``
+    outside its range are 0 on both sides, and so are reads of ``P'``
+    outside ``P``. ``P'`` reads only constants, so compile-time evaluation
+    produces the scaled weights. The scale may stand on either side of
+    ``*``. After ``rewrite_prelu_max`` this turns ``max(conv(x, W), a * conv(x, W))``
+    into ``max(conv(x, W), conv(x, a * W))`` (FSRCNN).
+    """
+
+    name = "fold_channel_scale"
+    family = "constant"
+    math = "C[g] * {L_t Sum_s P[pi] * R}[tau] -> {L_t Sum_s (C[g'] * P)[pi] * R}[tau]"
+
+    def match_scope(self, scope: ir.Scope, ctx: Context) -> Iterator[Hit | str]:
+        for node in _subterms(scope.body):
+            for scale, read in _pairs(node, "*"):
+                if not (
+                    isinstance(scale, ir.Access)
+                    and isinstance(scale.source, ir.Tensor)
+                    and ctx.is_constant(scale.source)
+                    and isinstance(read, ir.Access)
+                    and isinstance(read.source, ir.Scope)
+                ):
+                    continue
+                yield from self._weights(node, scale, read, ctx)
+
+    def _weights(
+        self, node: ir.ValueExpr, scale: ir.Access, read: ir.Access, ctx: Context
+    ) -> Iterator[Hit | str]:
+        body = read.source.body
+        if not (isinstance(body, ir.Access) or (isinstance(body, ir.Binary) and body.op == "*")):
+            what = body.op if isinstance(body, ir.Binary) else type(body).__name__
+            yield f"the scope scaled by {scale} is not a product (its body is a {what})"
+            return
+        reasons: list[str] = []
+        variable: list[str] = []
+        found = False
+        for factor in dict.fromkeys(product_factors(body)):
+            if not (isinstance(factor, ir.Access) and isinstance(factor.source, ir.Tensor)):
+                continue
+            if not ctx.is_constant(factor.source):
+                variable.append(factor.source.name)
+                continue
+            dims, reason = _scale_dims(scale, read, factor)
+            if reason is not None:
+                reasons.append(reason)
+                continue
+            found = True
+            yield hit(
+                f"fold {scale} into {factor}",
+                node=node,
+                scale=scale,
+                read=read,
+                weight=factor,
+                dims=dims,
+            )
+        if found:
+            return
+        if not reasons and variable:
+            names = ", ".join(dict.fromkeys(variable))
+            many = len(set(variable)) > 1
+            reasons = [
+                f"operand{'s' if many else ''} {names} of the scope scaled by {scale} "
+                f"{'are' if many else 'is'} not constant"
+            ]
+        yield from reasons or [f"the scope scaled by {scale} reads no tensor in its product"]
+
+    def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:
+        scale: ir.Access = params["scale"]
+        read: ir.Access = params["read"]
+        weight: ir.Access = params["weight"]
+        dims: tuple[int | None, ...] = params["dims"]
+        p = weight.source
+        taken: set[str] = {p.name, scale.source.name}
+        its = []
+        for n in p.shape:
+            name = fresh_name("i", taken)
+            taken.add(name)
+            its.append(ir.Iter(name, 0, n))
+        g = tuple(i if d is None else its[d] for i, d in zip(scale.indices, dims, strict=True))
+        scaled = ir.Scope(tuple(its), (), ir.Binary("*", scale.source[g], p[tuple(its)]))
+        s = read.source
+        new_s = s.replace(body=_replace_factor(s.body, weight, scaled[weight.indices]))
+        return scope.replace(body=_replace_term(scope.body, params["node"], new_s[read.indices]))
+
+
+RULES: tuple[Rule, ...] = (RewritePreluMax(), RewritePreluLeaky(), FoldChannelScale())

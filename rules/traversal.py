@@ -1,0 +1,159 @@
+"""Traversal merging (method.md section 3): inline a nested scope by composing index functions.
+
+:func:`inline` is the one inlining used by ``merge_traversal`` (nested
+scopes) and ``fuse_expressions`` (bound scopes, :mod:`einopt.rules.fusion`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from einopt import ir
+from einopt.index import bounds
+from einopt.rewrite import accesses, fresh_name, iter_names, map_accesses, product_factors, substitute_iters
+from einopt.rules.base import Context, Hit, Rule, hit
+from einopt.rules.boundary import ProgramFacts, ProgramScopeRule, index_text, leaves_box
+
+__all__ = ["inline", "format_indices", "MergeTraversal", "RULES"]
+
+
+def format_indices(acc: ir.Access) -> str:
+    return ", ".join(index_text(i) for i in acc.indices)
+
+
+def _occurrences(e: ir.ValueExpr, acc: ir.Access) -> int:
+    """How many times ``acc`` occurs in the tree of ``e`` (shared subterms counted at every use)."""
+    memo: dict[ir.ValueExpr, int] = {}
+
+    def go(x: ir.ValueExpr) -> int:
+        found = memo.get(x)
+        if found is None:
+            if x is acc:
+                found = 1
+            elif isinstance(x, ir.Binary):
+                found = go(x.a) + go(x.b)
+            elif isinstance(x, ir.Unary):
+                found = go(x.x)
+            else:
+                found = 0
+            memo[x] = found
+        return found
+
+    return go(e)
+
+
+def _operator(e: ir.ValueExpr) -> str:
+    return e.op if isinstance(e, ir.Binary) else e.fn if isinstance(e, ir.Unary) else type(e).__name__
+
+
+def _factor_problem(body: ir.ValueExpr, acc: ir.Access) -> str | None:
+    """Why ``acc`` is not exactly one factor of ``body``'s top-level product (``None`` if it is)."""
+    count = _occurrences(body, acc)
+    if count > 1:
+        return f"it is read {count} times"
+    for f in product_factors(body):
+        if f is acc:
+            return None
+        if _occurrences(f, acc):
+            return f"it is read under {_operator(f)}"
+    return "it is not read"  # pragma: no cover - acc comes from the body
+
+
+def inline(outer: ir.Scope, acc: ir.Access, name: str) -> ir.Scope | str:
+    """``outer`` with the scope read by ``acc`` inlined at that read, or why that is not legal.
+
+    ``I = L_z Sum_w g(z, w)`` read as ``I[Phi]`` becomes ``g(Phi, w)``; a
+    summing ``I`` is legal only as one factor of ``outer``'s product (its
+    summation joins ``outer``'s, renamed away from ``outer``'s names:
+    ``c * Sum_w g = Sum_w c*g``). Reads that may leave ``I``'s box are legal
+    only where ``g`` is provably 0 (the read gave 0 there).
+
+    Parameters
+    ----------
+    outer : Scope
+        The reading scope.
+    acc : Access
+        An access of ``outer``'s body whose source is a scope.
+    name : str
+        How to call the inlined scope in reasons.
+
+    Returns
+    -------
+    Scope or str
+        The rewritten scope (same traversal, same values), or the reason the
+        read cannot be inlined.
+    """
+    inner = acc.source
+    assert isinstance(inner, ir.Scope)
+    if inner.summation:
+        problem = _factor_problem(outer.body, acc)
+        if problem:
+            sums = ", ".join(it.name for it in inner.summation)
+            return f"{name} sums over {sums}: it can only be inlined as a factor of a product, but {problem}"
+    reach = [bounds(i) for i in acc.indices]
+    leaving = leaves_box(inner, reach)
+    if leaving is not None:
+        d, _ = leaving
+        z, (a, b) = inner.traversal[d], reach[d]
+        return (
+            f"reads {name} at {index_text(acc.indices[d])} in [{a}, {b}], outside [{z.lo}, {z.hi}), "
+            f"where {name} is not provably 0"
+        )
+    mapping: dict[ir.Iter, ir.IndexExpr] = dict(zip(inner.traversal, acc.indices, strict=True))
+    taken = iter_names(outer)
+    new_sums = []
+    for w in inner.summation:
+        new = w if w.name not in taken else ir.Iter(fresh_name(w.name, taken), w.lo, w.hi)
+        taken.add(new.name)
+        mapping[w] = new
+        new_sums.append(new)
+    g = substitute_iters(inner.body, mapping)
+    body = map_accesses(outer.body, lambda a: g if a is acc else a)
+    return ir.Scope(outer.traversal, outer.summation + tuple(new_sums), body, outer.pad)
+
+
+class MergeTraversal(ProgramScopeRule):
+    """Inline a nested scope at one of its reads by composing index functions::
+
+        L_x Sum_y f(I[Phi(x, y)])  with  I = L_z Sum_w g(z, w)
+            ->  L_x Sum_{y, w} f(g(Phi(x, y), w))
+
+    Legal when (a) ``I`` has no summation, or the read is one factor of the
+    outer body's product (``c * Sum_w g = Sum_w c*g``; ``w`` is renamed
+    away from the outer names); a read under a unary function, a sum or a
+    quotient of a summing scope is refused; and (b) every read stays inside
+    ``I``'s traversal box, or ``g`` is provably 0 wherever the read can leave
+    it (:func:`~einopt.rules.boundary.leaves_box`). One match per (scope,
+    read of a scope); a binding's direct reads of other bindings are left
+    to ``fuse_expressions``, but a bound scope read from a nested one (the
+    zero-insertion scope of a ConvTranspose, read by a split-off partial
+    sum) is inlined here. Fig. 5 E4 -> E5 inlines the middle scope
+    ``L[r, s, h, w, f] T[r, s, h+r-1, w+s-1, f]`` into the offset reduction.
+    """
+
+    name = "merge_traversal"
+    family = "intra"
+    math = "L_x f({L_z Sum_w g(z, w)}[Phi(x)]) -> L_x Sum_w f(g(Phi(x), w))"
+
+    def match_in(self, scope: ir.Scope, facts: ProgramFacts, ctx: Context) -> Iterator[Hit | str]:
+        for acc in accesses(scope.body):
+            if not isinstance(acc.source, ir.Scope):
+                continue
+            if acc.source in facts.bound and scope in facts.bound:
+                continue  # one binding reading another: fuse_expressions' job
+            label = facts.labels.get(acc.source, "scope")
+            found = inline(scope, acc, label)
+            if isinstance(found, str):
+                yield found
+            else:
+                yield hit(f"inline {label} read at [{format_indices(acc)}]", access=acc)
+
+    def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:
+        found = inline(scope, params["access"], "scope")
+        if isinstance(found, str):
+            raise ValueError(found)
+        return found
+
+
+RULES: tuple[Rule, ...] = (MergeTraversal(),)

@@ -1,0 +1,107 @@
+"""fuse_expressions: vertical fusion of a bound producer into its consumer (rules.fusion)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rules_support import Example, NearMiss, affine_index, apply_all, contractions, iterators, load
+
+from einopt import ir
+from einopt.rules import get
+
+OFFSET_REDUCE = "Y = L[h:6, w:6, f:2] Sum[r:3, s:3] T[r, s, f, h+r-1, w+s-1]"
+WHERE_T = "where T: [3, 3, 2, 6, 6], S: [2]"
+RELU_AFTER = f"{OFFSET_REDUCE}\nZ = L[h:6, w:6, f:2] relu(Y[h, w, f])\nreturn Z\n{WHERE_T}"
+SCALE_AFTER = f"{OFFSET_REDUCE}\nZ = L[h:6, w:6, f:2] Y[h, w, f] * S[f]\nreturn Z\n{WHERE_T}"
+# Transpose, then reshape, then a scale: two fusions make one expression.
+LAYOUT_CHAIN = (
+    "P = L[j:3, i:4] X[i, j]\nQ = L[k:12] P[k//4, k%4]\nZ = L[m:12] Q[m] * 2\nreturn Z\nwhere X: [4, 3]"
+)
+# A zero-padded shift read outside its range: legal because X is 0 there too.
+SHIFT = "P = L[i:4] X[i] * 3\nZ = L[m:6] P[m-1] + P[m]\nreturn Z, P\nwhere X: [4]"
+
+EXAMPLES = {
+    "fuse_expressions": [
+        Example(SCALE_AFTER),
+        Example(LAYOUT_CHAIN, min_matches=2),
+        Example(SHIFT),
+        Example(
+            "P = L[i:3, k:5] A[i, k] + 1\nY = L[i:3, j:4] Sum[k:5] P[i, k] * B[k, j]\nreturn Y\nwhere A: [3, 5], B: [5, 4]"
+        ),
+    ],
+}
+
+NEAR_MISSES = {
+    "fuse_expressions": [
+        NearMiss(
+            RELU_AFTER,
+            "Y sums over r, s: it can only be inlined as a factor of a product, but it is read under relu",
+        ),
+        NearMiss(
+            "P = L[i:4] X[i] + 1\nZ = L[m:6] P[m-1]\nreturn Z\nwhere X: [4]",
+            "reads P at m-1 in [-1, 4], outside [0, 4), where P is not provably 0",
+        ),
+    ],
+}
+
+
+def test_scale_fuses_into_the_offset_reduction_and_drops_it():
+    [(m, after)] = apply_all("fuse_expressions", load(SCALE_AFTER))
+    assert m.summary == "inline Y into Z, drop Y"
+    assert [n for n, _ in after.bindings] == ["Z"]
+    z = after.scope("Z")
+    assert [it.name for it in z.summation] == ["r", "s"]
+    assert str(z.body) == "T[r, s, f, h+r-1, w+s-1] * S[f]"
+
+
+def test_layout_chain_becomes_one_expression():
+    program = load(LAYOUT_CHAIN)
+    rule = get("fuse_expressions")
+    [first] = [m for m in rule.matches(program) if m.where == "Q"]
+    once = rule.apply(program, first)
+    [second] = rule.matches(once)
+    twice = rule.apply(once, second)
+    assert [n for n, _ in twice.bindings] == ["Z"]
+    assert str(twice.scope("Z").body) == "X[m%4, m//4] * 2.0"
+
+
+def test_an_output_producer_is_kept():
+    [(m, after)] = apply_all("fuse_expressions", load(SHIFT))
+    assert m.summary == "inline P into Z"
+    assert [n for n, _ in after.bindings] == ["P", "Z"]
+    assert str(after.scope("Z").body) == "X[m-1] * 3.0 + X[m] * 3.0"
+
+
+def test_a_producer_read_elsewhere_is_kept():
+    text = "P = L[i:4] X[i] * 3\nZ = L[m:4] P[m] + 1\nV = L[m:4] P[3-m]\nreturn Z, V\nwhere X: [4]"
+    found = {m.where: p for m, p in apply_all("fuse_expressions", load(text))}
+    assert [n for n, _ in found["Z"].bindings] == ["P", "Z", "V"]
+    assert [n for n, _ in found["V"].bindings] == ["P", "Z", "V"]
+
+
+# --------------------------------------------------------------------------
+# Random producers (contractions, layout and shift scopes) read by a contraction
+# --------------------------------------------------------------------------
+
+
+@st.composite
+def producer_consumer(draw) -> ir.Program:
+    producer = draw(contractions(max_sums=2))
+    traversal = draw(iterators("ijk", 1, 2))
+    summation = draw(iterators("pq", 0, 1, 3))
+    its = traversal + summation
+    read = producer[tuple(draw(affine_index(its)) for _ in producer.traversal)]
+    other = ir.Tensor("C", (4,))[draw(st.sampled_from(its))]
+    body = draw(st.sampled_from([read, read * other, ir.Unary("relu", read), read + other]))
+    consumer = ir.Scope(traversal, summation, body)
+    outputs = draw(st.sampled_from([("Y",), ("Y", "P")]))
+    inputs = tuple(ir.input_tensors(consumer))
+    return ir.Program(inputs, (("P", producer), ("Y", consumer)), outputs)
+
+
+@settings(max_examples=80, deadline=None)
+@given(producer_consumer())
+def test_random_producers(program):
+    for _, after in apply_all("fuse_expressions", program):
+        kept = [n for n, _ in after.bindings]
+        assert kept == (["P", "Y"] if "P" in program.outputs else ["Y"])
