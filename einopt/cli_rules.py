@@ -106,10 +106,16 @@ def _constants(path: str | None, program: Program):
     type=click.Path(dir_okay=False),
     help="Values of constant input tensors (.npz by name), for constant-aware rules.",
 )
+@click.option(
+    "--paper",
+    metavar="NAME",
+    help="Start from one of the paper's derivations (its program, steps and constants); "
+    "see `einopt derive --paper list`. Extra --step options continue it.",
+)
 @click.option("--no-check", is_flag=True, help="Do not check each step with the reference interpreter.")
 @click.option("--near-misses/--no-near-misses", default=True, help="Also list why rules do not apply.")
 @_handle_errors
-def derive(source, expr, example, shapes, steps, constants, no_check, near_misses) -> None:
+def derive(source, expr, example, shapes, steps, constants, paper, no_check, near_misses) -> None:
     """Apply derivation rules to an expression and print the trace.
 
     Without --step, lists every match of every rule (and the near misses with
@@ -117,15 +123,36 @@ def derive(source, expr, example, shapes, steps, constants, no_check, near_misse
     """
     from einopt.rules import REGISTRY, DerivationError, Failure, NotEquivalentError, derive
 
-    program = _as_program(_load_node(source, expr, example, shapes))
-    ctx = _constants(constants, program)
+    planned = [_parse_step(s) for s in steps]
+    if paper is not None:
+        from einopt.rules.paper import DERIVATIONS
+
+        if paper == "list":
+            for d in DERIVATIONS.values():
+                click.echo(f"{d.name:22s} {d.title}")
+            return
+        if paper not in DERIVATIONS:
+            raise CliError(f"unknown derivation {paper!r}; known: {', '.join(DERIVATIONS)}", "bad_input")
+        if any(x is not None for x in (source, expr, example)):
+            raise CliError(
+                "give either --paper or an expression (FILE, -e, --example), not both", "bad_input"
+            )
+        d = DERIVATIONS[paper]
+        program, ctx, planned = d.program(), d.context(), [*d.steps, *planned]
+        if constants is not None:
+            raise CliError(
+                "--paper brings its own constants; --constants cannot be combined with it", "bad_input"
+            )
+    else:
+        program = _as_program(_load_node(source, expr, example, shapes))
+        ctx = _constants(constants, program)
     try:
-        trace = derive(program, [_parse_step(s) for s in steps], ctx, verify=not no_check)
+        trace = derive(program, planned, ctx, verify=not no_check)
     except NotEquivalentError as e:
         raise CliError(f"a rule produced a different program (please report it): {e}", "mismatch") from None
     except (DerivationError, KeyError) as e:
         raise CliError(e.args[0], "bad_input") from None
-    if steps:
+    if planned:
         click.echo(trace.format())
         return
     click.echo(str(program))

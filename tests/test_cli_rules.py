@@ -69,3 +69,15 @@ def test_derive_reads_constants(tmp_path):
     result = run("derive", "-e", CONV, "--constants", str(tmp_path / "bad.npz"))
     assert result.exit_code == EXIT_CODES["bad_input"]
     assert "constant K has shape [3, 3], expected [3, 3, 4, 3]" in result.output
+
+
+def test_derive_paper_lists_and_replays_the_paper_derivations():
+    result = run("derive", "--paper", "list")
+    assert result.exit_code == 0 and "fig5" in result.output and "Fig. 14" in result.output
+    result = run("derive", "--paper", "fig5")
+    assert result.exit_code == 0, result.output
+    assert "tighten_boundary at Y.1: tighten t1 from" in result.output
+    result = run("derive", "--paper", "fig5", "-e", CONV)
+    assert result.exit_code == EXIT_CODES["bad_input"]
+    result = run("derive", "--paper", "fig55")
+    assert result.exit_code == EXIT_CODES["bad_input"] and "known: fig5" in result.output

@@ -1,0 +1,178 @@
+"""The paper's derivations, reproduced by applying named rules in sequence.
+
+Each entry of :data:`DERIVATIONS` is a start program (text syntax), the steps
+that derive it (rule names, and which match to take) and, for constant-aware
+rewrites, seeded constant values. ``einopt derive --paper NAME`` prints the
+checked trace; ``tests/test_derivations.py`` checks every step numerically
+and instantiates the result; ``scripts/derivations.py`` writes all traces to
+``docs/derivations.md``. Shapes are small so that every step can be checked
+with the reference interpreter in well under a second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+from einopt import ir
+from einopt.parser import parse
+from einopt.rules.base import Context
+from einopt.rules.derive import Step, Trace, derive
+
+__all__ = ["PaperDerivation", "DERIVATIONS"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperDerivation:
+    """A derivation of the paper: start program, named steps, constant values."""
+
+    name: str
+    title: str
+    text: str
+    steps: tuple[Step, ...]
+    constants: Callable[[], dict[str, np.ndarray]] | None = None
+
+    def program(self) -> ir.Program:
+        node = parse(self.text)
+        if isinstance(node, ir.Scope):
+            return ir.Program(tuple(ir.input_tensors(node)), (("Y", node),), ("Y",))
+        return node
+
+    def context(self) -> Context:
+        return Context(self.constants()) if self.constants else Context()
+
+    def run(self, verify: bool = True) -> Trace:
+        """Apply the steps, checking each against the program before it (see :func:`derive`)."""
+        return derive(self.program(), self.steps, self.context(), verify=verify)
+
+
+def _s(rule: str, choose: str | None = None, at: str | None = None) -> Step:
+    return Step(rule, at, choose)
+
+
+_CONV3X3 = (
+    "L[h:6, w:5, f:4] Sum[r:3, s:3, c:3] A[h+r-1, w+s-1, c] * K[r, s, f, c] where A: [6, 5, 3], K: [3, 3, 4, 3]"
+)
+
+_CONV_TRANSPOSE = """\
+U = L[n:1, c:3, i0:3, p0:1, i1:3, p1:1] X[n, c, i0, i1]
+Y = L[n:1, f:2, h:6, w:6] Sum[c:3, kh:4, kw:4] U[n, c, (h+2-kh)//2, (h+2-kh)%2, (w+2-kw)//2, (w+2-kw)%2] * W[c, f, kh, kw]
+return Y
+where X: [1, 3, 3, 3], W: [3, 2, 4, 4]"""
+
+
+def _fsrcnn_constants(equal: bool) -> Callable[[], dict[str, np.ndarray]]:
+    def make() -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(0)
+        slopes = np.full((4, 1, 1), 0.25) if equal else rng.uniform(0.0, 1.0, (4, 1, 1))
+        return {"W": rng.standard_normal((4, 3, 1, 1)), "A": slopes}
+
+    return make
+
+
+_FSRCNN = """\
+Y = L[n:1, f:4, h:5, w:5] Sum[c:3] X[n, c, h, w] * W[f, c, 0, 0]
+Z = L[n:1, f:4, h:5, w:5] max(Y[n, f, h, w], 0) + A[f, 0, 0] * min(Y[n, f, h, w], 0)
+return Z
+where X: [1, 3, 5, 5], W: [4, 3, 1, 1], A: [4, 1, 1]"""
+
+
+_LIST = [
+    PaperDerivation(
+        "fig5",
+        "Fig. 5: Conv3x3 -> a matmul-shaped scope plus an OffsetReduce",
+        _CONV3X3,
+        (
+            _s("split_summation", "Sum[r, s] outside, Sum[c] inside"),
+            _s("substitute_variables", "fuse h+r-1 into t (replaces h)"),
+            _s("substitute_variables", "fuse w+s-1 into t1 (replaces w)"),
+            _s("merge_traversal", at="Y"),
+            _s("merge_traversal", at="Y"),
+            _s("tighten_boundary", "tighten t from"),
+            _s("tighten_boundary", "tighten t1 from"),
+        ),
+    ),
+    PaperDerivation(
+        "fig6",
+        "Fig. 6: Conv5x5 -> (relax) Conv6x6 -> Conv3x3 with 4x the output channels plus an OffsetReduce",
+        "L[h:8, w:8, f:2] Sum[r:5, s:5, c:3] A[h+r-2, w+s-2, c] * K[f, c, r, s] where A: [8, 8, 3], K: [2, 3, 5, 5]",
+        (
+            _s("relax_boundary", "relax r from [0, 5) to [0, 6)"),
+            _s("relax_boundary", "relax s from [0, 5) to [0, 6)"),
+            _s("substitute_variables", "split Sum r by 3"),
+            _s("substitute_variables", "split Sum s by 3"),
+            _s("split_summation", "Sum[q, q1] outside, Sum[r1, r, c] inside"),
+            _s("substitute_variables", "fuse h+3*q-2"),
+            _s("substitute_variables", "fuse w+3*q1-2"),
+            _s("merge_traversal", at="Y"),
+            _s("merge_traversal", at="Y"),
+            _s("materialize_access", "materialize K"),
+        ),
+    ),
+    PaperDerivation(
+        "convtranspose_matmul",
+        "ConvTranspose k4 s2 p1 -> a matmul-shaped scope plus an eOperator (col2im-like OffsetReduce)",
+        _CONV_TRANSPOSE,
+        (
+            _s("split_summation", "Sum[kh, kw] outside"),
+            _s("substitute_variables", "fuse h-kh+2 into t (replaces h)"),
+            _s("substitute_variables", "fuse w-kw+2 into t1 (replaces w)"),
+            _s("merge_traversal", at="Y"),
+            _s("merge_traversal", at="Y"),
+            _s("substitute_variables", "split t by 2"),
+            _s("substitute_variables", "split t1 by 2"),
+            _s("merge_traversal", at="Y"),
+            _s("merge_traversal", at="Y"),
+            _s("tighten_boundary", "tighten r from"),
+            _s("tighten_boundary", "tighten r1 from"),
+            _s("merge_traversal", "inline U"),
+            _s("tighten_boundary", "tighten q from"),
+            _s("tighten_boundary", "tighten q1 from"),
+        ),
+    ),
+    PaperDerivation(
+        "g2bmm_dilated",
+        "Fig. 14: dilated G2BMM (d = 4) -> a non-dilated G2BMM on re-laid-out tensors plus inverse layouts",
+        "L[b:2, m:16, w:7] Sum[k:3] A[b, m, k] * B[b, m + 4*(w - 3), k] where A: [2, 16, 3], B: [2, 16, 3]",
+        (
+            _s("substitute_variables", "split m by 4"),
+            _s("split_dimension", "of A by 4"),
+            _s("split_dimension", "of B by 4"),
+        ),
+    ),
+    PaperDerivation(
+        "im2col",
+        "Fig. 7 (i): Conv3x3 -> im2col buffer (an eOperator) plus a matmul",
+        _CONV3X3,
+        (_s("materialize_access", "materialize A"),),
+    ),
+    PaperDerivation(
+        "grouped_conv",
+        "Fig. 7 (k): a convolution as a grouped convolution over a replicated input",
+        "L[n:1, f:4, h:4, w:4] Sum[c:3, kh:3, kw:3] X[n, c, h+kh-1, w+kw-1] * W[f, c, kh, kw]"
+        " where X: [1, 3, 4, 4], W: [4, 3, 3, 3]",
+        (
+            _s("replicate_access", "replicate X along f"),
+            _s("merge_dimensions", "merge dimensions 1, 2 of scope"),
+        ),
+    ),
+    PaperDerivation(
+        "prelu_max",
+        "FSRCNN: 1x1 conv + PRelu (slopes in [0, 1]) -> max(conv(x, W), conv(x, a*W))",
+        _FSRCNN,
+        (_s("rewrite_prelu_max"), _s("fold_channel_scale")),
+        _fsrcnn_constants(equal=False),
+    ),
+    PaperDerivation(
+        "prelu_leaky",
+        "FSRCNN: 1x1 conv + PRelu with equal slopes -> conv + LeakyRelu",
+        _FSRCNN,
+        (_s("rewrite_prelu_leaky"),),
+        _fsrcnn_constants(equal=True),
+    ),
+]
+
+DERIVATIONS: dict[str, PaperDerivation] = {d.name: d for d in _LIST}
+"""The paper's derivations by name."""
