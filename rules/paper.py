@@ -32,7 +32,8 @@ class PaperDerivation:
     title: str
     text: str
     steps: tuple[Step, ...]
-    constants: Callable[[], dict[str, np.ndarray]] | None = None
+    weights: tuple[str, ...] = ()  # inputs that are model weights (known when instantiating)
+    constants: Callable[[], dict[str, np.ndarray]] | None = None  # values constant-aware rules rely on
 
     def program(self) -> ir.Program:
         node = parse(self.text)
@@ -52,9 +53,7 @@ def _s(rule: str, choose: str | None = None, at: str | None = None) -> Step:
     return Step(rule, at, choose)
 
 
-_CONV3X3 = (
-    "L[h:6, w:5, f:4] Sum[r:3, s:3, c:3] A[h+r-1, w+s-1, c] * K[r, s, f, c] where A: [6, 5, 3], K: [3, 3, 4, 3]"
-)
+_CONV3X3 = "L[h:6, w:5, f:4] Sum[r:3, s:3, c:3] A[h+r-1, w+s-1, c] * K[r, s, f, c] where A: [6, 5, 3], K: [3, 3, 4, 3]"
 
 _CONV_TRANSPOSE = """\
 U = L[n:1, c:3, i0:3, p0:1, i1:3, p1:1] X[n, c, i0, i1]
@@ -79,6 +78,50 @@ return Z
 where X: [1, 3, 5, 5], W: [4, 3, 1, 1], A: [4, 1, 1]"""
 
 
+def _phase_steps(part: str) -> tuple[Step, ...]:
+    """Turn one residue part of a stride-2 ConvTranspose into a stride-1 2x2 convolution."""
+    return (
+        _s("substitute_variables", "split Sum kh by 2", at=part),
+        _s("substitute_variables", "split Sum kw by 2", at=part),
+        _s("tighten_boundary", "Sum over r becomes", at=part),
+        _s("tighten_boundary", "Sum over r1 becomes", at=part),
+        _s("fuse_expressions", "inline U", at=part),
+    )
+
+
+_LSTM_GATES = """\
+mx_i = L[m:2, n:4] Sum[k:4] x[m, k] * Wx_i[k, n]
+mh_i = L[m:2, n:4] Sum[k:4] h[m, k] * Wh_i[k, n]
+pre_i = L[i0:2, i1:4] mx_i[i0, i1] + mh_i[i0, i1]
+mx_f = L[m:2, n:4] Sum[k:4] x[m, k] * Wx_f[k, n]
+mh_f = L[m:2, n:4] Sum[k:4] h[m, k] * Wh_f[k, n]
+pre_f = L[i0:2, i1:4] mx_f[i0, i1] + mh_f[i0, i1]
+mx_g = L[m:2, n:4] Sum[k:4] x[m, k] * Wx_g[k, n]
+mh_g = L[m:2, n:4] Sum[k:4] h[m, k] * Wh_g[k, n]
+pre_g = L[i0:2, i1:4] mx_g[i0, i1] + mh_g[i0, i1]
+mx_o = L[m:2, n:4] Sum[k:4] x[m, k] * Wx_o[k, n]
+mh_o = L[m:2, n:4] Sum[k:4] h[m, k] * Wh_o[k, n]
+pre_o = L[i0:2, i1:4] mx_o[i0, i1] + mh_o[i0, i1]
+return pre_i, pre_f, pre_g, pre_o
+where x: [2, 4], h: [2, 4], Wx_i: [4, 4], Wh_i: [4, 4], Wx_f: [4, 4], Wh_f: [4, 4], Wx_g: [4, 4], Wh_g: [4, 4], \
+Wx_o: [4, 4], Wh_o: [4, 4]"""
+
+# Two skinny convolutions (k x 1 and 1 x k) of one input, each already derived into a matmul-shaped
+# scope plus an offset reduction (as in Fig. 5), then summed: GCN's global convolution block, Fig. 15.
+_GCN = """\
+T1 = L[r:3, n:1, f:2, t:6, w:6] Sum[c:4] X[n, c, t, w] * W1[f, c, r, 0]
+T2 = L[s:3, n:1, f:2, h:6, t1:6] Sum[c:4] X[n, c, h, t1] * W2[f, c, 0, s]
+Y1 = L[n:1, f:2, h:6, w:6] Sum[r:3] T1[r, n, f, h+r-1, w]
+Y2 = L[n:1, f:2, h:6, w:6] Sum[s:3] T2[s, n, f, h, w+s-1]
+Z = L[n:1, f:2, h:6, w:6] Y1[n, f, h, w] + Y2[n, f, h, w]
+return Z
+where X: [1, 4, 6, 6], W1: [2, 4, 3, 1], W2: [2, 4, 1, 3]"""
+
+
+def _merge(at: str, way: str) -> Step:
+    return _s("merge_expressions", way, at=at)
+
+
 _LIST = [
     PaperDerivation(
         "fig5",
@@ -93,6 +136,7 @@ _LIST = [
             _s("tighten_boundary", "tighten t from"),
             _s("tighten_boundary", "tighten t1 from"),
         ),
+        weights=("K",),
     ),
     PaperDerivation(
         "fig6",
@@ -110,6 +154,7 @@ _LIST = [
             _s("merge_traversal", at="Y"),
             _s("materialize_access", "materialize K"),
         ),
+        weights=("K",),
     ),
     PaperDerivation(
         "convtranspose_matmul",
@@ -131,6 +176,59 @@ _LIST = [
             _s("tighten_boundary", "tighten q from"),
             _s("tighten_boundary", "tighten q1 from"),
         ),
+        weights=("W",),
+    ),
+    PaperDerivation(
+        "convtranspose_phases",
+        "ConvTranspose k4 s2 p1 -> four stride-1 2x2 convolutions (residue splitting), merged back into one "
+        "convolution with 4x the output channels plus a DepthToSpace",
+        _CONV_TRANSPOSE,
+        (
+            _s("split_expression", "split h of Y by residue 2", at="Y"),
+            _s("split_expression", "split w of Y0 by residue 2", at="Y0"),
+            _s("split_expression", "split w of Y1 by residue 2", at="Y1"),
+            *_phase_steps("Y00"),
+            *_phase_steps("Y01"),
+            *_phase_steps("Y10"),
+            *_phase_steps("Y11"),
+            _merge("Y00, Y01", "join"),
+            _merge("Y10, Y11", "join"),
+            _merge("M, M1", "join"),
+            _merge("Y0, Y1", "join"),
+            _s("substitute_variables", "merge f, hr into z", at="M2"),
+            _s("substitute_variables", "merge z, wr into z1", at="M2.1"),
+            _s("merge_traversal", at="M2"),
+            _s("fuse_expressions", "inline M2", at="M"),
+            _s("fuse_expressions", "inline M", at="Y"),
+            _s("materialize_access", "materialize W"),
+        ),
+        weights=("W",),
+    ),
+    PaperDerivation(
+        "gcn_matmuls",
+        "Fig. 15: two matmuls of GCN's separable convolutions reading one input -> one matmul over stacked weights",
+        _GCN,
+        (
+            _s("materialize_access", "materialize W1", at="T1"),
+            _s("materialize_access", "materialize W2", at="T2"),
+            _merge("T1, T2", "concat T1, T2 along r"),
+        ),
+        weights=("W1", "W2"),
+    ),
+    PaperDerivation(
+        "lstm_gates",
+        "LSTM cell: the 4 gate matmuls on x and the 4 on h -> one batched matmul",
+        _LSTM_GATES,
+        (
+            _merge("mx_i, mx_f", "concat"),
+            _merge("M, mx_g", "concat"),
+            _merge("M1, mx_o", "concat"),
+            _merge("mh_i, mh_f", "concat"),
+            _merge("M1, mh_g", "concat"),
+            _merge("M2, mh_o", "concat"),
+            _merge("M, M1", "batch"),
+        ),
+        weights=tuple(f"W{s}_{g}" for s in "xh" for g in "ifgo"),
     ),
     PaperDerivation(
         "g2bmm_dilated",
@@ -147,6 +245,7 @@ _LIST = [
         "Fig. 7 (i): Conv3x3 -> im2col buffer (an eOperator) plus a matmul",
         _CONV3X3,
         (_s("materialize_access", "materialize A"),),
+        weights=("K",),
     ),
     PaperDerivation(
         "grouped_conv",
@@ -157,20 +256,23 @@ _LIST = [
             _s("replicate_access", "replicate X along f"),
             _s("merge_dimensions", "merge dimensions 1, 2 of scope"),
         ),
+        weights=("W",),
     ),
     PaperDerivation(
         "prelu_max",
         "FSRCNN: 1x1 conv + PRelu (slopes in [0, 1]) -> max(conv(x, W), conv(x, a*W))",
         _FSRCNN,
         (_s("rewrite_prelu_max"), _s("fold_channel_scale")),
-        _fsrcnn_constants(equal=False),
+        constants=_fsrcnn_constants(equal=False),
+        weights=("W", "A"),
     ),
     PaperDerivation(
         "prelu_leaky",
         "FSRCNN: 1x1 conv + PRelu with equal slopes -> conv + LeakyRelu",
         _FSRCNN,
         (_s("rewrite_prelu_leaky"),),
-        _fsrcnn_constants(equal=True),
+        constants=_fsrcnn_constants(equal=True),
+        weights=("W", "A"),
     ),
 ]
 

@@ -154,7 +154,9 @@ def _merge_pairs(scope: ir.Scope) -> list[tuple[ir.Iter, ir.Iter]]:
         found.setdefault((x, y))
 
     def in_traversal(e: ir.IndexExpr) -> list[tuple[ir.Iter, int]]:
-        return [(it, abs(c)) for it, c in linear_form(e).coeffs if it in trav]
+        """Traversal iterators of ``e`` with their |coefficient| (0 when only read inside ``//``, ``%``)."""
+        lf = linear_form(e)
+        return [(it, abs(lf.coeff(it))) for it in trav if it in e.iters()]
 
     for a in accesses(scope.body):
         for e in a.indices:

@@ -15,15 +15,29 @@ from test_instantiate import run_onnx
 
 from einopt import ir
 from einopt.parser import parse
-from einopt.rules import check_equivalent
+from einopt.rules import check_equivalent, derive
 from einopt.rules.paper import DERIVATIONS
 
 # What the derived program must instantiate to: (materialised scope label, chosen operator) pairs,
 # with "eop:" standing for any eOperator.
 INSTANTIATED = {
     "fig5": [("Y/1", "MatMul"), ("Y", "eop:OffsetReduce")],
-    "fig6": [("Y/1/1", "Pad+Reshape+Transpose"), ("Y/1", "eop:"), ("Y", "eop:OffsetReduce")],
+    "fig6": [("Y/1/1", "constant"), ("Y/1", "eop:"), ("Y", "eop:OffsetReduce")],
     "convtranspose_matmul": [("U", "Reshape"), ("Y/1", "MatMul"), ("Y", "eop:OffsetReduce")],
+    "convtranspose_phases": [("Y/1/1", "constant"), ("Y/1", "ConvTranspose"), ("Y", "DepthToSpace")],
+    "gcn_matmuls": [
+        ("M/1", "constant"),
+        ("M", "MatMul"),
+        ("Y1", "eop:OffsetReduce"),
+        ("Y2", "eop:OffsetReduce"),
+        ("Z", "Add"),
+    ],
+    "lstm_gates": [
+        ("M2/1", "Add"),
+        ("M2/2", "constant"),
+        ("M2", "MatMul"),
+        *[(f"pre_{g}", "Add") for g in "ifgo"],
+    ],
     "g2bmm_dilated": [("Y/1/1", "Reshape"), ("Y/1/2", "Reshape"), ("Y/1", "eop:"), ("Y", "Reshape")],
     "im2col": [("Y/1", "eop:"), ("Y", "MatMul")],
     "grouped_conv": [("Y/1/1", "Reshape+Expand"), ("Y/1", "Reshape"), ("Y", "Conv")],
@@ -60,7 +74,7 @@ def test_every_step_is_checked_and_the_trace_reads_back(derivation):
 
 def test_the_result_instantiates_to_the_intended_operators(derivation):
     d, trace = derivation
-    constants = sorted(d.constants()) if d.constants else []
+    constants = sorted(set(d.weights) | set(d.constants() if d.constants else {}))
     inst, _ = run_onnx(trace.result, constants=constants)
     got = [(c.binding, c.how) for c in inst.choices]
     want = INSTANTIATED[d.name]
@@ -86,3 +100,23 @@ def test_fig6_has_four_times_the_output_channels():
     sizes = {it.name: it.extent for it in inner.traversal}
     assert sizes["q"] * sizes["q1"] * sizes["f"] == 4 * 2  # (q, q1, f): 4x the 2 output channels
     assert sorted(it.extent for it in inner.summation) == [3, 3, 3]  # a 3x3 kernel over 3 channels
+
+
+def test_convtranspose_phases_pass_through_four_stride_one_convolutions():
+    d = DERIVATIONS["convtranspose_phases"]
+    after_parts = d.steps.index(next(s for s in d.steps if s.rule == "merge_expressions"))
+    p = derive(d.program(), d.steps[:after_parts], d.context()).result
+    for part in ("Y00", "Y01", "Y10", "Y11"):
+        s = p.scope(part)
+        # A 2x2 stride-1 convolution: two kernel iterators of extent 2, input read at unit stride.
+        assert sorted(it.extent for it in s.summation) == [2, 2, 3], s
+        assert "X[n, c, hq-q+1, wq-q1+1]" in str(s.body)
+    final = d.run().result.scope("Y")
+    assert str(final.body).endswith("[n, 4*f+2*(h%2)+w%2, h//2, w//2]")  # DepthToSpace, CRD order
+
+
+def test_lstm_gates_become_one_batched_matmul():
+    p = DERIVATIONS["lstm_gates"].run().result
+    contractions = [s for s in ir.scopes_in(p) if s.summation]
+    assert len(contractions) == 1
+    assert [it.extent for it in contractions[0].traversal] == [2, 2, 16]  # (x | h) x batch x 4 gates

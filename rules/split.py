@@ -1,0 +1,252 @@
+"""Expression splitting (method.md section 3): a bound scope's traversal space becomes parts.
+
+A part is the same computation over a sub-space of the traversal; the scope is
+rebound to the recombination that adds the parts read with identical indices.
+Reading a part outside its range gives 0, so the sum of disjoint parts that
+cover the space is their concatenation, exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from types import MappingProxyType
+
+from einopt import ir
+from einopt.index import LinearForm, bounds, from_linear_form, linear_form, substitute
+from einopt.rewrite import (
+    accesses,
+    fresh_name,
+    iter_names,
+    map_indices,
+    replace_scopes,
+    sort_bindings,
+    substitute_iters,
+)
+from einopt.rules.base import NO_CONTEXT, Context, Failure, Match, Rule
+
+__all__ = ["SplitExpression", "RULES", "source_ranges", "bound_scopes", "taken_names", "add_bindings"]
+
+
+# --------------------------------------------------------------------------
+# Helpers shared with rules/merge.py
+# --------------------------------------------------------------------------
+
+
+def source_ranges(source: ir.Tensor | ir.Scope) -> list[tuple[int, int]]:
+    """The half-open range of valid indices of each dimension of a tensor or scope."""
+    if isinstance(source, ir.Tensor):
+        return [(0, n) for n in source.shape]
+    return [(it.lo, it.hi) for it in source.traversal]
+
+
+def bound_scopes(program: ir.Program) -> list[tuple[int, str, ir.Scope]]:
+    """Each distinct bound scope once: (binding position, first name, scope)."""
+    seen: set[ir.Scope] = set()
+    out = []
+    for k, (name, s) in enumerate(program.bindings):
+        if s not in seen:
+            seen.add(s)
+            out.append((k, name, s))
+    return out
+
+
+def taken_names(program: ir.Program) -> set[str]:
+    """Names a new binding must not take: inputs and bindings."""
+    return {t.name for t in program.inputs} | {n for n, _ in program.bindings}
+
+
+def add_bindings(
+    program: ir.Program, before: str, new: list[tuple[str, ir.Scope]]
+) -> tuple[tuple[str, ir.Scope], ...]:
+    """``program``'s bindings with ``new`` inserted before binding ``before``, producers first."""
+    bindings = list(program.bindings)
+    at = next(k for k, (n, _) in enumerate(bindings) if n == before)
+    return sort_bindings(bindings[:at] + new + bindings[at:])
+
+
+def rename_iter(body: ir.ValueExpr, old: ir.Iter, new: ir.IndexExpr) -> ir.ValueExpr:
+    """``body`` with ``old`` replaced by ``new`` and no simplification (the index functions stay as written)."""
+    return map_indices(body, lambda i: substitute(i, {old: new}) if old in i.iters() else i)
+
+
+# --------------------------------------------------------------------------
+# Candidates, inferred from the index functions
+# --------------------------------------------------------------------------
+
+
+def _range_points(scope: ir.Scope, x: ir.Iter) -> list[int]:
+    """The middle of ``x``'s range and the points where an affine access on ``x`` enters or leaves
+    its source's range for some value of the other iterators (the padding boundaries)."""
+    points = {x.lo + x.extent // 2}
+    for a in accesses(scope.body):
+        for idx, (src_lo, src_hi) in zip(a.indices, source_ranges(a.source), strict=True):
+            lf = linear_form(idx)
+            c = lf.coeff(x)
+            if c == 0 or not lf.is_affine:
+                continue
+            rest = from_linear_form(LinearForm(tuple(t for t in lf.coeffs if t[0] is not x), (), lf.const))
+            rmin, rmax = bounds(rest)
+            # Every read is inside [src_lo, src_hi) iff c*x + rmin >= src_lo and c*x + rmax < src_hi.
+            if c > 0:
+                first, last = -((rmin - src_lo) // c), (src_hi - 1 - rmax) // c
+            else:
+                first, last = -((src_hi - 1 - rmax) // -c), (rmin - src_lo) // -c
+            points |= {first, last + 1}
+    return sorted(p for p in points if x.lo < p < x.hi)
+
+
+def _index_nodes(e: ir.IndexExpr) -> Iterator[ir.IndexExpr]:
+    stack = [e]
+    while stack:
+        n = stack.pop()
+        yield n
+        if isinstance(n, (ir.IAdd, ir.ISub, ir.IMul)):
+            stack += (n.b, n.a)
+        elif isinstance(n, (ir.IFloorDiv, ir.IMod)):
+            stack.append(n.a)
+
+
+def _residues(scope: ir.Scope, x: ir.Iter) -> list[int]:
+    """Moduli k for which ``x = k*x' + q`` exposes structure: ``x`` inside ``// k`` or ``% k`` with a
+    coefficient k does not divide, or ``x`` next to an iterator whose coefficient is k times finer."""
+    found: set[int] = set()
+    for a in accesses(scope.body):
+        for idx in a.indices:
+            if x not in idx.iters():
+                continue
+            for n in _index_nodes(idx):
+                if isinstance(n, (ir.IFloorDiv, ir.IMod)) and n.k > 1:
+                    lf = linear_form(n.a)
+                    if lf.coeff(x) % n.k:
+                        found.add(n.k)
+            lf = linear_form(idx)
+            cx = abs(lf.coeff(x))
+            if cx and lf.is_affine:
+                for it, c in lf.coeffs:
+                    if it is not x and abs(c) > 1:
+                        found.add(abs(c) // math.gcd(abs(c), cx))
+    return sorted(k for k in found if k > 1)
+
+
+# --------------------------------------------------------------------------
+# The parts
+# --------------------------------------------------------------------------
+
+
+def range_parts(scope: ir.Scope, axis: int, at: int) -> list[tuple[ir.Scope, tuple[ir.IndexExpr, ...]]]:
+    """``scope`` restricted to ``x < at`` and ``x >= at``, each read at the traversal iterators."""
+    x = scope.traversal[axis]
+    out = []
+    for lo, hi in ((x.lo, at), (at, x.hi)):
+        nx = ir.Iter(x.name, lo, hi)
+        traversal = scope.traversal[:axis] + (nx,) + scope.traversal[axis + 1 :]
+        part = ir.Scope(traversal, scope.summation, rename_iter(scope.body, x, nx))
+        out.append((part, scope.traversal))
+    return out
+
+
+def residue_parts(scope: ir.Scope, axis: int, k: int) -> list[tuple[ir.Scope, tuple[ir.IndexExpr, ...]]]:
+    """One part per residue ``p`` of ``x = k*x' + q``: traversal ``(.., q:[p, p+1), x', ..)``, read at
+    ``(.., x % k, x // k, ..)``. The body is simplified for ``q`` in ``[0, k)`` (valid for every part),
+    so all parts have the same index functions and merge back by ``merge_expressions``."""
+    x = scope.traversal[axis]
+    taken = iter_names(scope)
+    q_name = fresh_name(f"{x.name}r", taken)
+    x_name = fresh_name(f"{x.name}q", taken | {q_name})
+    xq = ir.Iter(x_name, x.lo // k, (x.hi - 1) // k + 1)
+    q_all = ir.Iter(q_name, 0, k)
+    body = substitute_iters(scope.body, {x: ir.IAdd(ir.IMul(ir.IConst(k), xq), q_all)})
+    read = scope.traversal[:axis] + (ir.IMod(x, k), ir.IFloorDiv(x, k)) + scope.traversal[axis + 1 :]
+    out = []
+    for p in range(k):
+        q = ir.Iter(q_name, p, p + 1)
+        traversal = scope.traversal[:axis] + (q, xq) + scope.traversal[axis + 1 :]
+        out.append((ir.Scope(traversal, scope.summation, rename_iter(body, q_all, q)), read))
+    return out
+
+
+class SplitExpression(Rule):
+    """Split the traversal space of a bound scope into parts that become new bindings::
+
+        Y = L_x f(x)  ->  Y_a = L_{x in [lo, m)} f(x);  Y_b = L_{x in [m, hi)} f(x);  Y = L_x Y_a[x] + Y_b[x]
+        Y = L_x f(x)  ->  Y_p = L_{q in [p, p+1), x'} f(k*x' + q);  Y = L_x sum_p Y_p[x % k, x // k]
+
+    Reads outside a part's range are 0, so adding disjoint parts that cover the
+    range (read with identical indices) is their concatenation: always exact.
+    By range, the split points are the middle of ``x``'s range and the points
+    where an access on ``x`` crosses its source's range (the padding
+    boundaries). By residue, ``k`` comes from the index functions (``x`` inside
+    ``// k`` or ``% k``, or beside an iterator with coefficient k); ``x'``
+    covers ``x // k`` for every ``x`` in range in every part (points outside
+    are computed and never read). Splitting a strided ConvTranspose's output
+    by residue gives its phase convolutions. Only bound scopes are split;
+    readers keep reading ``Y``.
+    """
+
+    name = "split_expression"
+    family = "inter"
+    math = (
+        "Y = L_x f -> Y_a = L_{x<m} f, Y_b = L_{x>=m} f; Y = L_x Y_a[x] + Y_b[x] (or by residue x = k*x' + q)"
+    )
+
+    def match(self, program: ir.Program, ctx: Context = NO_CONTEXT) -> Iterator[Match | Failure]:
+        taken = taken_names(program)
+        for _, name, scope in bound_scopes(program):
+            if all(it.extent == 1 for it in scope.traversal):
+                yield Failure(self.name, name, f"every traversal iterator of {name} has a single value")
+                continue
+            for axis, x in enumerate(scope.traversal):
+                if x.extent == 1:
+                    continue
+                for at in _range_points(scope, x):
+                    names = _part_names(name, 2, taken)
+                    yield Match(
+                        self.name,
+                        name,
+                        f"split {x.name} of {name} at {at} into {', '.join(names)}",
+                        MappingProxyType(
+                            {"binding": name, "axis": axis, "mode": "range", "at": at, "names": names}
+                        ),
+                    )
+                for k in _residues(scope, x):
+                    if x.extent < k:
+                        yield Failure(
+                            self.name, name, f"{x.name} has {x.extent} values, fewer than the residue {k}"
+                        )
+                        continue
+                    names = _part_names(name, k, taken)
+                    yield Match(
+                        self.name,
+                        name,
+                        f"split {x.name} of {name} by residue {k} into {', '.join(names)}",
+                        MappingProxyType(
+                            {"binding": name, "axis": axis, "mode": "residue", "k": k, "names": names}
+                        ),
+                    )
+
+    def apply(self, program: ir.Program, match: Match, ctx: Context = NO_CONTEXT) -> ir.Program:
+        p = match.params
+        scope = program.scope(p["binding"])
+        if p["mode"] == "range":
+            parts = range_parts(scope, p["axis"], p["at"])
+        else:
+            parts = residue_parts(scope, p["axis"], p["k"])
+        body: ir.ValueExpr | None = None
+        for part, read in parts:
+            term = ir.Access(part, read)
+            body = term if body is None else ir.Binary("+", body, term)
+        rebound = ir.Scope(scope.traversal, (), body, scope.pad)
+        program = replace_scopes(program, {scope: rebound})
+        new = [(n, part) for n, (part, _) in zip(p["names"], parts, strict=True)]
+        return program.replace(bindings=add_bindings(program, p["binding"], new))
+
+
+def _part_names(name: str, count: int, taken: set[str]) -> tuple[str, ...]:
+    out: list[str] = []
+    for k in range(count):
+        out.append(fresh_name(f"{name}{k}", taken | set(out)))
+    return tuple(out)
+
+
+RULES: tuple[Rule, ...] = (SplitExpression(),)

@@ -1,0 +1,110 @@
+"""split_expression: examples, near misses, residue and range splits of random contractions."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rules_support import Example, NearMiss, apply_all, as_program, contractions, load
+
+from einopt import ir
+from einopt.rules import get
+
+CONV3X3 = "L[h:6, w:5, f:4] Sum[r:3, s:3, c:3] A[h+r-1, w+s-1, c] * K[r, s, f, c] where A: [6, 5, 3], K: [3, 3, 4, 3]"
+
+# ConvTranspose k4 s2 p1 in the importer's form: X read through the zero-insertion scope U.
+U = "{L[n:1, c:3, i0:4, p0:1, i1:4, p1:1] X[n, c, i0, i1]}"
+CONV_TRANSPOSE = (
+    f"L[n:1, f:2, h:8, w:8] Sum[c:3, kh:4, kw:4] {U}[n, c, (h+1-kh)//2, (h+1-kh)%2, (w+1-kw)//2, (w+1-kw)%2]"
+    " * W[c, f, kh, kw] where X: [1, 3, 4, 4], W: [3, 2, 4, 4]"
+)
+
+EXAMPLES = {
+    "split_expression": [
+        Example(CONV3X3, min_matches=7),
+        Example(CONV_TRANSPOSE, min_matches=2),
+        # Dilation 2: residue 2 on h; an odd range starting below 0.
+        Example("L[h=-3:4, f:2] Sum[r:3, c:2] A[h+2*r, c] * K[r, f, c] where A: [6, 2], K: [3, 2, 2]"),
+        Example(
+            "T = L[i:6, j:4 | pad 1:0, 0:0] A[i, j] * 2\nY = L[i:6] Sum[j:4] T[i, j]\nreturn Y where A: [6, 4]"
+        ),
+    ],
+}
+
+NEAR_MISSES = {
+    "split_expression": [
+        NearMiss("L[i:1, j:1] Sum[k:4] A[i, k] * B[k, j] where A: [1, 4], B: [4, 1]", "single value"),
+    ],
+}
+
+
+def _split(text: str, summary: str) -> ir.Program:
+    program = load(text)
+    (after,) = [a for m, a in apply_all("split_expression", program) if summary in m.summary]
+    return after
+
+
+def test_split_by_residue_gives_phase_parts_and_a_strided_recombination():
+    after = _split(CONV_TRANSPOSE, "split h of Y by residue 2")
+    assert [n for n, _ in after.bindings] == ["Y0", "Y1", "Y"]
+    for p, name in enumerate(("Y0", "Y1")):
+        part = after.scope(name)
+        assert [(it.name, it.lo, it.hi) for it in part.traversal[2:4]] == [("hr", p, p + 1), ("hq", 0, 4)]
+    assert "Y = L[n:1, f:2, h:8, w:8] Y0[n, f, h%2, h//2, w] + Y1[n, f, h%2, h//2, w]" in str(after)
+    # Both parts share one body up to hr's range, so they join back.
+    assert "(hr-kh+1)//2" in str(after.scope("Y0").body)
+
+
+def test_split_at_padding_boundaries_and_middle():
+    summaries = [m.summary for m in get("split_expression").matches(load(CONV3X3))]
+    assert "split h of Y at 1 into Y0, Y1" in summaries  # row 0 reads the padding above
+    assert "split h of Y at 5 into Y0, Y1" in summaries  # row 5 reads the padding below
+    assert "split h of Y at 3 into Y0, Y1" in summaries  # the middle
+    after = _split(CONV3X3, "split h of Y at 5")
+    assert [(it.lo, it.hi) for it in (after.scope("Y0").traversal[0], after.scope("Y1").traversal[0])] == [
+        (0, 5),
+        (5, 6),
+    ]
+    assert "Y = L[h:6, w:5, f:4] Y0[h, w, f] + Y1[h, w, f]" in str(after)
+
+
+def test_readers_keep_reading_the_rebound_scope():
+    text = "T = L[i:6, j:4] A[i, j] * 2\nY = L[i:6] Sum[j:4] T[i, j]\nreturn Y where A: [6, 4]"
+    after = _split(text, "split i of T at 3")
+    assert [n for n, _ in after.bindings] == ["T0", "T1", "T", "Y"]
+    assert after.scope("T") in ir.scopes_in(after.scope("Y"))
+
+
+def test_residue_larger_than_range_is_refused():
+    program = load("L[h:2] Sum[r:3] A[h+3*r] where A: [9]")
+    failures = [str(f) for f in get("split_expression").failures(program)]
+    assert any("fewer than the residue 3" in f for f in failures)
+
+
+@st.composite
+def strided(draw):
+    """A random contraction times ``D[(c*x + o) // k, (c*x + o) % k]`` for a traversal iterator x."""
+    scope = draw(contractions(max_sums=2))
+    x = draw(st.sampled_from(scope.traversal))
+    k = draw(st.integers(2, 3))
+    c = draw(st.sampled_from([1, 1, 2, -1]))
+    inner = ir.IAdd(ir.IMul(ir.IConst(c), x), ir.IConst(draw(st.integers(-1, 2))))
+    d = ir.Tensor("D", (draw(st.integers(1, 4)), k))
+    body = scope.body * d[ir.IFloorDiv(inner, k), ir.IMod(inner, k)]
+    return as_program(ir.Scope(scope.traversal, scope.summation, body)), x, k, c
+
+
+@settings(max_examples=40, deadline=None)
+@given(strided())
+def test_random_residue_splits(case):
+    program, x, k, c = case
+    applied = apply_all("split_expression", program)
+    residue = [m for m, _ in applied if f"split {x.name} of Y by residue {k}" in m.summary]
+    assert residue or x.extent < k or c % k == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(contractions(max_sums=2))
+def test_random_range_splits(scope):
+    applied = apply_all("split_expression", as_program(scope))
+    splittable = [it for it in scope.traversal if it.extent > 1]
+    assert len(applied) >= len(splittable)
