@@ -131,7 +131,7 @@ def _split_factors(scope: ir.Scope) -> list[tuple[ir.Iter, int]]:
 
 
 # Summation iterators up to this extent (kernel windows) are also split by every divisor of it.
-_MAX_BLOCKED_EXTENT = 16
+_MAX_BLOCKED_EXTENT = 12
 
 
 def _block_factors(scope: ir.Scope) -> list[tuple[ir.Iter, int]]:

@@ -52,7 +52,9 @@ def test_derive_without_steps_lists_matches():
 def test_derive_applies_steps_and_prints_a_checked_trace():
     result = run("derive", "-e", CONV, "-s", "split_summation@Y:Sum[c] inside")
     assert result.exit_code == 0, result.output
-    assert "E2 = split_summation at Y: Sum[r, s] outside, Sum[c] inside [checked: float64, int]" in result.output
+    assert (
+        "E2 = split_summation at Y: Sum[r, s] outside, Sum[c] inside [checked: float64, int]" in result.output
+    )
 
 
 def test_derive_ambiguous_step_lists_the_candidates():
@@ -63,7 +65,9 @@ def test_derive_ambiguous_step_lists_the_candidates():
 
 def test_derive_reads_constants(tmp_path):
     np.savez(tmp_path / "c.npz", K=np.ones((3, 3, 4, 3)))
-    result = run("derive", "-e", CONV, "--constants", str(tmp_path / "c.npz"), "-s", "split_summation:Sum[c] inside")
+    result = run(
+        "derive", "-e", CONV, "--constants", str(tmp_path / "c.npz"), "-s", "split_summation:Sum[c] inside"
+    )
     assert result.exit_code == 0, result.output
     np.savez(tmp_path / "bad.npz", K=np.ones((3, 3)))
     result = run("derive", "-e", CONV, "--constants", str(tmp_path / "bad.npz"))

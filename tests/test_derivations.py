@@ -10,6 +10,9 @@ is for (e.g. a MatMul plus an OffsetReduce eOperator).
 
 from __future__ import annotations
 
+import importlib.util
+import pathlib
+
 import pytest
 from test_instantiate import run_onnx
 
@@ -120,3 +123,12 @@ def test_lstm_gates_become_one_batched_matmul():
     contractions = [s for s in ir.scopes_in(p) if s.summation]
     assert len(contractions) == 1
     assert [it.extent for it in contractions[0].traversal] == [2, 2, 16]  # (x | h) x batch x 4 gates
+
+
+def test_the_recorded_traces_in_docs_are_up_to_date():
+    root = pathlib.Path(__file__).parent.parent
+    spec = importlib.util.spec_from_file_location("derivations_script", root / "scripts" / "derivations.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    recorded = (root / "docs" / "derivations.md").read_text()
+    assert recorded == script.render(), "docs/derivations.md is stale: run python scripts/derivations.py"

@@ -36,3 +36,19 @@ def test_readme_onnx_example_runs(tmp_path, monkeypatch, capsys):
     assert scope["report"]["counts"]["rewritten"] == 5
     assert (tmp_path / "out.onnx").exists()
     assert "Sum[" in capsys.readouterr().out
+
+
+def test_readme_rules_example_runs_and_lists_every_rule(capsys):
+    if not README.exists():
+        pytest.skip("README.md is not beside the tests (installed elsewhere)")
+    from einopt.rules import REGISTRY
+
+    text = README.read_text()
+    for name in REGISTRY:
+        assert f"`{name}`" in text, f"rule {name} is missing from the README's rule table"
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    block = next(b for b in blocks if "from einopt.rules import" in b)
+    scope: dict = {}
+    exec(block, scope)  # noqa: S102 - the README's own example
+    assert len(scope["trace"].steps) == 2
+    assert "E3 = substitute_variables" in capsys.readouterr().out
