@@ -17,6 +17,7 @@ from einopt.index import simplify, substitute
 
 __all__ = [
     "accesses",
+    "transform",
     "map_accesses",
     "map_indices",
     "substitute_iters",
@@ -24,7 +25,11 @@ __all__ = [
     "sort_bindings",
     "fresh_name",
     "iter_names",
+    "operands",
     "product_factors",
+    "replace_subterm",
+    "source_ranges",
+    "source_label",
 ]
 
 
@@ -43,25 +48,32 @@ def accesses(e: ir.ValueExpr) -> list[ir.Access]:
     return list(out)
 
 
-def map_accesses(e: ir.ValueExpr, fn: Callable[[ir.Access], ir.ValueExpr]) -> ir.ValueExpr:
-    """``e`` with every access ``a`` replaced by ``fn(a)`` (each distinct access mapped once)."""
+def transform(e: ir.ValueExpr, visit: Callable[[ir.ValueExpr], ir.ValueExpr | None]) -> ir.ValueExpr:
+    """``e`` rebuilt top-down: where ``visit(x)`` returns a node, it replaces ``x`` (and is not
+    entered); where it returns ``None``, the operands of ``x`` are transformed. Shared subterms
+    are visited once."""
     memo: dict[ir.ValueExpr, ir.ValueExpr] = {}
 
     def go(x: ir.ValueExpr) -> ir.ValueExpr:
         out = memo.get(x)
         if out is None:
-            if isinstance(x, ir.Access):
-                out = fn(x)
-            elif isinstance(x, ir.Binary):
-                out = x.replace(a=go(x.a), b=go(x.b))
-            elif isinstance(x, ir.Unary):
-                out = x.replace(x=go(x.x))
-            else:
-                out = x
+            out = visit(x)
+            if out is None:
+                if isinstance(x, ir.Binary):
+                    out = x.replace(a=go(x.a), b=go(x.b))
+                elif isinstance(x, ir.Unary):
+                    out = x.replace(x=go(x.x))
+                else:
+                    out = x
             memo[x] = out
         return out
 
     return go(e)
+
+
+def map_accesses(e: ir.ValueExpr, fn: Callable[[ir.Access], ir.ValueExpr]) -> ir.ValueExpr:
+    """``e`` with every access ``a`` replaced by ``fn(a)`` (each distinct access mapped once)."""
+    return transform(e, lambda x: fn(x) if isinstance(x, ir.Access) else None)
 
 
 def map_indices(e: ir.ValueExpr, f: Callable[[ir.IndexExpr], ir.IndexExpr]) -> ir.ValueExpr:
@@ -135,14 +147,37 @@ def iter_names(scope: ir.Scope) -> set[str]:
     return {it.name for it in scope.traversal + scope.summation}
 
 
-def product_factors(e: ir.ValueExpr) -> list[ir.ValueExpr]:
-    """The factors of a product ``a * b * ...`` (a lone non-product is one factor)."""
+def operands(e: ir.ValueExpr, op: str) -> list[ir.ValueExpr]:
+    """The operands of a chain of one associative operator: ``a + b + c`` with ``op="+"`` gives
+    ``[a, b, c]`` (a lone expression of another kind is one operand)."""
     out: list[ir.ValueExpr] = []
     stack = [e]
     while stack:
         x = stack.pop()
-        if isinstance(x, ir.Binary) and x.op == "*":
+        if isinstance(x, ir.Binary) and x.op == op:
             stack += (x.b, x.a)
         else:
             out.append(x)
     return out
+
+
+def product_factors(e: ir.ValueExpr) -> list[ir.ValueExpr]:
+    """The factors of a product ``a * b * ...`` (a lone non-product is one factor)."""
+    return operands(e, "*")
+
+
+def replace_subterm(e: ir.ValueExpr, old: ir.ValueExpr, new: ir.ValueExpr) -> ir.ValueExpr:
+    """``e`` with every occurrence of the subterm ``old`` (by identity) replaced by ``new``."""
+    return transform(e, lambda x: new if x is old else None)
+
+
+def source_ranges(src: ir.Tensor | ir.Scope) -> list[tuple[int, int]]:
+    """The half-open range of every dimension of a tensor (``[0, n)``) or scope (its traversal)."""
+    if isinstance(src, ir.Tensor):
+        return [(0, n) for n in src.shape]
+    return [(it.lo, it.hi) for it in src.traversal]
+
+
+def source_label(acc: ir.Access) -> str:
+    """How messages name what an access reads: the tensor's name, or ``scope``."""
+    return acc.source.name if isinstance(acc.source, ir.Tensor) else "scope"

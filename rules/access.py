@@ -12,24 +12,14 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from einopt import ir
-from einopt.rewrite import accesses, fresh_name, map_accesses
+from einopt.rewrite import accesses, fresh_name, replace_subterm, source_label, source_ranges
 from einopt.rules.base import Context, Hit, Rule, ScopeRule, hit
 
 __all__ = ["MaterializeAccess", "ReplicateAccess", "RULES"]
 
 
-def _source_name(acc: ir.Access) -> str:
-    return acc.source.name if isinstance(acc.source, ir.Tensor) else "scope"
-
-
-def _source_ranges(src: ir.Tensor | ir.Scope) -> list[tuple[int, int]]:
-    if isinstance(src, ir.Tensor):
-        return [(0, n) for n in src.shape]
-    return [(it.lo, it.hi) for it in src.traversal]
-
-
 def _replace_access(scope: ir.Scope, old: ir.Access, new: ir.ValueExpr) -> ir.Scope:
-    return scope.replace(body=map_accesses(scope.body, lambda a: new if a is old else a))
+    return scope.replace(body=replace_subterm(scope.body, old, new))
 
 
 class MaterializeAccess(ScopeRule):
@@ -54,14 +44,14 @@ class MaterializeAccess(ScopeRule):
         order = scope.traversal + scope.summation
         for acc in accesses(scope.body):
             if all(isinstance(i, ir.Iter) for i in acc.indices):
-                yield f"{_source_name(acc)} is read at plain iterators: materialising it would only copy it"
+                yield f"{source_label(acc)} is read at plain iterators: materialising it would only copy it"
                 continue
             used = acc.iters()
             v = tuple(it for it in order if it in used)
             if not v:
                 continue  # a constant read: nothing to lay out
             shown = ", ".join(it.name for it in v)
-            yield hit(f"materialize {_source_name(acc)}[...] over ({shown})", access=acc, over=v)
+            yield hit(f"materialize {source_label(acc)}[...] over ({shown})", access=acc, over=v)
 
     def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:
         acc: ir.Access = params["access"]
@@ -95,7 +85,7 @@ class ReplicateAccess(ScopeRule):
             if not used:
                 continue
             if all(x in used for x in scope.traversal):
-                yield f"{_source_name(acc)} reads every traversal iterator: nothing to replicate along"
+                yield f"{source_label(acc)} reads every traversal iterator: nothing to replicate along"
                 continue
             for x in scope.traversal:
                 if x in used:
@@ -109,7 +99,7 @@ class ReplicateAccess(ScopeRule):
                     len(acc.indices),
                 )
                 yield hit(
-                    f"replicate {_source_name(acc)} along {x.name} (new dimension {position})",
+                    f"replicate {source_label(acc)} along {x.name} (new dimension {position})",
                     access=acc,
                     along=x,
                     position=position,
@@ -121,7 +111,7 @@ class ReplicateAccess(ScopeRule):
         position: int = params["position"]
         taken: set[str] = set()
         dims = []
-        for lo, hi in _source_ranges(acc.source):
+        for lo, hi in source_ranges(acc.source):
             name = fresh_name("i", taken)
             taken.add(name)
             dims.append(ir.Iter(name, lo, hi))

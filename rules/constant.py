@@ -19,7 +19,7 @@ from typing import Any
 
 from einopt import ir
 from einopt.index import bounds
-from einopt.rewrite import fresh_name, product_factors
+from einopt.rewrite import fresh_name, product_factors, replace_subterm
 from einopt.rules.base import Context, Hit, Rule, ScopeRule, hit
 
 __all__ = ["RewritePreluMax", "RewritePreluLeaky", "FoldChannelScale", "RULES"]
@@ -44,27 +44,6 @@ def _subterms(body: ir.ValueExpr) -> list[ir.ValueExpr]:
         elif isinstance(x, ir.Unary):
             stack.append(x.x)
     return list(out)
-
-
-def _replace_term(body: ir.ValueExpr, old: ir.ValueExpr, new: ir.ValueExpr) -> ir.ValueExpr:
-    """``body`` with every occurrence of the subterm ``old`` replaced by ``new``."""
-    memo: dict[ir.ValueExpr, ir.ValueExpr] = {}
-
-    def go(x: ir.ValueExpr) -> ir.ValueExpr:
-        if x is old:
-            return new
-        out = memo.get(x)
-        if out is None:
-            if isinstance(x, ir.Binary):
-                out = x.replace(a=go(x.a), b=go(x.b))
-            elif isinstance(x, ir.Unary):
-                out = x.replace(x=go(x.x))
-            else:
-                out = x
-            memo[x] = out
-        return out
-
-    return go(body)
 
 
 def _pairs(e: ir.ValueExpr, op: str) -> list[tuple[ir.ValueExpr, ir.ValueExpr]]:
@@ -204,7 +183,7 @@ class RewritePreluMax(ScopeRule):
     def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:
         y: ir.ValueExpr = params["y"]
         new = ir.Binary(params["op"], y, ir.Binary("*", params["slope"], y))
-        return scope.replace(body=_replace_term(scope.body, params["node"], new))
+        return scope.replace(body=replace_subterm(scope.body, params["node"], new))
 
 
 class RewritePreluLeaky(ScopeRule):
@@ -235,7 +214,7 @@ class RewritePreluLeaky(ScopeRule):
 
     def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:
         new = ir.Unary("leaky_relu", params["y"], float(params["alpha"]))
-        return scope.replace(body=_replace_term(scope.body, params["node"], new))
+        return scope.replace(body=replace_subterm(scope.body, params["node"], new))
 
 
 # --------------------------------------------------------------------------
@@ -395,7 +374,7 @@ class FoldChannelScale(ScopeRule):
         scaled = ir.Scope(tuple(its), (), ir.Binary("*", scale.source[g], p[tuple(its)]))
         s = read.source
         new_s = s.replace(body=_replace_factor(s.body, weight, scaled[weight.indices]))
-        return scope.replace(body=_replace_term(scope.body, params["node"], new_s[read.indices]))
+        return scope.replace(body=replace_subterm(scope.body, params["node"], new_s[read.indices]))
 
 
 RULES: tuple[Rule, ...] = (RewritePreluMax(), RewritePreluLeaky(), FoldChannelScale())

@@ -21,7 +21,7 @@ from typing import Any
 
 from einopt import ir
 from einopt.index import bounds, linear_form, simplify
-from einopt.rewrite import accesses, fresh_name, map_accesses
+from einopt.rewrite import accesses, fresh_name, map_accesses, source_label, source_ranges
 from einopt.rules.base import Context, Hit, Rule, ScopeRule, hit
 
 __all__ = ["SplitDimension", "MergeDimensions", "SwapDimensions", "RULES"]
@@ -30,16 +30,6 @@ __all__ = ["SplitDimension", "MergeDimensions", "SwapDimensions", "RULES"]
 def _show(e: ir.IndexExpr) -> str:
     """An index for messages (a lone iterator prints as its name, not its declaration)."""
     return e.name if isinstance(e, ir.Iter) else str(e)
-
-
-def _source_name(acc: ir.Access) -> str:
-    return acc.source.name if isinstance(acc.source, ir.Tensor) else "scope"
-
-
-def _source_ranges(src: ir.Tensor | ir.Scope) -> list[tuple[int, int]]:
-    if isinstance(src, ir.Tensor):
-        return [(0, n) for n in src.shape]
-    return [(it.lo, it.hi) for it in src.traversal]
 
 
 def _is_layout_scope(scope: ir.Scope) -> bool:
@@ -126,18 +116,18 @@ class SplitDimension(ScopeRule):
     def match_scope(self, scope: ir.Scope, ctx: Context) -> Iterator[Hit | str]:
         for acc in _candidate_accesses(scope):
             found = False
-            ranges = _source_ranges(acc.source)
+            ranges = source_ranges(acc.source)
             for d, (e, (lo, hi)) in enumerate(zip(acc.indices, ranges, strict=True)):
                 for k in split_factors(e):
                     if k < hi - lo:
                         found = True
                         yield hit(
-                            f"split dimension {d} of {_source_name(acc)} by {k}", access=acc, dim=d, k=k
+                            f"split dimension {d} of {source_label(acc)} by {k}", access=acc, dim=d, k=k
                         )
             compound = [e for e in acc.indices if len(linear_form(e).coeffs) + len(linear_form(e).atoms) > 1]
             if not found and compound:
                 yield (
-                    f"no index of {_source_name(acc)} has a stride to split by "
+                    f"no index of {source_label(acc)} has a stride to split by "
                     f"(k*q + r, // k or % k with 1 < k < the dimension's size): {_show(compound[0])}"
                 )
 
@@ -145,7 +135,7 @@ class SplitDimension(ScopeRule):
         acc: ir.Access = params["access"]
         d: int = params["dim"]
         k: int = params["k"]
-        ranges = _source_ranges(acc.source)
+        ranges = source_ranges(acc.source)
         namer = _Namer(acc.source)
         before = _identity_dims(namer, ranges[:d])
         lo, hi = ranges[d]
@@ -187,8 +177,8 @@ class MergeDimensions(ScopeRule):
 
     def match_scope(self, scope: ir.Scope, ctx: Context) -> Iterator[Hit | str]:
         for acc in _candidate_accesses(scope):
-            ranges = _source_ranges(acc.source)
-            name = _source_name(acc)
+            ranges = source_ranges(acc.source)
+            name = source_label(acc)
             for d in range(len(acc.indices) - 1):
                 a, b = acc.indices[d], acc.indices[d + 1]
                 if not (a.iters() or b.iters()):
@@ -205,7 +195,7 @@ class MergeDimensions(ScopeRule):
     def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:
         acc: ir.Access = params["access"]
         d: int = params["dim"]
-        ranges = _source_ranges(acc.source)
+        ranges = source_ranges(acc.source)
         (lo1, hi1), (lo2, hi2) = ranges[d], ranges[d + 1]
         q = hi2 - lo2
         namer = _Namer(acc.source)
@@ -256,15 +246,15 @@ class SwapDimensions(ScopeRule):
                 ra, rb = ranks[d], ranks[d + 1]
                 if ra is not None and rb is not None and ra > rb:
                     found = True
-                    yield hit(f"swap dimensions {d}, {d + 1} of {_source_name(acc)}", access=acc, dim=d)
+                    yield hit(f"swap dimensions {d}, {d + 1} of {source_label(acc)}", access=acc, dim=d)
             if not found and sum(r is not None for r in ranks) > 1:
-                yield f"{_source_name(acc)} is read in the scope's iterator order: nothing to swap"
+                yield f"{source_label(acc)} is read in the scope's iterator order: nothing to swap"
 
     def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:
         acc: ir.Access = params["access"]
         d: int = params["dim"]
         namer = _Namer(acc.source)
-        dims = _identity_dims(namer, _source_ranges(acc.source))
+        dims = _identity_dims(namer, source_ranges(acc.source))
         swapped = tuple(dims[:d]) + (dims[d + 1], dims[d]) + tuple(dims[d + 2 :])
         layout = ir.Scope(swapped, (), acc.source[tuple(dims)])
         indices = acc.indices[:d] + (acc.indices[d + 1], acc.indices[d]) + acc.indices[d + 2 :]

@@ -25,7 +25,7 @@ from types import MappingProxyType
 
 from einopt import ir
 from einopt.index import LinearForm, bounds, from_linear_form, linear_form, simplify, substitute
-from einopt.rewrite import fresh_name, iter_names, map_accesses, replace_scopes, sort_bindings
+from einopt.rewrite import fresh_name, iter_names, map_accesses, operands, replace_scopes, sort_bindings
 from einopt.rules.base import NO_CONTEXT, Context, Failure, Match, Rule
 from einopt.rules.split import bound_scopes, rename_iter, source_ranges, taken_names
 
@@ -396,17 +396,6 @@ def _rewire(program: ir.Program, on_access, on_plus, on_scope) -> ir.Program:
     return program.replace(bindings=tuple((n, scope(s)) for n, s in program.bindings))
 
 
-def _terms(e: ir.ValueExpr) -> list[ir.ValueExpr]:
-    out, stack = [], [e]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, ir.Binary) and x.op == "+":
-            stack += (x.b, x.a)
-        else:
-            out.append(x)
-    return out
-
-
 def _collapse(program: ir.Program, plan: _Plan) -> ir.Program:
     """Every ``S1'[g] + S2'[g]`` becomes ``M[g]``; a scope that is then ``L_x M[x]`` over M's range is M."""
     parts, merged = set(plan.rebound), plan.merged
@@ -417,7 +406,7 @@ def _collapse(program: ir.Program, plan: _Plan) -> ir.Program:
     def on_plus(e: ir.Binary) -> ir.ValueExpr:
         if not (is_part(e.a) or is_part(e.b)):
             return e
-        terms = _terms(e)
+        terms = operands(e, "+")
         pairs = [
             (i, j)
             for i, t in enumerate(terms)

@@ -41,6 +41,7 @@ from einopt.instantiate.views import (
     simple_view,
     to_traversal,
 )
+from einopt.rewrite import operands as chain_operands
 
 __all__ = ["CHECK_LIMIT", "layout_plan", "match_layout", "match_concat", "step_label"]
 
@@ -191,17 +192,6 @@ _CANDIDATES: dict[str, Candidate] = {
 # --------------------------------------------------------------------------
 
 
-def _terms(e: ir.ValueExpr) -> list[ir.ValueExpr]:
-    out, stack = [], [e]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, ir.Binary) and x.op == "+":
-            stack += (x.b, x.a)
-        else:
-            out.append(x)
-    return out
-
-
 def match_concat(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
     """A sum of accesses whose in-range parts are disjoint slabs along one axis.
 
@@ -210,7 +200,7 @@ def match_concat(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
     """
     if scope.summation:
         return Failure("sums over iterators: not a concatenation")
-    terms = _terms(scope.body)
+    terms = chain_operands(scope.body, "+")
     if len(terms) < 2 or not all(isinstance(t, ir.Access) for t in terms):
         return Failure("the body is not a sum of two or more accesses")
     trav = scope.traversal
