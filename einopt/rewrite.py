@@ -95,7 +95,8 @@ def replace_scopes(program: ir.Program, mapping: Mapping[ir.Scope, ir.Scope]) ->
 
     Occurrences are found by identity (nodes are interned), in bindings and
     nested inside other scopes alike; scopes that read a replaced scope are
-    rebuilt. The inputs stay as declared.
+    rebuilt. The inputs stay as declared; bindings are reordered (stably)
+    where a replacement reads a later binding.
     """
     memo: dict[ir.Scope, ir.Scope] = dict(mapping)
 
@@ -108,7 +109,9 @@ def replace_scopes(program: ir.Program, mapping: Mapping[ir.Scope, ir.Scope]) ->
     def access(a: ir.Access) -> ir.Access:
         return a if isinstance(a.source, ir.Tensor) else a.replace(source=scope(a.source))
 
-    bindings = tuple((n, scope(s)) for n, s in program.bindings)
+    # A replacement may read bindings that come later (a merged scope reads both parts' inputs):
+    # reorder stably so that producers still precede readers.
+    bindings = sort_bindings((n, scope(s)) for n, s in program.bindings)
     return program.replace(bindings=bindings)
 
 
