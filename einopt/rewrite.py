@@ -30,6 +30,7 @@ __all__ = [
     "replace_subterm",
     "source_ranges",
     "source_label",
+    "index_text",
 ]
 
 
@@ -179,6 +180,11 @@ def source_ranges(src: ir.Tensor | ir.Scope) -> list[tuple[int, int]]:
     if isinstance(src, ir.Tensor):
         return [(0, n) for n in src.shape]
     return [(it.lo, it.hi) for it in src.traversal]
+
+
+def index_text(e: ir.IndexExpr) -> str:
+    """An index as written in an access, for messages (a lone iterator prints as its name, not its range)."""
+    return e.name if isinstance(e, ir.Iter) else str(e)
 
 
 def source_label(acc: ir.Access) -> str:

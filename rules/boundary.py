@@ -20,7 +20,7 @@ from typing import Any
 
 from einopt import ir
 from einopt.index import bounds, linear_form
-from einopt.rewrite import accesses, substitute_iters
+from einopt.rewrite import accesses, source_ranges, substitute_iters
 from einopt.rules.base import NO_CONTEXT, Context, Failure, Hit, Match, Rule, ScopeRule, hit, scope_labels
 
 __all__ = [
@@ -29,8 +29,6 @@ __all__ = [
     "fix_iterator",
     "zero_at",
     "nonzero_span",
-    "index_text",
-    "box_of",
     "leaves_box",
     "ProgramFacts",
     "ProgramScopeRule",
@@ -59,18 +57,6 @@ Ranges = Mapping[ir.Iter, tuple[int, int]]
 # --------------------------------------------------------------------------
 # Zero analysis
 # --------------------------------------------------------------------------
-
-
-def index_text(e: ir.IndexExpr) -> str:
-    """An index as written in an access (a lone iterator prints as its name, not its range)."""
-    return e.name if isinstance(e, ir.Iter) else str(e)
-
-
-def box_of(source: ir.Tensor | ir.Scope) -> tuple[tuple[int, int], ...]:
-    """The half-open range ``[lo, hi)`` of every dimension of a tensor or scope."""
-    if isinstance(source, ir.Tensor):
-        return tuple((0, n) for n in source.shape)
-    return tuple((it.lo, it.hi) for it in source.traversal)
 
 
 def is_zero(e: ir.ValueExpr, ranges: Ranges | None = None, depth: int = NESTING_LIMIT) -> bool:
@@ -118,7 +104,7 @@ def _zero(x: ir.ValueExpr, ranges: Ranges, depth: int, go: Any) -> bool:
         return (go(x.a) or go(x.b)) if any_zero else (go(x.a) and go(x.b))
     assert isinstance(x, ir.Access)
     reach = []
-    for idx, (lo, hi) in zip(x.indices, box_of(x.source), strict=True):
+    for idx, (lo, hi) in zip(x.indices, source_ranges(x.source), strict=True):
         a, b = bounds(idx, ranges)
         if b < lo or a >= hi:
             return True
@@ -334,7 +320,7 @@ def _relax_candidates(scope: ir.Scope, it: ir.Iter, facts: ProgramFacts) -> list
         found |= {(lo, lo + n), (hi - n, hi)}
     # The full range of a source dimension indexed by +-it + k.
     for acc in accesses(scope.body):
-        for idx, (slo, shi) in zip(acc.indices, box_of(acc.source), strict=True):
+        for idx, (slo, shi) in zip(acc.indices, source_ranges(acc.source), strict=True):
             lf = linear_form(idx)
             if lf.atoms or len(lf.coeffs) != 1 or lf.coeffs[0][0] is not it or abs(lf.coeffs[0][1]) != 1:
                 continue

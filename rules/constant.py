@@ -19,7 +19,7 @@ from typing import Any
 
 from einopt import ir
 from einopt.index import bounds
-from einopt.rewrite import fresh_name, product_factors, replace_subterm
+from einopt.rewrite import fresh_name, index_text, product_factors, replace_subterm
 from einopt.rules.base import Context, Hit, Rule, ScopeRule, hit
 
 __all__ = ["RewritePreluMax", "RewritePreluLeaky", "FoldChannelScale", "RULES"]
@@ -259,7 +259,10 @@ def _scale_dims(
             continue
         js = [j for j, tau in enumerate(read.indices) if tau is g]
         if not js:
-            return (), f"scale index {_show(g)} of {scale} is not an index of the scaled read {_short(read)}"
+            return (
+                (),
+                f"scale index {index_text(g)} of {scale} is not an index of the scaled read {_short(read)}",
+            )
         dims = [d for j in js for d, p in enumerate(weight.indices) if p is s.traversal[j]]
         if not dims:
             shown = " or ".join(s.traversal[j].name for j in js)
@@ -268,15 +271,10 @@ def _scale_dims(
     return tuple(out), None
 
 
-def _show(e: ir.IndexExpr) -> str:
-    """An index for messages (a lone iterator prints as its name, not its declaration)."""
-    return e.name if isinstance(e, ir.Iter) else str(e)
-
-
 def _short(e: ir.ValueExpr) -> str:
     """An expression for a one-line summary: a scope read shows as ``{...}[indices]``."""
     if isinstance(e, ir.Access) and isinstance(e.source, ir.Scope):
-        return "{...}[" + ", ".join(_show(i) for i in e.indices) + "]"
+        return "{...}[" + ", ".join(index_text(i) for i in e.indices) + "]"
     text = str(e)
     return text if len(text) <= 60 else text[:57] + "..."
 

@@ -21,15 +21,10 @@ from typing import Any
 
 from einopt import ir
 from einopt.index import bounds, linear_form, simplify
-from einopt.rewrite import accesses, fresh_name, map_accesses, source_label, source_ranges
+from einopt.rewrite import accesses, fresh_name, index_text, map_accesses, source_label, source_ranges
 from einopt.rules.base import Context, Hit, Rule, ScopeRule, hit
 
 __all__ = ["SplitDimension", "MergeDimensions", "SwapDimensions", "RULES"]
-
-
-def _show(e: ir.IndexExpr) -> str:
-    """An index for messages (a lone iterator prints as its name, not its declaration)."""
-    return e.name if isinstance(e, ir.Iter) else str(e)
 
 
 def _is_layout_scope(scope: ir.Scope) -> bool:
@@ -128,7 +123,7 @@ class SplitDimension(ScopeRule):
             if not found and compound:
                 yield (
                     f"no index of {source_label(acc)} has a stride to split by "
-                    f"(k*q + r, // k or % k with 1 < k < the dimension's size): {_show(compound[0])}"
+                    f"(k*q + r, // k or % k with 1 < k < the dimension's size): {index_text(compound[0])}"
                 )
 
     def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:
@@ -189,7 +184,7 @@ class MergeDimensions(ScopeRule):
                     yield hit(f"merge dimensions {d}, {d + 1} of {name}", access=acc, dim=d)
                 else:
                     yield (
-                        f"index {_show(b)} of dimension {d + 1} of {name} may leave [{lo2}, {hi2}): merging would alias"
+                        f"index {index_text(b)} of dimension {d + 1} of {name} may leave [{lo2}, {hi2}): merging would alias"
                     )
 
     def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:

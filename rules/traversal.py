@@ -11,9 +11,17 @@ from typing import Any
 
 from einopt import ir
 from einopt.index import bounds
-from einopt.rewrite import accesses, fresh_name, iter_names, map_accesses, product_factors, substitute_iters
+from einopt.rewrite import (
+    accesses,
+    fresh_name,
+    index_text,
+    iter_names,
+    map_accesses,
+    product_factors,
+    substitute_iters,
+)
 from einopt.rules.base import Context, Hit, Rule, hit
-from einopt.rules.boundary import ProgramFacts, ProgramScopeRule, index_text, leaves_box
+from einopt.rules.boundary import ProgramFacts, ProgramScopeRule, leaves_box
 
 __all__ = ["inline", "format_indices", "MergeTraversal", "RULES"]
 
