@@ -109,10 +109,16 @@ def iterators(draw, names: str, min_size: int, max_size: int, max_extent: int = 
 def affine_index(draw, its: tuple[ir.Iter, ...]) -> ir.IndexExpr:
     """``c1*x1 + c2*x2 + k`` over one or two iterators (or a constant)."""
     chosen = draw(st.lists(st.sampled_from(its), min_size=0, max_size=2, unique=True)) if its else []
-    e: ir.IndexExpr = ir.IConst(draw(st.integers(-1, 1)))
+    terms: list[ir.IndexExpr] = []
     for it in chosen:
         c = draw(st.sampled_from([1, 1, 1, 2, -1]))
-        e = ir.IAdd(e, it if c == 1 else ir.IMul(ir.IConst(c), it))
+        terms.append(it if c == 1 else ir.IMul(ir.IConst(c), it))
+    offset = draw(st.integers(-1, 1))
+    if offset or not terms:
+        terms.append(ir.IConst(offset))
+    e = terms[0]
+    for t in terms[1:]:
+        e = ir.IAdd(e, t)
     return e
 
 
