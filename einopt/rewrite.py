@@ -23,6 +23,7 @@ __all__ = [
     "substitute_iters",
     "replace_scopes",
     "sort_bindings",
+    "prune_bindings",
     "fresh_name",
     "iter_names",
     "operands",
@@ -114,6 +115,18 @@ def replace_scopes(program: ir.Program, mapping: Mapping[ir.Scope, ir.Scope]) ->
     # reorder stably so that producers still precede readers.
     bindings = sort_bindings((n, scope(s)) for n, s in program.bindings)
     return program.replace(bindings=bindings)
+
+
+def prune_bindings(program: ir.Program) -> ir.Program:
+    """``program`` without the bindings that are neither outputs nor read by another binding."""
+    keep = list(program.bindings)
+    while True:
+        read = {x for _, s in keep for x in ir.scopes_in(s) if x is not s}
+        live = [(n, s) for n, s in keep if n in program.outputs or s in read]
+        if len(live) == len(keep):
+            break
+        keep = live
+    return program if len(keep) == len(program.bindings) else program.replace(bindings=tuple(keep))
 
 
 def sort_bindings(bindings: Iterable[tuple[str, ir.Scope]]) -> tuple[tuple[str, ir.Scope], ...]:

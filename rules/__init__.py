@@ -24,6 +24,7 @@ from einopt.rules import (
     access,
     boundary,
     constant,
+    contraction,
     fusion,
     layout,
     merge,
@@ -64,7 +65,19 @@ __all__ = [
     "derive",
 ]
 
-_MODULES = (summation, substitution, traversal, boundary, layout, access, constant, split, merge, fusion)
+_MODULES = (
+    summation,
+    substitution,
+    traversal,
+    boundary,
+    layout,
+    access,
+    constant,
+    split,
+    merge,
+    contraction,
+    fusion,
+)
 _NAME = re.compile(r"^[a-z]+(_[a-z]+)+$")
 
 

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from einopt import ir
-from einopt.rewrite import replace_scopes
+from einopt.rewrite import prune_bindings, replace_scopes
 
 __all__ = [
     "FAMILIES",
@@ -194,7 +194,8 @@ class ScopeRule(Rule):
         if match.rule != self.name or match.target is None:
             raise ValueError(f"{self.name} cannot apply a match of {match.rule}")
         new = self.rewrite(match.target, match.params, ctx)
-        return replace_scopes(program, {match.target: new})
+        # A rewrite can leave a binding unread (a scope inlined, two sums merged): drop it.
+        return prune_bindings(replace_scopes(program, {match.target: new}))
 
 
 def scope_labels(program: ir.Program) -> dict[ir.Scope, str]:

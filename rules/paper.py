@@ -217,7 +217,19 @@ _LIST = [
     ),
     PaperDerivation(
         "lstm_gates",
-        "LSTM cell: the 4 gate matmuls on x and the 4 on h -> one batched matmul",
+        "LSTM cell: the 8 gate matmuls (4 on x, 4 on h) -> one matmul on concat(x, h)",
+        _LSTM_GATES,
+        (
+            *(_s("merge_summations", at=f"pre_{g}") for g in "ifgo"),
+            _merge("pre_i, pre_f", "concat"),
+            _merge("M, pre_g", "concat"),
+            _merge("M1, pre_o", "concat"),
+        ),
+        weights=tuple(f"W{s}_{g}" for s in "xh" for g in "ifgo"),
+    ),
+    PaperDerivation(
+        "lstm_gates_batched",
+        "LSTM cell: the 4 gate matmuls on x and the 4 on h -> one batched matmul (x and h stacked)",
         _LSTM_GATES,
         (
             _merge("mx_i, mx_f", "concat"),

@@ -26,7 +26,7 @@ from einopt.rules.paper import DERIVATIONS
 INSTANTIATED = {
     "fig5": [("Y/1", "MatMul"), ("Y", "eop:OffsetReduce")],
     "fig6": [("Y/1/1", "constant"), ("Y/1", "eop:"), ("Y", "eop:OffsetReduce")],
-    "convtranspose_matmul": [("U", "Reshape"), ("Y/1", "MatMul"), ("Y", "eop:OffsetReduce")],
+    "convtranspose_matmul": [("Y/1", "MatMul"), ("Y", "eop:OffsetReduce")],
     "convtranspose_phases": [("Y/1/1", "constant"), ("Y/1", "ConvTranspose"), ("Y", "DepthToSpace")],
     "gcn_matmuls": [
         ("M/1", "constant"),
@@ -36,6 +36,12 @@ INSTANTIATED = {
         ("Z", "Add"),
     ],
     "lstm_gates": [
+        ("M/1", "Concat"),
+        ("M/2", "constant"),
+        ("M", "MatMul"),
+        *[(f"pre_{g}", "Slice") for g in "ifgo"],
+    ],
+    "lstm_gates_batched": [
         ("M2/1", "Add"),
         ("M2/2", "constant"),
         ("M2", "MatMul"),
@@ -118,8 +124,23 @@ def test_convtranspose_phases_pass_through_four_stride_one_convolutions():
     assert str(final.body).endswith("[n, 4*f+2*(h%2)+w%2, h//2, w//2]")  # DepthToSpace, CRD order
 
 
-def test_lstm_gates_become_one_batched_matmul():
+def test_lstm_gates_become_one_matmul_on_concatenated_x_and_h():
     p = DERIVATIONS["lstm_gates"].run().result
+    (matmul,) = [s for s in ir.scopes_in(p) if s.summation]
+    assert [it.extent for it in matmul.traversal] == [2, 16] and matmul.summation[
+        0
+    ].extent == 8  # [x h] @ [W; U]
+    assert [n for n, _ in p.bindings] == [
+        "M",
+        "pre_i",
+        "pre_f",
+        "pre_g",
+        "pre_o",
+    ]  # the 8 gate matmuls are gone
+
+
+def test_lstm_gates_become_one_batched_matmul():
+    p = DERIVATIONS["lstm_gates_batched"].run().result
     contractions = [s for s in ir.scopes_in(p) if s.summation]
     assert len(contractions) == 1
     assert [it.extent for it in contractions[0].traversal] == [2, 2, 16]  # (x | h) x batch x 4 gates

@@ -457,4 +457,6 @@ def test_eval_index_uses_floor_division_and_modulo():
 
     i = Iter("i", -3, 3)
     vals = np.arange(-3, 3)
-    np.testing.assert_array_equal(eval_index((i * 2 - 1) // 4 + i % 3, {i: vals}), (vals * 2 - 1) // 4 + vals % 3)
+    np.testing.assert_array_equal(
+        eval_index((i * 2 - 1) // 4 + i % 3, {i: vals}), (vals * 2 - 1) // 4 + vals % 3
+    )
