@@ -25,9 +25,17 @@ from types import MappingProxyType
 
 from einopt import ir
 from einopt.index import LinearForm, bounds, from_linear_form, linear_form, simplify, substitute
-from einopt.rewrite import fresh_name, iter_names, map_accesses, operands, replace_scopes, sort_bindings
-from einopt.rules.base import NO_CONTEXT, Context, Failure, Match, Rule
-from einopt.rules.split import bound_scopes, rename_iter, source_ranges, taken_names
+from einopt.rewrite import (
+    fresh_name,
+    iter_names,
+    map_accesses,
+    operands,
+    replace_scopes,
+    sort_bindings,
+    source_ranges,
+)
+from einopt.rules.base import NO_CONTEXT, Context, Failure, Match, Rule, scope_labels
+from einopt.rules.split import rename_iter, taken_names
 
 __all__ = ["MergeExpressions", "RULES", "zip_bodies"]
 
@@ -350,9 +358,17 @@ def _plans(pz: _Pairing, name: str, n1: str, n2: str) -> Iterator[tuple[str, int
         yield "batch", -1, _batch(pz, name, n1, n2)
 
 
+def _lookup(program: ir.Program, label: str) -> ir.Scope:
+    """The scope a label of :func:`~einopt.rules.base.scope_labels` names (a binding or a nested scope)."""
+    for scope, found in scope_labels(program).items():
+        if found == label:
+            return scope
+    raise KeyError(f"no scope labelled {label}")
+
+
 def _plan(program: ir.Program, params: dict) -> _Plan:
     names = program.names()
-    s1, s2 = program.scope(params["first"]), program.scope(params["second"])
+    s1, s2 = _lookup(program, params["first"]), _lookup(program, params["second"])
     for way, d, found in _plans(_Pairing(s1, s2, names), params["name"], params["first"], params["second"]):
         if way == params["way"] and d == params["dim"] and isinstance(found, _Plan):
             return found
@@ -469,9 +485,13 @@ def _redirect(program: ir.Program, plan: _Plan) -> ir.Program:
 
 
 def _install(program: ir.Program, params: dict, plan: _Plan) -> ir.Program:
-    s1, s2 = program.scope(params["first"]), program.scope(params["second"])
+    s1, s2 = _lookup(program, params["first"]), _lookup(program, params["second"])
     program = replace_scopes(program, {s1: plan.rebound[0], s2: plan.rebound[1]})
-    at = min(k for k, (n, _) in enumerate(program.bindings) if n in (params["first"], params["second"]))
+    # M goes before the first of the two bindings (sort_bindings moves it after what it reads).
+    at = min(
+        (k for k, (n, _) in enumerate(program.bindings) if n in (params["first"], params["second"])),
+        default=0,
+    )
     bindings = list(program.bindings)
     bindings.insert(at, (params["name"], plan.merged))
     program = program.replace(bindings=sort_bindings(bindings))
@@ -494,7 +514,7 @@ def _install(program: ir.Program, params: dict, plan: _Plan) -> ir.Program:
 
 
 class MergeExpressions(Rule):
-    """Merge two independent bound scopes with the same computation into one binding ``M``::
+    """Merge two independent scopes with the same computation into one new binding ``M``::
 
         concat: S1 = L_{x:N1} f(W1[x]), S2 = L_{x:N2} f(W2[x])  ->  M = L_{x:N1+N2} f(Wc[x]),
                 Wc = L_i W1[i] + W2[i - N1];  S1 = L_x M[x];  S2 = L_x M[x + N1]
@@ -516,6 +536,9 @@ class MergeExpressions(Rule):
     differing constant becomes affine in ``x``). Every rule is exact because
     reading outside a range gives 0. Reads of ``S1``/``S2`` that stay inside
     their ranges are redirected to ``M``; rebound scopes left unread are dropped.
+    The two scopes may be bindings or nested scopes (the matmul-shaped scopes a
+    convolution's derivation splits off, Fig. 15); they are named by their
+    labels (``Y1``, ``Y1.2``).
     """
 
     name = "merge_expressions"
@@ -524,7 +547,8 @@ class MergeExpressions(Rule):
 
     def match(self, program: ir.Program, ctx: Context = NO_CONTEXT) -> Iterator[Match | Failure]:
         memo: dict = {}
-        bound = bound_scopes(program)
+        # Bound and nested scopes alike: the matmul-shaped scopes that conv derivations split off are nested.
+        bound = [(k, label, scope) for k, (scope, label) in enumerate(scope_labels(program).items())]
         names = program.names()
         name = fresh_name("M", taken_names(program))
         keys = [scope_skeleton(s, memo) for _, _, s in bound]

@@ -106,13 +106,10 @@ return pre_i, pre_f, pre_g, pre_o
 where x: [2, 4], h: [2, 4], Wx_i: [4, 4], Wh_i: [4, 4], Wx_f: [4, 4], Wh_f: [4, 4], Wx_g: [4, 4], Wh_g: [4, 4], \
 Wx_o: [4, 4], Wh_o: [4, 4]"""
 
-# Two skinny convolutions (k x 1 and 1 x k) of one input, each already derived into a matmul-shaped
-# scope plus an offset reduction (as in Fig. 5), then summed: GCN's global convolution block, Fig. 15.
+# GCN's global convolution block (Fig. 15): a k x 1 and a 1 x k convolution of one input, summed.
 _GCN = """\
-T1 = L[r:3, n:1, f:2, t:6, w:6] Sum[c:4] X[n, c, t, w] * W1[f, c, r, 0]
-T2 = L[s:3, n:1, f:2, h:6, t1:6] Sum[c:4] X[n, c, h, t1] * W2[f, c, 0, s]
-Y1 = L[n:1, f:2, h:6, w:6] Sum[r:3] T1[r, n, f, h+r-1, w]
-Y2 = L[n:1, f:2, h:6, w:6] Sum[s:3] T2[s, n, f, h, w+s-1]
+Y1 = L[n:1, f:2, h:6, w:6] Sum[c:4, r:3] X[n, c, h+r-1, w] * W1[f, c, r, 0]
+Y2 = L[n:1, f:2, h:6, w:6] Sum[c:4, s:3] X[n, c, h, w+s-1] * W2[f, c, 0, s]
 Z = L[n:1, f:2, h:6, w:6] Y1[n, f, h, w] + Y2[n, f, h, w]
 return Z
 where X: [1, 4, 6, 6], W1: [2, 4, 3, 1], W2: [2, 4, 1, 3]"""
@@ -206,12 +203,21 @@ _LIST = [
     ),
     PaperDerivation(
         "gcn_matmuls",
-        "Fig. 15: two matmuls of GCN's separable convolutions reading one input -> one matmul over stacked weights",
+        "Fig. 15: GCN's k x 1 and 1 x k convolutions of one input -> matmul + offset sums each, "
+        "the two matmuls merged into one over stacked weights",
         _GCN,
         (
-            _s("materialize_access", "materialize W1", at="T1"),
-            _s("materialize_access", "materialize W2", at="T2"),
-            _merge("T1, T2", "concat T1, T2 along r"),
+            _s("split_summation", "Sum[r] outside, Sum[c] inside", at="Y1"),
+            _s("substitute_variables", "fuse h+r-1 into t (replaces h)"),
+            _s("merge_traversal", at="Y1"),
+            _s("tighten_boundary", "tighten t from"),
+            _s("split_summation", "Sum[s] outside, Sum[c] inside", at="Y2"),
+            _s("substitute_variables", "fuse w+s-1 into t (replaces w)"),
+            _s("merge_traversal", at="Y2"),
+            _s("tighten_boundary", "tighten t from"),
+            _s("materialize_access", "materialize W1", at="Y1.1"),
+            _s("materialize_access", "materialize W2", at="Y2.1"),
+            _merge("Y1.2, Y2.2", "concat Y1.2, Y2.2 along r"),
         ),
         weights=("W1", "W2"),
     ),

@@ -21,23 +21,17 @@ from einopt.rewrite import (
     map_indices,
     replace_scopes,
     sort_bindings,
+    source_ranges,
     substitute_iters,
 )
 from einopt.rules.base import NO_CONTEXT, Context, Failure, Match, Rule
 
-__all__ = ["SplitExpression", "RULES", "source_ranges", "bound_scopes", "taken_names", "add_bindings"]
+__all__ = ["SplitExpression", "RULES", "bound_scopes", "taken_names", "add_bindings"]
 
 
 # --------------------------------------------------------------------------
 # Helpers shared with rules/merge.py
 # --------------------------------------------------------------------------
-
-
-def source_ranges(source: ir.Tensor | ir.Scope) -> list[tuple[int, int]]:
-    """The half-open range of valid indices of each dimension of a tensor or scope."""
-    if isinstance(source, ir.Tensor):
-        return [(0, n) for n in source.shape]
-    return [(it.lo, it.hi) for it in source.traversal]
 
 
 def bound_scopes(program: ir.Program) -> list[tuple[int, str, ir.Scope]]:
