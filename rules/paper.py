@@ -197,6 +197,8 @@ _LIST = [
             _s("merge_traversal", at="M2"),
             _s("fuse_expressions", "inline M2", at="M"),
             _s("fuse_expressions", "inline M", at="Y"),
+            _s("substitute_variables", "reverse Sum q (", at="Y.1"),
+            _s("substitute_variables", "reverse Sum q1 (", at="Y.1"),
             _s("materialize_access", "materialize W"),
         ),
         weights=("W",),

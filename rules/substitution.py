@@ -286,6 +286,23 @@ def _split_sum(scope: ir.Scope, k: ir.Iter, K: int) -> Hit | str:
     )
 
 
+def _reversible(scope: ir.Scope) -> list[ir.Iter]:
+    """Summation iterators (extent > 1) read with a negative coefficient: a flipped kernel tap."""
+    out: dict[ir.Iter, None] = {}
+    for e in _indices(scope):
+        for it, c in linear_form(e).coeffs:
+            if c < 0 and it in scope.summation and it.extent > 1:
+                out.setdefault(it)
+    return list(out)
+
+
+def _reverse_sum(scope: ir.Scope, k: ir.Iter) -> Hit:
+    """``Sum k`` in the other direction: ``k -> k.lo + k.hi - 1 - k`` (same range, in place)."""
+    flipped = {k: simplify(ir.IConst(k.lo + k.hi - 1) - k)}
+    summary = f"reverse Sum {k.name} ({k.name} -> {k.lo + k.hi - 1}-{k.name})"
+    return _plan("reverse_sum", summary, None, scope.summation, flipped, flipped)
+
+
 # --------------------------------------------------------------------------
 # The rule
 # --------------------------------------------------------------------------
@@ -314,6 +331,9 @@ class SubstituteVariables(ScopeRule):
     * split a summation iterator the same way, in place (no new scope): the
       terms past its end must be zero, so its extent must be a multiple of
       ``k`` or a factor of the product must read outside its source there.
+    * reverse a summation iterator read with a negative coefficient, in place:
+      ``k -> lo + hi - 1 - k`` (a flipped kernel becomes a correlation, so a
+      stride-1 ConvTranspose form reads like a Conv).
     """
 
     name = "substitute_variables"
@@ -331,7 +351,7 @@ class SubstituteVariables(ScopeRule):
             seen.add(key)
             if isinstance(found, str):
                 yield found
-            elif found.params["way"] == "split_sum" or self._legal(scope, found.params):
+            elif found.params["way"] in ("split_sum", "reverse_sum") or self._legal(scope, found.params):
                 yield found
 
     def _candidates(self, scope: ir.Scope) -> Iterator[Hit | str]:
@@ -365,6 +385,8 @@ class SubstituteVariables(ScopeRule):
                 yield _split(scope, z, k)
             elif z in sums:
                 yield _split_sum(scope, z, k)
+        for k in _reversible(scope):
+            yield _reverse_sum(scope, k)
 
     @staticmethod
     def _legal(scope: ir.Scope, params: Mapping[str, Any]) -> bool:

@@ -27,7 +27,7 @@ INSTANTIATED = {
     "fig5": [("Y/1", "MatMul"), ("Y", "eop:OffsetReduce")],
     "fig6": [("Y/1/1", "constant"), ("Y/1", "eop:"), ("Y", "eop:OffsetReduce")],
     "convtranspose_matmul": [("Y/1", "MatMul"), ("Y", "eop:OffsetReduce")],
-    "convtranspose_phases": [("Y/1/1", "constant"), ("Y/1", "ConvTranspose"), ("Y", "DepthToSpace")],
+    "convtranspose_phases": [("Y/1/1", "constant"), ("Y/1", "Conv"), ("Y", "DepthToSpace")],
     "gcn_matmuls": [
         ("M/1", "constant"),
         ("M", "MatMul"),

@@ -234,3 +234,10 @@ def test_two_steps_compose(scope, data):
         return
     after = rule.apply(middle, data.draw(st.sampled_from(second)))
     check_result(before, after)
+
+
+def test_reversing_a_flipped_kernel_tap_gives_a_correlation():
+    program = load("L[o:4] Sum[k:3] X[o-k+1] * W[k] where X: [4], W: [3]")
+    [(m, after)] = [(m, p) for m, p in apply_all("substitute_variables", program) if "reverse" in m.summary]
+    assert m.summary == "reverse Sum k (k -> 2-k)"
+    assert str(after.scope("Y").body) == "X[o+k-1] * W[-k+2]"
