@@ -26,6 +26,7 @@ __all__ = [
     "prune_bindings",
     "fresh_name",
     "iter_names",
+    "rename_apart",
     "operands",
     "product_factors",
     "replace_subterm",
@@ -157,6 +158,22 @@ def fresh_name(base: str, taken: Iterable[str]) -> str:
     while f"{base}{k}" in used:
         k += 1
     return f"{base}{k}"
+
+
+def rename_apart(
+    its: Iterable[ir.Iter], taken: set[str]
+) -> tuple[tuple[ir.Iter, ...], dict[ir.Iter, ir.Iter]]:
+    """Iterators renamed away from ``taken`` (same ranges; names already free are kept).
+
+    Returns the new iterators and the old -> new mapping; ``taken`` gains the new names.
+    """
+    new_its, mapping = [], {}
+    for it in its:
+        new = it if it.name not in taken else ir.Iter(fresh_name(it.name, taken), it.lo, it.hi)
+        taken.add(new.name)
+        mapping[it] = new
+        new_its.append(new)
+    return tuple(new_its), mapping
 
 
 def iter_names(scope: ir.Scope) -> set[str]:

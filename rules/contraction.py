@@ -15,12 +15,12 @@ from typing import Any
 from einopt import ir
 from einopt.index import simplify
 from einopt.rewrite import (
-    fresh_name,
     index_text,
     map_accesses,
     map_indices,
     operands,
     product_factors,
+    rename_apart,
     replace_subterm,
     source_ranges,
     substitute_iters,
@@ -317,16 +317,11 @@ class MergeSummations(ProgramScopeRule):
 
 def _as_scope(merged: ir.Scope, scope: ir.Scope) -> ir.Scope:
     """``merged`` written over ``scope``'s traversal iterators (same ranges) with ``scope``'s pad."""
-    taken = {it.name for it in scope.traversal}
     mapping: dict[ir.Iter, ir.IndexExpr] = dict(zip(merged.traversal, scope.traversal, strict=True))
-    sums = []
-    for it in merged.summation:
-        new = it if it.name not in taken else ir.Iter(fresh_name(it.name, taken), it.lo, it.hi)
-        taken.add(new.name)
-        mapping[it] = new
-        sums.append(new)
+    sums, renamed = rename_apart(merged.summation, {it.name for it in scope.traversal})
+    mapping.update(renamed)
     body = substitute_iters(merged.body, mapping)
-    return ir.Scope(scope.traversal, tuple(sums), body, scope.pad)
+    return ir.Scope(scope.traversal, sums, body, scope.pad)
 
 
 RULES: tuple[Rule, ...] = (MergeSummations(),)

@@ -13,11 +13,11 @@ from einopt import ir
 from einopt.index import bounds
 from einopt.rewrite import (
     accesses,
-    fresh_name,
     index_text,
     iter_names,
     map_accesses,
     product_factors,
+    rename_apart,
     substitute_iters,
 )
 from einopt.rules.base import Context, Hit, Rule, hit
@@ -109,16 +109,11 @@ def inline(outer: ir.Scope, acc: ir.Access, name: str) -> ir.Scope | str:
             f"where {name} is not provably 0"
         )
     mapping: dict[ir.Iter, ir.IndexExpr] = dict(zip(inner.traversal, acc.indices, strict=True))
-    taken = iter_names(outer)
-    new_sums = []
-    for w in inner.summation:
-        new = w if w.name not in taken else ir.Iter(fresh_name(w.name, taken), w.lo, w.hi)
-        taken.add(new.name)
-        mapping[w] = new
-        new_sums.append(new)
+    new_sums, renamed = rename_apart(inner.summation, iter_names(outer))
+    mapping.update(renamed)
     g = substitute_iters(inner.body, mapping)
     body = map_accesses(outer.body, lambda a: g if a is acc else a)
-    return ir.Scope(outer.traversal, outer.summation + tuple(new_sums), body, outer.pad)
+    return ir.Scope(outer.traversal, outer.summation + new_sums, body, outer.pad)
 
 
 class MergeTraversal(ProgramScopeRule):
