@@ -27,57 +27,14 @@ from einopt.rewrite import (
 )
 from einopt.rules.base import Context, Hit, Rule, hit
 from einopt.rules.boundary import ProgramFacts, ProgramScopeRule
+from einopt.rules.merge import concat_scope
 
-__all__ = ["MergeSummations", "RULES", "concat_scope"]
-
-Source = ir.Tensor | ir.Scope
+__all__ = ["MergeSummations", "RULES"]
 
 
 # --------------------------------------------------------------------------
 # Building blocks
 # --------------------------------------------------------------------------
-
-
-def _axes(ranges: list[tuple[int, int]]) -> tuple[ir.Iter, ...]:
-    return tuple(ir.Iter(f"i{j}", lo, hi) for j, (lo, hi) in enumerate(ranges))
-
-
-def _restrict(t: Source, e: int, n: int) -> Source | None:
-    """``t`` with dimension ``e`` cut to ``[0, n)`` (so it reads 0 outside); ``None`` if nothing is left."""
-    ranges = source_ranges(t)
-    lo, hi = ranges[e]
-    if 0 <= lo and hi <= n:
-        return t
-    lo, hi = max(lo, 0), min(hi, n)
-    if lo >= hi:
-        return None
-    its = _axes([(lo, hi) if j == e else r for j, r in enumerate(ranges)])
-    return ir.Scope(its, (), ir.Access(t, its))
-
-
-def concat_scope(a: Source, b: Source, e: int, n1: int, n2: int) -> ir.Scope:
-    """``L[.., i_e:[0, n1+n2), ..] A'[.., i_e, ..] + B'[.., i_e - n1, ..]``.
-
-    ``A'`` is ``a`` restricted to ``[0, n1)`` along ``e`` and ``B'`` is ``b``
-    restricted to ``[0, n2)`` (each through a slice scope when its range is
-    wider), so the result is ``a`` on ``[0, n1)`` and ``b`` shifted by ``n1``
-    on ``[n1, n1+n2)``. The other dimensions have ``a``'s ranges (equal to
-    ``b``'s).
-    """
-    ranges = source_ranges(a)
-    its = _axes([(0, n1 + n2) if j == e else r for j, r in enumerate(ranges)])
-    terms: list[ir.ValueExpr] = []
-    for t, n, off in ((a, n1, 0), (b, n2, n1)):
-        part = _restrict(t, e, n)
-        if part is not None:
-            idx = tuple(
-                simplify(ir.ISub(it, ir.IConst(off))) if j == e and off else it for j, it in enumerate(its)
-            )
-            terms.append(ir.Access(part, idx))
-    body: ir.ValueExpr = terms[0] if terms else ir.Const(0.0)
-    for t in terms[1:]:
-        body = ir.Binary("+", body, t)
-    return ir.Scope(its, (), body)
 
 
 def _fold(terms: list[ir.ValueExpr]) -> ir.ValueExpr:

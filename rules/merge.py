@@ -37,7 +37,7 @@ from einopt.rewrite import (
 from einopt.rules.base import NO_CONTEXT, Context, Failure, Match, Rule, scope_labels
 from einopt.rules.split import rename_iter, taken_names
 
-__all__ = ["MergeExpressions", "RULES", "zip_bodies"]
+__all__ = ["MergeExpressions", "RULES", "zip_bodies", "concat_scope"]
 
 Pair = tuple[ir.Access, ir.Access]
 # How a rebound scope reads M: per dimension of M, (position in the rebound traversal, offset),
@@ -233,8 +233,14 @@ def _join(pz: _Pairing, name: str, n1: str, n2: str) -> _Plan | str:
     return _Plan(merged, rebound, (embed, embed), True, f"join {n1}, {n2} along {x1.name} into {name}")
 
 
-def _concat_scope(t1: ir.Tensor | ir.Scope, t2: ir.Tensor | ir.Scope, e: int, n1: int, n2: int) -> ir.Scope:
-    """``L[.., i_e:[0, n1+n2), ..] T1[.., i_e, ..] + T2[.., i_e - n1, ..]`` (each clipped to the part it supplies)."""
+def concat_scope(t1: ir.Tensor | ir.Scope, t2: ir.Tensor | ir.Scope, e: int, n1: int, n2: int) -> ir.Scope:
+    """``L[.., i_e:[0, n1+n2), ..] T1[.., i_e, ..] + T2[.., i_e - n1, ..]`` (each clipped to the part it supplies).
+
+    Concatenates two tensors or scopes along dimension ``e``: the result is
+    ``T1`` on ``[0, n1)`` and ``T2`` shifted by ``n1`` on ``[n1, n1+n2)``; the
+    other dimensions cover both sources' ranges. Used by ``merge_expressions``
+    (weights) and ``merge_summations`` (summation operands).
+    """
     r1, r2 = source_ranges(t1), source_ranges(t2)
     names = _axes(len(r1))
     its = []
@@ -294,7 +300,7 @@ def _concat(pz: _Pairing, d: int, name: str, n1: str, n2: str) -> _Plan | str:
         if not pz.same_indices(a1, a2, skip=e):
             return pz.differ(a1, a2)
         changed |= a1.source is not a2.source
-        wc = _concat_scope(a1.source, a2.source, e, n_1, n_2)
+        wc = concat_scope(a1.source, a2.source, e, n_1, n_2)
         remap[a1] = ir.Access(wc, a1.indices[:e] + (x1,) + a1.indices[e + 1 :])
     if not changed or not (pz.diff or shared):
         return ""
