@@ -20,6 +20,7 @@ from einopt import ir
 from einopt.index import LinearForm, bounds, from_linear_form, linear_form, simplify, substitute
 from einopt.rewrite import accesses, fresh_name, iter_names, product_factors, substitute_iters
 from einopt.rules.base import Context, Hit, Rule, ScopeRule, hit
+from einopt.rules.boundary import is_zero
 
 __all__ = ["SubstituteVariables", "RULES"]
 
@@ -247,29 +248,14 @@ def _split(scope: ir.Scope, z: ir.Iter, k: int) -> Hit:
     )
 
 
-def _reads_nothing(a: ir.Access, k: ir.Iter, extra: tuple[int, int]) -> bool:
-    """Whether ``a`` reads outside its source for every ``k`` in the half-open ``extra`` (so the factor is 0)."""
-    src = a.source
-    ranges = (
-        [(0, n - 1) for n in src.shape]
-        if isinstance(src, ir.Tensor)
-        else [(it.lo, it.hi - 1) for it in src.traversal]
-    )
-    for e, (lo, hi) in zip(a.indices, ranges, strict=True):
-        if k in e.iters():
-            a_lo, a_hi = bounds(e, {k: extra})
-            if a_hi < lo or a_lo > hi:
-                return True
-    return False
-
-
 def _split_sum(scope: ir.Scope, k: ir.Iter, K: int) -> Hit | str:
     """``Sum k -> Sum q, r`` with ``k = K*q + r``; the terms outside ``k``'s range must vanish."""
     q, r, forward, inverse = _split_iters(scope, k, K)
     start, end = K * q.lo, K * q.hi
     factors = [f for f in product_factors(scope.body) if isinstance(f, ir.Access)]
     for lo, hi in ((start, k.lo), (k.hi, end)):
-        if lo < hi and not any(_reads_nothing(f, k, (lo, hi)) for f in factors):
+        # A factor read outside its source for every extra k makes those terms 0 (no scope is entered).
+        if lo < hi and not any(is_zero(f, {k: (lo, hi)}, depth=0) for f in factors):
             return (
                 f"Sum {k.name} over [{k.lo}, {k.hi}) does not split into whole blocks of {K}: "
                 f"the extra terms {k.name} in [{lo}, {hi}) would not be zero"
