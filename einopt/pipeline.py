@@ -28,6 +28,7 @@ from einopt.verify import Comparison, Tolerance, compare_models, first_line, ver
 log = logging.getLogger(__name__)
 
 MIN_OPSET = 7  # numpy-style broadcasting; older models pass through
+REPORT_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +57,18 @@ class PartResult:
     new_ops: tuple[str, ...] = ()
     expression: str = ""
     max_error: float | None = None
+    trace: str = ""  # the derivation that produced the rewrite ("" when no rule was applied)
+    bench: Mapping[str, float] | None = None  # original_ms, optimized_ms, speedup (``measure_parts``)
+
+
+@dataclasses.dataclass(frozen=True)
+class Workspace:
+    """What measuring the rewritten parts on their own needs (kept off the report)."""
+
+    model: onnx.ModelProto  # the prepared model the parts were cut from
+    parts: tuple[Part, ...]  # the parts whose rewrite is in the output
+    emitted: Mapping[str, Instantiated]
+    feeds: Mapping[str, np.ndarray] | None  # the first verification inputs (None: unverified)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +79,7 @@ class Result:
     verified: bool
     seconds: Mapping[str, float]
     blocked: str = ""  # why the whole model passed through untouched, if it did
+    workspace: Workspace | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def save(self, path: str | Path, *, external_data: bool | None = None) -> None:
         modelio.save_model(self.model, path, external_data=external_data)
@@ -83,16 +97,30 @@ class Result:
         return c
 
     def report(self) -> dict:
-        """A JSON-serialisable summary."""
+        """A JSON-serialisable summary (the report format of ``einopt.report``; ``bench`` filled by the caller)."""
         return {
-            "einopt_report": 1,
+            "einopt_report": REPORT_VERSION,
+            "model": "",
+            "output": "",
             "verified": self.verified,
             "blocked": self.blocked,
             "counts": self.counts(),
             "notes": list(self.notes),
             "seconds": dict(self.seconds),
-            "subprograms": [dataclasses.asdict(p) for p in self.parts],
+            "subprograms": [_part_dict(p) for p in self.parts],
+            "bench": None,
         }
+
+    def with_part_timings(self, timings: Mapping[str, Mapping[str, float]]) -> Result:
+        """A copy whose parts carry ``timings[name]`` (see :func:`einopt.measure.measure_parts`)."""
+        parts = tuple(dataclasses.replace(p, bench=timings.get(p.name, p.bench)) for p in self.parts)
+        return dataclasses.replace(self, parts=parts)
+
+
+def _part_dict(p: PartResult) -> dict:
+    d = dataclasses.asdict(p)
+    d["bench"] = dict(p.bench) if p.bench is not None else None
+    return d
 
 
 def optimize(source: str | Path | onnx.ModelProto, options: Options = Options()) -> Result:
@@ -181,7 +209,10 @@ def _rewrite(
     check_note = _check_output(original, out)
     notes += [check_note] if check_note else []
     results = tuple(_part_result(model, p, emitted, reasons, checks) for p in parts)
-    return Result(out, results, tuple(notes), options.verify, clock.seconds)
+    workspace = Workspace(
+        model, tuple(p for p in parts if p.name in emitted), emitted, datasets[0] if datasets else None
+    )
+    return Result(out, results, tuple(notes), options.verify, clock.seconds, workspace=workspace)
 
 
 def _untouched(model: onnx.ModelProto, reason: str) -> Result:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -215,6 +215,56 @@ def first_line(e: Exception) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
+@dataclasses.dataclass(frozen=True)
+class PartPair:
+    """One rewritten part as two standalone models fed with the values that reach it."""
+
+    name: str
+    original: onnx.ModelProto
+    original_feeds: dict[str, np.ndarray]
+    rewritten: onnx.ModelProto
+    rewritten_feeds: dict[str, np.ndarray]
+
+
+def part_pairs(
+    model: onnx.ModelProto,
+    parts: Sequence[Part],
+    emitted: Mapping[str, Instantiated],
+    feeds: Mapping[str, np.ndarray],
+) -> Iterator[PartPair]:
+    """For each part, its original nodes and its new nodes as two models on the values ``feeds`` produce.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The prepared model the parts were cut from.
+    parts, emitted
+        The translated parts and their instantiations (by part name).
+    feeds : mapping
+        Graph inputs; the original model runs once on them to capture every part's boundary values.
+    """
+    nodes = list(model.graph.node)
+    boundary: dict[str, tuple[list[str], list[str]]] = {}
+    for p in parts:
+        inst = emitted[p.name]
+        old = [nodes[i] for i in p.nodes]
+        boundary[p.name] = (_reads(old), _reads(inst.nodes, {t.name for t in inst.initializers}))
+    values = capture(model, feeds, {n for a, b in boundary.values() for n in a + b})
+    for p in parts:
+        inst = emitted[p.name]
+        outputs = [p.names[o] for o in p.program.outputs]
+        old_in, new_in = boundary[p.name]
+        old_feeds = {n: values[n] for n in old_in}
+        new_feeds = {n: values[n] for n in new_in}
+        yield PartPair(
+            p.name,
+            subgraph_model(model, [nodes[i] for i in p.nodes], old_feeds, outputs),
+            old_feeds,
+            subgraph_model(model, inst.nodes, new_feeds, outputs, inst.initializers, inst.functions),
+            new_feeds,
+        )
+
+
 def verify_parts(
     model: onnx.ModelProto,
     parts: Sequence[Part],
@@ -223,39 +273,21 @@ def verify_parts(
     tol: Tolerance,
 ) -> dict[str, Comparison]:
     """Run each part's original and new nodes on the values that reach it; compare."""
-    nodes = list(model.graph.node)
-    boundary: dict[str, tuple[list[str], list[str]]] = {}
-    for p in parts:
-        old = [nodes[i] for i in p.nodes]
-        inst = emitted[p.name]
-        boundary[p.name] = (_reads(old), _reads(inst.nodes, {t.name for t in inst.initializers}))
-    wanted = {n for a, b in boundary.values() for n in a + b}
     checks: dict[str, Comparison] = {}
     for feeds in datasets:
-        values = capture(model, feeds, wanted)
-        for p in parts:
-            if p.name in checks and not checks[p.name].ok:
-                continue
-            inst = emitted[p.name]
-            outputs = [p.names[o] for o in p.program.outputs]
-            old_in, new_in = boundary[p.name]
-            ref_model = subgraph_model(
-                model, [nodes[i] for i in p.nodes], {n: values[n] for n in old_in}, outputs
-            )
-            new_model = subgraph_model(
-                model, inst.nodes, {n: values[n] for n in new_in}, outputs, inst.initializers, inst.functions
-            )
+        todo = [p for p in parts if p.name not in checks or checks[p.name].ok]
+        for pair in part_pairs(model, todo, emitted, feeds):
             try:
-                ref = modelio.run(ref_model, {n: values[n] for n in old_in})
-                got = modelio.run(new_model, {n: values[n] for n in new_in})
+                ref = modelio.run(pair.original, pair.original_feeds)
+                got = modelio.run(pair.rewritten, pair.rewritten_feeds)
             except Exception as e:  # noqa: BLE001 - a rewrite ORT cannot run is a failed rewrite
-                checks[p.name] = Comparison(
+                checks[pair.name] = Comparison(
                     False, float("inf"), f"ONNX Runtime failed: {type(e).__name__}: {e}"
                 )
                 continue
             c = compare(ref, got, tol)
-            prev = checks.get(p.name)
-            checks[p.name] = (
+            prev = checks.get(pair.name)
+            checks[pair.name] = (
                 c if prev is None else Comparison(c.ok, max(c.max_abs_error, prev.max_abs_error), c.message)
             )
     return checks
