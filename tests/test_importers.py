@@ -669,7 +669,7 @@ def test_scope_operand_with_offset_origin() -> None:
 
 _BACKEND_MODULES = (
     "abs add batch_normalization clip concat conv convtranspose depthtospace div einsum exp flatten gemm "
-    "identity leakyrelu matmul max min mul neg pad prelu relu reshape sigmoid slice spacetodepth split "
+    "gather gatherelements identity leakyrelu matmul max min mul neg pad prelu relu reshape sigmoid slice spacetodepth split "
     "sqrt squeeze sub sum tanh transpose unsqueeze"
 ).split()
 
@@ -678,6 +678,12 @@ _CONSTANT_INPUTS = {"BatchNormalization": {1, 2, 3, 4}, "Clip": {1, 2}, "Pad": {
 
 _BACKEND_REFUSED = {
     "test_matmul_1d_1d": "rank 0",
+    "test_gather_0": "not an affine function",
+    "test_gather_1": "not an affine function",
+    "test_gather_negative_indices": "not an affine function",
+    "test_gather_elements_0": "not an affine function",
+    "test_gather_elements_1": "not an affine function",
+    "test_gather_elements_negative_indices": "not an affine function",
     "test_reshape_allowzero_reordered": "zero-sized",
     "test_split_zero_size_splits_opset13": "zero-sized",
     "test_split_zero_size_splits_opset18": "zero-sized",

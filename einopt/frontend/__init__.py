@@ -37,6 +37,17 @@ Translation conventions (the instantiation side relies on them at depth 0):
   ``X[unravel(ravel(i))]`` with ``//`` and ``%``; DepthToSpace (DCR)
   ``X[n, (h % b)*b*C + (w % b)*C + c, h // b, w // b]`` (CRD:
   ``c*b*b + (h % b)*b + w % b``); SpaceToDepth the inverse.
+* Gather / GatherElements with a constant integer index tensor whose entries
+  (negative ones plus ``dim``) lie in ``[0, dim)`` and equal ``c0 + sum_k c_k*j_k``
+  exactly (fitted from the entries, checked on all): Gather
+  ``X[a.., c0 + sum_k c_k*j_k, b..]`` (a rank-0 index removes the axis),
+  GatherElements ``X[p with p[axis] = c0 + sum_d c_d*p_d]`` (``c_d = 0`` where
+  the index is broadcast). Other indices (not constant, not affine, out of
+  range) pass through. The read sees through sum-free copy scopes (Reshape,
+  Transpose, Pad, ..) while the composed index provably stays in their range,
+  with ``//``/``%`` split Euclidean-wise: a band gathered from a flattened
+  ``[n*N]`` axis at ``i*N + i + d*j`` reads ``S[.., i, i + d*j]`` when
+  ``i + d*j < N``.
 * BatchNormalization (inference) is ``X[n, c, ..] * scale[c] + shift[c]`` with
   folded constant ``scale``/``shift`` tensors.
 """

@@ -4,7 +4,8 @@ The expression forms are documented in :mod:`einopt.frontend`; the
 importers themselves live in ``importers_elementwise`` (arithmetic,
 activations, BatchNormalization), ``importers_linear`` (MatMul, Gemm,
 Einsum), ``importers_conv`` (Conv, ConvTranspose) and ``importers_layout``
-(Transpose, Reshape, Slice, Pad, Concat, ...). Operators not in
+(Transpose, Reshape, Slice, Pad, Concat, ...) and ``importers_gather``
+(Gather, GatherElements with constant affine indices). Operators not in
 :data:`IMPORTERS` (Softmax, Gelu, Erf, pooling, ...) pass through.
 
 :func:`translate_single_node` turns a one-node model into a program; tests
@@ -25,6 +26,7 @@ from onnx import numpy_helper
 from einopt import ir
 from einopt.frontend.importers_conv import CONV_IMPORTERS
 from einopt.frontend.importers_elementwise import ELEMENTWISE_IMPORTERS
+from einopt.frontend.importers_gather import GATHER_IMPORTERS
 from einopt.frontend.importers_layout import LAYOUT_IMPORTERS
 from einopt.frontend.importers_linear import LINEAR_IMPORTERS
 from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset, unique_name
@@ -39,6 +41,7 @@ IMPORTERS: dict[str, Importer] = {
     **LINEAR_IMPORTERS,
     **CONV_IMPORTERS,
     **LAYOUT_IMPORTERS,
+    **GATHER_IMPORTERS,
 }
 """Importer per ONNX op type (default domain)."""
 

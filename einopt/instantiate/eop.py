@@ -55,7 +55,7 @@ from onnx import helper
 from einopt import ir
 from einopt.frontend.onnx_graph import unique_name
 from einopt.instantiate import BINARY_OPS, EINSUM_OPSET, EOP_DOMAIN, UNARY_OPS, UNARY_PARAM
-from einopt.instantiate.eop_access import accesses, gather, plan_access, reads_nothing, slice_and_pad
+from einopt.instantiate.eop_access import Dim, accesses, gather, plan_access, reads_nothing, slice_and_pad
 from einopt.instantiate.eop_graph import Graph
 from einopt.instantiate.eop_rewrite import split_iterators, unroll_summation
 from einopt.syntax import format_expr
@@ -417,6 +417,8 @@ class _Lowerer:
         x = slice_and_pad(self.g, x, dims, consts, simple)
         if x is None:
             return self.zero()
+        if all(grp == list(range(grp[0], grp[-1] + 1)) for grp in groups):
+            return self._gather_in_place(acc, x, dims, consts, groups)
         # Each group merged into one outer axis (so Gather copies contiguous blocks), then the
         # simple dims; constant dims (now of size 1) are dropped.
         order = [k for grp in groups for k in grp] + consts + simple
@@ -434,6 +436,38 @@ class _Lowerer:
             x = gather(self.g, x, a, rank, [dims[k] for k in groups[a]], group_its[a])
             rank += len(group_its[a]) - 1
         return _Val(x, tuple(it for its in group_its for it in its) + tuple(simple_its))
+
+    def _gather_in_place(
+        self, acc: ir.Access, x: str, dims: list[Dim], consts: list[int], groups: list[list[int]]
+    ) -> _Val:
+        """Read with every group of adjacent dims merged and gathered where it is (no Transpose).
+
+        A banded read ``S[b, h, i, i + d*j]`` gathers the last axis of ``S`` viewed as
+        ``[b, h, n*N]``, rather than transposing all of ``S`` to put the band first and back.
+        """
+        first = {grp[0]: grp for grp in groups}
+        in_group = {k for grp in groups for k in grp}
+        shape: list[int] = []
+        layout: list[tuple[list[int], list[ir.Iter]]] = []  # per axis: its group (or []) and iterators
+        for k, d in enumerate(dims):
+            if k in first:
+                grp = first[k]
+                shape.append(math.prod(dims[m].size for m in grp))
+                layout.append((grp, [it for it in self.axes if any(it in dims[m].deps for m in grp)]))
+            elif k not in in_group and k not in consts:
+                it = d.form.coeffs[0][0]
+                shape.append(it.extent)
+                layout.append(([], [it]))
+        if consts or any(len(grp) > 1 for grp in groups):
+            x = self.g.reshape(x, shape)
+        rank = len(shape)
+        for a in reversed(range(len(layout))):  # the last group first, so earlier axes keep their place
+            grp, its = layout[a]
+            if grp:
+                _check_index_size(acc, its)
+                x = gather(self.g, x, a, rank, [dims[m] for m in grp], its)
+                rank += len(its) - 1
+        return _Val(x, tuple(it for _, its in layout for it in its))
 
 
 def _check_index_size(acc: ir.Access, its: list[ir.Iter]) -> None:
