@@ -1,0 +1,441 @@
+"""einopt's speedup reports: checking the report dict and printing it in the terminal.
+
+The report is the plain, JSON-serialisable dict that ``einopt optimize
+--report`` and ``einopt bench --report`` write (format 2):
+``{"einopt_report": 2, "model", "output", "verified", "blocked", "notes",
+"counts", "seconds", "subprograms": [...], "bench": None | {...}}``.
+:func:`validate_report` checks it, :func:`print_report` renders it with rich
+and :mod:`einopt.report_html` renders it as a self-contained HTML page. The
+small formatting helpers here are shared by both renderers, so a number reads
+the same in the terminal and in the browser.
+
+>>> print_report(json.load(open("r.json")), Console())   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from einopt.errors import ModelError
+
+REPORT_VERSION = 2
+TIE = (0.95, 1.05)  # speedups in this band are measurement noise on a shared CPU
+TIE_TEXT = "tie: within noise"
+NOT_MEASURED = "not measured (use --bench)"
+BIG_MODEL_ROWS = 25  # above this, the terminal lists only rewritten and rolled-back subprograms
+LOAD_KEYS = ("load", "loadavg", "load_average")  # optional machine keys: 1, 5, 15 minute load average
+STATUSES = ("rewritten", "rolled back", "passed through")
+KINDS = ("linear", "activation", "passthrough")
+
+# Colours of the verdicts, shared by the terminal (rich styles) and the HTML plots.
+COLORS = {
+    "faster": "#1a9850",
+    "slower": "#d73027",
+    "tie": "#8c8c8c",
+    "original": "#9aa7b8",
+    "optimized": "#2b6cb0",
+}
+RICH_STYLES = {"faster": "bold green", "slower": "bold red", "tie": "yellow"}
+STATUS_STYLES = {"rewritten": "green", "rolled back": "red", "passed through": "dim"}
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def sig3(x: float) -> str:
+    """``x`` with 3 significant digits and no exponent (``123``, ``12.3``, ``1.23``, ``0.0123``)."""
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    digits = max(0, 2 - math.floor(math.log10(abs(x))))
+    return f"{x:.{digits}f}" if abs(x) >= 100 else f"{x:.{digits}f}".rstrip("0").rstrip(".") or "0"
+
+
+def ms_text(ms: float | None) -> str:
+    """A duration in milliseconds: ``"12.3 ms"``, ``"1.25 s"``; ``"-"`` when unknown."""
+    if ms is None:
+        return "-"
+    return f"{sig3(ms / 1000)} s" if ms >= 1000 else f"{sig3(ms)} ms"
+
+
+def spread_text(stats: Mapping[str, Any] | None) -> str:
+    """The p10-p90 spread of a timing: ``"p10-p90 12.1-12.9 ms"``; ``""`` when unknown."""
+    if not stats or stats.get("p10_ms") is None or stats.get("p90_ms") is None:
+        return ""
+    return f"p10-p90 {sig3(stats['p10_ms'])}-{ms_text(stats['p90_ms'])}"
+
+
+def verdict(speedup: float | None) -> str:
+    """``"faster"``, ``"slower"``, ``"tie"`` (within :data:`TIE`) or ``""`` when unknown."""
+    if speedup is None:
+        return ""
+    if TIE[0] <= speedup <= TIE[1]:
+        return "tie"
+    return "faster" if speedup > 1 else "slower"
+
+
+def speedup_text(x: float | None) -> str:
+    """A speedup as ``"1.23x"`` (2 decimals); ``"-"`` when unknown."""
+    if x is None:
+        return "-"
+    if not math.isfinite(x):
+        return "inf x" if x > 0 else "-"
+    return f"{x:.2f}x"
+
+
+def gflop_text(flops: int | None) -> str:
+    """FLOPs in GFLOP with 3 significant digits."""
+    return "-" if flops is None else f"{sig3(flops / 1e9)} GFLOP"
+
+
+def mb_text(nbytes: int | None) -> str:
+    """Bytes in MB (10^6) with 3 significant digits."""
+    return "-" if nbytes is None else f"{sig3(nbytes / 1e6)} MB"
+
+
+def int_text(n: int | None) -> str:
+    """An integer with thousands separators."""
+    return "-" if n is None else f"{n:,}"
+
+
+def error_text(x: float | None) -> str:
+    """A max abs error: ``"3.1e-07"``, ``"0"``; ``"-"`` when not measured."""
+    if x is None:
+        return "-"
+    return "0" if x == 0 else f"{x:.1e}"
+
+
+def ops_text(ops: Sequence[str], limit: int = 6) -> str:
+    """Op types joined by spaces, runs collapsed (``Conv Add×3``) and cut after ``limit``."""
+    runs: list[list] = []
+    for op in ops:
+        if runs and runs[-1][0] == op:
+            runs[-1][1] += 1
+        else:
+            runs.append([op, 1])
+    words = [op if n == 1 else f"{op}×{n}" for op, n in runs]
+    if len(words) > limit:
+        words = words[:limit] + [f"… (+{len(words) - limit})"]
+    return " ".join(words) or "-"
+
+
+def shorten(name: str, width: int = 32) -> str:
+    """``name`` cut in the middle to ``width`` characters (the ends of ONNX names say the most)."""
+    if len(name) <= width:
+        return name
+    head = (width - 1) // 3
+    return name[:head] + "…" + name[len(name) - (width - 1 - head) :]
+
+
+def machine_text(machine: Mapping[str, Any] | None) -> str:
+    """One line about where the timings were taken: CPU, threads, ORT version, load average."""
+    if not machine:
+        return ""
+    parts = [str(machine.get("cpu") or "unknown CPU")]
+    if machine.get("threads") is not None:
+        cores = f" of {machine['cores']} cores" if machine.get("cores") else ""
+        parts.append(f"{machine['threads']} threads{cores}")
+    if machine.get("onnxruntime"):
+        parts.append(f"onnxruntime {machine['onnxruntime']}")
+    load = next((machine[k] for k in LOAD_KEYS if machine.get(k) is not None), None)
+    if load is not None:
+        values = load if isinstance(load, list | tuple) else [load]
+        parts.append("load " + " ".join(f"{float(v):.2f}" for v in values))
+    return ", ".join(parts)
+
+
+def model_title(report: Mapping[str, Any]) -> str:
+    """The report's title: the model, and the optimized model when there is one."""
+    model = report.get("model") or "model"
+    return f"{model} -> {report['output']}" if report.get("output") else model
+
+
+def equality_text(bench: Mapping[str, Any] | None, verified: bool) -> str:
+    """What is known about the two models being equal."""
+    if bench is None:
+        return "verified equal in ONNX Runtime" if verified else "not verified"
+    err = bench.get("max_error")
+    if bench.get("equal"):
+        return f"outputs equal (max error {error_text(err)})"
+    return f"the models differ: {bench.get('message') or 'outputs are not equal'}"
+
+
+def part_speedups(report: Mapping[str, Any]) -> list[tuple[str, float]]:
+    """``(name, speedup)`` of the subprograms that were timed on their own, in report order."""
+    return [
+        (p["name"], p["bench"]["speedup"])
+        for p in report.get("subprograms", [])
+        if p.get("bench") and p["bench"].get("speedup") is not None
+    ]
+
+
+def no_part_speedups_reason(report: Mapping[str, Any]) -> str:
+    """Why a report has no per-subprogram speedups (for the place where the plot would be)."""
+    parts = report.get("subprograms", [])
+    if not parts:
+        return "This report compares two models; it has no subprograms."
+    if not any(p["status"] == "rewritten" for p in parts):
+        return "No subprogram was rewritten, so there is nothing to time on its own."
+    return "Per-subprogram times are measured by `einopt optimize --bench`."
+
+
+# --------------------------------------------------------------------------- validation
+
+_TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "number": ("a number", lambda v: isinstance(v, int | float) and not isinstance(v, bool)),
+    "number?": ("a number or null", lambda v: v is None or _TYPES["number"][1](v)),
+    "str": ("a string", lambda v: isinstance(v, str)),
+    "bool": ("true or false", lambda v: isinstance(v, bool)),
+    "strs": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
+    "list": ("a list", lambda v: isinstance(v, list)),
+    "dict": ("an object", lambda v: isinstance(v, dict)),
+    "dict?": ("an object or null", lambda v: v is None or isinstance(v, dict)),
+}
+_TOP = {
+    "einopt_report": "int",
+    "model": "str",
+    "output": "str",
+    "verified": "bool",
+    "blocked": "str",
+    "notes": "strs",
+    "counts": "dict",
+    "seconds": "dict",
+    "subprograms": "list",
+    "bench": "dict?",
+}
+_PART = {
+    "name": "str",
+    "kind": "str",
+    "ops": "strs",
+    "status": "str",
+    "reason": "str",
+    "new_ops": "strs",
+    "expression": "str",
+    "max_error": "number?",
+    "trace": "str",
+    "bench": "dict?",
+}
+_PART_BENCH = {"original_ms": "number", "optimized_ms": "number", "speedup": "number"}
+_BENCH = {
+    "machine": "dict",
+    "equal": "bool",
+    "max_error": "number?",
+    "message": "str",
+    "runs": "int",
+    "warmup": "int",
+    "original": "dict?",
+    "optimized": "dict?",
+    "speedup": "number?",
+}
+_TIMING = {
+    "median_ms": "number?",
+    "p10_ms": "number?",
+    "p90_ms": "number?",
+    "min_ms": "number?",
+    "nodes": "int",
+    "kernels": "int",
+    "flops": "int",
+    "bytes": "int",
+    "time_by_op": "dict",
+}
+
+
+def _check(obj: Any, schema: Mapping[str, str], where: str) -> None:
+    if not isinstance(obj, dict):
+        raise ModelError(f"report: {where or 'the report'} must be an object, got {type(obj).__name__}")
+    for key, kind in schema.items():
+        path = f"{where}.{key}" if where else key
+        if key not in obj:
+            raise ModelError(f"report: missing key {path!r}")
+        what, ok = _TYPES[kind]
+        if not ok(obj[key]):
+            raise ModelError(f"report: key {path!r} must be {what}, got {type(obj[key]).__name__}")
+
+
+def _check_values(obj: Mapping[str, Any], kind: str, where: str) -> None:
+    what, ok = _TYPES[kind]
+    for key, value in obj.items():
+        if not ok(value):
+            raise ModelError(f"report: key '{where}.{key}' must be {what}, got {type(value).__name__}")
+
+
+def _check_choice(value: str, choices: Sequence[str], path: str) -> None:
+    if value not in choices:
+        raise ModelError(f"report: key {path!r} is {value!r}, expected one of {', '.join(choices)}")
+
+
+def validate_report(report: dict) -> None:
+    """Check that ``report`` follows the report format (keys and types), e.g. a JSON file to re-render.
+
+    Parameters
+    ----------
+    report : dict
+        A report as written by ``einopt optimize --report`` or ``einopt bench --report``.
+
+    Raises
+    ------
+    einopt.errors.ModelError
+        Naming the first key that is missing or has the wrong type (``bench.original.kernels``).
+    """
+    _check(report, _TOP, "")
+    if report["einopt_report"] != REPORT_VERSION:
+        raise ModelError(
+            f"report: key 'einopt_report' is {report['einopt_report']}, this einopt reads format {REPORT_VERSION}"
+        )
+    if "command" in report and not isinstance(report["command"], str | list):
+        raise ModelError("report: key 'command' must be a string or a list of strings")
+    _check_values(report["counts"], "int", "counts")
+    _check_values(report["seconds"], "number", "seconds")
+    for i, part in enumerate(report["subprograms"]):
+        where = f"subprograms[{i}]"
+        _check(part, _PART, where)
+        _check_choice(part["status"], STATUSES, f"{where}.status")
+        _check_choice(part["kind"], KINDS, f"{where}.kind")
+        if part["bench"] is not None:
+            _check(part["bench"], _PART_BENCH, f"{where}.bench")
+    bench = report["bench"]
+    if bench is None:
+        return
+    _check(bench, _BENCH, "bench")
+    for side in ("original", "optimized"):
+        if bench[side] is not None:
+            _check(bench[side], _TIMING, f"bench.{side}")
+            _check_values(bench[side]["time_by_op"], "number", f"bench.{side}.time_by_op")
+
+
+# --------------------------------------------------------------------------- terminal
+
+
+def _styled_speedup(x: float | None, tie_note: bool = True) -> Text:
+    v = verdict(x)
+    text = Text(speedup_text(x), style=RICH_STYLES.get(v, ""))
+    if v == "tie" and tie_note:
+        text.append(f" ({TIE_TEXT})", style="dim")
+    return text
+
+
+def _side(bench: Mapping[str, Any] | None, side: str) -> Mapping[str, Any]:
+    return (bench or {}).get(side) or {}
+
+
+def _summary_table(report: Mapping[str, Any]) -> Table:
+    bench = report.get("bench")
+    table = Table(title=model_title(report), title_style="bold", header_style="bold")
+    table.add_column("")
+    table.add_column("original", justify="right")
+    table.add_column("optimized", justify="right")
+    orig, opt = _side(bench, "original"), _side(bench, "optimized")
+    if bench is None:
+        table.add_row("latency", NOT_MEASURED, "")
+    elif bench.get("speedup") is None or orig.get("median_ms") is None:
+        table.add_row("latency", "not timed (the models differ)", "")
+    else:
+        table.add_row("latency (median)", ms_text(orig.get("median_ms")), ms_text(opt.get("median_ms")))
+        table.add_row("", Text(spread_text(orig), style="dim"), Text(spread_text(opt), style="dim"))
+        table.add_row("speedup", "", _styled_speedup(bench["speedup"]), end_section=True)
+    if orig or opt:
+        rows = (("kernels", "kernels", int_text), ("graph nodes", "nodes", int_text))
+        rows += (("compute", "flops", gflop_text), ("memory", "bytes", mb_text))
+        for label, key, fmt in rows:
+            table.add_row(label, fmt(orig.get(key)), fmt(opt.get(key)))
+    counts = report.get("counts") or {}
+    if counts:
+        rolled = f" ({counts['rolled_back']} rolled back)" if counts.get("rolled_back") else ""
+        table.add_row(
+            "ops rewritten", "", f"{counts.get('rewritten', 0)} of {counts.get('nodes', 0)}{rolled}"
+        )
+    return table
+
+
+def _equality_line(report: Mapping[str, Any]) -> Text:
+    bench = report.get("bench")
+    ok = bench["equal"] if bench else bool(report.get("verified"))
+    style = "green" if ok else ("bold red" if bench else "yellow")
+    return Text(("equal: " if ok else "") + equality_text(bench, bool(report.get("verified"))), style=style)
+
+
+def split_parts(parts: Sequence[Mapping[str, Any]]) -> tuple[list, list, str]:
+    """Big models (> :data:`BIG_MODEL_ROWS` subprograms): the rows to list, the rest, a line about the rest.
+
+    The rewritten and rolled-back subprograms are listed; the passed-through
+    ones are summarised by their op types (``… and 48 more … (Relu×30, Add×18)``).
+    """
+    if len(parts) <= BIG_MODEL_ROWS:
+        return list(parts), [], ""
+    shown = [p for p in parts if p["status"] in ("rewritten", "rolled back")]
+    rest = [p for p in parts if p["status"] not in ("rewritten", "rolled back")]
+    if not rest:
+        return shown, [], ""
+    ops = Counter(op for p in rest for op in p["ops"])
+    common = ", ".join(f"{op}×{n}" for op, n in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))[:6])
+    return shown, rest, f"… and {len(rest)} more subprograms passed through unchanged ({common})"
+
+
+def _parts_table(report: Mapping[str, Any]) -> Table | None:
+    parts = report.get("subprograms") or []
+    if not parts:
+        return None
+    shown, _, rest = split_parts(parts)
+    timed = any(p.get("bench") for p in parts)
+    table = Table(title="subprograms", title_style="bold", header_style="bold", caption=rest or None)
+    table.add_column("subprogram", overflow="fold", max_width=36)
+    table.add_column("ops -> new ops", overflow="fold")
+    table.add_column("status")
+    if timed:
+        table.add_column("speedup", justify="right")
+    table.add_column("max error", justify="right")
+    for p in shown:
+        change = ops_text(p["ops"], limit=4)
+        if p["status"] == "rewritten":
+            change += " -> " + ops_text(p["new_ops"], limit=4)
+        status = Text(p["status"], style=STATUS_STYLES.get(p["status"], ""))
+        if p["status"] == "rolled back" and p.get("reason"):
+            status.append(f" ({p['reason']})", style="dim")
+        row: list[Any] = [shorten(p["name"], 36), change, status]
+        if timed:
+            row.append(_styled_speedup((p.get("bench") or {}).get("speedup"), tie_note=False))
+        row.append(error_text(p.get("max_error")))
+        table.add_row(*row)
+    return table
+
+
+def _footer(report: Mapping[str, Any]) -> list[Text]:
+    lines = []
+    if report.get("blocked"):
+        lines.append(Text(f"untouched: {report['blocked']}", style="yellow"))
+    for note in report.get("notes") or []:
+        lines.append(Text(f"note: {note}", style="dim"))
+    bench = report.get("bench")
+    if bench:
+        machine = machine_text(bench.get("machine"))
+        runs = f"{bench.get('runs')} runs after {bench.get('warmup')} warm-up, interleaved"
+        lines.append(Text(f"machine: {machine}; {runs}", style="dim"))
+        if any(verdict(x) == "tie" for x in [bench.get("speedup")] + [s for _, s in part_speedups(report)]):
+            lines.append(Text(f"speedups within {TIE[0]}-{TIE[1]} are ties: within noise", style="dim"))
+    return lines
+
+
+def print_report(report: dict, console: Console) -> None:
+    """Print a report: the summary table, the subprogram table and the notes.
+
+    Parameters
+    ----------
+    report : dict
+        A report in the format of :func:`validate_report` (``bench`` may be None,
+        ``subprograms`` may be empty, ``bench.equal`` may be False).
+    console : rich.console.Console
+        Where to print.
+    """
+    items: list[Any] = [_summary_table(report), _equality_line(report)]
+    parts = _parts_table(report)
+    if parts is not None:
+        items.append(parts)
+    items.extend(_footer(report))
+    console.print(Group(*items))
