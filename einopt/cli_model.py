@@ -6,12 +6,10 @@ Heavy imports (onnx, onnxruntime, the pipeline) happen inside the commands so
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import click
 
-from einopt.cli import CliError, _handle_errors, main, write_atomic
+from einopt.cli import _handle_errors, main
+from einopt.cli_options import check_runs, check_writable, show_report, with_bench_options, write_report
 from einopt.errors import UnsupportedModelError
 
 
@@ -19,10 +17,6 @@ def _input_shapes(specs: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
     from einopt.frontend.fold import parse_input_shape
 
     return dict(parse_input_shape(s) for s in specs)
-
-
-def _write_json(path: str, data: dict) -> None:
-    write_atomic(path, lambda f: f.write((json.dumps(data, indent=2) + "\n").encode()))
 
 
 _shape_option = click.option(
@@ -62,19 +56,43 @@ _shape_option = click.option(
     default=None,
     help="Store weights in OUT.data (default: only for large models).",
 )
+@click.option(
+    "--bench",
+    "do_bench",
+    is_flag=True,
+    help="Time the output against the original side by side in ONNX Runtime, and each rewritten subprogram.",
+)
+@with_bench_options
 @_handle_errors
 def optimize(
-    source, output, max_depth, input_shapes, npz, no_verify, seed, report_path, external_data
+    source,
+    output,
+    max_depth,
+    input_shapes,
+    npz,
+    no_verify,
+    seed,
+    report_path,
+    external_data,
+    do_bench,
+    budget,
+    min_runs,
+    max_runs,
+    threads,
+    html_path,
 ) -> None:
     """Optimize an ONNX model; the output is verified equal to the original in ONNX Runtime."""
     if max_depth > 0:
         raise click.UsageError("--max-depth > 0 needs the search, which is not in this version of einopt yet")
+    check_runs(min_runs, max_runs)
+    check_writable(output, report_path, html_path)
+    if do_bench:
+        from einopt.bench import configure_threads
+
+        configure_threads(threads)  # before the first ONNX Runtime session of the process
     from einopt.pipeline import Options
     from einopt.pipeline import optimize as run
 
-    for path in (output, report_path):  # fail before a long run, not after it
-        if path and not Path(path).resolve().parent.is_dir():
-            raise CliError(f"cannot write {path}: directory {Path(path).parent} does not exist", "bad_input")
     shapes = _input_shapes(input_shapes)
     extra = (npz,) if npz is not None else ()
     options = Options(max_depth=max_depth, input_shapes=shapes, inputs=extra, verify=not no_verify, seed=seed)
@@ -82,9 +100,26 @@ def optimize(
     if result.blocked:
         raise UnsupportedModelError(f"{source}: {result.blocked}")
     result.save(output, external_data=external_data)
-    if report_path:
-        _write_json(report_path, result.report())
-    if not click.get_current_context().find_root().params["quiet"]:
+    if do_bench:
+        from einopt.measure import benchmark_result
+
+        report = benchmark_result(
+            result,
+            source,
+            output=output,
+            inputs=npz,
+            seed=seed,
+            budget_s=budget,
+            min_runs=min_runs,
+            max_runs=max_runs,
+            threads=threads,
+        )
+    else:
+        report = result.report() | {"model": str(source), "output": str(output)}
+    write_report(report, report_path, html_path)
+    if do_bench:
+        show_report(report)
+    elif not click.get_current_context().find_root().params["quiet"]:
         _print_summary(result, output)
 
 

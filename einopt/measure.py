@@ -1,0 +1,134 @@
+"""Timing what ``optimize`` did: each rewritten subprogram on its own, and the whole model.
+
+The whole-model comparison is :func:`einopt.bench.bench_models`; this module
+adds the per-subprogram view: every rewritten part runs as two standalone
+models (its original nodes, its new nodes) on the values that really reach it,
+interleaved in one process, so the report can say which rewrite won or lost.
+
+>>> result = optimize("model.onnx")                      # doctest: +SKIP
+>>> report = benchmark_result(result, "model.onnx")       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from einopt import bench, modelio
+from einopt.pipeline import Result
+from einopt.verify import part_pairs
+
+
+def measure_parts(
+    result: Result,
+    *,
+    seed: int = 0,
+    warmup: int = 2,
+    min_runs: int = 10,
+    max_runs: int = 100,
+    budget_s: float = 20.0,
+) -> dict[str, dict[str, float]]:
+    """Time every rewritten subprogram against its original nodes, side by side.
+
+    Parameters
+    ----------
+    result : Result
+        What :func:`einopt.pipeline.optimize` returned.
+    seed : int
+        Seed of the random inputs when the result was not verified (verified
+        results reuse their first verification inputs).
+    warmup, min_runs, max_runs : int
+        Per part, as in :func:`einopt.bench.time_interleaved`.
+    budget_s : float
+        Time budget for all parts together, shared equally.
+
+    Returns
+    -------
+    dict
+        ``{part name: {"original_ms", "optimized_ms", "speedup"}}`` for each rewritten part.
+    """
+    ws = result.workspace
+    if ws is None or not ws.parts:
+        return {}
+    feeds = ws.feeds if ws.feeds is not None else modelio.random_inputs(ws.model, seed)
+    per_part = budget_s / len(ws.parts)
+    timings: dict[str, dict[str, float]] = {}
+    for pair in part_pairs(ws.model, ws.parts, ws.emitted, feeds):
+        old = modelio.session(pair.original)
+        new = modelio.session(pair.rewritten)
+        t = bench.time_interleaved(
+            {
+                "original": lambda s=old, f=pair.original_feeds: s.run(None, f),
+                "optimized": lambda s=new, f=pair.rewritten_feeds: s.run(None, f),
+            },
+            warmup=warmup,
+            min_runs=min_runs,
+            max_runs=max_runs,
+            budget_s=per_part,
+        )
+        o, n = t["original"].median_ms, t["optimized"].median_ms
+        timings[pair.name] = {
+            "original_ms": o,
+            "optimized_ms": n,
+            "speedup": o / n if n > 0 else float("inf"),
+        }
+    return timings
+
+
+def benchmark_result(
+    result: Result,
+    source: str | Path | onnx.ModelProto,
+    *,
+    output: str = "",
+    inputs: Mapping[str, np.ndarray] | str | Path | None = None,
+    parts: bool = True,
+    seed: int = 0,
+    budget_s: float = 30.0,
+    min_runs: int = 10,
+    max_runs: int = 200,
+    threads: int | None = None,
+) -> dict:
+    """The full report of an ``optimize`` run: per-part timings and the side-by-side model benchmark.
+
+    Parameters
+    ----------
+    result : Result
+        The optimization result.
+    source : path or onnx.ModelProto
+        The original model (what the optimized model is compared with).
+    output : str
+        Where the optimized model was written (shown in the report).
+    inputs : mapping, path or None
+        Benchmark inputs (an .npz path or arrays); None = seeded random inputs.
+    parts : bool
+        Also time every rewritten subprogram on its own (:func:`measure_parts`).
+    budget_s : float
+        Time budget of the whole-model benchmark (the parts get half as much again).
+    min_runs, max_runs, threads, seed
+        As in :func:`einopt.bench.bench_models`.
+
+    Returns
+    -------
+    dict
+        The report (see :mod:`einopt.report`), with ``bench`` filled.
+    """
+    bench.configure_threads(threads)
+    if parts:
+        result = result.with_part_timings(measure_parts(result, seed=seed, budget_s=budget_s / 2))
+    report = result.report()
+    report["model"] = str(source) if not isinstance(source, onnx.ModelProto) else source.graph.name
+    report["output"] = output
+    report["bench"] = bench.bench_models(
+        source,
+        result.model,
+        inputs,
+        threads=threads,
+        seed=seed,
+        budget_s=budget_s,
+        min_runs=min_runs,
+        max_runs=max_runs,
+    )
+    return report
