@@ -516,12 +516,17 @@ def save_model(
 # ----------------------------------------------------------------------------- run
 
 
-def session(model: onnx.ModelProto, *, threads: int | None = None) -> ort.InferenceSession:
+def session(
+    model: onnx.ModelProto, *, threads: int | None = None, profile_prefix: str | None = None
+) -> ort.InferenceSession:
     """An ONNX Runtime CPU session for ``model`` (quiet logging).
 
     Small models are passed as bytes; models with more than ~1.5 GB of tensors
     go through a temporary directory with external data (removed once the
-    session has loaded them).
+    session has loaded them). After :func:`einopt.bench.configure_threads`,
+    sessions share the process's global thread pool (``threads`` is then
+    ignored). ``profile_prefix`` turns on ONNX Runtime's profiler (its JSON
+    trace goes to ``profile_prefix*.json``; ``end_profiling()`` names it).
 
     Raises
     ------
@@ -533,9 +538,18 @@ def session(model: onnx.ModelProto, *, threads: int | None = None) -> ort.Infere
     _require_loaded(model)
     options = ort.SessionOptions()
     options.log_severity_level = 4
-    if threads is not None:
+    from einopt.bench import thread_options  # the process-wide thread set-up
+
+    shared = thread_options()
+    threads = shared.get("threads", threads)
+    if shared.get("global_pool"):
+        options.use_per_session_threads = False
+    elif threads is not None:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
     providers = ["CPUExecutionProvider"]
     try:
         if total_tensor_bytes(model) <= LARGE_MODEL_BYTES:

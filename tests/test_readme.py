@@ -52,3 +52,19 @@ def test_readme_rules_example_runs_and_lists_every_rule(capsys):
     exec(block, scope)  # noqa: S102 - the README's own example
     assert len(scope["trace"].steps) == 2
     assert "E3 = substitute_variables" in capsys.readouterr().out
+
+
+def test_readme_benchmark_example_runs(tmp_path, monkeypatch):
+    if not README.exists():
+        pytest.skip("README.md is not beside the tests (installed elsewhere)")
+    import onnx
+    from onnx_models import conv_block
+
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    block = next(b for b in blocks if "benchmark_result(" in b)
+    monkeypatch.chdir(tmp_path)
+    onnx.save(conv_block(), "model.onnx")
+    scope: dict = {}
+    exec(block, scope)  # noqa: S102 - the README's own example
+    assert scope["report"]["bench"]["equal"] and scope["report"]["bench"]["speedup"] > 0
+    assert "<svg" in (tmp_path / "report.html").read_text()

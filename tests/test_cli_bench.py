@@ -1,0 +1,114 @@
+"""`einopt bench` and `einopt optimize --bench`: reports with timings, exit codes, no partial files.
+
+Timings are never compared here (the machine is noisy); only that they exist,
+are consistent (speedup = ratio of medians) and that the reports render.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx_models import conv_block, lstm_cell
+
+from einopt.cli import EXIT_CODES, main
+from einopt.measure import measure_parts
+from einopt.pipeline import Options, optimize
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+QUICK = ("--budget", "0.3", "--min-runs", "3", "--max-runs", "5")
+
+
+def run(*args):
+    from click.testing import CliRunner
+
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def _save(model, path):
+    onnx.save(model, str(path))
+    return path
+
+
+def test_optimize_bench_writes_timed_report_and_html(tmp_path):
+    src = _save(lstm_cell(hidden=16), tmp_path / "in.onnx")
+    out, report, html = tmp_path / "out.onnx", tmp_path / "r.json", tmp_path / "r.html"
+    result = run("optimize", src, "-o", out, "--bench", *QUICK, "--report", report, "--html", html)
+    assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    assert data["einopt_report"] == 2 and data["model"] == str(src) and data["output"] == str(out)
+    b = data["bench"]
+    assert b["equal"] and b["runs"] >= 3
+    assert b["speedup"] == pytest.approx(b["original"]["median_ms"] / b["optimized"]["median_ms"])
+    assert b["original"]["kernels"] > 0 and b["original"]["flops"] > 0 and b["machine"]["onnxruntime"]
+    rewritten = [p for p in data["subprograms"] if p["status"] == "rewritten"]
+    assert rewritten and all(p["bench"]["original_ms"] > 0 and p["bench"]["speedup"] > 0 for p in rewritten)
+    assert "<svg" in html.read_text()
+    assert "speedup" in result.output.lower()
+
+
+def test_optimize_report_without_bench_has_no_timings(tmp_path):
+    src = _save(conv_block(), tmp_path / "in.onnx")
+    report, html = tmp_path / "r.json", tmp_path / "r.html"
+    result = run("optimize", src, "-o", tmp_path / "out.onnx", "--report", report, "--html", html)
+    assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    assert data["bench"] is None and all(p["bench"] is None for p in data["subprograms"])
+    assert html.exists()
+
+
+def test_bench_identical_models_are_equal(tmp_path):
+    src = _save(conv_block(), tmp_path / "a.onnx")
+    report = tmp_path / "r.json"
+    result = run("bench", src, src, *QUICK, "--report", report)
+    assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    assert data["bench"]["equal"] and data["subprograms"] == []
+    assert data["bench"]["original"]["kernels"] == data["bench"]["optimized"]["kernels"]
+
+
+def test_bench_refuses_models_that_differ(tmp_path):
+    a = _save(conv_block(seed=0), tmp_path / "a.onnx")
+    b = _save(conv_block(seed=1), tmp_path / "b.onnx")
+    report = tmp_path / "r.json"
+    result = run("bench", a, b, *QUICK, "--report", report)
+    assert result.exit_code == EXIT_CODES["mismatch"], result.output
+    assert "differs" in result.output and "Traceback" not in result.output
+    assert json.loads(report.read_text())["bench"]["equal"] is False
+
+
+def test_bench_with_wrong_inputs_is_a_clear_error(tmp_path):
+    src = _save(conv_block(), tmp_path / "a.onnx")
+    np.savez(tmp_path / "x.npz", y=np.ones((1, 8, 6, 6), np.float32))
+    result = run("bench", src, src, *QUICK, "--inputs", tmp_path / "x.npz")
+    assert result.exit_code == EXIT_CODES["bad_input"], result.output
+    assert result.output.startswith("einopt: error:") and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    "args, code",
+    [
+        (("--min-runs", "5", "--max-runs", "2"), EXIT_CODES["usage"]),
+        (("--html", "no/such/dir/r.html"), EXIT_CODES["bad_input"]),
+    ],
+)
+def test_bad_bench_options_fail_before_running(tmp_path, args, code):
+    src = _save(conv_block(), tmp_path / "a.onnx")
+    out = tmp_path / "out.onnx"
+    result = run("optimize", src, "-o", out, "--bench", *args)
+    assert result.exit_code == code, result.output
+    assert not out.exists()
+
+
+def test_measure_parts_times_every_rewritten_part():
+    result = optimize(lstm_cell(hidden=8), Options(seed=0))
+    timings = measure_parts(result, min_runs=3, max_runs=3, budget_s=0.1)
+    rewritten = {p.name for p in result.parts if p.status == "rewritten"}
+    assert set(timings) == rewritten
+    for t in timings.values():
+        assert t["speedup"] == pytest.approx(t["original_ms"] / t["optimized_ms"])
+    with_timings = result.with_part_timings(timings).report()
+    assert {p["name"] for p in with_timings["subprograms"] if p["bench"]} == rewritten
