@@ -112,3 +112,14 @@ def test_measure_parts_times_every_rewritten_part():
         assert t["speedup"] == pytest.approx(t["original_ms"] / t["optimized_ms"])
     with_timings = result.with_part_timings(timings).report()
     assert {p["name"] for p in with_timings["subprograms"] if p["bench"]} == rewritten
+
+
+def test_python_dash_m_runs_the_registered_commands():
+    import subprocess
+    import sys
+
+    for module in ("einopt", "einopt.cli"):
+        out = subprocess.run(
+            [sys.executable, "-m", module, "bench", "--help"], capture_output=True, text=True
+        )
+        assert out.returncode == 0 and "ORIGINAL OPTIMIZED" in out.stdout, out.stderr

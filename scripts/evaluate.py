@@ -1,0 +1,177 @@
+"""Optimize and benchmark every evaluation model at batch 1 and 16; write results/ and the README table.
+
+    python scripts/evaluate.py                         # all 8 models x batch 1, 16 (about 30 min)
+    python scripts/evaluate.py --models dcgan lstm --batch 1 --no-readme
+    python scripts/evaluate.py --size small            # the reduced test sizes (quick check)
+
+Each (model, batch) pair runs as its own ``einopt optimize --bench`` process
+(the product's command line, one global ONNX Runtime thread pool, interleaved
+medians, equality checked first), so one model's memory and threads never
+disturb the next. Per pair, results/NAME_bsN.json is the full report and
+results/NAME_bsN.html the HTML report; results/summary.json and
+results/results.md collect the table, which replaces the block between the
+``results:start`` / ``results:end`` markers in README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+
+
+def run_pair(name: str, batch: int, args: argparse.Namespace, build: Path, out: Path) -> dict:
+    """Build one model, run ``einopt optimize --bench`` on it, and return its summary row."""
+    from einopt.models import write
+
+    stem = f"{name}_bs{batch}" + ("_small" if args.size == "small" else "")
+    model = write(name, batch, build, size=args.size, seed=0)
+    cmd = [
+        *shlex.split(args.einopt),
+        "-q",
+        "optimize",
+        str(model),
+        "-o",
+        str(build / f"{stem}.einopt.onnx"),
+        "--inputs",
+        str(model.with_suffix(".npz")),
+        "--bench",
+        "--budget",
+        str(args.budget),
+        "--report",
+        str(out / f"{stem}.json"),
+        "--html",
+        str(out / f"{stem}.html"),
+    ]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    row = {"model": name, "batch": batch, "file": f"{stem}.json", "wall_s": round(wall, 1)}
+    if proc.returncode != 0:
+        row["error"] = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        print(f"  {stem}: FAILED: {row['error']}", file=sys.stderr)
+        return row
+    report = json.loads((out / f"{stem}.json").read_text())
+    b = report["bench"]
+    row |= {
+        "ort_ms": b["original"]["median_ms"],
+        "einopt_ms": b["optimized"]["median_ms"],
+        "spread_ms": [
+            [b["original"]["p10_ms"], b["original"]["p90_ms"]],
+            [b["optimized"]["p10_ms"], b["optimized"]["p90_ms"]],
+        ],
+        "speedup": b["speedup"],
+        "kernels": [b["original"]["kernels"], b["optimized"]["kernels"]],
+        "optimize_s": round(sum(report["seconds"].values()), 1),
+        "search_s": report["seconds"].get("search"),
+        "verified": report["verified"] and b["equal"],
+        "rewritten": report["counts"].get("rewritten", 0),
+        "translated": report["counts"].get("translated", 0),
+        "nodes": report["counts"].get("nodes", 0),
+    }
+    print(
+        f"  {stem}: {row['ort_ms']:.3g} -> {row['einopt_ms']:.3g} ms, {row['speedup']:.2f}x, "
+        f"kernels {row['kernels'][0]} -> {row['kernels'][1]} ({wall:.0f} s)"
+    )
+    return row
+
+
+def markdown(rows: list[dict], machine: dict, command: str) -> str:
+    """The results table (with its provenance) as Markdown."""
+    lines = [
+        "| model | batch | ORT ms | einopt ms | speedup | kernels before -> after | einopt time (s) | verified |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['batch']} | | | | | | failed: {r['error']} |")
+            continue
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {r['ort_ms']:.3g} | {r['einopt_ms']:.3g} | "
+            f"{r['speedup']:.2f}x | {r['kernels'][0]} -> {r['kernels'][1]} | {r['optimize_s']:.1f} | "
+            f"{'yes' if r['verified'] else 'NO'} |"
+        )
+    cpu = machine.get("cpu", "?")
+    head = (
+        f"Measured {datetime.date.today().isoformat()} on {cpu}, {machine.get('threads', '?')} threads, "
+        f"ONNX Runtime {machine.get('onnxruntime', '?')}, with `{command}`. "
+        "Speedup = ORT median / einopt median (interleaved runs in one process); "
+        "0.95-1.05 is within this machine's noise. einopt time = the whole `einopt optimize` run "
+        "(prepare, translate, search, instantiate, verify)."
+    )
+    return head + "\n\n" + "\n".join(lines) + "\n"
+
+
+def update_readme(readme: Path, table: str) -> None:
+    text = readme.read_text()
+    if START not in text or END not in text:
+        raise SystemExit(f"{readme} has no {START} ... {END} block to replace")
+    before, rest = text.split(START, 1)
+    _, after = rest.split(END, 1)
+    readme.write_text(f"{before}{START}\n{table}{END}{after}")
+
+
+def main() -> None:
+    from einopt.models import MODELS
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS), metavar="NAME")
+    ap.add_argument("--batch", type=int, action="append", help="batch sizes (default 1 and 16)")
+    ap.add_argument("--size", choices=["full", "small"], default="full")
+    ap.add_argument("--budget", type=float, default=20.0, help="seconds of timed runs per model (default 20)")
+    ap.add_argument(
+        "--out", type=Path, default=ROOT / "results", help="where the reports go (default results/)"
+    )
+    ap.add_argument(
+        "--build", type=Path, default=ROOT / "build" / "models", help="where the models are written"
+    )
+    ap.add_argument("--no-readme", action="store_true", help="do not update README.md")
+    ap.add_argument("--einopt", default=f"{sys.executable} -m einopt", help="how to run einopt")
+    args = ap.parse_args()
+    batches = args.batch or [1, 16]
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.build.mkdir(parents=True, exist_ok=True)
+    command = "python scripts/evaluate.py" + (" --size small" if args.size == "small" else "")
+    rows = []
+    for name in args.models:
+        for batch in batches:
+            print(f"{name} batch {batch}", flush=True)
+            rows.append(run_pair(name, batch, args, args.build, args.out))
+    machine = {}
+    for r in rows:
+        if "error" not in r:
+            machine = json.loads((args.out / r["file"]).read_text())["bench"]["machine"]
+            break
+    summary = {
+        "date": datetime.date.today().isoformat(),
+        "command": command,
+        "machine": machine,
+        "rows": rows,
+    }
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    table = markdown(rows, machine, command)
+    (args.out / "results.md").write_text(table)
+    print(table)
+    if (
+        not args.no_readme
+        and args.size == "full"
+        and set(batches) == {1, 16}
+        and len(rows) == 2 * len(MODELS)
+    ):
+        update_readme(ROOT / "README.md", table)
+        print("README.md updated")
+    sys.exit(1 if any("error" in r for r in rows) else 0)
+
+
+if __name__ == "__main__":
+    os.chdir(ROOT)
+    main()
