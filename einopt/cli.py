@@ -391,7 +391,9 @@ def examples() -> None:
 
 # The ONNX commands (optimize, inspect) and the rule commands (rules, derive) live in their own
 # modules; importing them registers them.
-from einopt import cli_bench, cli_model, cli_rules  # noqa: E402, F401
+from einopt import cli_bench, cli_model, cli_rules, cli_zoo  # noqa: E402, F401
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # `python -m einopt.cli`: run the registered command group, not this copy's
+    from einopt.cli import main as registered
+
+    registered()

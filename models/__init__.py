@@ -1,0 +1,200 @@
+"""The evaluation models of einopt (after the EinNet evaluation), as seeded ONNX generators.
+
+Every model is built with plain ``onnx.helper`` (opset 17, IR version 8,
+float32) with deterministic He-scaled random weights::
+
+    from einopt.models import MODELS, build, write
+    model = build("dcgan", batch=16)               # an onnx.ModelProto
+    path = write("lstm", 1, "build/models")        # lstm_bs1.onnx + lstm_bs1.npz
+
+``size="small"`` gives the same structure (every op kind, kernel, stride,
+dilation and padding) with few channels, pixels and tokens, for tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from . import sequence, vision
+from .builder import GraphBuilder
+
+SIZES = ("full", "small")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """One evaluation model: its name, a title, a one-line description, its builder and inputs."""
+
+    name: str
+    title: str
+    description: str
+    build: Callable[..., onnx.ModelProto]
+    inputs: str
+
+
+MODELS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            "infogan",
+            "InfoGAN generator",
+            "ConvTranspose 228->448->256->128->64->3, ReLU, Tanh: [bs,228,1,1] -> [bs,3,32,32]",
+            vision.build_infogan,
+            "z [bs,228,1,1]",
+        ),
+        ModelSpec(
+            "dcgan",
+            "DCGAN generator",
+            "ConvTranspose 100->512->256->128->64->3, BatchNorm+ReLU, Tanh: [bs,100,1,1] -> [bs,3,64,64]",
+            vision.build_dcgan,
+            "z [bs,100,1,1]",
+        ),
+        ModelSpec(
+            "fsrcnn",
+            "FSRCNN x4 super-resolution",
+            "Conv5x5/1x1/3x3 + PRelu (d=56, s=12), ConvTranspose k9 s4: [bs,1,32,32] -> [bs,1,128,128]",
+            vision.build_fsrcnn,
+            "lowres [bs,1,32,32]",
+        ),
+        ModelSpec(
+            "gcn",
+            "GCN segmentation (ResNet-18 backbone)",
+            "ResNet-18 + global conv k=15 + boundary refinement + ConvTranspose: [bs,3,224,224] -> [bs,21,224,224]",
+            vision.build_gcn,
+            "image [bs,3,224,224]",
+        ),
+        ModelSpec(
+            "resnet18",
+            "ResNet-18",
+            "conv7x7, maxpool, 4 stages of 2 BasicBlocks, avgpool, Gemm: [bs,3,224,224] -> [bs,1000]",
+            vision.build_resnet18,
+            "image [bs,3,224,224]",
+        ),
+        ModelSpec(
+            "csrnet",
+            "CSRNet back end",
+            "six dilated (d=2) 3x3 convs 512->512x3->256->128->64 + ReLU: [bs,512,14,14] -> [bs,64,14,14]",
+            vision.build_csrnet,
+            "features [bs,512,14,14]",
+        ),
+        ModelSpec(
+            "longformer",
+            "Longformer attention layer",
+            "dilated band attention (n=2048, D=512, H=8, w=24, d=4) + FFN: [bs,2048,512] -> [bs,2048,512]",
+            sequence.build_longformer,
+            "x [bs,2048,512]",
+        ),
+        ModelSpec(
+            "lstm",
+            "LSTM cell",
+            "8 gate MatMuls, sigmoid/tanh, c'=f*c+i*g, h'=o*tanh(c'): x, h, c [bs,256] -> h', c' [bs,256]",
+            sequence.build_lstm,
+            "x, h, c [bs,256]",
+        ),
+    )
+}
+
+_PARAMS = {
+    "full": {**vision.FULL, **sequence.FULL},
+    "small": {**vision.SMALL, **sequence.SMALL},
+}
+
+
+def _check(name: str, size: str, batch: int) -> None:
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; choose one of: {', '.join(SIZES)}")
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise ValueError(f"batch must be a positive integer, got {batch!r}")
+
+
+def build(name: str, batch: int = 1, *, size: str = "full", seed: int = 0, **options) -> onnx.ModelProto:
+    """Build an evaluation model.
+
+    Parameters
+    ----------
+    name : str
+        One of ``MODELS``.
+    batch : int
+        The batch size (the first dimension of every input and output).
+    size : {"full", "small"}
+        ``"full"`` is the evaluation size; ``"small"`` the same structure, reduced, for tests.
+    seed : int
+        Seed of the random weights (the same seed gives the same bytes).
+    **options
+        Builder keywords (``gather_elements=True`` for longformer, tests only).
+
+    Returns
+    -------
+    onnx.ModelProto
+
+    Raises
+    ------
+    ValueError
+        Unknown name or size, or a bad batch.
+    """
+    _check(name, size, batch)
+    graph = name if size == "full" else f"{name}_small"
+    return MODELS[name].build(GraphBuilder(graph, seed), batch, **_PARAMS[size][name], **options)
+
+
+def sample_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded standard-normal float32 inputs for every graph input of ``model``, by name."""
+    rng = np.random.default_rng(seed)
+    inits = {t.name for t in model.graph.initializer}
+    feeds = {}
+    for value in model.graph.input:
+        if value.name in inits:
+            continue
+        shape = tuple(d.dim_value for d in value.type.tensor_type.shape.dim)
+        feeds[value.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def file_stem(name: str, batch: int, size: str = "full") -> str:
+    """``NAME_bsN`` (``NAME_bsN_small`` for the small size)."""
+    return f"{name}_bs{batch}" + ("" if size == "full" else f"_{size}")
+
+
+def _atomic_write(path: Path, write: Callable[[object], None]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; these are ordinary output files
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write(name: str, batch: int, out_dir: str | Path, *, size: str = "full", seed: int = 0) -> Path:
+    """Write ``NAME_bsN.onnx`` and its sample inputs ``NAME_bsN.npz`` (by graph input name) into ``out_dir``.
+
+    Both files are written atomically (a temporary file renamed into place).
+
+    Returns
+    -------
+    Path
+        The ``.onnx`` path; ``path.with_suffix(".npz")`` holds the inputs.
+    """
+    model = build(name, batch, size=size, seed=seed)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{file_stem(name, batch, size)}.onnx"
+    inputs = sample_inputs(model, seed)
+    data = model.SerializeToString()
+    _atomic_write(path.with_suffix(".npz"), lambda f: np.savez(f, **inputs))
+    _atomic_write(path, lambda f: f.write(data))
+    return path
+
+
+__all__ = ["MODELS", "SIZES", "ModelSpec", "build", "file_stem", "sample_inputs", "write"]
