@@ -10,6 +10,7 @@ times any callables the same way (``einopt.measure`` uses it per subprogram).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import importlib.metadata
 import json
@@ -43,12 +44,23 @@ def _cores() -> int:
 def configure_threads(threads: int | None = None) -> int:
     """Put every ONNX Runtime session einopt creates from now on into one global thread pool.
 
-    Call it once, early; later calls keep the first configuration (ONNX
-    Runtime builds its global pools once per process) and return its thread
-    count. In ONNX Runtime 1.31 the pool sizes may be set even after sessions
-    exist; should a runtime refuse sessions on the global pool, einopt falls
+    Call it once, early; later calls keep the first configuration and return
+    its thread count (ONNX Runtime builds its global pools once per process:
+    a second ``set_global_thread_pool_sizes`` fails with "Global thread pools
+    have already been created"). Measured with ONNX Runtime 1.31: it need not
+    come before the process's first ``InferenceSession``; sessions created
+    afterwards with ``use_per_session_threads=False`` join the global pool.
+    If the pools were already created by other code, they are used as they
+    are. Should a runtime refuse sessions on the global pool, einopt falls
     back to per-session pools of ``threads`` intra-op threads and the machine
     info says ``"thread_pool": "per-session"``.
+
+    Once the global pools exist, ONNX Runtime refuses any session in the
+    process that asks for threads of its own: code that creates sessions
+    itself after benchmarking must set ``use_per_session_threads = False``
+    (:func:`einopt.modelio.session` does). With the environment variable
+    ``EINOPT_THREAD_POOL=per-session`` einopt leaves the process alone and
+    uses per-session pools with spinning turned off instead (the tests do).
 
     Parameters
     ----------
@@ -63,9 +75,18 @@ def configure_threads(threads: int | None = None) -> int:
     if _STATE["threads"] is not None:
         return int(_STATE["threads"])
     n = threads or _cores()
+    mode = os.environ.get("EINOPT_THREAD_POOL", "global")
+    if mode not in ("global", "per-session"):
+        raise ValueError(f"EINOPT_THREAD_POOL must be 'global' or 'per-session', not {mode!r}")
+    if mode == "per-session":
+        _STATE["threads"], _STATE["pool"] = n, "per-session"
+        return n
     from onnxruntime.capi import _pybind_state
 
-    _pybind_state.set_global_thread_pool_sizes(n, 1)
+    try:
+        _pybind_state.set_global_thread_pool_sizes(n, 1)
+    except Exception:  # noqa: BLE001 - pools already created by other code: the probe below decides
+        pass
     _STATE["threads"] = n
     _STATE["pool"] = "global"
     try:
@@ -204,8 +225,17 @@ def profile_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], runs:
     """Kernels executed per run and median kernel time per op type (ms), from ONNX Runtime's profiler.
 
     The profiled session is separate from any timed one (profiling adds
-    overhead); kernels are what ORT runs after its own fusions, so a
-    Conv+Relu that ORT fused counts once, as ``FusedConv``.
+    overhead); its first run (allocation, first touch) is dropped. Kernels
+    are what ORT runs after its own fusions and layout passes, named by the
+    ``op_name`` ORT reports: a Conv+Relu that ORT fused counts once (as
+    ``FusedConv``, or ``Conv`` when it runs in the blocked NCHWc layout), and
+    the layout conversions it inserted count as ``ReorderInput`` /
+    ``ReorderOutput``. The trace file is deleted.
+
+    Returns
+    -------
+    dict
+        ``{"kernels": median kernels per run, "time_by_op": {op: median ms per run}}``.
     """
     with tempfile.TemporaryDirectory(prefix="einopt-prof-") as tmp:
         sess = modelio.session(model, profile_prefix=os.path.join(tmp, "ort"))
@@ -213,25 +243,25 @@ def profile_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], runs:
             sess.run(None, dict(feeds))
         trace = sess.end_profiling()
         events = json.loads(Path(trace).read_text())
-    per_run: list[dict[str, float]] = []
-    kernels: list[int] = []
-    current: dict[str, float] | None = None
+    # ORT writes each run's kernel events before the run's own event, so kernels are
+    # assigned to runs by time: a kernel belongs to the model_run whose span contains it.
+    runs_at = sorted(
+        (e["ts"], e["ts"] + e.get("dur", 0))
+        for e in events
+        if e.get("cat") == "Session" and e.get("name") == "model_run"
+    )
+    per_run: list[dict[str, float]] = [{} for _ in runs_at]
+    kernels = [0 for _ in runs_at]
+    starts = [a for a, _ in runs_at]
     for e in events:
-        if e.get("cat") == "Session" and e.get("name") == "model_run":
-            continue
         if e.get("cat") != "Node" or not str(e.get("name", "")).endswith("_kernel_time"):
-            if e.get("cat") == "Session" and e.get("name") == "SequentialExecutor::Execute":
-                current = {}
-                per_run.append(current)
-                kernels.append(0)
             continue
-        if current is None:
-            current = {}
-            per_run.append(current)
-            kernels.append(0)
+        k = bisect.bisect_right(starts, e["ts"]) - 1
+        if k < 0 or e["ts"] > runs_at[k][1]:
+            continue
         op = e.get("args", {}).get("op_name", "?")
-        current[op] = current.get(op, 0.0) + e.get("dur", 0) / 1e3
-        kernels[-1] += 1
+        per_run[k][op] = per_run[k].get(op, 0.0) + e.get("dur", 0) / 1e3
+        kernels[k] += 1
     per_run, kernels = per_run[1:] or per_run, kernels[1:] or kernels
     ops = sorted({op for r in per_run for op in r})
     return {
@@ -251,7 +281,17 @@ def _feeds(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray] | str | Path
         return modelio.random_inputs(model, seed)
     if isinstance(inputs, str | Path):
         return modelio.load_inputs(inputs, model)
-    return {k: np.asarray(v) for k, v in inputs.items()}
+    feeds = {k: np.asarray(v) for k, v in inputs.items()}
+    declared = {i.name for i in model.graph.input}
+    required = [i.name for i in modelio.feed_inputs(model)]
+    unknown = sorted(set(feeds) - declared)
+    missing = [n for n in required if n not in feeds]
+    if unknown or missing:
+        raise ModelError(
+            f"the inputs do not fit the model: unknown names {unknown}, missing {missing} "
+            f"(the model's inputs are {required})"
+        )
+    return feeds
 
 
 def _stats(model: onnx.ModelProto, timing: Timing | None, profile: dict) -> dict:

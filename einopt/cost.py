@@ -100,16 +100,13 @@ FLOPS: dict[str, Callable[[Sequence[Shape], Shape, onnx.NodeProto], int]] = {
 VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
 """Ops that ONNX Runtime can run without moving data: no bytes."""
 
-_BYTES = {
-    onnx.TensorProto.FLOAT: 4,
-    onnx.TensorProto.FLOAT16: 2,
-    onnx.TensorProto.DOUBLE: 8,
-    onnx.TensorProto.INT64: 8,
-    onnx.TensorProto.INT32: 4,
-    onnx.TensorProto.INT8: 1,
-    onnx.TensorProto.UINT8: 1,
-    onnx.TensorProto.BOOL: 1,
-}
+
+def _itemsize(dtype: int) -> int:
+    """Bytes per element of an ONNX element type (4 for types numpy cannot represent)."""
+    try:
+        return onnx.helper.tensor_dtype_to_np_dtype(dtype).itemsize
+    except (KeyError, ValueError, TypeError):
+        return 4
 
 
 def _value_types(model: onnx.ModelProto) -> dict[str, tuple[Shape, int]]:
@@ -162,11 +159,7 @@ def model_cost(model: onnx.ModelProto) -> Cost:
         ins = [types[n][0] for n in node.input if n]
         out = types[node.output[0]][0]
         f = FLOPS[node.op_type](ins, out, node) if node.op_type in FLOPS else 0
-        b = (
-            0
-            if node.op_type in VIEWS
-            else sum(_size(types[n][0]) * _BYTES.get(types[n][1], 4) for n in names)
-        )
+        b = 0 if node.op_type in VIEWS else sum(_size(types[n][0]) * _itemsize(types[n][1]) for n in names)
         flops += f
         nbytes += b
         acc = by_op.setdefault(node.op_type, [0, 0])

@@ -547,6 +547,8 @@ def session(
     elif threads is not None:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+    if "threads" in shared:  # per-session pools while benchmarking: idle sessions must not spin
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if profile_prefix is not None:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix

@@ -226,11 +226,16 @@ class PartPair:
     rewritten_feeds: dict[str, np.ndarray]
 
 
+CAPTURE_BYTES = 2 << 30
+"""Intermediate values captured at once for part checks; more parts means more runs of the model."""
+
+
 def part_pairs(
     model: onnx.ModelProto,
     parts: Sequence[Part],
     emitted: Mapping[str, Instantiated],
     feeds: Mapping[str, np.ndarray],
+    max_bytes: int = CAPTURE_BYTES,
 ) -> Iterator[PartPair]:
     """For each part, its original nodes and its new nodes as two models on the values ``feeds`` produce.
 
@@ -241,7 +246,12 @@ def part_pairs(
     parts, emitted
         The translated parts and their instantiations (by part name).
     feeds : mapping
-        Graph inputs; the original model runs once on them to capture every part's boundary values.
+        Graph inputs; the original model runs on them to capture the parts' boundary values.
+    max_bytes : int
+        Capture at most about this many bytes of intermediate values per run of
+        the model (parts are taken in order, in groups that fit; a part that
+        alone needs more is a group of its own), so big models at big batches
+        are checked without holding every intermediate value at once.
     """
     nodes = list(model.graph.node)
     boundary: dict[str, tuple[list[str], list[str]]] = {}
@@ -249,20 +259,55 @@ def part_pairs(
         inst = emitted[p.name]
         old = [nodes[i] for i in p.nodes]
         boundary[p.name] = (_reads(old), _reads(inst.nodes, {t.name for t in inst.initializers}))
-    values = capture(model, feeds, {n for a, b in boundary.values() for n in a + b})
+    for group in _groups(parts, boundary, _value_bytes(model, feeds), max_bytes):
+        values = capture(model, feeds, {n for p in group for n in sum(boundary[p.name], [])})
+        for p in group:
+            inst = emitted[p.name]
+            outputs = [p.names[o] for o in p.program.outputs]
+            old_in, new_in = boundary[p.name]
+            old_feeds = {n: values[n] for n in old_in}
+            new_feeds = {n: values[n] for n in new_in}
+            yield PartPair(
+                p.name,
+                subgraph_model(model, [nodes[i] for i in p.nodes], old_feeds, outputs),
+                old_feeds,
+                subgraph_model(model, inst.nodes, new_feeds, outputs, inst.initializers, inst.functions),
+                new_feeds,
+            )
+        del values
+
+
+def _value_bytes(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
+    """Bytes of each intermediate value whose shape is known (graph inputs and initializers cost nothing)."""
+    sizes: dict[str, int] = {}
+    skip = set(feeds) | {t.name for t in model.graph.initializer}
+    for vi in [*model.graph.value_info, *model.graph.output]:
+        t = vi.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in t.shape.dim]
+        if vi.name not in skip and t.elem_type:
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).itemsize
+            sizes[vi.name] = int(np.prod(dims, dtype=np.int64)) * itemsize
+    return sizes
+
+
+def _groups(
+    parts: Sequence[Part],
+    boundary: Mapping[str, tuple[list[str], list[str]]],
+    sizes: Mapping[str, int],
+    max_bytes: int,
+) -> Iterator[list[Part]]:
+    group: list[Part] = []
+    names: set[str] = set()
     for p in parts:
-        inst = emitted[p.name]
-        outputs = [p.names[o] for o in p.program.outputs]
-        old_in, new_in = boundary[p.name]
-        old_feeds = {n: values[n] for n in old_in}
-        new_feeds = {n: values[n] for n in new_in}
-        yield PartPair(
-            p.name,
-            subgraph_model(model, [nodes[i] for i in p.nodes], old_feeds, outputs),
-            old_feeds,
-            subgraph_model(model, inst.nodes, new_feeds, outputs, inst.initializers, inst.functions),
-            new_feeds,
-        )
+        mine = set(sum(boundary[p.name], []))
+        grown = names | mine
+        if group and sum(sizes.get(n, 0) for n in grown) > max_bytes:
+            yield group
+            group, grown = [], mine
+        group.append(p)
+        names = grown
+    if group:
+        yield group
 
 
 def verify_parts(

@@ -17,3 +17,8 @@ settings.register_profile(
 )
 settings.register_profile("explore", deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# Benchmarking in ONNX Runtime's global thread pool makes every later session of the
+# process that wants its own threads fail; tests share processes, so they use
+# per-session pools (test_bench checks the global pool in a subprocess).
+os.environ.setdefault("EINOPT_THREAD_POOL", "per-session")

@@ -123,3 +123,22 @@ def test_python_dash_m_runs_the_registered_commands():
             [sys.executable, "-m", module, "bench", "--help"], capture_output=True, text=True
         )
         assert out.returncode == 0 and "ORIGINAL OPTIMIZED" in out.stdout, out.stderr
+
+
+def test_part_pairs_in_small_capture_groups_match_one_big_capture():
+    from einopt import modelio
+    from einopt.verify import part_pairs
+
+    result = optimize(lstm_cell(hidden=8), Options(seed=0))
+    ws = result.workspace
+    whole = list(part_pairs(ws.model, ws.parts, ws.emitted, ws.feeds))
+    one_by_one = list(part_pairs(ws.model, ws.parts, ws.emitted, ws.feeds, max_bytes=0))
+    assert [p.name for p in whole] == [p.name for p in one_by_one] == [p.name for p in ws.parts]
+    for a, b in zip(whole, one_by_one, strict=True):
+        assert a.original_feeds.keys() == b.original_feeds.keys()
+        for k in a.original_feeds:
+            np.testing.assert_array_equal(a.original_feeds[k], b.original_feeds[k])
+        ref = modelio.run(b.original, b.original_feeds)
+        got = modelio.run(b.rewritten, b.rewritten_feeds)
+        for k in ref:
+            np.testing.assert_allclose(got[k], ref[k], rtol=1e-4, atol=1e-5)

@@ -222,3 +222,18 @@ def test_translated_subprograms_round_trip_through_the_text_syntax(make_model):
     assert parts and all(p.program is not None for p in parts)
     for p in parts:
         assert einopt.parse(einopt.format_expr(p.program)) is p.program
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_pointwise_conv_stays_a_conv_at_any_batch(batch):
+    """A 1x1 conv with bias also matches Gemm, but at batch > 1 only through transposes of activations."""
+    from onnx_models import make
+
+    w = np.random.default_rng(0).standard_normal((6, 5, 1, 1)).astype(np.float32)
+    node = onnx.helper.make_node("Conv", ["x", "w", "b"], ["y"], name="pw")
+    inits = {"w": w, "b": np.ones(6, np.float32)}
+    model = make([node], [("x", [batch, 5, 7, 7])], [("y", [batch, 6, 7, 7])], inits)
+    result = optimize(model, Options(seed=0))
+    (part,) = result.parts
+    assert result.verified and part.status == "rewritten" and "Transpose" not in part.new_ops, part.new_ops
+    assert part.new_ops == (("Conv",) if batch > 1 else ("Reshape", "Gemm", "Reshape"))

@@ -43,6 +43,7 @@ from einopt.instantiate.plan import (
     OpNode,
     Scale,
     Step,
+    Transpose,
     normalize,
     steps_cost,
 )
@@ -429,13 +430,48 @@ def match(
     computed anyway, so fusing would compute it twice).
     """
     failures: list[tuple[str, Failure]] = []
-    for name, fn in (matchers or MATCHERS).items():
+    table = matchers or MATCHERS
+    for k, (name, fn) in enumerate(table.items()):
         r = fn(scope, ctx)
         if isinstance(r, Match):
             fused = [s for s in r.consumes if s in ctx.bound]
             if not fused:
+                if name in COMPUTE and layout_cost(r, ctx) > 0:
+                    r = _cheapest_compute(scope, ctx, r, list(table.items())[k + 1 :])
                 log.debug("matched %s as %s", scope, r.op_type)
                 return r, tuple(failures)
             r = Failure("fuses a scope that is a program binding")
         failures.append((name, r))
     return None, tuple(failures)
+
+
+COMPUTE = frozenset({"Gemm", "ConvTranspose", "Conv", "MatMul"})
+"""Matchers of compute operators: among those that accept a scope, run-time layout work decides."""
+
+
+TRANSPOSE_COST = steps_cost((Transpose((1, 0)),), constant=False)
+
+
+def layout_cost(m: Match, ctx: Context) -> float:
+    """Run-time layout work a match adds around its operators (transposes of activations cost most)."""
+    return sum(steps_cost(o.steps, ctx.is_constant(o.source)) for o in m.operands) + steps_cost(m.post, False)
+
+
+def _cheapest_compute(
+    scope: ir.Scope, ctx: Context, first: Match, later: Sequence[tuple[str, Matcher]]
+) -> Match:
+    """``first``, unless a later compute matcher saves at least one run-time transpose.
+
+    A 1x1 convolution at batch > 1 matches Gemm only through transposes of
+    its input and output, while Conv takes it as it is.
+    """
+    best, cost = first, layout_cost(first, ctx)
+    for name, fn in later:
+        if name not in COMPUTE:
+            continue
+        r = fn(scope, ctx)
+        if isinstance(r, Match) and not any(s in ctx.bound for s in r.consumes):
+            c = layout_cost(r, ctx)
+            if c <= cost - TRANSPOSE_COST:
+                best, cost = r, c
+    return best
