@@ -74,3 +74,18 @@ def lstm_cell(seed: int = 0, hidden: int = 16) -> onnx.ModelProto:
         inits,
         name="lstm_cell",
     )
+
+
+def tiny_model(nodes, inputs, outputs, inits=(), functions=()) -> onnx.ModelProto:
+    """A float32 opset-17 model from ``(name, shape)`` inputs/outputs and ``(name, array)`` initializers."""
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, s) for n, s in outputs],
+        initializer=[onnx.numpy_helper.from_array(a, n) for n, a in inits],
+    )
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid("einopt.eop", 1)] if functions else [])
+    m = helper.make_model(graph, opset_imports=opsets, functions=list(functions))
+    m.ir_version = 8
+    return m

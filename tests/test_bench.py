@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-from onnx_models import conv_block
+from onnx import helper
+from onnx_models import conv_block, tiny_model
 
 from einopt import bench
 from einopt.errors import ModelError
@@ -17,25 +17,11 @@ from einopt.errors import ModelError
 QUICK = {"min_runs": 3, "max_runs": 4, "budget_s": 0.05, "warmup": 1}
 
 
-def _model(nodes, inputs, outputs, inits=(), functions=()):
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs],
-        initializer=[numpy_helper.from_array(a, n) for n, a in inits],
-    )
-    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid("einopt.eop", 1)] if functions else [])
-    m = helper.make_model(graph, opset_imports=opsets, functions=list(functions))
-    m.ir_version = 8
-    return m
-
-
 W = np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32)
 
 
 def matmul_model():
-    return _model(
+    return tiny_model(
         [helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", [4, 32])], [("y", [4, 16])], [("w", W)]
     )
 
@@ -45,7 +31,7 @@ def transposed_matmul_model(w=W):
         helper.make_node("Transpose", ["wt"], ["w"], perm=[1, 0]),
         helper.make_node("MatMul", ["x", "w"], ["y"]),
     ]
-    return _model(nodes, [("x", [4, 32])], [("y", [4, 16])], [("wt", np.ascontiguousarray(w.T))])
+    return tiny_model(nodes, [("x", [4, 32])], [("y", [4, 16])], [("wt", np.ascontiguousarray(w.T))])
 
 
 def test_equal_models_are_timed_and_described():
@@ -74,15 +60,19 @@ def test_models_that_differ_are_not_timed_unless_forced():
 
 
 def test_signature_and_input_mismatches_are_model_errors():
-    wider = _model(
+    wider = tiny_model(
         [helper.make_node("MatMul", ["z", "w"], ["y"])], [("z", [4, 32])], [("y", [4, 16])], [("w", W)]
     )
     with pytest.raises(ModelError, match="different inputs or outputs"):
         bench.bench_models(matmul_model(), wider, **QUICK)
     with pytest.raises(ModelError):
-        bench.bench_models(matmul_model(), matmul_model(), {"x": np.ones((4, 31), np.float32)}, **QUICK)
+        bench.bench_models(
+            matmul_model(), matmul_model(), {"x": np.ones((4, 31), np.float32)}, **QUICK
+        )
     with pytest.raises(ModelError, match=r"unknown names \['z'\], missing \['x'\]"):
-        bench.bench_models(matmul_model(), matmul_model(), {"z": np.ones((4, 32), np.float32)}, **QUICK)
+        bench.bench_models(
+            matmul_model(), matmul_model(), {"z": np.ones((4, 32), np.float32)}, **QUICK
+        )
 
 
 def test_time_interleaved_rotates_and_respects_run_limits():
@@ -106,7 +96,7 @@ def test_profile_counts_kernels_per_run():
         helper.make_node(op, [a], [b])
         for op, a, b in (("Sin", "x", "s"), ("Cos", "s", "c"), ("Sin", "c", "y"))
     ]
-    p = bench.profile_model(_model(chain, [("x", [4, 32])], [("y", [4, 32])]), {"x": x}, runs=4)
+    p = bench.profile_model(tiny_model(chain, [("x", [4, 32])], [("y", [4, 32])]), {"x": x}, runs=4)
     assert p["kernels"] == 3 and set(p["time_by_op"]) == {"Sin", "Cos"}
     p = bench.profile_model(conv_block(), {"x": np.ones((1, 8, 6, 6), np.float32)}, runs=3)
     assert p["kernels"] >= 1 and all(v >= 0 for v in p["time_by_op"].values())

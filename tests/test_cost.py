@@ -5,30 +5,16 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-from onnx_models import conv_block
+from onnx import helper, numpy_helper
+from onnx_models import conv_block, tiny_model
 
 from einopt.cost import model_cost
 from einopt.pipeline import Options, optimize
 
 
-def _model(nodes, inputs, outputs, inits=(), functions=()):
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs],
-        initializer=[numpy_helper.from_array(a, n) for n, a in inits],
-    )
-    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid("einopt.eop", 1)] if functions else [])
-    m = helper.make_model(graph, opset_imports=opsets, functions=list(functions))
-    m.ir_version = 8
-    return m
-
-
 def test_cost_of_batched_matmul():
     w = np.zeros((3, 32, 16), np.float32)
-    m = _model(
+    m = tiny_model(
         [helper.make_node("MatMul", ["x", "w"], ["y"])], [("x", [3, 4, 32])], [("y", [3, 4, 16])], [("w", w)]
     )
     c = model_cost(m)
@@ -38,7 +24,7 @@ def test_cost_of_batched_matmul():
 
 
 def test_unknown_shapes_count_zero_and_are_listed():
-    m = _model(
+    m = tiny_model(
         [
             helper.make_node("Relu", ["x"], ["r"], name="relu"),
             helper.make_node("Add", ["r", "r"], ["y"], name="add"),
@@ -53,7 +39,7 @@ def test_unknown_shapes_count_zero_and_are_listed():
 def test_cost_of_conv_and_conv_transpose():
     x = ("x", [1, 8, 6, 6])
     w = np.zeros((4, 8, 3, 3), np.float32)
-    conv = _model(
+    conv = tiny_model(
         [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
         [x],
         [("y", [1, 4, 6, 6])],
@@ -63,7 +49,7 @@ def test_cost_of_conv_and_conv_transpose():
     assert c.flops == 2 * 4 * 36 * 8 * 9
     assert c.bytes == 4 * (8 * 36 + 4 * 8 * 9 + 4 * 36) and c.unknown == []
     wt = np.zeros((8, 4, 4, 4), np.float32)
-    ct = _model(
+    ct = tiny_model(
         [helper.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1])],
         [x],
         [("y", [1, 4, 12, 12])],
@@ -73,7 +59,7 @@ def test_cost_of_conv_and_conv_transpose():
 
 
 def test_cost_of_views_and_eoperator_functions():
-    reshape = _model(
+    reshape = tiny_model(
         [helper.make_node("Reshape", ["x", "s"], ["y"])],
         [("x", [2, 6])],
         [("y", [3, 4])],
@@ -88,7 +74,7 @@ def test_cost_of_views_and_eoperator_functions():
         [helper.make_node("Add", ["a", "a"], ["b"])],
         [helper.make_opsetid("", 17)],
     )
-    m = _model(
+    m = tiny_model(
         [helper.make_node("Double", ["x"], ["y"], domain="einopt.eop")],
         [("x", [5])],
         [("y", [5])],
