@@ -517,7 +517,11 @@ def save_model(
 
 
 def session(
-    model: onnx.ModelProto, *, threads: int | None = None, profile_prefix: str | None = None
+    model: onnx.ModelProto,
+    *,
+    threads: int | None = None,
+    profile_prefix: str | None = None,
+    arena: bool = True,
 ) -> ort.InferenceSession:
     """An ONNX Runtime CPU session for ``model`` (quiet logging).
 
@@ -527,6 +531,9 @@ def session(
     sessions share the process's global thread pool (``threads`` is then
     ignored). ``profile_prefix`` turns on ONNX Runtime's profiler (its JSON
     trace goes to ``profile_prefix*.json``; ``end_profiling()`` names it).
+    ``arena=False`` turns off ONNX Runtime's CPU memory arena, which keeps the
+    peak memory of a run until the session is gone: right for sessions that
+    run once (verification of big models at big batches), wrong for timed ones.
 
     Raises
     ------
@@ -549,6 +556,7 @@ def session(
         options.inter_op_num_threads = 1
     if "threads" in shared:  # per-session pools while benchmarking: idle sessions must not spin
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.enable_cpu_mem_arena = arena
     if profile_prefix is not None:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
@@ -587,7 +595,7 @@ def run(
     ModelError
         ONNX Runtime fails while running (bad feeds, or the model fails on them).
     """
-    sess = model if isinstance(model, ort.InferenceSession) else session(model)
+    sess = model if isinstance(model, ort.InferenceSession) else session(model, arena=False)
     names = list(outputs) if outputs is not None else [o.name for o in sess.get_outputs()]
     try:
         values = sess.run(names, dict(feeds), _QUIET_RUN)

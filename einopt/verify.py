@@ -198,7 +198,7 @@ def verification_inputs(
             problems.append(f"no {label}: {problem}")
             continue
         try:
-            sess = sess or modelio.session(model)
+            sess = sess or modelio.session(model, arena=False)
             refs.append(modelio.run(sess, feeds))
             sets.append(feeds)
         except Exception as e:  # noqa: BLE001 - ORT's errors have many types
@@ -356,7 +356,7 @@ def compare_models(
     sess = None
     for ref, feeds in zip(references, datasets, strict=True):
         try:
-            sess = sess or modelio.session(out)
+            sess = sess or modelio.session(out, arena=False)
             got = modelio.run(sess, feeds)
         except Exception as e:  # noqa: BLE001
             return Comparison(
