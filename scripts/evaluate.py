@@ -57,7 +57,9 @@ def run_pair(name: str, batch: int, args: argparse.Namespace, build: Path, out: 
     wall = time.perf_counter() - start
     row = {"model": name, "batch": batch, "file": f"{stem}.json", "wall_s": round(wall, 1)}
     if proc.returncode != 0:
-        row["error"] = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        killed = proc.returncode == -9  # the kernel's OOM killer, in practice
+        fallback = "killed (SIGKILL: out of memory)" if killed else f"exit {proc.returncode}"
+        row["error"] = (proc.stderr.strip().splitlines() or [fallback])[-1]
         print(f"  {stem}: FAILED: {row['error']}", file=sys.stderr)
         return row
     report = json.loads((out / f"{stem}.json").read_text())
