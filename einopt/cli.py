@@ -279,18 +279,12 @@ def _save_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
 
 
 def write_atomic(path: str, write: Callable[[Any], None]) -> None:
-    """Write a file through ``write(binary_file)`` atomically: a failure leaves no partial file."""
-    import os
-    import tempfile
+    """:func:`einopt.modelio.write_atomic`, with a failure as a ``bad_input`` error naming the file."""
+    from einopt.modelio import write_atomic as write_file
 
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=target.suffix + ".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, target)
+        write_file(path, write)
     except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
         raise CliError(f"cannot write {path}: {e.strerror or e}", "bad_input") from None
 
 

@@ -437,6 +437,31 @@ def _temp_file(directory: Path, name: str, temps: list[Path]) -> Iterator[IO[byt
     os.chmod(tmp, 0o666 & ~_umask())
 
 
+def write_atomic(path: str | os.PathLike[str], write: Callable[[IO[bytes]], object]) -> None:
+    """Write a file through ``write(binary_file)`` atomically, with the mode the umask gives.
+
+    The bytes go to a temporary file in the target's directory, which is
+    renamed over ``path`` once complete; on any failure it is removed, so no
+    partial file is ever left.
+
+    Raises
+    ------
+    OSError
+        The file cannot be written (directory missing, no permission, disk full).
+    """
+    target = Path(path)
+    temps: list[Path] = []
+    try:
+        with _temp_file(target.absolute().parent, target.name, temps) as f:
+            write(f)
+        os.replace(temps[0], target)
+    except BaseException:
+        for tmp in temps:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        raise
+
+
 def save_model(
     model: onnx.ModelProto,
     path: str | os.PathLike[str],

@@ -313,19 +313,10 @@ def write_html(report: dict, path: str | os.PathLike) -> None:
     path : str or path-like
         The HTML file; on failure no partial file is left behind.
     """
-    text = render_html(report)
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report is an ordinary file
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from einopt.modelio import write_atomic
+
+    data = render_html(report).encode("utf-8")
+    write_atomic(path, lambda f: f.write(data))
 
 
 # --------------------------------------------------------------------------- screenshot

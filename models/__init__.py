@@ -14,13 +14,14 @@ dilation and padding) with few channels, pixels and tokens, for tests.
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import onnx
+
+from einopt.inputs import random_inputs
+from einopt.modelio import write_atomic
 
 from . import sequence, vision
 from .builder import GraphBuilder
@@ -147,33 +148,16 @@ def build(name: str, batch: int = 1, *, size: str = "full", seed: int = 0, **opt
 
 
 def sample_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded standard-normal float32 inputs for every graph input of ``model``, by name."""
-    rng = np.random.default_rng(seed)
-    inits = {t.name for t in model.graph.initializer}
-    feeds = {}
-    for value in model.graph.input:
-        if value.name in inits:
-            continue
-        shape = tuple(d.dim_value for d in value.type.tensor_type.shape.dim)
-        feeds[value.name] = rng.standard_normal(shape).astype(np.float32)
-    return feeds
+    """Seeded standard-normal float32 inputs for every graph input of ``model``, by name.
+
+    The same arrays ``einopt optimize --seed`` verifies with (:func:`einopt.inputs.random_inputs`).
+    """
+    return random_inputs(model, seed)
 
 
 def file_stem(name: str, batch: int, size: str = "full") -> str:
     """``NAME_bsN`` (``NAME_bsN_small`` for the small size)."""
     return f"{name}_bs{batch}" + ("" if size == "full" else f"_{size}")
-
-
-def _atomic_write(path: Path, write: Callable[[object], None]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; these are ordinary output files
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write(name: str, batch: int, out_dir: str | Path, *, size: str = "full", seed: int = 0) -> Path:
@@ -192,8 +176,8 @@ def write(name: str, batch: int, out_dir: str | Path, *, size: str = "full", see
     path = out / f"{file_stem(name, batch, size)}.onnx"
     inputs = sample_inputs(model, seed)
     data = model.SerializeToString()
-    _atomic_write(path.with_suffix(".npz"), lambda f: np.savez(f, **inputs))
-    _atomic_write(path, lambda f: f.write(data))
+    write_atomic(path.with_suffix(".npz"), lambda f: np.savez(f, **inputs))
+    write_atomic(path, lambda f: f.write(data))
     return path
 
 
