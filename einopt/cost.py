@@ -128,6 +128,11 @@ def _value_types(model: onnx.ModelProto) -> dict[str, tuple[Shape, int]]:
     return types
 
 
+def value_bytes(model: onnx.ModelProto) -> dict[str, int]:
+    """Bytes of every value of ``model`` whose shape is fully known (inputs, initializers, intermediates)."""
+    return {name: _size(shape) * _itemsize(dtype) for name, (shape, dtype) in _value_types(model).items()}
+
+
 def model_cost(model: onnx.ModelProto) -> Cost:
     """FLOPs and bytes moved by one run of ``model`` (local functions inlined, shapes inferred).
 
@@ -146,6 +151,7 @@ def model_cost(model: onnx.ModelProto) -> Cost:
     except Exception:  # noqa: BLE001 - a model shape inference rejects still gets what is declared
         pass
     types = _value_types(m)
+    sizes = value_bytes(m)
     flops = nbytes = 0
     by_op: dict[str, list[int]] = {}
     unknown: list[str] = []
@@ -159,7 +165,7 @@ def model_cost(model: onnx.ModelProto) -> Cost:
         ins = [types[n][0] for n in node.input if n]
         out = types[node.output[0]][0]
         f = FLOPS[node.op_type](ins, out, node) if node.op_type in FLOPS else 0
-        b = 0 if node.op_type in VIEWS else sum(_size(types[n][0]) * _itemsize(types[n][1]) for n in names)
+        b = 0 if node.op_type in VIEWS else sum(sizes[n] for n in names)
         flops += f
         nbytes += b
         acc = by_op.setdefault(node.op_type, [0, 0])

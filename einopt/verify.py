@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 
 from einopt import modelio
+from einopt.cost import value_bytes
 from einopt.errors import UnsupportedModelError
 
 if TYPE_CHECKING:
@@ -279,15 +280,8 @@ def part_pairs(
 
 def _value_bytes(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
     """Bytes of each intermediate value whose shape is known (graph inputs and initializers cost nothing)."""
-    sizes: dict[str, int] = {}
     skip = set(feeds) | {t.name for t in model.graph.initializer}
-    for vi in [*model.graph.value_info, *model.graph.output]:
-        t = vi.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in t.shape.dim]
-        if vi.name not in skip and t.elem_type:
-            itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).itemsize
-            sizes[vi.name] = int(np.prod(dims, dtype=np.int64)) * itemsize
-    return sizes
+    return {name: n for name, n in value_bytes(model).items() if name not in skip}
 
 
 def _groups(
