@@ -434,8 +434,7 @@ def match(
     for k, (name, fn) in enumerate(table.items()):
         r = fn(scope, ctx)
         if isinstance(r, Match):
-            fused = [s for s in r.consumes if s in ctx.bound]
-            if not fused:
+            if not _fuses_binding(r, ctx):
                 if name in COMPUTE and layout_cost(r, ctx) > 0:
                     r = _cheapest_compute(scope, ctx, r, list(table.items())[k + 1 :])
                 log.debug("matched %s as %s", scope, r.op_type)
@@ -443,6 +442,11 @@ def match(
             r = Failure("fuses a scope that is a program binding")
         failures.append((name, r))
     return None, tuple(failures)
+
+
+def _fuses_binding(m: Match, ctx: Context) -> bool:
+    """True when ``m`` fuses a scope that is a program binding (computed anyway, so it would run twice)."""
+    return any(s in ctx.bound for s in m.consumes)
 
 
 COMPUTE = frozenset({"Gemm", "ConvTranspose", "Conv", "MatMul"})
@@ -470,7 +474,7 @@ def _cheapest_compute(
         if name not in COMPUTE:
             continue
         r = fn(scope, ctx)
-        if isinstance(r, Match) and not any(s in ctx.bound for s in r.consumes):
+        if isinstance(r, Match) and not _fuses_binding(r, ctx):
             c = layout_cost(r, ctx)
             if c <= cost - TRANSPOSE_COST:
                 best, cost = r, c
