@@ -1,5 +1,5 @@
-"""``einopt bench``: two ONNX models side by side in ONNX Runtime, and the report options they share
-with ``einopt optimize --bench``.
+"""``einopt bench``: two ONNX models side by side in ONNX Runtime (options shared with
+``einopt optimize --bench`` are in :mod:`einopt.cli_options`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ def bench(original, optimized, npz, seed, report_path, force, budget, min_runs, 
     check_writable(report_path, html_path)
     from einopt import bench as benchmark
 
-    benchmark.configure_threads(threads)
     section = benchmark.bench_models(
         original,
         optimized,

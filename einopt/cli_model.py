@@ -89,7 +89,7 @@ def optimize(
     if do_bench:
         from einopt.bench import configure_threads
 
-        configure_threads(threads)  # before the first ONNX Runtime session of the process
+        configure_threads(threads)  # verification's sessions share the pool with the timed ones
     from einopt.pipeline import Options
     from einopt.pipeline import optimize as run
 
