@@ -4,18 +4,19 @@ Both models run in one process on one global thread pool (with per-session
 pools, idle sessions' spinning threads take the cores from the active one),
 interleaved round-robin after a warm-up, and their outputs are compared
 before anything is timed. :func:`bench_models` returns the ``bench`` section
-of einopt's report format (see :mod:`einopt.report`); :func:`time_interleaved`
-times any callables the same way (``einopt.measure`` uses it per subprogram).
+of einopt's report format (see :mod:`einopt.report`); :func:`time_models`
+times any two models the same way (acceptance in ``optimize`` uses it per
+subprogram and for the whole model). The timing rules themselves are in
+:mod:`einopt.timing`.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
-import importlib.metadata
 import json
+import logging
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -24,201 +25,21 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 
 from einopt import modelio
-from einopt.cost import model_cost
+from einopt.cost import model_cost, value_bytes
 from einopt.errors import ModelError
+from einopt.timing import (
+    Comparison,
+    Timing,
+    configure_threads,
+    load_average,
+    machine_info,
+    time_interleaved,
+)
 from einopt.verify import Tolerance, compare, first_line
 
-_STATE: dict[str, object] = {"threads": None, "pool": None}
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def configure_threads(threads: int | None = None) -> int:
-    """Put every ONNX Runtime session einopt creates from now on into one global thread pool.
-
-    Call it once, early; later calls keep the first configuration and return
-    its thread count (ONNX Runtime builds its global pools once per process:
-    a second ``set_global_thread_pool_sizes`` fails with "Global thread pools
-    have already been created"). Measured with ONNX Runtime 1.31: it need not
-    come before the process's first ``InferenceSession``; sessions created
-    afterwards with ``use_per_session_threads=False`` join the global pool.
-    If the pools were already created by other code, they are used as they
-    are. Should a runtime refuse sessions on the global pool, einopt falls
-    back to per-session pools of ``threads`` intra-op threads and the machine
-    info says ``"thread_pool": "per-session"``.
-
-    Once the global pools exist, ONNX Runtime refuses any session in the
-    process that asks for threads of its own: code that creates sessions
-    itself after benchmarking must set ``use_per_session_threads = False``
-    (:func:`einopt.modelio.session` does). With the environment variable
-    ``EINOPT_THREAD_POOL=per-session`` einopt leaves the process alone and
-    uses per-session pools with spinning turned off instead (the tests do).
-
-    Parameters
-    ----------
-    threads : int, optional
-        Intra-op threads (default: the cores this process may run on).
-
-    Returns
-    -------
-    int
-        The intra-op thread count in effect.
-    """
-    if _STATE["threads"] is not None:
-        return int(_STATE["threads"])
-    n = threads or _cores()
-    mode = os.environ.get("EINOPT_THREAD_POOL", "global")
-    if mode not in ("global", "per-session"):
-        raise ValueError(f"EINOPT_THREAD_POOL must be 'global' or 'per-session', not {mode!r}")
-    if mode == "per-session":
-        _STATE["threads"], _STATE["pool"] = n, "per-session"
-        return n
-    from onnxruntime.capi import _pybind_state
-
-    try:
-        _pybind_state.set_global_thread_pool_sizes(n, 1)
-    except Exception:  # noqa: BLE001 - pools already created by other code: the probe below decides
-        pass
-    _STATE["threads"] = n
-    _STATE["pool"] = "global"
-    try:
-        modelio.session(_probe_model())
-    except Exception:  # noqa: BLE001 - any refusal means: no global pool in this process
-        _STATE["pool"] = "per-session"
-    return n
-
-
-def thread_options() -> dict[str, object]:
-    """How :func:`einopt.modelio.session` should set up threads (empty before :func:`configure_threads`)."""
-    if _STATE["pool"] == "global":
-        return {"global_pool": True}
-    if _STATE["pool"] == "per-session":
-        return {"threads": _STATE["threads"]}
-    return {}
-
-
-def _probe_model() -> onnx.ModelProto:
-    h = onnx.helper
-    graph = h.make_graph(
-        [h.make_node("Relu", ["x"], ["y"])],
-        "probe",
-        [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
-        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
-    )
-    m = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_info(threads: int) -> dict:
-    """What the timings depend on: runtime version, CPU, threads, load at the start."""
-    try:
-        version = importlib.metadata.version("einopt")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    try:
-        load = [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        load = None
-    return {
-        "onnxruntime": ort.__version__,
-        "cpu": _cpu_model(),
-        "threads": threads,
-        "cores": os.cpu_count() or 1,
-        "thread_pool": _STATE["pool"] or "per-session",
-        "python": platform.python_version(),
-        "einopt": version,
-        "platform": platform.platform(),
-        "load_average": load,
-    }
-
-
-@dataclasses.dataclass(frozen=True)
-class Timing:
-    """Milliseconds per call: median, 10th and 90th percentiles, best; and how many calls were timed."""
-
-    median_ms: float
-    p10_ms: float
-    p90_ms: float
-    min_ms: float
-    runs: int
-
-    @classmethod
-    def of(cls, seconds: list[float]) -> Timing:
-        ms = np.asarray(seconds) * 1e3
-        return cls(
-            float(np.median(ms)),
-            float(np.percentile(ms, 10)),
-            float(np.percentile(ms, 90)),
-            float(ms.min()),
-            len(ms),
-        )
-
-
-def time_interleaved(
-    fns: Mapping[str, Callable[[], object]],
-    *,
-    warmup: int = 3,
-    min_runs: int = 10,
-    max_runs: int = 200,
-    budget_s: float = 20.0,
-) -> dict[str, Timing]:
-    """Time callables round-robin (the first of each round rotates) until the budget is spent.
-
-    Parameters
-    ----------
-    fns : mapping
-        Name -> callable without arguments.
-    warmup : int
-        Untimed calls of each callable first.
-    min_runs, max_runs : int
-        Timed calls per callable: at least ``min_runs`` (even past the
-        budget), at most ``max_runs``.
-    budget_s : float
-        Seconds of timed calls after which no new round starts.
-
-    Returns
-    -------
-    dict
-        Name -> :class:`Timing`.
-    """
-    if not fns:
-        return {}
-    if min_runs < 1 or max_runs < min_runs:
-        raise ValueError(f"need 1 <= min_runs <= max_runs, got {min_runs}, {max_runs}")
-    names = list(fns)
-    for _ in range(warmup):
-        for n in names:
-            fns[n]()
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    start = time.perf_counter()
-    for k in range(max_runs):
-        if k >= min_runs and time.perf_counter() - start >= budget_s:
-            break
-        order = names[k % len(names) :] + names[: k % len(names)]
-        for n in order:
-            t = time.perf_counter()
-            fns[n]()
-            samples[n].append(time.perf_counter() - t)
-    return {n: Timing.of(s) for n, s in samples.items()}
+log = logging.getLogger(__name__)
 
 
 def profile_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], runs: int = 5) -> dict:
@@ -311,14 +132,102 @@ def _stats(model: onnx.ModelProto, timing: Timing | None, profile: dict) -> dict
     }
 
 
-def _time_sessions(sa, sb, feeds, warmup: int, min_runs: int, max_runs: int, budget_s: float):
-    return time_interleaved(
-        {"original": lambda: sa.run(None, feeds), "optimized": lambda: sb.run(None, feeds)},
+def _available_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _footprint(model: onnx.ModelProto) -> int:
+    """An upper bound of a session's memory: every tensor and every value of known shape at once."""
+    return modelio.total_tensor_bytes(model) + sum(value_bytes(model).values())
+
+
+def _run_blocked(
+    sessions: Mapping[str, Callable[[], object]], runs_per_block: int, blocks: int, warmup: int
+) -> dict[str, list[float]]:
+    """Alternate whole blocks of runs, holding one session at a time (``sessions``: name -> factory)."""
+    samples: dict[str, list[float]] = {n: [] for n in sessions}
+    names = list(sessions)
+    for b in range(blocks):
+        for n in names[b % 2 :] + names[: b % 2]:
+            run = sessions[n]()
+            for _ in range(warmup):
+                run()
+            for _ in range(runs_per_block):
+                t = time.perf_counter()
+                run()
+                samples[n].append(time.perf_counter() - t)
+            del run
+    return samples
+
+
+def time_models(
+    before: onnx.ModelProto,
+    after: onnx.ModelProto,
+    before_feeds: Mapping[str, np.ndarray],
+    after_feeds: Mapping[str, np.ndarray] | None = None,
+    *,
+    warmup: int = 3,
+    min_runs: int = 10,
+    max_runs: int = 200,
+    budget_s: float = 20.0,
+) -> Comparison:
+    """Time two models side by side in ONNX Runtime: ``speedup`` is how much faster ``after`` is.
+
+    Both sessions join the process's thread pool (:func:`einopt.timing.configure_threads`)
+    and run interleaved round-robin (:func:`einopt.timing.time_interleaved`).
+    When holding both sessions at once would take more than half of the
+    memory available (Longformer at batch 16 needs about 8 GB per session),
+    they run in alternating blocks instead, one session alive at a time:
+    slower to measure, but the same medians.
+
+    Parameters
+    ----------
+    before, after : onnx.ModelProto
+        The models (same outputs).
+    before_feeds, after_feeds : mapping
+        What each runs on (``after_feeds`` defaults to ``before_feeds``).
+    warmup, min_runs, max_runs, budget_s
+        As in :func:`einopt.timing.time_interleaved`.
+    """
+    configure_threads()
+    fa = dict(before_feeds)
+    fb = dict(after_feeds) if after_feeds is not None else fa
+    load = load_average()
+    available = _available_bytes()
+    if available is not None and _footprint(before) + _footprint(after) > available // 2:
+        log.info("timing in blocks, one session at a time (the two models do not fit in memory together)")
+
+        def factory(model: onnx.ModelProto, feeds: dict) -> Callable[[], Callable[[], object]]:
+            def make() -> Callable[[], object]:
+                sess = modelio.session(model)
+                return lambda: sess.run(None, feeds)
+
+            return make
+
+        t0 = time.perf_counter()
+        probe = _run_blocked({"before": factory(before, fa)}, 1, 1, 1)["before"][0]
+        per_block = max(1, min(max_runs, int(budget_s / 4 / max(probe, 1e-6))))
+        blocks = max(2, -(-min_runs // per_block))
+        samples = _run_blocked(
+            {"before": factory(before, fa), "after": factory(after, fb)}, per_block, blocks, 1
+        )
+        log.debug("blocked timing took %.1f s", time.perf_counter() - t0)
+        return Comparison(Timing.of(samples["before"]), Timing.of(samples["after"]), 1, load)
+    sa, sb = modelio.session(before), modelio.session(after)
+    t, rounds = time_interleaved(
+        {"before": lambda: sa.run(None, fa), "after": lambda: sb.run(None, fb)},
         warmup=warmup,
         min_runs=min_runs,
         max_runs=max_runs,
         budget_s=budget_s,
     )
+    return Comparison(t["before"], t["after"], rounds, load)
 
 
 def bench_models(
@@ -369,14 +278,15 @@ def bench_models(
     if _signature(a) != _signature(b):
         raise ModelError(f"the models have different inputs or outputs: {_signature(a)} vs {_signature(b)}")
     feeds = _feeds(a, inputs, seed)
-    sa, sb = modelio.session(a), modelio.session(b)
     try:
-        ref, got = modelio.run(sa, feeds), modelio.run(sb, feeds)
+        ref = modelio.run(modelio.session(a, arena=False), feeds)
+        got = modelio.run(modelio.session(b, arena=False), feeds)
     except ModelError:
         raise
     except Exception as e:  # noqa: BLE001 - ORT's errors have many types; wrong inputs are the usual cause
         raise ModelError(f"ONNX Runtime cannot run the models on these inputs: {first_line(e)}") from e
     check = compare(ref, got, tolerance or Tolerance())
+    del ref, got
     section: dict = {
         "machine": machine_info(n),
         "equal": check.ok,
@@ -384,12 +294,18 @@ def bench_models(
         "message": check.message,
         "runs": 0,
         "warmup": warmup,
+        "warmup_rounds": 0,
+        "unreliable": "",
     }
-    timings: dict[str, Timing] = {}
+    timed: Comparison | None = None
     if check.ok or force:
-        timings = _time_sessions(sa, sb, feeds, warmup, min_runs, max_runs, budget_s)
-        section["runs"] = timings["original"].runs
-    del sa, sb  # free both before profiling
+        timed = time_models(
+            a, b, feeds, warmup=warmup, min_runs=min_runs, max_runs=max_runs, budget_s=budget_s
+        )
+        section["runs"] = min(timed.before.runs, timed.after.runs)
+        section["warmup_rounds"] = timed.warmup_rounds
+        section["unreliable"] = timed.unreliable()
+    timings = {"original": timed.before, "optimized": timed.after} if timed else {}
     for key, model in (("original", a), ("optimized", b)):
         profile = profile_model(model, feeds) if timings else {}
         section[key] = _stats(model, timings.get(key), profile)

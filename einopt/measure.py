@@ -18,7 +18,8 @@ import numpy as np
 import onnx
 
 from einopt import bench, modelio
-from einopt.pipeline import Result
+from einopt.pipeline import PartResult, Result
+from einopt.timing import configure_threads
 from einopt.verify import part_pairs
 
 
@@ -31,7 +32,10 @@ def measure_parts(
     max_runs: int = 100,
     budget_s: float = 20.0,
 ) -> dict[str, dict[str, float]]:
-    """Time every rewritten subprogram against its original nodes, side by side.
+    """Time every subprogram in the output against its original nodes, side by side.
+
+    Parts that measured acceptance already timed keep their timing; only the
+    others (``accept="verified"``) are timed here.
 
     Parameters
     ----------
@@ -41,42 +45,45 @@ def measure_parts(
         Seed of the random inputs when the result was not verified (verified
         results reuse their first verification inputs).
     warmup, min_runs, max_runs : int
-        Per part, as in :func:`einopt.bench.time_interleaved`.
+        Per part, as in :func:`einopt.timing.time_interleaved`.
     budget_s : float
         Time budget for all parts together, shared equally.
 
     Returns
     -------
     dict
-        ``{part name: {"original_ms", "optimized_ms", "speedup"}}`` for each rewritten part.
+        ``{part name: {"original_ms", "optimized_ms", "speedup", ...}}`` for each part timed here.
     """
     ws = result.workspace
-    if ws is None or not ws.parts:
+    todo = [p for p in ws.parts if _part(result, p.name).bench is None] if ws is not None else []
+    if not todo:
         return {}
     feeds = ws.feeds if ws.feeds is not None else modelio.random_inputs(ws.model, seed)
-    per_part = budget_s / len(ws.parts)
+    per_part = budget_s / len(todo)
     timings: dict[str, dict[str, float]] = {}
-    for pair in part_pairs(ws.model, ws.parts, ws.emitted, feeds):
-        # Without the arena, memory goes back after each part (both sides alike, so the ratio stays fair).
-        old = modelio.session(pair.original, arena=False)
-        new = modelio.session(pair.rewritten, arena=False)
-        t = bench.time_interleaved(
-            {
-                "original": lambda s=old, f=pair.original_feeds: s.run(None, f),
-                "optimized": lambda s=new, f=pair.rewritten_feeds: s.run(None, f),
-            },
+    for pair in part_pairs(ws.model, todo, ws.emitted, feeds):
+        t = bench.time_models(
+            pair.original,
+            pair.rewritten,
+            pair.original_feeds,
+            pair.rewritten_feeds,
             warmup=warmup,
             min_runs=min_runs,
             max_runs=max_runs,
             budget_s=per_part,
         )
-        o, n = t["original"].median_ms, t["optimized"].median_ms
         timings[pair.name] = {
-            "original_ms": o,
-            "optimized_ms": n,
-            "speedup": o / n if n > 0 else float("inf"),
+            "original_ms": t.before.median_ms,
+            "optimized_ms": t.after.median_ms,
+            "speedup": t.speedup,
+            "cached": False,
+            "unreliable": t.unreliable(),
         }
     return timings
+
+
+def _part(result: Result, name: str) -> PartResult:
+    return next(p for p in result.parts if p.name == name)
 
 
 def benchmark_result(
@@ -116,7 +123,7 @@ def benchmark_result(
     dict
         The report (see :mod:`einopt.report`), with ``bench`` filled.
     """
-    bench.configure_threads(threads)
+    configure_threads(threads)
     if parts:
         result = result.with_part_timings(measure_parts(result, seed=seed, budget_s=budget_s / 2))
     report = result.report()

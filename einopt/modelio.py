@@ -30,6 +30,7 @@ from onnx import TensorProto, numpy_helper
 
 from einopt.errors import ModelError, UnsupportedModelError
 from einopt.inputs import feed_inputs, load_inputs, random_inputs
+from einopt.timing import thread_options
 
 log = logging.getLogger(__name__)
 
@@ -552,7 +553,7 @@ def session(
 
     Small models are passed as bytes; models with more than ~1.5 GB of tensors
     go through a temporary directory with external data (removed once the
-    session has loaded them). After :func:`einopt.bench.configure_threads`,
+    session has loaded them). After :func:`einopt.timing.configure_threads`,
     sessions share the process's global thread pool (``threads`` is then
     ignored). ``profile_prefix`` turns on ONNX Runtime's profiler (its JSON
     trace goes to ``profile_prefix*.json``; ``end_profiling()`` names it).
@@ -570,8 +571,6 @@ def session(
     _require_loaded(model)
     options = ort.SessionOptions()
     options.log_severity_level = 4
-    from einopt.bench import thread_options  # the process-wide thread set-up
-
     shared = thread_options()
     threads = shared.get("threads", threads)
     if shared.get("global_pool"):

@@ -1,5 +1,10 @@
 """The whole product in one screen: load -> prepare -> partition and translate ->
-(search) -> instantiate -> verify -> assemble.
+(search) -> instantiate -> verify -> accept (measured) -> assemble -> verify.
+
+A subprogram's new nodes reach the output only when they differ from its
+original nodes, are verified equal, and are measured faster (per part, then
+the whole model against the input, with rollback: :mod:`einopt.accept`).
+When nothing is accepted, the output is the input model itself.
 
 >>> result = optimize("model.onnx", Options(seed=0))   # doctest: +SKIP
 >>> result.save("out.onnx")                             # doctest: +SKIP
@@ -17,32 +22,97 @@ import numpy as np
 import onnx
 
 from einopt import modelio
+from einopt.accept import ModelRound, Timer, Verdict, accept_model, is_unchanged, judge_parts
+from einopt.cache import MeasurementCache, default_path
+from einopt.errors import UnsupportedModelError
 from einopt.export import assemble
 from einopt.frontend.fold import prepare
 from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset
 from einopt.frontend.translate import Part, translate_graph
 from einopt.instantiate.emit import Instantiated, instantiate
 from einopt.syntax import format_expr
-from einopt.verify import Comparison, Tolerance, compare_models, first_line, verification_inputs, verify_parts
+from einopt.timing import NOISE_BAND, configure_threads
+from einopt.verify import (
+    Comparison,
+    Tolerance,
+    compare_models,
+    first_line,
+    part_pairs,
+    verification_inputs,
+    verify_parts,
+)
 
 log = logging.getLogger(__name__)
 
 MIN_OPSET = 7  # numpy-style broadcasting; older models pass through
-REPORT_VERSION = 2
+REPORT_VERSION = 3
+ACCEPT_MODES = ("measured", "verified")
+NO_SEARCH = "max_depth > 0 needs the search, which is not in this version of einopt yet (only 0 is accepted)"
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """Everything that determines the output model (same options, same model)."""
+    """Everything that determines the output model (same options and a warm cache, same model).
+
+    Parameters
+    ----------
+    max_depth : int
+        Search depth (only 0, translate and re-instantiate, until the search lands).
+    input_shapes : mapping
+        Concrete shapes for graph inputs with symbolic dims.
+    inputs : sequence
+        Extra verification data sets (arrays by input name, or ``.npz`` paths).
+    verify : bool
+        Verify every rewrite and the output in ONNX Runtime.
+    seed : int
+        Seed of the random verification and timing inputs.
+    tolerance : Tolerance
+        Verification tolerance.
+    accept : {"measured", "verified"}
+        ``measured``: a rewrite is kept only when measured faster, per part
+        and for the whole model. ``verified``: every verified rewrite is kept
+        and nothing is timed (experts; the report says the output was not timed).
+    cache : bool or path
+        The measurement cache: True for the default file in the user's cache
+        directory, a path for another file, False for none (timings are then
+        kept for this run only).
+    noise : float
+        A rewrite must be measured at least ``1 + noise`` times faster on its own.
+    part_budget_s, model_budget_s : float
+        Seconds of timed runs per subprogram and per whole-model comparison.
+    """
 
     max_depth: int = 0
     input_shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
-    inputs: Sequence[
-        Mapping[str, np.ndarray] | str | Path
-    ] = ()  # extra verification data sets (or .npz paths)
+    inputs: Sequence[Mapping[str, np.ndarray] | str | Path] = ()
     verify: bool = True
     seed: int = 0
     tolerance: Tolerance = Tolerance()
+    accept: str = "measured"
+    cache: bool | str | Path = True
+    noise: float = NOISE_BAND
+    part_budget_s: float = 1.0
+    model_budget_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.max_depth != 0:
+            raise ValueError(
+                NO_SEARCH if self.max_depth > 0 else f"max_depth must be >= 0, not {self.max_depth}"
+            )
+        if self.accept not in ACCEPT_MODES:
+            raise ValueError(f"accept must be one of {', '.join(ACCEPT_MODES)}, not {self.accept!r}")
+        if not 0 <= self.noise < 1:
+            raise ValueError(f"noise must be in [0, 1), not {self.noise}")
+        if self.part_budget_s <= 0 or self.model_budget_s <= 0:
+            raise ValueError("timing budgets must be positive")
+
+
+STATUSES = ("accepted", "rewritten", "unchanged", "not faster", "rolled back", "failed", "passed through")
+"""What happened to a subprogram: accepted (measured faster, in the output); rewritten (in the
+output, not timed: ``accept="verified"``); unchanged (re-instantiated as the same nodes); not
+faster (verified equal, measured no faster: the original nodes stay); rolled back (faster on its
+own, but the whole model was slower with it); failed (instantiation or verification failed);
+passed through (not translated)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,13 +122,13 @@ class PartResult:
     name: str
     kind: str  # linear | activation | passthrough
     ops: tuple[str, ...]  # original op types
-    status: str  # rewritten | rolled back | passed through
+    status: str  # one of STATUSES
     reason: str = ""
     new_ops: tuple[str, ...] = ()
     expression: str = ""
     max_error: float | None = None
     trace: str = ""  # the derivation that produced the rewrite ("" when no rule was applied)
-    bench: Mapping[str, float] | None = None  # original_ms, optimized_ms, speedup (``measure_parts``)
+    bench: Mapping[str, object] | None = None  # original_ms, optimized_ms, speedup, cached, unreliable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,22 +149,37 @@ class Result:
     verified: bool
     seconds: Mapping[str, float]
     blocked: str = ""  # why the whole model passed through untouched, if it did
+    acceptance: Mapping[str, object] = dataclasses.field(default_factory=dict)
     workspace: Workspace | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def save(self, path: str | Path, *, external_data: bool | None = None) -> None:
         modelio.save_model(self.model, path, external_data=external_data)
 
     def counts(self) -> dict[str, int]:
-        """Op counts: translated (in any subprogram), re-instantiated (rewritten), passed through."""
-        c = {"nodes": 0, "translated": 0, "rewritten": 0, "rolled_back": 0, "passed_through": 0}
+        """Op counts (nodes, translated, passed_through) and subprogram counts by status.
+
+        ``subprograms`` counts the translated subprograms; ``rewritten`` those
+        whose new nodes differ from the original and were verified (accepted,
+        not faster, rolled back, or kept untimed); the status counts follow.
+        """
+        c = {"nodes": 0, "translated": 0, "passed_through": 0, "subprograms": 0, "rewritten": 0}
+        c |= {s.replace(" ", "_"): 0 for s in STATUSES if s not in ("passed through", "rewritten")}
         for p in self.parts:
-            n = len(p.ops)
-            c["nodes"] += n
-            if p.kind != "passthrough":
-                c["translated"] += n
-            key = {"rewritten": "rewritten", "rolled back": "rolled_back"}.get(p.status, "passed_through")
-            c[key] += n
+            c["nodes"] += len(p.ops)
+            if p.kind == "passthrough":
+                c["passed_through"] += len(p.ops)
+                continue
+            c["translated"] += len(p.ops)
+            c["subprograms"] += 1
+            if p.status in ("accepted", "rewritten", "not faster", "rolled back"):
+                c["rewritten"] += 1
+            if p.status != "rewritten":
+                c[p.status.replace(" ", "_")] += 1
         return c
+
+    def changed(self) -> bool:
+        """Whether the output differs from the input model."""
+        return any(p.status in ("accepted", "rewritten") for p in self.parts)
 
     def report(self) -> dict:
         """A JSON-serialisable summary (the report format of ``einopt.report``; ``bench`` filled by the caller)."""
@@ -107,6 +192,7 @@ class Result:
             "counts": self.counts(),
             "notes": list(self.notes),
             "seconds": dict(self.seconds),
+            "acceptance": dict(self.acceptance),
             "subprograms": [_part_dict(p) for p in self.parts],
             "bench": None,
         }
@@ -124,21 +210,24 @@ def _part_dict(p: PartResult) -> dict:
 
 
 def optimize(source: str | Path | onnx.ModelProto, options: Options = Options()) -> Result:
-    """Optimize an ONNX model; every rewritten subprogram is verified unless ``options.verify`` is off.
+    """Optimize an ONNX model: verified equal, and measured not slower (unless ``accept="verified"``).
 
-    A model einopt cannot handle at all (too old an opset, or one ONNX Runtime
-    cannot run so nothing can be verified) comes back untouched, with a note
-    saying why.
+    A model einopt cannot work on (no default-domain opset, too old an opset,
+    no inputs ONNX Runtime can run it on, so nothing can be verified) comes
+    back untouched, with a note saying why; only a model that cannot be read
+    at all is an error.
     """
     clock = _Clock()
     original = modelio.load_model(source)
-    opset = default_opset(original)
-    if opset < MIN_OPSET:
-        return _untouched(
-            original, f"default-domain opset {opset} is older than {MIN_OPSET}: the model passes through"
-        )
+    why = _unworkable(original)
+    if why:
+        return _untouched(original, why)
     datasets, references, data_note = (
-        verification_inputs(original, options) if options.verify else ([], [], "")
+        verification_inputs(
+            original, seed=options.seed, input_shapes=options.input_shapes, given=options.inputs
+        )
+        if options.verify
+        else ([], [], "")
     )
     if options.verify and not datasets:
         return _untouched(original, data_note)
@@ -153,6 +242,20 @@ def optimize(source: str | Path | onnx.ModelProto, options: Options = Options())
     return result
 
 
+def _unworkable(model: onnx.ModelProto) -> str:
+    """Why einopt cannot translate anything in ``model`` ("" when it can try)."""
+    if not any(o.domain in DEFAULT_DOMAINS for o in model.opset_import):
+        domains = ", ".join(sorted({o.domain for o in model.opset_import})) or "none"
+        return (
+            f"the model imports no default-domain (ai.onnx) opset (only: {domains}), "
+            "so einopt has nothing to translate: it passes through"
+        )
+    opset = default_opset(model)
+    if opset < MIN_OPSET:
+        return f"default-domain opset {opset} is older than {MIN_OPSET}: the model passes through"
+    return ""
+
+
 def _rewrite(
     original: onnx.ModelProto,
     options: Options,
@@ -162,12 +265,13 @@ def _rewrite(
     clock: _Clock,
     fold: bool,
 ) -> Result | str:
-    """Prepare, translate, instantiate, verify and assemble; a string says why the prepared model is wrong."""
+    """Prepare, translate, instantiate, verify, accept and assemble; a string says why the prepared model is wrong."""
     opset = default_opset(original)
     prepared = prepare(original, options.input_shapes, fold=fold)
     model = prepared.model
     clock("prepare")
     parts = translate_graph(model)
+    by_name = {p.name: p for p in parts}
     clock("translate")
     # The search (rules + distance-guided exploration) plugs in here; depth 0 keeps the translation.
     emitted, reasons = _instantiate(parts, opset, {f.name for f in original.functions})
@@ -175,9 +279,7 @@ def _rewrite(
 
     checks: dict[str, Comparison] = {}
     if options.verify and emitted:
-        checks = verify_parts(
-            model, [p for p in parts if p.name in emitted], emitted, datasets, options.tolerance
-        )
+        checks = verify_parts(model, [by_name[n] for n in emitted], emitted, datasets, options.tolerance)
         for name, c in checks.items():
             if not c.ok:
                 log.warning("%s: rewrite differs from the original, rolled back: %s", name, c.message)
@@ -185,34 +287,145 @@ def _rewrite(
                 del emitted[name]
     clock("verify parts")
 
-    by_name = {p.name: p for p in parts}
-    out = assemble(model, {by_name[n].nodes: inst for n, inst in emitted.items()})
-    notes = list(prepared.notes) + ([data_note] if data_note else [])
+    unchanged = _unchanged(model, by_name, emitted)
+    for name in unchanged:
+        del emitted[name]
+    decided = _accept(original, model, by_name, emitted, datasets, options)
+    clock("accept")
+    kept = {n: emitted[n] for n in decided.kept}
+
+    notes = list(prepared.notes) + ([data_note] if data_note else []) + list(decided.notes)
     if not fold:
         notes.append(
             "constant and BatchNormalization folding skipped: the folded model differed from the original"
         )
+    out = assemble(model, {by_name[n].nodes: inst for n, inst in kept.items()}) if kept else original
     if options.verify:
         final = compare_models(references, out, datasets, options.tolerance)
-        if not final.ok and emitted:
+        if not final.ok and kept:
             log.warning(
                 "assembled model differs from the original (%s); rolling back every rewrite", final.message
             )
-            for n in emitted:
+            for n in kept:
                 reasons[n] = f"rolled back with the whole model: {final.message}"
-            emitted = {}
-            out = assemble(model, {})
+            kept, out = {}, original
             final = compare_models(references, out, datasets, options.tolerance)
         if not final.ok:
             return final.message
     clock("verify model")
-    check_note = _check_output(original, out)
-    notes += [check_note] if check_note else []
-    results = tuple(_part_result(model, p, emitted, reasons, checks) for p in parts)
-    workspace = Workspace(
-        model, tuple(p for p in parts if p.name in emitted), emitted, datasets[0] if datasets else None
+    if kept:
+        check_note = _check_output(original, out)
+        notes += [check_note] if check_note else []
+        pinned = [n for n in notes if n.startswith("pinned")]
+        if pinned:
+            notes.append("the output keeps the pinned input shapes: its rewrites were instantiated for them")
+    else:
+        # the prepared model's pinning and folding are not in the output: the input is
+        notes = [n for n in notes if not n.startswith(("pinned", "folded", "constant and"))]
+        notes.append("no rewrite was accepted: the output is the input model, unchanged")
+    results = tuple(
+        _part_result(model, p, emitted, kept, unchanged, decided, reasons, checks, options) for p in parts
     )
-    return Result(out, results, tuple(notes), options.verify, clock.seconds, workspace=workspace)
+    workspace = Workspace(model, tuple(by_name[n] for n in kept), kept, datasets[0] if datasets else None)
+    return Result(
+        out,
+        results,
+        tuple(notes),
+        options.verify,
+        clock.seconds,
+        acceptance=decided.report,
+        workspace=workspace,
+    )
+
+
+def _unchanged(
+    model: onnx.ModelProto, by_name: Mapping[str, Part], emitted: Mapping[str, Instantiated]
+) -> set[str]:
+    """The parts whose instantiation is their original nodes again."""
+    nodes = list(model.graph.node)
+    inits = {t.name: t for t in model.graph.initializer}
+    return {
+        name
+        for name, inst in emitted.items()
+        if not inst.functions
+        and is_unchanged(
+            [nodes[i] for i in by_name[name].nodes],
+            inst.nodes,
+            inits,
+            inst.initializers,
+            [by_name[name].names[o] for o in by_name[name].program.outputs],
+            default_opset(model),
+        )
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class _Decision:
+    kept: frozenset[str]
+    verdicts: Mapping[str, Verdict]
+    rounds: tuple[ModelRound, ...]
+    notes: tuple[str, ...]
+    report: Mapping[str, object]
+
+
+def _accept(
+    original: onnx.ModelProto,
+    model: onnx.ModelProto,
+    by_name: Mapping[str, Part],
+    emitted: Mapping[str, Instantiated],
+    datasets: Sequence[Mapping[str, np.ndarray]],
+    options: Options,
+) -> _Decision:
+    """Measured acceptance of the verified, changed parts (``accept="verified"`` keeps them all, untimed)."""
+    report: dict[str, object] = {"mode": options.accept, "timed": False, "noise_band": options.noise}
+    if options.accept == "verified":
+        note = "the output was not timed (--accept verified): it may be slower than the input"
+        return _Decision(frozenset(emitted), {}, (), (note,) if emitted else (), report)
+    if not emitted:
+        return _Decision(frozenset(), {}, (), (), report | {"rounds": [], "cache": None})
+    feeds = datasets[0] if datasets else _timing_feeds(original, options)
+    if feeds is None:
+        note = "no inputs to time the rewrites on: every subprogram keeps its original nodes"
+        return _Decision(frozenset(), {}, (), (note,), report)
+    configure_threads()
+    cache = MeasurementCache(_cache_path(options.cache))
+    try:
+        timer = Timer(cache, part_budget_s=options.part_budget_s, model_budget_s=options.model_budget_s)
+        parts = [by_name[n] for n in emitted]
+        verdicts = judge_parts(part_pairs(model, parts, emitted, feeds), timer, options.noise)
+        gains = {n: v.timing.speedup for n, v in verdicts.items() if v.accepted}
+
+        def build(names: frozenset[str]) -> onnx.ModelProto:
+            return assemble(model, {by_name[n].nodes: emitted[n] for n in names})
+
+        kept, rounds = accept_model(original, feeds, build, gains, timer) if gains else (frozenset(), [])
+    finally:
+        cache.close()
+    unreliable = [f"{n}: {v.timing.unreliable()}" for n, v in verdicts.items() if v.timing.unreliable()]
+    unreliable += [f"whole model: {r.timing.unreliable()}" for r in rounds if r.timing.unreliable()]
+    notes = (f"timings disturbed (treat them with care): {'; '.join(unreliable)}",) if unreliable else ()
+    report |= {
+        "timed": True,
+        "rounds": [r.as_dict() for r in rounds],
+        "cache": cache.describe(),
+        "unreliable": unreliable,
+    }
+    return _Decision(kept, verdicts, tuple(rounds), notes, report)
+
+
+def _cache_path(cache: bool | str | Path) -> Path | None:
+    if cache is True:
+        return default_path()
+    if cache is False or cache is None:
+        return None
+    return Path(cache)
+
+
+def _timing_feeds(model: onnx.ModelProto, options: Options) -> dict[str, np.ndarray] | None:
+    try:
+        return modelio.random_inputs(model, options.seed, dict(options.input_shapes))
+    except UnsupportedModelError:
+        return None
 
 
 def _untouched(model: onnx.ModelProto, reason: str) -> Result:
@@ -264,25 +477,65 @@ def _check_output(original: onnx.ModelProto, out: onnx.ModelProto) -> str:
         raise
 
 
+def _new_ops(inst: Instantiated) -> tuple[str, ...]:
+    return tuple(n.op_type if n.domain in DEFAULT_DOMAINS else f"{n.domain}.{n.op_type}" for n in inst.nodes)
+
+
 def _part_result(
     model: onnx.ModelProto,
     p: Part,
     emitted: Mapping[str, Instantiated],
+    kept: Mapping[str, Instantiated],
+    unchanged: set[str],
+    decided: _Decision,
     reasons: Mapping[str, str],
     checks: Mapping[str, Comparison],
+    options: Options,
 ) -> PartResult:
     ops = tuple(model.graph.node[i].op_type for i in p.nodes)
-    text = format_expr(p.program) if p.program is not None else ""
+    if not p.translated:
+        return PartResult(p.name, p.kind, ops, "passed through", p.reason or "", (), "", None)
+    text = format_expr(p.program)
     err = checks[p.name].max_abs_error if p.name in checks else None
-    if p.name in emitted:
-        new_ops = tuple(
-            n.op_type if n.domain in DEFAULT_DOMAINS else f"{n.domain}.{n.op_type}"
-            for n in emitted[p.name].nodes
-        )
-        return PartResult(p.name, p.kind, ops, "rewritten", "", new_ops, text, err)
-    if p.translated:
-        return PartResult(p.name, p.kind, ops, "rolled back", reasons.get(p.name, ""), (), text, err)
-    return PartResult(p.name, p.kind, ops, "passed through", p.reason or "", (), "", None)
+    verdict = decided.verdicts.get(p.name)
+    bench = _bench(verdict) if verdict else None
+    new_ops = _new_ops(emitted[p.name]) if p.name in emitted else ()
+    if p.name in unchanged:
+        status, reason = "unchanged", "re-instantiated as the same nodes"
+    elif p.name in kept:
+        status = "accepted" if options.accept == "measured" else "rewritten"
+        reason = verdict.reason if verdict else "verified, not timed"
+    elif p.name in reasons:
+        status, reason, new_ops = "failed", reasons[p.name], ()
+    elif verdict is not None and verdict.accepted:
+        status, reason = "rolled back", _rollback_reason(p.name, decided.rounds)
+    elif verdict is not None:
+        status, reason = "not faster", verdict.reason
+    else:
+        status, reason = "not faster", "could not be timed: the original nodes stay"
+    return PartResult(p.name, p.kind, ops, status, reason, new_ops, text, err, bench=bench)
+
+
+def _bench(v: Verdict) -> dict[str, object]:
+    t = v.timing
+    return {
+        "original_ms": t.before.median_ms,
+        "optimized_ms": t.after.median_ms,
+        "speedup": t.speedup,
+        "cached": t.cached,
+        "unreliable": t.unreliable(),
+    }
+
+
+def _rollback_reason(name: str, rounds: Sequence[ModelRound]) -> str:
+    for r in rounds:
+        if name in r.rolled_back:
+            t = r.timing
+            return (
+                f"faster on its own, but the whole model with it ran {t.after.median_ms:.3g} ms "
+                f"against the input's {t.before.median_ms:.3g} ms ({t.speedup:.2f}x): rolled back"
+            )
+    return "rolled back with the whole model"
 
 
 class _Clock:

@@ -25,7 +25,6 @@ from einopt.errors import UnsupportedModelError
 if TYPE_CHECKING:
     from einopt.frontend.translate import Part
     from einopt.instantiate.emit import Instantiated
-    from einopt.pipeline import Options
 
 log = logging.getLogger(__name__)
 
@@ -169,27 +168,30 @@ def subgraph_model(
 
 
 def verification_inputs(
-    model: onnx.ModelProto, options: Options
+    model: onnx.ModelProto,
+    *,
+    seed: int = 0,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    given: Sequence[Mapping[str, np.ndarray] | str | Path] = (),
 ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]], str]:
     """Verification inputs, the original model's outputs on them, and a note on the ones that are unusable.
 
-    Seeded random inputs come first, then the user's. Inputs the original
-    model cannot run on (integer inputs that must hold valid indices, a model
-    ONNX Runtime cannot load) are dropped with a note; with none left, nothing
-    can be verified. Inputs that do not fit the model are a ``ModelError``.
+    Seeded random inputs come first, then the user's (``given``: arrays by
+    input name, or ``.npz`` paths). Inputs the original model cannot run on
+    (integer inputs that must hold valid indices, shape tensors, strings, a
+    model ONNX Runtime cannot load) are dropped with a note; with none left,
+    nothing can be verified. Inputs that do not fit the model are a ``ModelError``.
     """
     candidates: list[tuple[str, dict[str, np.ndarray] | None, str]] = []
     try:
         candidates.append(
-            ("generated inputs", modelio.random_inputs(model, options.seed, dict(options.input_shapes)), "")
+            ("generated inputs", modelio.random_inputs(model, seed, dict(input_shapes or {})), "")
         )
     except UnsupportedModelError as e:
         candidates.append(("generated inputs", None, str(e)))
-    for k, d in enumerate(options.inputs):
+    for k, d in enumerate(given):
         feeds = modelio.load_inputs(d, model) if isinstance(d, str | Path) else dict(d)
-        candidates.append(
-            (f"given inputs #{k + 1}" if len(options.inputs) > 1 else "the given inputs", feeds, "")
-        )
+        candidates.append((f"given inputs #{k + 1}" if len(given) > 1 else "the given inputs", feeds, ""))
     sets: list[dict[str, np.ndarray]] = []
     refs: list[dict[str, np.ndarray]] = []
     problems: list[str] = []
@@ -206,7 +208,7 @@ def verification_inputs(
             problems.append(f"ONNX Runtime cannot run the original model on {label} ({first_line(e)})")
     note = "; ".join(problems)
     if problems and not sets:
-        hint = "" if options.inputs else " (pass real inputs with --inputs)"
+        hint = "" if given else " (pass real inputs with --inputs)"
         note += f": nothing can be verified, so the model passes through{hint}"
     return sets, refs, note
 

@@ -1,0 +1,199 @@
+"""Measured acceptance: a rewrite reaches the output only when it is measured faster.
+
+Equal is not enough: a rewritten subprogram replaces its original nodes only
+when it differs from them and is measured faster than them, on the values
+that really reach it, beyond the noise band (:func:`judge_parts`). The
+assembled model is then timed against the input side by side, and while it
+is slower the accepted rewrites are rolled back, smallest measured gain
+first (half of them at a time while many remain), and the model is timed
+again (:func:`accept_model`): local timings cannot see layout interactions
+inside ONNX Runtime (a Reshape between two convolutions breaks its blocked
+NCHWc chain), the whole-model measurement decides.
+
+Every timing goes through a :class:`Timer`, which consults the measurement
+cache first; tests pass a timer of their own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from einopt import bench
+from einopt.cache import MeasurementCache
+from einopt.graphkey import content_key, timing_key
+from einopt.timing import NOISE_BAND, Comparison
+from einopt.verify import PartPair
+
+log = logging.getLogger(__name__)
+
+BISECT_FROM = 8
+"""With more accepted rewrites than this, a slow whole model rolls back half of them at a time."""
+
+
+class Timer:
+    """Times part pairs and whole models side by side, through the measurement cache.
+
+    Parameters
+    ----------
+    cache : MeasurementCache
+        Where timings are looked up first and stored after.
+    part_budget_s, model_budget_s : float
+        Seconds of timed runs per part pair and per whole-model comparison.
+    min_runs, max_runs : int
+        Runs per side, at least and at most.
+    """
+
+    def __init__(
+        self,
+        cache: MeasurementCache,
+        *,
+        part_budget_s: float = 1.0,
+        model_budget_s: float = 10.0,
+        min_runs: int = 10,
+        max_runs: int = 200,
+    ) -> None:
+        self.cache = cache
+        self.part_budget_s = part_budget_s
+        self.model_budget_s = model_budget_s
+        self.min_runs = min_runs
+        self.max_runs = max_runs
+
+    def _time(self, before, after, fa, fb, budget: float, what: str) -> Comparison:
+        key = self.cache.key(timing_key(before, fa), timing_key(after, fb))
+        return self.cache.measure(
+            key,
+            what,
+            lambda: bench.time_models(
+                before, after, fa, fb, min_runs=self.min_runs, max_runs=self.max_runs, budget_s=budget
+            ),
+        )
+
+    def part(self, pair: PartPair) -> Comparison:
+        """The rewritten nodes against the original nodes, on the values that reach them."""
+        return self._time(
+            pair.original,
+            pair.rewritten,
+            pair.original_feeds,
+            pair.rewritten_feeds,
+            self.part_budget_s,
+            f"part {pair.name}",
+        )
+
+    def model(
+        self, before: onnx.ModelProto, after: onnx.ModelProto, feeds: Mapping[str, np.ndarray]
+    ) -> Comparison:
+        """A whole model against another on the same inputs."""
+        return self._time(before, after, feeds, feeds, self.model_budget_s, "whole model")
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What measured acceptance decided for one rewritten subprogram."""
+
+    name: str
+    accepted: bool
+    timing: Comparison
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelRound:
+    """One whole-model timing: which rewrites were in the model, and which it rolled back."""
+
+    kept: tuple[str, ...]
+    timing: Comparison
+    rolled_back: tuple[str, ...]
+
+    def as_dict(self) -> dict:
+        return {"kept": list(self.kept), "rolled_back": list(self.rolled_back)} | self.timing.as_dict()
+
+
+def is_unchanged(
+    nodes: Sequence[onnx.NodeProto],
+    new_nodes: Sequence[onnx.NodeProto],
+    constants: Mapping[str, onnx.TensorProto],
+    new_constants: Sequence[onnx.TensorProto],
+    outputs: Sequence[str],
+    opset: int,
+) -> bool:
+    """Whether a re-instantiation is the original nodes again (same ops, wiring, attributes and data).
+
+    Parameters
+    ----------
+    nodes : sequence
+        The original nodes of the subprogram.
+    new_nodes, new_constants : sequence
+        Its instantiation and the initializers that came with it.
+    constants : mapping
+        The model's initializers by name (both node groups may read them).
+    outputs : sequence
+        The subprogram's output names (shared by both groups).
+    opset : int
+        The default-domain opset (attribute defaults depend on it).
+    """
+    if [n.op_type for n in nodes] != [n.op_type for n in new_nodes]:
+        return False
+    return content_key(nodes, constants, outputs, opset) == content_key(
+        new_nodes, dict(constants) | {t.name: t for t in new_constants}, outputs, opset
+    )
+
+
+def judge_parts(pairs: Iterable[PartPair], timer: Timer, band: float = NOISE_BAND) -> dict[str, Verdict]:
+    """Time each part pair; a rewrite is accepted when it is faster than the original beyond ``band``."""
+    verdicts: dict[str, Verdict] = {}
+    for pair in pairs:
+        t = timer.part(pair)
+        if t.faster(band):
+            reason = f"measured {t.speedup:.2f}x faster on its own"
+        else:
+            reason = f"not faster than the original nodes ({t.speedup:.2f}x; needs >= {1 + band:.2f}x)"
+        verdicts[pair.name] = Verdict(pair.name, t.faster(band), t, reason)
+        log.info("%s: %s", pair.name, reason)
+    return verdicts
+
+
+def accept_model(
+    original: onnx.ModelProto,
+    feeds: Mapping[str, np.ndarray],
+    build: Callable[[frozenset[str]], onnx.ModelProto],
+    gains: Mapping[str, float],
+    timer: Timer,
+) -> tuple[frozenset[str], list[ModelRound]]:
+    """Roll back accepted rewrites until the assembled model is not slower than the input.
+
+    Parameters
+    ----------
+    original : onnx.ModelProto
+        The input model (what the output must not be slower than).
+    feeds : mapping
+        Inputs both models run on.
+    build : callable
+        The assembled model with exactly the given rewrites in it.
+    gains : mapping
+        Accepted rewrite -> its measured speedup on its own (rollback order).
+    timer : Timer
+        How models are timed.
+
+    Returns
+    -------
+    (frozenset, list)
+        The rewrites kept (empty: the output is the input), and every
+        whole-model timing made with what it rolled back.
+    """
+    kept = sorted(gains, key=lambda n: (gains[n], n))  # smallest gain first
+    rounds: list[ModelRound] = []
+    while kept:
+        t = timer.model(original, build(frozenset(kept)), feeds)
+        if t.speedup >= 1.0:
+            rounds.append(ModelRound(tuple(sorted(kept)), t, ()))
+            return frozenset(kept), rounds
+        drop = kept[: len(kept) // 2] if len(kept) > BISECT_FROM else kept[:1]
+        log.info("whole model %.2fx: rolling back %s", t.speedup, ", ".join(drop))
+        rounds.append(ModelRound(tuple(sorted(kept)), t, tuple(drop)))
+        kept = kept[len(drop) :]
+    return frozenset(), rounds

@@ -1,0 +1,150 @@
+"""The measurement cache: side-by-side timings kept in SQLite, so nothing is timed twice.
+
+A timing is keyed by the canonical content of what was timed (both sides'
+node groups, shapes, attributes and element types: :func:`einopt.graphkey.timing_key`)
+and by what it depends on beyond that (ONNX Runtime's version, the CPU model,
+the thread count: :func:`einopt.timing.environment_key`). A second
+``optimize`` of the same model, or of another model with the same layers,
+measures nothing new.
+
+The default file is ``measurements.sqlite`` in the user's cache directory
+(``~/.cache/einopt`` on Linux; ``EINOPT_CACHE_DIR`` overrides the directory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from einopt.timing import Comparison, Timing, environment_key
+
+log = logging.getLogger(__name__)
+
+SCHEMA = 1
+
+
+def default_path() -> Path:
+    """Where the cache lives unless told otherwise."""
+    env = os.environ.get("EINOPT_CACHE_DIR")
+    if env:
+        return Path(env) / "measurements.sqlite"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("einopt")) / "measurements.sqlite"
+
+
+@dataclasses.dataclass
+class Stats:
+    """What the cache did during one run."""
+
+    hits: int = 0
+    measured: int = 0
+
+
+class MeasurementCache:
+    """Side-by-side timings by key, in an SQLite file (``path=None``: in memory, for one run only).
+
+    Parameters
+    ----------
+    path : path or None
+        The database file (created with its directory); None keeps timings
+        for this process only (``--no-cache``).
+    """
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = Path(path) if path is not None else None
+        self.stats = Stats()
+        self._memory: dict[str, Comparison] = {}
+        self._db: sqlite3.Connection | None = None
+        if self.path is not None:
+            self._db = self._open(self.path)
+        self.usable = self._db is not None
+
+    @staticmethod
+    def _open(path: Path) -> sqlite3.Connection | None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(path, timeout=30)
+            db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT)")
+            row = db.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
+            if row is not None and int(row[0]) != SCHEMA:
+                db.execute("DROP TABLE IF EXISTS comparisons")
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (str(SCHEMA),))
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS comparisons ("
+                "key TEXT PRIMARY KEY, what TEXT, value TEXT NOT NULL, created REAL NOT NULL)"
+            )
+            db.commit()
+            return db
+        except (sqlite3.Error, OSError) as e:
+            log.warning("measurement cache %s unusable (%s): timings are kept for this run only", path, e)
+            return None
+
+    def key(self, before: str, after: str) -> str:
+        """The key of timing ``after`` against ``before`` (two :func:`einopt.graphkey.timing_key` s) here."""
+        text = json.dumps([before, after, environment_key()], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def get(self, key: str) -> Comparison | None:
+        if key in self._memory:
+            return self._memory[key]
+        if self._db is None:
+            return None
+        row = self._db.execute("SELECT value FROM comparisons WHERE key = ?", (key,)).fetchone()
+        if row is None:
+            return None
+        d = json.loads(row[0])
+        c = Comparison(
+            Timing(**d["before"]), Timing(**d["after"]), d["warmup_rounds"], d["load_average"], cached=True
+        )
+        self._memory[key] = c
+        return c
+
+    def put(self, key: str, c: Comparison, what: str = "") -> None:
+        self._memory[key] = dataclasses.replace(c, cached=True)
+        if self._db is None:
+            return
+        value = {
+            "before": dataclasses.asdict(c.before),
+            "after": dataclasses.asdict(c.after),
+            "warmup_rounds": c.warmup_rounds,
+            "load_average": c.load_average,
+        }
+        try:
+            self._db.execute(
+                "INSERT OR REPLACE INTO comparisons VALUES (?, ?, ?, ?)",
+                (key, what, json.dumps(value), time.time()),
+            )
+            self._db.commit()
+        except sqlite3.Error as e:  # a full disk or a locked file must not sink the run
+            log.warning("cannot write to the measurement cache %s: %s", self.path, e)
+
+    def measure(self, key: str, what: str, timer: Callable[[], Comparison]) -> Comparison:
+        """The cached comparison under ``key``, or ``timer()``'s (then cached)."""
+        found = self.get(key)
+        if found is not None:
+            self.stats.hits += 1
+            return found
+        c = timer()
+        self.stats.measured += 1
+        self.put(key, c, what)
+        return c
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def describe(self) -> dict:
+        return {
+            "path": str(self.path) if self.usable else None,
+            "hits": self.stats.hits,
+            "measured": self.stats.measured,
+        }

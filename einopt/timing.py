@@ -1,0 +1,356 @@
+"""Timing on this machine, the one way einopt measures: one thread pool, interleaved rounds, medians.
+
+Every timing einopt makes goes through here: the per-subprogram acceptance
+of ``optimize``, its whole-model check, ``optimize --bench`` and ``einopt
+bench``. The rules (cpu-measurements.md):
+
+- Every ONNX Runtime session of the process joins one global thread pool
+  (:func:`configure_threads`); with per-session pools, idle sessions' threads
+  spin and take the cores from the active one.
+- Variants run round-robin, the first of each round rotating, after a
+  warm-up that lasts until consecutive rounds agree (:func:`time_interleaved`).
+- Medians decide; the p10-p90 spread and the load average say how far to
+  trust them (:func:`reliability`), and every report says so.
+
+This module imports nothing of einopt's, so the model I/O (which needs the
+thread set-up) can import it without a circle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import os
+import platform
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+
+NOISE_BAND = 0.05
+"""Ratios within ``1 +- NOISE_BAND`` are ties on this machine (identical models read 0.95-1.05)."""
+
+MAX_SPREAD = 1.5
+"""A variant whose p90 / p10 exceeds this was disturbed while it ran."""
+
+_STATE: dict[str, object] = {"threads": None, "pool": None}
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def configure_threads(threads: int | None = None) -> int:
+    """Put every ONNX Runtime session einopt creates from now on into one global thread pool.
+
+    Call it once, early; later calls keep the first configuration and return
+    its thread count (ONNX Runtime builds its global pools once per process:
+    a second ``set_global_thread_pool_sizes`` fails with "Global thread pools
+    have already been created"). Sessions created afterwards with
+    ``use_per_session_threads=False`` join the global pool. If the pools were
+    already created by other code, they are used as they are. Should a runtime
+    refuse sessions on the global pool, einopt falls back to per-session pools
+    of ``threads`` intra-op threads and the machine info says
+    ``"thread_pool": "per-session"``.
+
+    Once the global pools exist, ONNX Runtime refuses any session in the
+    process that asks for threads of its own: code that creates sessions
+    itself after benchmarking must set ``use_per_session_threads = False``
+    (:func:`einopt.modelio.session` does). With the environment variable
+    ``EINOPT_THREAD_POOL=per-session`` einopt leaves the process alone and
+    uses per-session pools with spinning turned off instead (the tests do).
+
+    Parameters
+    ----------
+    threads : int, optional
+        Intra-op threads (default: the cores this process may run on).
+
+    Returns
+    -------
+    int
+        The intra-op thread count in effect.
+    """
+    if _STATE["threads"] is not None:
+        return int(_STATE["threads"])
+    n = threads or cores()
+    mode = os.environ.get("EINOPT_THREAD_POOL", "global")
+    if mode not in ("global", "per-session"):
+        raise ValueError(f"EINOPT_THREAD_POOL must be 'global' or 'per-session', not {mode!r}")
+    if mode == "per-session":
+        _STATE["threads"], _STATE["pool"] = n, "per-session"
+        return n
+    from onnxruntime.capi import _pybind_state
+
+    try:
+        _pybind_state.set_global_thread_pool_sizes(n, 1)
+    except Exception:  # noqa: BLE001 - pools already created by other code: the probe below decides
+        pass
+    _STATE["threads"] = n
+    _STATE["pool"] = "global"
+    try:
+        _probe_global_pool()
+    except Exception:  # noqa: BLE001 - any refusal means: no global pool in this process
+        _STATE["pool"] = "per-session"
+    return n
+
+
+def thread_options() -> dict[str, object]:
+    """How :func:`einopt.modelio.session` should set up threads (empty before :func:`configure_threads`)."""
+    if _STATE["pool"] == "global":
+        return {"global_pool": True}
+    if _STATE["pool"] == "per-session":
+        return {"threads": _STATE["threads"]}
+    return {}
+
+
+def threads_in_effect() -> int:
+    """The intra-op thread count timings use (configuring the pool if nobody has yet)."""
+    return configure_threads()
+
+
+def _probe_global_pool() -> None:
+    import onnx
+    import onnxruntime as ort
+
+    h = onnx.helper
+    graph = h.make_graph(
+        [h.make_node("Relu", ["x"], ["y"])],
+        "probe",
+        [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+    )
+    m = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    options.use_per_session_threads = False
+    ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def cpu_model() -> str:
+    """The CPU's model name (timings are only comparable on the same one)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (None where the platform has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
+def machine_info(threads: int) -> dict:
+    """What the timings depend on: runtime version, CPU, threads, load at the start."""
+    import onnxruntime as ort
+
+    try:
+        version = importlib.metadata.version("einopt")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        load = None
+    return {
+        "onnxruntime": ort.__version__,
+        "cpu": cpu_model(),
+        "threads": threads,
+        "cores": os.cpu_count() or 1,
+        "thread_pool": _STATE["pool"] or "per-session",
+        "python": platform.python_version(),
+        "einopt": version,
+        "platform": platform.platform(),
+        "load_average": load,
+    }
+
+
+def environment_key() -> dict[str, object]:
+    """What a cached timing is only valid for: ONNX Runtime's version, the CPU, the threads."""
+    import onnxruntime as ort
+
+    return {"onnxruntime": ort.__version__, "cpu": cpu_model(), "threads": threads_in_effect()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Milliseconds per call: median, 10th and 90th percentiles, best; and how many calls were timed."""
+
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    min_ms: float
+    runs: int
+
+    @classmethod
+    def of(cls, seconds: list[float]) -> Timing:
+        ms = np.asarray(seconds) * 1e3
+        return cls(
+            float(np.median(ms)),
+            float(np.percentile(ms, 10)),
+            float(np.percentile(ms, 90)),
+            float(ms.min()),
+            len(ms),
+        )
+
+    @property
+    def spread(self) -> float:
+        """p90 / p10: 1.0 for a perfectly steady variant."""
+        return self.p90_ms / self.p10_ms if self.p10_ms > 0 else float("inf")
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """Two variants timed side by side: ``speedup = before.median / after.median``."""
+
+    before: Timing
+    after: Timing
+    warmup_rounds: int = 0
+    load_average: float | None = None
+    cached: bool = False
+
+    @property
+    def speedup(self) -> float:
+        return self.before.median_ms / self.after.median_ms if self.after.median_ms > 0 else float("inf")
+
+    def faster(self, band: float = NOISE_BAND) -> bool:
+        """``after`` is faster than ``before`` beyond the noise band."""
+        return self.speedup >= 1.0 + band
+
+    def unreliable(self) -> str:
+        """Why this measurement should not be trusted ("" when nothing is wrong)."""
+        return reliability({"before": self.before, "after": self.after}, self.load_average)
+
+    def as_dict(self) -> dict:
+        return {
+            "before_ms": self.before.median_ms,
+            "after_ms": self.after.median_ms,
+            "before_p10_p90_ms": [self.before.p10_ms, self.before.p90_ms],
+            "after_p10_p90_ms": [self.after.p10_ms, self.after.p90_ms],
+            "runs": min(self.before.runs, self.after.runs),
+            "speedup": self.speedup,
+            "cached": self.cached,
+            "unreliable": self.unreliable(),
+        }
+
+
+def reliability(timings: Mapping[str, Timing], load: float | None, n_cores: int | None = None) -> str:
+    """Why timings should not be trusted: a variant's spread, or a busy machine ("" when all is well).
+
+    Parameters
+    ----------
+    timings : mapping
+        Name -> :class:`Timing`.
+    load : float or None
+        The 1-minute load average when timing started.
+    n_cores : int, optional
+        Cores of the machine (default: this process's).
+    """
+    why = [
+        f"{name} spread p90/p10 = {t.spread:.2f} > {MAX_SPREAD}"
+        for name, t in timings.items()
+        if t.spread > MAX_SPREAD
+    ]
+    n = n_cores or cores()
+    if load is not None and load > n:
+        why.append(f"load average {load:.2f} above the {n} cores when timing started")
+    return "; ".join(why)
+
+
+def time_interleaved(
+    fns: Mapping[str, Callable[[], object]],
+    *,
+    warmup: int = 3,
+    max_warmup: int = 30,
+    min_runs: int = 10,
+    max_runs: int = 200,
+    budget_s: float = 20.0,
+) -> tuple[dict[str, Timing], int]:
+    """Time callables round-robin (the first of each round rotates) until the budget is spent.
+
+    Parameters
+    ----------
+    fns : mapping
+        Name -> callable without arguments.
+    warmup : int
+        Untimed rounds first, at least.
+    max_warmup : int
+        Untimed rounds at most: warm-up goes on while a callable's last call
+        differs from its previous one by more than the noise band (caches,
+        allocation, CPU frequency settling), within a quarter of the budget.
+    min_runs, max_runs : int
+        Timed calls per callable: at least ``min_runs`` (even past the
+        budget), at most ``max_runs``.
+    budget_s : float
+        Seconds of timed calls after which no new round starts.
+
+    Returns
+    -------
+    (dict, int)
+        Name -> :class:`Timing`, and the warm-up rounds run.
+    """
+    if not fns:
+        return {}, 0
+    if min_runs < 1 or max_runs < min_runs:
+        raise ValueError(f"need 1 <= min_runs <= max_runs, got {min_runs}, {max_runs}")
+    names = list(fns)
+    last: dict[str, float] = {}
+    rounds = 0
+    start = time.perf_counter()
+    while rounds < max(warmup, 0) or (
+        rounds < max_warmup and warmup > 0 and time.perf_counter() - start < budget_s / 4
+    ):
+        steady = True
+        for n in names:
+            t = time.perf_counter()
+            fns[n]()
+            dt = time.perf_counter() - t
+            if n not in last or abs(dt - last[n]) > NOISE_BAND * max(last[n], 1e-9):
+                steady = False
+            last[n] = dt
+        rounds += 1
+        if rounds >= warmup and steady:
+            break
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    start = time.perf_counter()
+    for k in range(max_runs):
+        if k >= min_runs and time.perf_counter() - start >= budget_s:
+            break
+        order = names[k % len(names) :] + names[: k % len(names)]
+        for n in order:
+            t = time.perf_counter()
+            fns[n]()
+            samples[n].append(time.perf_counter() - t)
+    return {n: Timing.of(s) for n, s in samples.items()}, rounds
+
+
+def compare_callables(
+    before: Callable[[], object],
+    after: Callable[[], object],
+    *,
+    warmup: int = 3,
+    min_runs: int = 10,
+    max_runs: int = 200,
+    budget_s: float = 20.0,
+) -> Comparison:
+    """Time two callables side by side (see :func:`time_interleaved`)."""
+    load = load_average()
+    t, rounds = time_interleaved(
+        {"before": before, "after": after},
+        warmup=warmup,
+        min_runs=min_runs,
+        max_runs=max_runs,
+        budget_s=budget_s,
+    )
+    return Comparison(t["before"], t["after"], rounds, load)
