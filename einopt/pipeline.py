@@ -269,6 +269,10 @@ def _rewrite(
     opset = default_opset(original)
     prepared = prepare(original, options.input_shapes, fold=fold)
     model = prepared.model
+    if options.verify and fold:  # the unchanged parts of an output come from the prepared model
+        folded = compare_models(references, model, datasets, options.tolerance)
+        if not folded.ok:
+            return folded.message
     clock("prepare")
     parts = translate_graph(model)
     by_name = {p.name: p for p in parts}
@@ -287,6 +291,7 @@ def _rewrite(
                 del emitted[name]
     clock("verify parts")
 
+    instantiated = dict(emitted)  # the report shows what every part became, unchanged ones too
     unchanged = _unchanged(model, by_name, emitted)
     for name in unchanged:
         del emitted[name]
@@ -321,10 +326,11 @@ def _rewrite(
             notes.append("the output keeps the pinned input shapes: its rewrites were instantiated for them")
     else:
         # the prepared model's pinning and folding are not in the output: the input is
-        notes = [n for n in notes if not n.startswith(("pinned", "folded", "constant and"))]
+        notes = [n for n in notes if not n.startswith(("pinned", "folded"))]
         notes.append("no rewrite was accepted: the output is the input model, unchanged")
     results = tuple(
-        _part_result(model, p, emitted, kept, unchanged, decided, reasons, checks, options) for p in parts
+        _part_result(model, p, instantiated, kept, unchanged, decided, reasons, checks, options)
+        for p in parts
     )
     workspace = Workspace(model, tuple(by_name[n] for n in kept), kept, datasets[0] if datasets else None)
     return Result(

@@ -1,0 +1,61 @@
+"""einopt.timing: interleaving, warm-up, reliability flags, the thread pool. No timing ratio is asserted."""
+
+from __future__ import annotations
+
+import pytest
+
+from einopt import timing
+from einopt.timing import Comparison, Timing
+
+
+def test_time_interleaved_rotates_and_respects_run_limits():
+    calls = []
+    fns = {k: (lambda k=k: calls.append(k)) for k in "abc"}
+    t, rounds = timing.time_interleaved(fns, warmup=1, max_warmup=1, min_runs=5, max_runs=5, budget_s=100)
+    assert rounds == 1 and all(v.runs == 5 for v in t.values())
+    timed = calls[3:]  # after one warm-up round
+    assert timed[:3] == ["a", "b", "c"] and timed[3:6] == ["b", "c", "a"] and timed[6:9] == ["c", "a", "b"]
+    calls.clear()
+    t, rounds = timing.time_interleaved(fns, warmup=0, min_runs=2, max_runs=1000, budget_s=0.0)
+    assert rounds == 0 and all(v.runs == 2 for v in t.values())
+    with pytest.raises(ValueError):
+        timing.time_interleaved(fns, min_runs=3, max_runs=2)
+
+
+def test_warmup_goes_on_until_calls_are_steady():
+    """The first calls are slow (first touch, caches): warm-up lasts until two calls agree."""
+    durations = iter([0.02, 0.01, 0.005] + [0.001] * 1000)
+
+    def slow_start():
+        import time
+
+        time.sleep(next(durations))
+
+    _, rounds = timing.time_interleaved({"f": slow_start}, warmup=1, max_warmup=10, min_runs=2, max_runs=2)
+    assert 3 <= rounds <= 10
+
+
+def test_comparison_faster_needs_the_noise_band():
+    def t(ms):
+        return Timing(ms, ms * 0.9, ms * 1.1, ms * 0.8, 10)
+
+    assert Comparison(t(1.0), t(0.9)).faster()  # 1.11x
+    assert not Comparison(t(1.0), t(0.97)).faster()  # 1.03x: a tie
+    assert not Comparison(t(1.0), t(1.2)).faster()
+    d = Comparison(t(2.0), t(1.0)).as_dict()
+    assert d["speedup"] == 2.0 and d["before_ms"] == 2.0 and d["unreliable"] == ""
+
+
+def test_reliability_flags_spread_and_load():
+    steady = Timing(1.0, 0.95, 1.05, 0.9, 20)
+    noisy = Timing(1.0, 0.5, 2.0, 0.4, 20)
+    assert timing.reliability({"a": steady}, 0.1, 2) == ""
+    assert "spread" in timing.reliability({"a": noisy}, 0.1, 2)
+    assert "load average 3.50" in timing.reliability({"a": steady}, 3.5, 2)
+
+
+def test_configure_threads_is_idempotent():
+    n = timing.configure_threads()
+    assert timing.configure_threads(n + 3) == n
+    assert timing.machine_info(n)["thread_pool"] in {"global", "per-session"}
+    assert set(timing.environment_key()) == {"onnxruntime", "cpu", "threads"}
