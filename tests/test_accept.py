@@ -1,0 +1,226 @@
+"""Measured acceptance: unchanged parts, slow rewrites and slow whole models are rolled back; the cache.
+
+The decisions are tested with timers that return set comparisons (no timing
+ratio is asserted anywhere), plus one rewrite made so much slower (a large
+MatMul added to a tiny convolution) that no noise can make it look faster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+from onnx_models import conv_block
+
+from einopt import accept, pipeline
+from einopt.accept import Timer, accept_model
+from einopt.cache import MeasurementCache
+from einopt.pipeline import Options, optimize
+from einopt.timing import Comparison, Timing
+
+
+def _t(ms: float) -> Timing:
+    return Timing(ms, ms * 0.98, ms * 1.02, ms * 0.97, 20)
+
+
+def _cmp(before: float, after: float) -> Comparison:
+    return Comparison(_t(before), _t(after), 3, 0.0)
+
+
+def _eop_everything(monkeypatch):
+    """No predefined operator matches: every subprogram becomes an eOperator (so it differs from the original)."""
+    from einopt.instantiate import emit
+    from einopt.instantiate.plan import Failure
+
+    monkeypatch.setattr(
+        emit, "MATCHERS", {"Nothing": lambda scope, ctx=None: Failure("disabled for this test")}
+    )
+
+
+def _fake_time_models(monkeypatch, part_speedup: float, model_speedup):
+    """Part pairs read ``part_speedup``; whole models read ``model_speedup(after_model)``."""
+    calls = {"parts": 0, "models": 0}
+
+    def fake(before, after, fa, fb=None, **kw):
+        whole = before.graph.name != "part"
+        calls["models" if whole else "parts"] += 1
+        s = model_speedup(after) if whole else part_speedup
+        return _cmp(1.0, 1.0 / s)
+
+    monkeypatch.setattr(accept.bench, "time_models", fake)
+    return calls
+
+
+def test_unchanged_parts_leave_the_input_untouched(tmp_path):
+    model = conv_block()
+    result = optimize(model, Options(cache=tmp_path / "c.sqlite"))
+    assert {p.status for p in result.parts} == {"unchanged"}
+    assert result.counts()["unchanged"] == 4 and result.counts()["rewritten"] == 0
+    assert result.model.SerializeToString() == model.SerializeToString()
+    assert not result.changed() and any("output is the input model" in n for n in result.notes)
+    assert all(p.new_ops == p.ops for p in result.parts)  # the report still shows what they became
+
+
+def test_a_slowed_rewrite_is_not_accepted_and_the_output_is_the_input(monkeypatch, tmp_path):
+    """Real timing: the rewrite adds a 192x192x192 MatMul to a tiny conv, about 100x its time."""
+    model = conv_block()
+    real = pipeline.instantiate
+
+    def slowed(program, **kw):
+        inst = real(program, **kw)
+        if "conv2" not in kw["prefix"]:
+            return inst
+        out = kw["onnx_names"][program.outputs[0]]
+        p = kw["prefix"]
+        big = numpy_helper.from_array(np.full((192, 192), 1e-3, np.float32), p + "big")
+        zero = numpy_helper.from_array(np.zeros((), np.float32), p + "zero")
+        nodes = []
+        for n in inst.nodes:
+            m = onnx.NodeProto()
+            m.CopyFrom(n)
+            m.output[:] = [o + "_fast" if o == out else o for o in m.output]
+            nodes.append(m)
+        # (x[0,0,0,0] * big) @ big, summed, times zero: exactly 0 on finite inputs, but it costs a MatMul
+        nodes += [
+            helper.make_node("ReduceMax", [out + "_fast"], [p + "m"], keepdims=0),
+            helper.make_node("Mul", [p + "m", p + "big"], [p + "a"]),
+            helper.make_node("MatMul", [p + "a", p + "big"], [p + "b"]),
+            helper.make_node("MatMul", [p + "b", p + "big"], [p + "c"]),
+            helper.make_node("ReduceSum", [p + "c"], [p + "s"], keepdims=0),
+            helper.make_node("Mul", [p + "s", p + "zero"], [p + "z"]),
+            helper.make_node("Add", [out + "_fast", p + "z"], [out]),
+        ]
+        return dataclasses.replace(inst, nodes=tuple(nodes), initializers=(*inst.initializers, big, zero))
+
+    monkeypatch.setattr(pipeline, "instantiate", slowed)
+    result = optimize(model, Options(cache=False))
+    (slow,) = [p for p in result.parts if p.ops == ("Conv", "Add")]
+    assert slow.status == "not faster" and "not faster than the original nodes" in slow.reason
+    assert slow.bench["speedup"] < 1.0 and slow.bench["cached"] is False
+    assert result.model.SerializeToString() == model.SerializeToString()
+    assert result.acceptance["timed"] and result.acceptance["cache"]["measured"] == 1
+
+
+def test_a_slow_whole_model_is_rolled_back(monkeypatch, tmp_path):
+    """Every part is faster on its own, the whole model is slower: everything is rolled back."""
+    _eop_everything(monkeypatch)
+    calls = _fake_time_models(monkeypatch, 1.5, lambda m: 0.8)
+    model = conv_block()
+    result = optimize(model, Options(cache=False))
+    # the two Relu subprograms are the same node group on the same shapes: timed once
+    assert calls["parts"] == 3 and calls["models"] == 4  # one rollback at a time, 4 accepted parts
+    assert {p.status for p in result.parts} == {"rolled back"}
+    assert all("whole model" in p.reason and "0.80x" in p.reason for p in result.parts)
+    assert result.model.SerializeToString() == model.SerializeToString()
+    rounds = result.acceptance["rounds"]
+    assert len(rounds) == 4 and all(len(r["rolled_back"]) == 1 for r in rounds)
+    assert result.counts()["rolled_back"] == 4 and result.counts()["accepted"] == 0
+
+
+def test_a_fast_whole_model_keeps_its_rewrites(monkeypatch):
+    _eop_everything(monkeypatch)
+    _fake_time_models(monkeypatch, 1.5, lambda m: 1.2)
+    model = conv_block()
+    result = optimize(model, Options(cache=False))
+    assert {p.status for p in result.parts} == {"accepted"}
+    assert {n.domain for n in result.model.graph.node} == {"einopt.eop"}
+    assert result.acceptance["rounds"][0]["speedup"] == pytest.approx(1.2)
+
+
+def test_rollback_order_smallest_gain_first_and_bisection():
+    def run(gains, slow_while):
+        timed = []
+
+        class FakeTimer:
+            def model(self, before, after, feeds):
+                timed.append(after)
+                return _cmp(1.0, 1.25) if slow_while(after) else _cmp(1.0, 0.9)
+
+        kept, rounds = accept_model(None, {}, lambda names: names, gains, FakeTimer())
+        return kept, rounds, timed
+
+    # slower while "c" (the smallest gain) is in: only "c" goes
+    kept, rounds, _ = run({"a": 1.5, "b": 1.2, "c": 1.1}, lambda names: "c" in names)
+    assert kept == {"a", "b"} and [r.rolled_back for r in rounds] == [("c",), ()]
+    # many rewrites: half of them (smallest gains) go at a time
+    gains = {f"p{k:02d}": 1.0 + k / 100 for k in range(20)}
+    kept, rounds, timed = run(gains, lambda names: "p00" in names or len(names) > 10)
+    assert [len(r.rolled_back) for r in rounds[:-1]] == [10] and len(kept) == 10 and "p00" not in kept
+    # always slower: nothing is kept
+    kept, rounds, _ = run({"a": 2.0}, lambda names: True)
+    assert kept == frozenset() and rounds[-1].rolled_back == ("a",)
+
+
+def test_second_run_measures_nothing_new(monkeypatch, tmp_path):
+    _eop_everything(monkeypatch)
+    path = tmp_path / "cache.sqlite"
+    first = optimize(conv_block(), Options(cache=path))
+    made, hits = first.acceptance["cache"]["measured"], first.acceptance["cache"]["hits"]
+    assert made >= 3 and hits <= 1  # the two Relu parts are one node group: the second is a hit
+    second = optimize(conv_block(), Options(cache=path))
+    assert second.acceptance["cache"]["measured"] == 0 and second.acceptance["cache"]["hits"] == made + hits
+    assert [p.status for p in second.parts] == [p.status for p in first.parts]
+    assert second.model.SerializeToString() == first.model.SerializeToString()
+    assert all(p.bench["cached"] for p in second.parts if p.bench)
+
+
+def test_cache_keys_ignore_names_and_weight_values_not_shapes(tmp_path):
+    from einopt.graphkey import timing_key
+
+    a = conv_block(seed=0)
+    b = conv_block(seed=1)  # other weights, same structure
+    for n in b.graph.node:
+        n.name = "renamed_" + n.name
+    x = {"x": np.zeros((1, 8, 6, 6), np.float32)}
+    assert timing_key(a, x) == timing_key(b, x)
+    assert timing_key(a, x) != timing_key(a, {"x": np.zeros((2, 8, 6, 6), np.float32)})
+    cache = MeasurementCache(tmp_path / "c.sqlite")
+    k = cache.key("a", "b")
+    cache.put(k, _cmp(2.0, 1.0))
+    cache.close()
+    again = MeasurementCache(tmp_path / "c.sqlite")
+    assert again.get(k).speedup == 2.0 and again.get(k).cached
+    assert MeasurementCache(None).get(k) is None
+
+
+def test_unusable_cache_file_is_a_warning_not_a_failure(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    cache = MeasurementCache(blocker / "sub" / "c.sqlite")  # its directory cannot be made
+    assert cache.describe()["path"] is None
+    assert cache.measure("k", "x", lambda: _cmp(1.0, 1.0)).speedup == 1.0
+
+
+def test_accept_verified_keeps_rewrites_untimed(monkeypatch):
+    _eop_everything(monkeypatch)
+    calls = _fake_time_models(monkeypatch, 0.5, lambda m: 0.5)
+    result = optimize(conv_block(), Options(accept="verified"))
+    assert calls == {"parts": 0, "models": 0}
+    assert {p.status for p in result.parts} == {"rewritten"}
+    assert not result.acceptance["timed"] and any("not timed" in n for n in result.notes)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"max_depth": 3}, "needs the search"),
+        ({"max_depth": -1}, "max_depth must be >= 0"),
+        ({"accept": "fast"}, "accept must be one of"),
+        ({"noise": 1.5}, "noise must be in"),
+    ],
+)
+def test_options_are_checked_like_the_cli(options, message):
+    with pytest.raises(ValueError, match=message):
+        Options(**options)
+
+
+def test_timer_goes_through_the_cache(monkeypatch, tmp_path):
+    calls = _fake_time_models(monkeypatch, 2.0, lambda m: 2.0)
+    timer = Timer(MeasurementCache(tmp_path / "c.sqlite"))
+    m = conv_block()
+    x = {"x": np.zeros((1, 8, 6, 6), np.float32)}
+    assert timer.model(m, m, x).speedup == 2.0 and timer.model(m, m, x).cached
+    assert calls["models"] == 1 and timer.cache.stats.hits == 1
