@@ -30,6 +30,7 @@ from einopt.frontend.fold import prepare
 from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset
 from einopt.frontend.translate import Part, translate_graph
 from einopt.instantiate.emit import Instantiated, instantiate
+from einopt.report import REPORT_VERSION, STATUSES
 from einopt.syntax import format_expr
 from einopt.timing import NOISE_BAND, configure_threads
 from einopt.verify import (
@@ -45,7 +46,6 @@ from einopt.verify import (
 log = logging.getLogger(__name__)
 
 MIN_OPSET = 7  # numpy-style broadcasting; older models pass through
-REPORT_VERSION = 3
 ACCEPT_MODES = ("measured", "verified")
 NO_SEARCH = "max_depth > 0 needs the search, which is not in this version of einopt yet (only 0 is accepted)"
 
@@ -105,14 +105,6 @@ class Options:
             raise ValueError(f"noise must be in [0, 1), not {self.noise}")
         if self.part_budget_s <= 0 or self.model_budget_s <= 0:
             raise ValueError("timing budgets must be positive")
-
-
-STATUSES = ("accepted", "rewritten", "unchanged", "not faster", "rolled back", "failed", "passed through")
-"""What happened to a subprogram: accepted (measured faster, in the output); rewritten (in the
-output, not timed: ``accept="verified"``); unchanged (re-instantiated as the same nodes); not
-faster (verified equal, measured no faster: the original nodes stay); rolled back (faster on its
-own, but the whole model was slower with it); failed (instantiation or verification failed);
-passed through (not translated)."""
 
 
 @dataclasses.dataclass(frozen=True)

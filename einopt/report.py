@@ -1,9 +1,13 @@
 """einopt's speedup reports: checking the report dict and printing it in the terminal.
 
 The report is the plain, JSON-serialisable dict that ``einopt optimize
---report`` and ``einopt bench --report`` write (format 2):
-``{"einopt_report": 2, "model", "output", "verified", "blocked", "notes",
-"counts", "seconds", "subprograms": [...], "bench": None | {...}}``.
+--report`` and ``einopt bench --report`` write (format 3):
+``{"einopt_report": 3, "model", "output", "verified", "blocked", "notes",
+"counts", "seconds", "acceptance", "subprograms": [...], "bench": None | {...}}``.
+``acceptance`` says how rewrites were accepted (``mode`` measured or
+verified, ``timed``, the whole-model ``rounds`` with what each rolled back,
+the measurement ``cache``, ``unreliable`` timings); each subprogram has one
+of :data:`STATUSES`.
 :func:`validate_report` checks it, :func:`print_report` renders it with rich
 and :mod:`einopt.report_html` renders it as a self-contained HTML page. The
 small formatting helpers here are shared by both renderers, so a number reads
@@ -25,13 +29,18 @@ from rich.text import Text
 
 from einopt.errors import ModelError
 
-REPORT_VERSION = 2
+REPORT_VERSION = 3
 TIE = (0.95, 1.05)  # speedups in this band are measurement noise on a shared CPU
 TIE_TEXT = "tie: within noise"
 NOT_MEASURED = "not measured (use --bench)"
-BIG_MODEL_ROWS = 25  # above this, the terminal lists only rewritten and rolled-back subprograms
+BIG_MODEL_ROWS = 25  # above this, the terminal lists only the subprograms whose nodes were rewritten
 LOAD_KEYS = ("load", "loadavg", "load_average")  # optional machine keys: 1, 5, 15 minute load average
-STATUSES = ("rewritten", "rolled back", "passed through")
+STATUSES = ("accepted", "rewritten", "unchanged", "not faster", "rolled back", "failed", "passed through")
+"""accepted: measured faster, in the output; rewritten: in the output, not timed (--accept verified);
+unchanged: re-instantiated as the same nodes; not faster: verified equal, measured no faster (the
+original nodes stay); rolled back: faster on its own, but the whole model was slower with it;
+failed: instantiation or verification failed; passed through: not translated."""
+CHANGED = ("accepted", "rewritten", "not faster", "rolled back")  # new nodes that differ were made
 KINDS = ("linear", "activation", "passthrough")
 
 # Colours of the verdicts, shared by the terminal (rich styles) and the HTML plots.
@@ -43,7 +52,15 @@ COLORS = {
     "optimized": "#2b6cb0",
 }
 RICH_STYLES = {"faster": "bold green", "slower": "bold red", "tie": "yellow"}
-STATUS_STYLES = {"rewritten": "green", "rolled back": "red", "passed through": "dim"}
+STATUS_STYLES = {
+    "accepted": "green",
+    "rewritten": "green",
+    "unchanged": "dim",
+    "not faster": "yellow",
+    "rolled back": "red",
+    "failed": "red",
+    "passed through": "dim",
+}
 
 
 # --------------------------------------------------------------------------- formatting
@@ -180,8 +197,8 @@ def no_part_speedups_reason(report: Mapping[str, Any]) -> str:
     parts = report.get("subprograms", [])
     if not parts:
         return "This report compares two models; it has no subprograms."
-    if not any(p["status"] == "rewritten" for p in parts):
-        return "No subprogram was rewritten, so there is nothing to time on its own."
+    if not any(p["status"] in CHANGED for p in parts):
+        return "No subprogram was rewritten into other nodes, so there is nothing to time on its own."
     return "Per-subprogram times are measured by `einopt optimize --bench`."
 
 
@@ -207,6 +224,7 @@ _TOP = {
     "notes": "strs",
     "counts": "dict",
     "seconds": "dict",
+    "acceptance": "dict",
     "subprograms": "list",
     "bench": "dict?",
 }
@@ -347,11 +365,53 @@ def _summary_table(report: Mapping[str, Any]) -> Table:
             table.add_row(label, fmt(orig.get(key)), fmt(opt.get(key)))
     counts = report.get("counts") or {}
     if counts:
-        rolled = f" ({counts['rolled_back']} rolled back)" if counts.get("rolled_back") else ""
-        table.add_row(
-            "ops rewritten", "", f"{counts.get('rewritten', 0)} of {counts.get('nodes', 0)}{rolled}"
-        )
+        table.add_row("subprograms", "", counts_text(counts))
     return table
+
+
+def counts_text(counts: Mapping[str, int]) -> str:
+    """``accepted 2 / rewritten 5 / total 30 (1 rolled back)``: what reached the output, of what."""
+    text = (
+        f"accepted {counts.get('accepted', 0)} / rewritten {counts.get('rewritten', 0)}"
+        f" / total {counts.get('subprograms', 0)}"
+    )
+    extra = [f"{counts[k]} {k.replace('_', ' ')}" for k in ("rolled_back", "failed") if counts.get(k)]
+    return text + (f" ({', '.join(extra)})" if extra else "")
+
+
+def acceptance_text(report: Mapping[str, Any]) -> str:
+    """How the rewrites were accepted: measured (with the cache's work) or only verified."""
+    acc = report.get("acceptance") or {}
+    if not acc:
+        return ""
+    if acc.get("mode") == "verified":
+        return "acceptance: verified only, not timed (--accept verified): the output may be slower"
+    if not acc.get("timed"):
+        return "acceptance: measured; nothing needed timing"
+    cache = acc.get("cache") or {}
+    where = f"cache {cache['path']}" if cache.get("path") else "no cache"
+    rounds = acc.get("rounds") or []
+    whole = ""
+    if rounds:
+        last = rounds[-1]
+        whole = f"; whole model {speedup_text(last.get('speedup'))} with {len(last.get('kept', []))} rewrites"
+        rolled = sum(len(r.get("rolled_back", [])) for r in rounds)
+        whole += f", {rolled} rolled back" if rolled else ""
+    return (
+        f"acceptance: measured, faster than {1 + acc.get('noise_band', 0):.2f}x on its own{whole} "
+        f"({cache.get('measured', 0)} timings made, {cache.get('hits', 0)} from the {where})"
+    )
+
+
+def passthrough_text(parts: Sequence[Mapping[str, Any]], limit: int = 4) -> str:
+    """Why nodes passed through, most common reasons first (``Gelu: no importer x2; ...``)."""
+    reasons = Counter(p.get("reason") or "no reason given" for p in parts if p["status"] == "passed through")
+    if not reasons:
+        return ""
+    top = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+    text = "; ".join(f"{r} (x{n})" if n > 1 else r for r, n in top[:limit])
+    more = f"; and {len(top) - limit} other reasons" if len(top) > limit else ""
+    return f"passed through: {sum(reasons.values())} nodes or subprograms: {text}{more}"
 
 
 def _equality_line(report: Mapping[str, Any]) -> Text:
@@ -364,18 +424,20 @@ def _equality_line(report: Mapping[str, Any]) -> Text:
 def split_parts(parts: Sequence[Mapping[str, Any]]) -> tuple[list, list, str]:
     """Big models (> :data:`BIG_MODEL_ROWS` subprograms): the rows to list, the rest, a line about the rest.
 
-    The rewritten and rolled-back subprograms are listed; the passed-through
-    ones are summarised by their op types (``… and 48 more … (Relu×30, Add×18)``).
+    The subprograms rewritten into other nodes (and those that failed) are
+    listed; the unchanged and passed-through ones are summarised by their op
+    types (``… and 48 more … (Relu×30, Add×18)``).
     """
     if len(parts) <= BIG_MODEL_ROWS:
         return list(parts), [], ""
-    shown = [p for p in parts if p["status"] in ("rewritten", "rolled back")]
-    rest = [p for p in parts if p["status"] not in ("rewritten", "rolled back")]
+    listed = (*CHANGED, "failed")
+    shown = [p for p in parts if p["status"] in listed]
+    rest = [p for p in parts if p["status"] not in listed]
     if not rest:
         return shown, [], ""
     ops = Counter(op for p in rest for op in p["ops"])
     common = ", ".join(f"{op}×{n}" for op, n in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))[:6])
-    return shown, rest, f"… and {len(rest)} more subprograms passed through unchanged ({common})"
+    return shown, rest, f"… and {len(rest)} more subprograms unchanged or passed through ({common})"
 
 
 def _parts_table(report: Mapping[str, Any]) -> Table | None:
@@ -393,10 +455,10 @@ def _parts_table(report: Mapping[str, Any]) -> Table | None:
     table.add_column("max error", justify="right")
     for p in shown:
         change = ops_text(p["ops"], limit=4)
-        if p["status"] == "rewritten":
+        if p["status"] in CHANGED:
             change += " -> " + ops_text(p["new_ops"], limit=4)
         status = Text(p["status"], style=STATUS_STYLES.get(p["status"], ""))
-        if p["status"] == "rolled back" and p.get("reason"):
+        if p["status"] in ("not faster", "rolled back", "failed") and p.get("reason"):
             status.append(f" ({p['reason']})", style="dim")
         row: list[Any] = [shorten(p["name"], 36), change, status]
         if timed:
@@ -410,13 +472,24 @@ def _footer(report: Mapping[str, Any]) -> list[Text]:
     lines = []
     if report.get("blocked"):
         lines.append(Text(f"untouched: {report['blocked']}", style="yellow"))
+    for text in (acceptance_text(report), passthrough_text(report.get("subprograms") or [])):
+        if text:
+            lines.append(Text(text, style="dim"))
     for note in report.get("notes") or []:
         lines.append(Text(f"note: {note}", style="dim"))
     bench = report.get("bench")
     if bench:
         machine = machine_text(bench.get("machine"))
-        runs = f"{bench.get('runs')} runs after {bench.get('warmup')} warm-up, interleaved"
+        warm = bench.get("warmup_rounds", bench.get("warmup"))
+        runs = f"{bench.get('runs')} runs after {warm} warm-up rounds, interleaved"
         lines.append(Text(f"machine: {machine}; {runs}", style="dim"))
+        if bench.get("unreliable"):
+            lines.append(
+                Text(
+                    f"UNRELIABLE timing: {bench['unreliable']}: run again on a quiet machine",
+                    style="bold yellow",
+                )
+            )
         if any(verdict(x) == "tie" for x in [bench.get("speedup")] + [s for _, s in part_speedups(report)]):
             lines.append(Text(f"speedups within {TIE[0]}-{TIE[1]} are ties: within noise", style="dim"))
     return lines

@@ -194,10 +194,16 @@ def _cards(report: Mapping[str, Any]) -> list[dict[str, str]]:
             )
     counts = report.get("counts") or {}
     if counts:
-        rolled = f", {counts.get('rolled_back', 0)} rolled back" if counts.get("rolled_back") else ""
+        extra = [f"{counts[k]} {k.replace('_', ' ')}" for k in ("rolled_back", "failed") if counts.get(k)]
         cards.append(
-            _card("ops rewritten", f"{counts.get('rewritten', 0)} of {counts.get('nodes', 0)}", rolled[2:])
+            _card(
+                "subprograms accepted",
+                f"{counts.get('accepted', 0)} of {counts.get('rewritten', 0)} rewritten",
+                f"{counts.get('subprograms', 0)} in all" + "".join(f", {e}" for e in extra),
+            )
         )
+    if bench and bench.get("unreliable"):
+        cards.append(_card("timing", "unreliable", bench["unreliable"], "slower"))
     ok = bench["equal"] if bench else bool(report.get("verified"))
     if bench is None:
         detail = "verified in ONNX Runtime" if ok else "not verified"
@@ -216,7 +222,7 @@ def _parts(parts: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "name": p["name"],
                 "kind": p["kind"],
                 "ops": fmt.ops_text(p["ops"], limit=8),
-                "new_ops": fmt.ops_text(p["new_ops"], limit=8) if p["status"] == "rewritten" else "",
+                "new_ops": fmt.ops_text(p["new_ops"], limit=8) if p["status"] in fmt.CHANGED else "",
                 "status": p["status"],
                 "status_class": p["status"].replace(" ", "-"),
                 "reason": p.get("reason", ""),
@@ -287,9 +293,14 @@ def render_html(report: dict) -> str:
         "rest": _parts(rest),
         "timed_parts": bool(speedups),
         "rest_line": rest_line,
-        "traces": [p for p in _parts(shown) if p["status"] == "rewritten" and p["trace"]],
+        "traces": [p for p in _parts(shown) if p["status"] in fmt.CHANGED and p["trace"]],
         "blocked": report.get("blocked") or "",
-        "notes": report.get("notes") or [],
+        "notes": [
+            t
+            for t in (fmt.acceptance_text(report), fmt.passthrough_text(report.get("subprograms") or []))
+            if t
+        ]
+        + list(report.get("notes") or []),
         "bench": bench,
         "message": (bench or {}).get("message", ""),
         "machine_line": fmt.machine_text(machine),

@@ -51,15 +51,15 @@ def _timing(median, kernels, by_op):
     }
 
 
-def _part(i, status="rewritten", speedup=1.3, name=None):
-    rewritten = status == "rewritten"
+def _part(i, status="accepted", speedup=1.3, name=None):
+    rewritten = status == "accepted"
     return {
         "name": name or f"/layer{i}/conv{i}/Conv",
         "kind": "passthrough" if status == "passed through" else "linear",
         "ops": ["Conv", "Add"] if status != "passed through" else ["Relu"],
         "status": status,
         "reason": {"rolled back": "slower than the original", "passed through": "activation"}.get(status, ""),
-        "new_ops": ["Conv"] if rewritten else [],
+        "new_ops": ["Conv"] if status != "passed through" else [],
         "expression": "y = L[k:8] Sum[c:4] x[c] * w[c, k]\nreturn y" if rewritten else "",
         "max_error": 2.4e-7 if rewritten else None,
         "trace": TRACE if rewritten else "",
@@ -99,7 +99,7 @@ def sample_report(parts=3, bench=True, speedups=(1.42, 0.71, 1.01)):
     subs = [_part(i, speedup=speedups[i % len(speedups)]) for i in range(parts)]
     subs += [_part(parts, status="rolled back"), _part(parts + 1, status="passed through")]
     return {
-        "einopt_report": 2,
+        "einopt_report": 3,
         "model": "models/resnet18.onnx",
         "output": "out/resnet18.opt.onnx",
         "verified": True,
@@ -108,11 +108,24 @@ def sample_report(parts=3, bench=True, speedups=(1.42, 0.71, 1.01)):
         "counts": {
             "nodes": 69,
             "translated": 50,
-            "rewritten": 2 * parts,
-            "rolled_back": 2,
             "passed_through": 17,
+            "subprograms": parts + 1,
+            "rewritten": parts + 1,
+            "accepted": parts,
+            "unchanged": 0,
+            "not_faster": 0,
+            "rolled_back": 1,
+            "failed": 0,
         },
         "seconds": {"prepare": 0.1, "translate": 0.4, "search": 2.5, "instantiate": 0.2},
+        "acceptance": {
+            "mode": "measured",
+            "timed": True,
+            "noise_band": 0.05,
+            "rounds": [],
+            "cache": {"path": "/tmp/cache.sqlite", "hits": 1, "measured": 3},
+            "unreliable": [],
+        },
         "subprograms": subs,
         "bench": _bench() if bench else None,
         "command": ["einopt", "optimize", "models/resnet18.onnx", "--bench"],
@@ -128,7 +141,7 @@ def no_bench_report():
 
 def bench_only_report(equal=True):
     return {
-        "einopt_report": 2,
+        "einopt_report": 3,
         "model": "a.onnx",
         "output": "b.onnx",
         "verified": equal,
@@ -136,6 +149,7 @@ def bench_only_report(equal=True):
         "notes": [],
         "counts": {},
         "seconds": {},
+        "acceptance": {},
         "subprograms": [],
         "bench": _bench(speedup=1.02, equal=equal),
     }
@@ -273,7 +287,7 @@ def test_terminal_unequal_models():
 
 def test_terminal_big_model_summarises_passed_through():
     text = terminal(big_report())
-    assert "20 more subprograms passed through" in text
+    assert "20 more subprograms unchanged or passed through" in text
     assert "/layer58/" in text and "/layer30/" in text and "/layer40/" not in text
 
 
@@ -301,14 +315,14 @@ def test_html_other_reports(name, plots):
         "no bench": "per-subprogram times are measured by `einopt optimize --bench`",
         "bench only": "it has no subprograms",
         "unequal": "The models differ.",
-        "big": "20 more subprograms passed through unchanged (Relu×20)",
+        "big": "20 more subprograms unchanged or passed through (Relu×20)",
     }[name]
     assert expected.lower() in text.lower()
 
 
 def test_html_no_rewrite_says_why():
     report = sample_report()
-    report["subprograms"] = [_part(0, status="rolled back"), _part(1, status="passed through")]
+    report["subprograms"] = [_part(0, status="unchanged"), _part(1, status="passed through")]
     assert "No subprogram was rewritten" in render_html(report)
 
 
