@@ -12,7 +12,8 @@ import inspect
 import click
 import numpy as np
 
-from einopt.cli import CliError, _handle_errors, _load_node, _with_source, main
+from einopt.cli.app import CliError, handle_errors, main
+from einopt.cli.source import load_node, with_source
 from einopt.ir import Program, Scope, input_tensors
 
 
@@ -23,7 +24,7 @@ from einopt.ir import Program, Scope, input_tensors
     type=click.Choice(["intra", "constant", "inter"]),
     help="Only the rules of one family.",
 )
-@_handle_errors
+@handle_errors
 def rules(names: tuple[str, ...], family: str | None) -> None:
     """List the derivation rules (name, family, one-line math); with NAMEs, show their documentation."""
     from einopt.rules import REGISTRY, get
@@ -92,7 +93,7 @@ def _constants(path: str | None, program: Program):
 
 
 @main.command()
-@_with_source
+@with_source
 @click.option(
     "-s",
     "--step",
@@ -114,7 +115,7 @@ def _constants(path: str | None, program: Program):
 )
 @click.option("--no-check", is_flag=True, help="Do not check each step with the reference interpreter.")
 @click.option("--near-misses/--no-near-misses", default=True, help="Also list why rules do not apply.")
-@_handle_errors
+@handle_errors
 def derive(source, expr, example, shapes, steps, constants, paper, no_check, near_misses) -> None:
     """Apply derivation rules to an expression and print the trace.
 
@@ -144,7 +145,7 @@ def derive(source, expr, example, shapes, steps, constants, paper, no_check, nea
                 "--paper brings its own constants; --constants cannot be combined with it", "bad_input"
             )
     else:
-        program = _as_program(_load_node(source, expr, example, shapes))
+        program = _as_program(load_node(source, expr, example, shapes))
         ctx = _constants(constants, program)
     try:
         trace = derive(program, planned, ctx, verify=not no_check)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import click
 
-from einopt.cli import _handle_errors, main
-from einopt.cli_options import check_runs, check_writable, show_report, with_bench_options, write_report
+from einopt.cli.app import handle_errors, is_quiet, main
+from einopt.cli.options import check_runs, check_writable, show_report, with_bench_options, write_report
 from einopt.errors import UnsupportedModelError
 
 
@@ -63,7 +63,7 @@ _shape_option = click.option(
     help="Time the output against the original side by side in ONNX Runtime, and each rewritten subprogram.",
 )
 @with_bench_options
-@_handle_errors
+@handle_errors
 def optimize(
     source,
     output,
@@ -119,7 +119,7 @@ def optimize(
     write_report(report, report_path, html_path)
     if do_bench:
         show_report(report)
-    elif not click.get_current_context().find_root().params["quiet"]:
+    elif not is_quiet():
         _print_summary(result, output)
 
 
@@ -152,7 +152,7 @@ def _print_summary(result, output: str) -> None:
 @click.option(
     "--all", "show_all", is_flag=True, help="Also list the nodes that pass through, with the reason."
 )
-@_handle_errors
+@handle_errors
 def inspect(source, input_shapes, show_all) -> None:
     """Print the subprograms of an ONNX model and their expressions."""
     from einopt import modelio
