@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from click.testing import CliRunner
 from onnx_models import conv_block
 
@@ -109,3 +113,39 @@ def test_missing_output_directory_fails_before_optimizing(tmp_path, monkeypatch)
     monkeypatch.setattr(pipeline, "optimize", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
     result = run("optimize", src, "-o", tmp_path / "no" / "out.onnx")
     assert result.exit_code == EXIT_CODES["bad_input"] and "does not exist" in result.output
+
+
+def _into_closed_pipe(*args) -> subprocess.CompletedProcess:
+    """Run ``einopt ARGS`` with stdout a pipe whose reader has already gone (like ``| head`` done early)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "einopt", *map(str, args)], stdout=write, stderr=subprocess.PIPE, text=True
+        )
+    finally:
+        os.close(write)
+
+
+@pytest.mark.parametrize("command", [["inspect", "IN", "--all"], ["examples"], ["rules"], ["models"]])
+def test_closed_stdout_pipe_is_a_quiet_normal_exit(tmp_path, command):
+    # click.echo writes `inspect` and `examples`, rich the tables of `rules` and `models`
+    src = _save(conv_block(), tmp_path / "in.onnx")
+    out = _into_closed_pipe(*(src if arg == "IN" else arg for arg in command))
+    assert out.returncode == EXIT_CODES["ok"], out.stderr
+    assert out.stderr == ""
+
+
+def test_head_reading_two_lines_of_inspect_is_quiet(tmp_path):
+    src = _save(conv_block(), tmp_path / "in.onnx")
+    einopt = subprocess.Popen(
+        [sys.executable, "-m", "einopt", "inspect", str(src), "--all"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    head = [einopt.stdout.readline() for _ in range(2)]
+    einopt.stdout.close()
+    stderr = einopt.stderr.read().decode()
+    assert einopt.wait() == EXIT_CODES["ok"], stderr
+    assert all(line.startswith(b"#") for line in head)
+    assert "Error" not in stderr and "Exception" not in stderr

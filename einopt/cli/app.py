@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 import einopt
 from einopt.errors import ModelError, UnsupportedModelError, VerificationError
 from einopt.ir import IRError
+
+if TYPE_CHECKING:
+    import rich.console
 
 # Distinct exit codes, so scripts can tell failures apart.
 EXIT_CODES = {
@@ -53,7 +57,11 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         verbose = click.get_current_context().find_root().params.get("verbose", 0)
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            sys.stdout.flush()  # a closed pipe shows here, not at interpreter shutdown
+            return result
+        except BrokenPipeError:
+            _exit_on_closed_pipe()
         except CliError as e:
             _fail(str(e), e.code, verbose)
         except tuple(_ERROR_CODES) as e:
@@ -70,6 +78,29 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             )
 
     return wrapper
+
+
+def console(min_width: int = 0) -> rich.console.Console:
+    """A rich console on stdout, at least ``min_width`` wide, that exits like the commands on a closed pipe."""
+    from rich.console import Console
+
+    out = Console()
+    if out.width < min_width:
+        out = Console(width=min_width)
+    out.on_broken_pipe = _exit_on_closed_pipe  # rich's own exits with code 1
+    return out
+
+
+def _exit_on_closed_pipe() -> None:
+    """The reader of stdout went away (``einopt inspect m.onnx | head``): a normal, quiet exit.
+
+    Output still buffered cannot be written; stdout is pointed at /dev/null so
+    that the interpreter's final flush does not fail again.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    sys.exit(EXIT_CODES["ok"])
 
 
 def _fail(message: str, code: str, verbose: int) -> None:

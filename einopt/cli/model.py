@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from einopt.cli.app import handle_errors, is_quiet, main
+from einopt.cli.app import console, handle_errors, is_quiet, main
 from einopt.cli.options import check_runs, check_writable, show_report, with_bench_options, write_report
 from einopt.errors import UnsupportedModelError
 
@@ -124,10 +124,9 @@ def optimize(
 
 
 def _print_summary(result, output: str) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    out = console()
     c = result.counts()
     table = Table(title=f"einopt optimize -> {output}", show_lines=False)
     for col in ("subprogram", "ops", "status", "now"):
@@ -136,7 +135,7 @@ def _print_summary(result, output: str) -> None:
         if p.kind == "passthrough":
             continue
         table.add_row(p.name, " ".join(p.ops), p.status, " ".join(p.new_ops) or p.reason)
-    console.print(table)
+    out.print(table)
     verified = "verified equal in ONNX Runtime" if result.verified else "NOT verified (--no-verify)"
     click.echo(
         f"{c['nodes']} nodes: {c['translated']} translated, {c['rewritten']} re-instantiated, "

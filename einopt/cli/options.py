@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from einopt.cli.app import CliError, is_quiet
+from einopt.cli.app import CliError, console, is_quiet
 
 bench_options = [
     click.option(
@@ -93,8 +93,6 @@ def show_report(report: dict) -> None:
     """Print a report's tables, unless ``-q``."""
     if is_quiet():
         return
-    from rich.console import Console
-
     from einopt.report import print_report
 
-    print_report(report, Console())
+    print_report(report, console())

@@ -12,7 +12,7 @@ import inspect
 import click
 import numpy as np
 
-from einopt.cli.app import CliError, handle_errors, main
+from einopt.cli.app import CliError, console, handle_errors, main
 from einopt.cli.source import load_node, with_source
 from einopt.ir import Program, Scope, input_tensors
 
@@ -40,7 +40,6 @@ def rules(names: tuple[str, ...], family: str | None) -> None:
             click.echo(f"{rule.name} ({rule.family})\n    {rule.math}\n")
             click.echo(inspect.cleandoc(type(rule).__doc__ or ""))
         return
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
@@ -50,7 +49,7 @@ def rules(names: tuple[str, ...], family: str | None) -> None:
     for rule in REGISTRY.values():
         if family is None or rule.family == family:
             table.add_row(rule.name, rule.family, escape(rule.math))
-    Console(width=max(100, Console().width)).print(table)
+    console(min_width=100).print(table)
 
 
 def _parse_step(spec: str):

@@ -6,7 +6,7 @@ import math
 
 import click
 
-from einopt.cli.app import CliError, handle_errors, main
+from einopt.cli.app import CliError, console, handle_errors, main
 
 
 @main.command()
@@ -51,7 +51,6 @@ def models(names: tuple[str, ...], batches: tuple[int, ...], size: str, out_dir:
 
 def _list_models(size: str) -> None:
     from onnx import TensorProto
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
@@ -81,4 +80,4 @@ def _list_models(size: str) -> None:
             f"{params / 1e6:.3g} M",
             f"{model_cost(model).flops / 1e9:.3g}",
         )
-    Console(width=max(140, Console().width)).print(table)
+    console(min_width=140).print(table)
