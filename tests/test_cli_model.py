@@ -149,3 +149,35 @@ def test_head_reading_two_lines_of_inspect_is_quiet(tmp_path):
     assert einopt.wait() == EXIT_CODES["ok"], stderr
     assert all(line.startswith(b"#") for line in head)
     assert "Error" not in stderr and "Exception" not in stderr
+
+
+@pytest.mark.parametrize("alias", ["same", "dot-slash", "symlink", "hard link"])
+def test_output_naming_the_input_is_refused(tmp_path, monkeypatch, alias):
+    monkeypatch.chdir(tmp_path)
+    src = _save(conv_block(), tmp_path / "in.onnx")
+    before = src.read_bytes()
+    out = {"same": "in.onnx", "dot-slash": "./in.onnx", "symlink": "link.onnx", "hard link": "hard.onnx"}[
+        alias
+    ]
+    if alias == "symlink":
+        os.symlink(src, tmp_path / out)
+    elif alias == "hard link":
+        os.link(src, tmp_path / out)
+    result = run("optimize", "in.onnx", "-o", out)
+    assert result.exit_code == EXIT_CODES["bad_input"], result.output
+    assert "is the input model" in result.output and "--force" in result.output
+    assert src.read_bytes() == before
+
+
+def test_force_overwrites_the_input_with_the_verified_model(tmp_path):
+    src = _save(conv_block(), tmp_path / "in.onnx")
+    original = onnx.load(str(src))
+    result = run("optimize", src, "-o", src, "--force")
+    assert result.exit_code == 0, result.output
+    optimized = onnx.load(str(src))
+    assert optimized.SerializeToString() != original.SerializeToString()
+    x = np.random.default_rng(0).standard_normal((1, 8, 6, 6)).astype(np.float32)
+    cpu = ["CPUExecutionProvider"]
+    want = ort.InferenceSession(original.SerializeToString(), providers=cpu).run(None, {"x": x})[0]
+    got = ort.InferenceSession(optimized.SerializeToString(), providers=cpu).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

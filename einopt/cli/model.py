@@ -6,9 +6,12 @@ Heavy imports (onnx, onnxruntime, the pipeline) happen inside the commands so
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import click
 
-from einopt.cli.app import console, handle_errors, is_quiet, main
+from einopt.cli.app import CliError, console, handle_errors, is_quiet, main
 from einopt.cli.options import check_runs, check_writable, show_report, with_bench_options, write_report
 from einopt.errors import UnsupportedModelError
 
@@ -49,6 +52,7 @@ _shape_option = click.option(
     "--inputs", "npz", type=click.Path(dir_okay=False), help="Extra verification inputs (.npz by input name)."
 )
 @click.option("--no-verify", is_flag=True, help="Skip verification in ONNX Runtime (experts only).")
+@click.option("--force", is_flag=True, help="Allow -o to name the input model itself (overwrite it).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random verification inputs.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write a JSON report here.")
 @click.option(
@@ -71,6 +75,7 @@ def optimize(
     input_shapes,
     npz,
     no_verify,
+    force,
     seed,
     report_path,
     external_data,
@@ -85,6 +90,8 @@ def optimize(
     if max_depth > 0:
         raise click.UsageError("--max-depth > 0 needs the search, which is not in this version of einopt yet")
     check_runs(min_runs, max_runs)
+    if not force and _same_file(source, output):
+        raise CliError(f"-o {output} is the input model {source}; pass --force to overwrite it", "bad_input")
     check_writable(output, report_path, html_path)
     if do_bench:
         from einopt.bench import configure_threads
@@ -121,6 +128,16 @@ def optimize(
         show_report(report)
     elif not is_quiet():
         _print_summary(result, output)
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file: equal once resolved (symlinks, ``./``), or hard links of it."""
+    if Path(a).resolve() == Path(b).resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
 
 
 def _print_summary(result, output: str) -> None:
