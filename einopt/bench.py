@@ -91,10 +91,49 @@ def profile_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], runs:
     }
 
 
-def _signature(model: onnx.ModelProto) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+def _signature(model: onnx.ModelProto) -> dict[tuple[str, str], onnx.ValueInfoProto]:
+    """The fed inputs and the outputs, in order, by ``("input" or "output", name)``."""
     inits = {t.name for t in model.graph.initializer}
-    fed = [(i.name, i.type.tensor_type.elem_type) for i in model.graph.input if i.name not in inits]
-    return fed, [(o.name, o.type.tensor_type.elem_type) for o in model.graph.output]
+    fed = [("input", i) for i in model.graph.input if i.name not in inits]
+    return {(kind, v.name): v for kind, v in [*fed, *(("output", o) for o in model.graph.output)]}
+
+
+def _signature_difference(original: onnx.ModelProto, optimized: onnx.ModelProto) -> str:
+    """How the models' inputs and outputs differ in names, element types or order, in words ('' if not)."""
+    a, b = _signature(original), _signature(optimized)
+
+    def elem(v: onnx.ValueInfoProto) -> int:
+        return v.type.tensor_type.elem_type
+
+    differences = [
+        f"{_value_text(k, v)} vs {_value_text(k, b[k])}"
+        for k, v in a.items()
+        if k in b and elem(v) != elem(b[k])
+    ]
+    differences += [f"{_value_text(k, v)} is only in the original" for k, v in a.items() if k not in b]
+    differences += [f"{_value_text(k, v)} is only in the optimized model" for k, v in b.items() if k not in a]
+    if not differences and list(a) != list(b):
+
+        def order(sig: dict) -> str:
+            return ", ".join(f"{kind}s {[n for k, n in sig if k == kind]}" for kind in ("input", "output"))
+
+        differences = [f"the same names in another order: {order(a)} vs {order(b)}"]
+    return "; ".join(differences)
+
+
+def _value_text(key: tuple[str, str], v: onnx.ValueInfoProto) -> str:
+    """``input 'x' float32[1,3,224,224]`` (symbolic dims by name, unknown ones as ``?``)."""
+    t = v.type.tensor_type
+    if not v.type.HasField("tensor_type"):
+        return f"{key[0]} {key[1]!r} ({v.type.WhichOneof('value') or 'untyped'})"
+    try:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name
+    except (KeyError, ValueError, TypeError):
+        dtype = onnx.TensorProto.DataType.Name(t.elem_type).lower() if t.elem_type else "untyped"
+    dims = ",".join(
+        d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?") for d in t.shape.dim
+    )
+    return f"{key[0]} {key[1]!r} {dtype}" + (f"[{dims}]" if t.HasField("shape") else "[?]")
 
 
 def _feeds(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray] | str | Path | None, seed: int) -> dict:
@@ -275,8 +314,9 @@ def bench_models(
     """
     n = configure_threads(threads)
     a, b = modelio.load_model(original), modelio.load_model(optimized)
-    if _signature(a) != _signature(b):
-        raise ModelError(f"the models have different inputs or outputs: {_signature(a)} vs {_signature(b)}")
+    difference = _signature_difference(a, b)
+    if difference:
+        raise ModelError(f"the models have different inputs or outputs: {difference}")
     feeds = _feeds(a, inputs, seed)
     try:
         ref = modelio.run(modelio.session(a, arena=False), feeds)

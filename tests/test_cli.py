@@ -112,10 +112,15 @@ def test_wrong_npz_shape(tmp_path):
     assert "expected [4]" in result.output
 
 
-def test_startup_does_not_import_tvm():
-    # TVM takes over a second to import; `einopt --help` must not pay for it.
+def test_startup_does_not_import_tvm_or_onnxruntime():
+    # TVM takes over a second to import, ONNX Runtime a fraction; `einopt --help` must not pay for them.
     # (scripts/bench_startup.py measures the start-up time itself.)
-    code = "import sys, einopt, einopt.cli; assert 'tvm' not in sys.modules, 'tvm imported at start-up'"
+    code = (
+        "import sys, einopt.cli; from click.testing import CliRunner; "
+        "assert CliRunner().invoke(einopt.cli.main, ['--help']).exit_code == 0; "
+        "heavy = [m for m in ('tvm', 'onnxruntime') if m in sys.modules]; "
+        "assert not heavy, f'{heavy} imported at start-up'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
     out = subprocess.run(
         [sys.executable, "-m", "einopt.cli", "--help"], check=True, capture_output=True, text=True

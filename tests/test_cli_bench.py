@@ -142,3 +142,53 @@ def test_part_pairs_in_small_capture_groups_match_one_big_capture():
         got = modelio.run(b.rewritten, b.rewritten_feeds)
         for k in ref:
             np.testing.assert_allclose(got[k], ref[k], rtol=1e-4, atol=1e-5)
+
+
+def _relu_model(inputs, outputs, dtype=onnx.TensorProto.FLOAT):
+    """Relu of each input ``(name, shape)`` into the output of the same position."""
+    nodes = [onnx.helper.make_node("Relu", [i], [o]) for (i, _), (o, _) in zip(inputs, outputs, strict=True)]
+    graph = onnx.helper.make_graph(
+        nodes,
+        "g",
+        [onnx.helper.make_tensor_value_info(n, dtype, s) for n, s in inputs],
+        [onnx.helper.make_tensor_value_info(n, dtype, s) for n, s in outputs],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize(
+    "optimized, message",
+    [
+        (
+            _relu_model([("x", ["N", 3])], [("y", ["N", 3])], onnx.TensorProto.FLOAT16),
+            "input 'x' float32[N,3] vs input 'x' float16[N,3]; output 'y' float32[N,3] vs output 'y' float16[N,3]",
+        ),
+        (
+            _relu_model([("x", ["N", 3]), ("z", [2])], [("y", ["N", 3]), ("w", [2])]),
+            "input 'z' float32[2] is only in the optimized model; output 'w' float32[2] is only in the optimized model",
+        ),
+        (
+            _relu_model([("a", ["N", 3])], [("y", ["N", 3])]),
+            "input 'x' float32[N,3] is only in the original; input 'a' float32[N,3] is only in the optimized model",
+        ),
+    ],
+    ids=["element type", "extra input and output", "renamed input"],
+)
+def test_bench_names_what_differs_between_the_models(tmp_path, optimized, message):
+    original = _save(_relu_model([("x", ["N", 3])], [("y", ["N", 3])]), tmp_path / "a.onnx")
+    result = run("bench", original, _save(optimized, tmp_path / "b.onnx"), *QUICK)
+    assert result.exit_code == EXIT_CODES["bad_input"], result.output
+    assert f"different inputs or outputs: {message}\n" in result.output
+
+
+def test_bench_names_inputs_in_another_order(tmp_path):
+    original = _relu_model([("x", [2]), ("z", [2])], [("y", [2]), ("w", [2])])
+    swapped = _relu_model([("z", [2]), ("x", [2])], [("w", [2]), ("y", [2])])
+    result = run("bench", _save(original, tmp_path / "a.onnx"), _save(swapped, tmp_path / "b.onnx"), *QUICK)
+    assert result.exit_code == EXIT_CODES["bad_input"], result.output
+    assert (
+        "in another order: inputs ['x', 'z'], outputs ['y', 'w'] vs inputs ['z', 'x'], outputs ['w', 'y']"
+        in result.output
+    )

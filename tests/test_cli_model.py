@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from click.testing import CliRunner
 from onnx_models import conv_block
 
@@ -109,3 +113,71 @@ def test_missing_output_directory_fails_before_optimizing(tmp_path, monkeypatch)
     monkeypatch.setattr(pipeline, "optimize", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
     result = run("optimize", src, "-o", tmp_path / "no" / "out.onnx")
     assert result.exit_code == EXIT_CODES["bad_input"] and "does not exist" in result.output
+
+
+def _into_closed_pipe(*args) -> subprocess.CompletedProcess:
+    """Run ``einopt ARGS`` with stdout a pipe whose reader has already gone (like ``| head`` done early)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "einopt", *map(str, args)], stdout=write, stderr=subprocess.PIPE, text=True
+        )
+    finally:
+        os.close(write)
+
+
+@pytest.mark.parametrize("command", [["inspect", "IN", "--all"], ["examples"], ["rules"], ["models"]])
+def test_closed_stdout_pipe_is_a_quiet_normal_exit(tmp_path, command):
+    # click.echo writes `inspect` and `examples`, rich the tables of `rules` and `models`
+    src = _save(conv_block(), tmp_path / "in.onnx")
+    out = _into_closed_pipe(*(src if arg == "IN" else arg for arg in command))
+    assert out.returncode == EXIT_CODES["ok"], out.stderr
+    assert out.stderr == ""
+
+
+def test_head_reading_two_lines_of_inspect_is_quiet(tmp_path):
+    src = _save(conv_block(), tmp_path / "in.onnx")
+    einopt = subprocess.Popen(
+        [sys.executable, "-m", "einopt", "inspect", str(src), "--all"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    head = [einopt.stdout.readline() for _ in range(2)]
+    einopt.stdout.close()
+    stderr = einopt.stderr.read().decode()
+    assert einopt.wait() == EXIT_CODES["ok"], stderr
+    assert all(line.startswith(b"#") for line in head)
+    assert "Error" not in stderr and "Exception" not in stderr
+
+
+@pytest.mark.parametrize("alias", ["same", "dot-slash", "symlink", "hard link"])
+def test_output_naming_the_input_is_refused(tmp_path, monkeypatch, alias):
+    monkeypatch.chdir(tmp_path)
+    src = _save(conv_block(), tmp_path / "in.onnx")
+    before = src.read_bytes()
+    out = {"same": "in.onnx", "dot-slash": "./in.onnx", "symlink": "link.onnx", "hard link": "hard.onnx"}[
+        alias
+    ]
+    if alias == "symlink":
+        os.symlink(src, tmp_path / out)
+    elif alias == "hard link":
+        os.link(src, tmp_path / out)
+    result = run("optimize", "in.onnx", "-o", out)
+    assert result.exit_code == EXIT_CODES["bad_input"], result.output
+    assert "is the input model" in result.output and "--force" in result.output
+    assert src.read_bytes() == before
+
+
+def test_force_overwrites_the_input_with_the_verified_model(tmp_path):
+    src = _save(conv_block(), tmp_path / "in.onnx")
+    original = onnx.load(str(src))
+    result = run("optimize", src, "-o", src, "--force")
+    assert result.exit_code == 0, result.output
+    optimized = onnx.load(str(src))
+    assert optimized.SerializeToString() != original.SerializeToString()
+    x = np.random.default_rng(0).standard_normal((1, 8, 6, 6)).astype(np.float32)
+    cpu = ["CPUExecutionProvider"]
+    want = ort.InferenceSession(original.SerializeToString(), providers=cpu).run(None, {"x": x})[0]
+    got = ort.InferenceSession(optimized.SerializeToString(), providers=cpu).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -1,15 +1,19 @@
-"""Options and report output shared by the commands that run models (``optimize --bench``, ``bench``)."""
+"""Options and output shared by several commands: the benchmark options of
+``optimize --bench`` and ``bench``, output-path checks, and the JSON/HTML reports.
+"""
 
 from __future__ import annotations
 
 import json
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
-from einopt.cli import CliError, write_atomic
+from einopt.cli.app import CliError, console, is_quiet
 
 bench_options = [
     click.option(
@@ -44,7 +48,8 @@ bench_options = [
 ]
 
 
-def with_bench_options(fn):
+def with_bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Add :data:`bench_options` to a command."""
     for option in reversed(bench_options):
         fn = option(fn)
     return fn
@@ -58,8 +63,19 @@ def check_writable(*paths: str | None) -> None:
 
 
 def check_runs(min_runs: int, max_runs: int) -> None:
+    """Refuse ``--max-runs`` below ``--min-runs`` as a usage error."""
     if max_runs < min_runs:
         raise click.UsageError(f"--max-runs {max_runs} is below --min-runs {min_runs}")
+
+
+def write_atomic(path: str, write: Callable[[Any], None]) -> None:
+    """:func:`einopt.modelio.write_atomic`, with a failure as a ``bad_input`` error naming the file."""
+    from einopt.modelio import write_atomic as write_file
+
+    try:
+        write_file(path, write)
+    except OSError as e:
+        raise CliError(f"cannot write {path}: {e.strerror or e}", "bad_input") from None
 
 
 def write_report(report: dict, json_path: str | None, html_path: str | None) -> None:
@@ -74,10 +90,9 @@ def write_report(report: dict, json_path: str | None, html_path: str | None) -> 
 
 
 def show_report(report: dict) -> None:
-    if click.get_current_context().find_root().params["quiet"]:
+    """Print a report's tables, unless ``-q``."""
+    if is_quiet():
         return
-    from rich.console import Console
-
     from einopt.report import print_report
 
-    print_report(report, Console())
+    print_report(report, console())

@@ -1,13 +1,13 @@
 """``einopt bench``: two ONNX models side by side in ONNX Runtime (options shared with
-``einopt optimize --bench`` are in :mod:`einopt.cli_options`).
+``einopt optimize --bench`` are in :mod:`einopt.cli.options`).
 """
 
 from __future__ import annotations
 
 import click
 
-from einopt.cli import CliError, _handle_errors, main
-from einopt.cli_options import check_runs, check_writable, show_report, with_bench_options, write_report
+from einopt.cli.app import CliError, handle_errors, main
+from einopt.cli.options import check_runs, check_writable, show_report, with_bench_options, write_report
 
 
 @main.command()
@@ -23,7 +23,7 @@ from einopt.cli_options import check_runs, check_writable, show_report, with_ben
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write a JSON report here.")
 @click.option("--force", is_flag=True, help="Time the models even when their outputs differ.")
 @with_bench_options
-@_handle_errors
+@handle_errors
 def bench(original, optimized, npz, seed, report_path, force, budget, min_runs, max_runs, threads, html_path):
     """Time two models side by side in ONNX Runtime (outputs checked equal first).
 

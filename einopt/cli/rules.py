@@ -12,7 +12,8 @@ import inspect
 import click
 import numpy as np
 
-from einopt.cli import CliError, _handle_errors, _load_node, _with_source, main
+from einopt.cli.app import CliError, console, handle_errors, main
+from einopt.cli.source import load_node, with_source
 from einopt.ir import Program, Scope, input_tensors
 
 
@@ -23,7 +24,7 @@ from einopt.ir import Program, Scope, input_tensors
     type=click.Choice(["intra", "constant", "inter"]),
     help="Only the rules of one family.",
 )
-@_handle_errors
+@handle_errors
 def rules(names: tuple[str, ...], family: str | None) -> None:
     """List the derivation rules (name, family, one-line math); with NAMEs, show their documentation."""
     from einopt.rules import REGISTRY, get
@@ -39,7 +40,6 @@ def rules(names: tuple[str, ...], family: str | None) -> None:
             click.echo(f"{rule.name} ({rule.family})\n    {rule.math}\n")
             click.echo(inspect.cleandoc(type(rule).__doc__ or ""))
         return
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
@@ -49,7 +49,7 @@ def rules(names: tuple[str, ...], family: str | None) -> None:
     for rule in REGISTRY.values():
         if family is None or rule.family == family:
             table.add_row(rule.name, rule.family, escape(rule.math))
-    Console(width=max(100, Console().width)).print(table)
+    console(min_width=100).print(table)
 
 
 def _parse_step(spec: str):
@@ -92,7 +92,7 @@ def _constants(path: str | None, program: Program):
 
 
 @main.command()
-@_with_source
+@with_source
 @click.option(
     "-s",
     "--step",
@@ -114,7 +114,7 @@ def _constants(path: str | None, program: Program):
 )
 @click.option("--no-check", is_flag=True, help="Do not check each step with the reference interpreter.")
 @click.option("--near-misses/--no-near-misses", default=True, help="Also list why rules do not apply.")
-@_handle_errors
+@handle_errors
 def derive(source, expr, example, shapes, steps, constants, paper, no_check, near_misses) -> None:
     """Apply derivation rules to an expression and print the trace.
 
@@ -144,7 +144,7 @@ def derive(source, expr, example, shapes, steps, constants, paper, no_check, nea
                 "--paper brings its own constants; --constants cannot be combined with it", "bad_input"
             )
     else:
-        program = _as_program(_load_node(source, expr, example, shapes))
+        program = _as_program(load_node(source, expr, example, shapes))
         ctx = _constants(constants, program)
     try:
         trace = derive(program, planned, ctx, verify=not no_check)

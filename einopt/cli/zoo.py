@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 
 import click
-from onnx import TensorProto
 
-from einopt.cli import CliError, _handle_errors, main
+from einopt.cli.app import CliError, console, handle_errors, main
 
 
 @main.command()
@@ -23,7 +22,7 @@ from einopt.cli import CliError, _handle_errors, main
     help="Where to write.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random weights.")
-@_handle_errors
+@handle_errors
 def models(names: tuple[str, ...], batches: tuple[int, ...], size: str, out_dir: str, seed: int) -> None:
     """List the evaluation models; with NAMEs (or `all`), write NAME_bsN.onnx + NAME_bsN.npz inputs."""
     from einopt.models import MODELS, write
@@ -51,7 +50,7 @@ def models(names: tuple[str, ...], batches: tuple[int, ...], size: str, out_dir:
 
 
 def _list_models(size: str) -> None:
-    from rich.console import Console
+    from onnx import TensorProto
     from rich.markup import escape
     from rich.table import Table
 
@@ -81,4 +80,4 @@ def _list_models(size: str) -> None:
             f"{params / 1e6:.3g} M",
             f"{model_cost(model).flops / 1e9:.3g}",
         )
-    Console(width=max(140, Console().width)).print(table)
+    console(min_width=140).print(table)

@@ -6,10 +6,13 @@ Heavy imports (onnx, onnxruntime, the pipeline) happen inside the commands so
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import click
 
-from einopt.cli import _handle_errors, main
-from einopt.cli_options import check_runs, check_writable, show_report, with_bench_options, write_report
+from einopt.cli.app import CliError, console, handle_errors, is_quiet, main
+from einopt.cli.options import check_runs, check_writable, show_report, with_bench_options, write_report
 from einopt.errors import UnsupportedModelError
 
 
@@ -49,6 +52,7 @@ _shape_option = click.option(
     "--inputs", "npz", type=click.Path(dir_okay=False), help="Extra verification inputs (.npz by input name)."
 )
 @click.option("--no-verify", is_flag=True, help="Skip verification in ONNX Runtime (experts only).")
+@click.option("--force", is_flag=True, help="Allow -o to name the input model itself (overwrite it).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random verification inputs.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write a JSON report here.")
 @click.option(
@@ -63,7 +67,7 @@ _shape_option = click.option(
     help="Time the output against the original side by side in ONNX Runtime, and each rewritten subprogram.",
 )
 @with_bench_options
-@_handle_errors
+@handle_errors
 def optimize(
     source,
     output,
@@ -71,6 +75,7 @@ def optimize(
     input_shapes,
     npz,
     no_verify,
+    force,
     seed,
     report_path,
     external_data,
@@ -85,6 +90,8 @@ def optimize(
     if max_depth > 0:
         raise click.UsageError("--max-depth > 0 needs the search, which is not in this version of einopt yet")
     check_runs(min_runs, max_runs)
+    if not force and _same_file(source, output):
+        raise CliError(f"-o {output} is the input model {source}; pass --force to overwrite it", "bad_input")
     check_writable(output, report_path, html_path)
     if do_bench:
         from einopt.bench import configure_threads
@@ -119,15 +126,24 @@ def optimize(
     write_report(report, report_path, html_path)
     if do_bench:
         show_report(report)
-    elif not click.get_current_context().find_root().params["quiet"]:
+    elif not is_quiet():
         _print_summary(result, output)
 
 
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file: equal once resolved (symlinks, ``./``), or hard links of it."""
+    if Path(a).resolve() == Path(b).resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
 def _print_summary(result, output: str) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    out = console()
     c = result.counts()
     table = Table(title=f"einopt optimize -> {output}", show_lines=False)
     for col in ("subprogram", "ops", "status", "now"):
@@ -136,7 +152,7 @@ def _print_summary(result, output: str) -> None:
         if p.kind == "passthrough":
             continue
         table.add_row(p.name, " ".join(p.ops), p.status, " ".join(p.new_ops) or p.reason)
-    console.print(table)
+    out.print(table)
     verified = "verified equal in ONNX Runtime" if result.verified else "NOT verified (--no-verify)"
     click.echo(
         f"{c['nodes']} nodes: {c['translated']} translated, {c['rewritten']} re-instantiated, "
@@ -152,7 +168,7 @@ def _print_summary(result, output: str) -> None:
 @click.option(
     "--all", "show_all", is_flag=True, help="Also list the nodes that pass through, with the reason."
 )
-@_handle_errors
+@handle_errors
 def inspect(source, input_shapes, show_all) -> None:
     """Print the subprograms of an ONNX model and their expressions."""
     from einopt import modelio
