@@ -89,3 +89,15 @@ def tiny_model(nodes, inputs, outputs, inits=(), functions=()) -> onnx.ModelProt
     m = helper.make_model(graph, opset_imports=opsets, functions=list(functions))
     m.ir_version = 8
     return m
+
+
+def flatten_head(seed: int = 0) -> onnx.ModelProto:
+    """Flatten -> Gemm(+bias) -> Relu: re-instantiated as other nodes (Reshape + Gemm), so it gets timed."""
+    rng = np.random.default_rng(seed)
+    inits = {"W": _w(rng, 128, 10), "B": _w(rng, 10)}
+    nodes = [
+        helper.make_node("Flatten", ["x"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "W", "B"], ["g"], name="fc"),
+        helper.make_node("Relu", ["g"], ["y"], name="relu"),
+    ]
+    return make(nodes, [("x", [1, 8, 4, 4])], [("y", [1, 10])], inits, name="flatten_head")

@@ -31,9 +31,10 @@ def test_optimize_writes_a_verified_model_and_report(tmp_path):
     out, report = tmp_path / "out.onnx", tmp_path / "report.json"
     result = run("optimize", src, "-o", out, "--report", report, "--seed", 3)
     assert result.exit_code == 0, result.output
-    assert "5 re-instantiated" in result.output and "verified equal" in result.output
+    assert "accepted 0 / rewritten 0 / total 4" in result.output and "verified equal" in result.output
+    assert "the output is the input" in result.output
     data = json.loads(report.read_text())
-    assert data["verified"] and data["counts"]["rewritten"] == 5
+    assert data["verified"] and data["counts"]["subprograms"] == 4 and data["counts"]["unchanged"] == 4
     model = onnx.load(str(out))
     onnx.checker.check_model(model, full_check=True)
     x = np.random.default_rng(0).standard_normal((1, 8, 6, 6)).astype(np.float32)
@@ -48,7 +49,9 @@ def test_optimize_with_inputs_npz_and_input_shape(tmp_path):
     out = tmp_path / "out.onnx"
     result = run("optimize", src, "-o", out, "--input-shape", "x=2,8,6,6", "--inputs", tmp_path / "x.npz")
     assert result.exit_code == 0, result.output
-    assert "5 re-instantiated" in result.output
+    assert "total 4" in result.output
+    # nothing was rewritten, so the output is the input: its symbolic batch dimension stays
+    assert onnx.load(str(out)).graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
 
 
 def test_bad_input_file_is_a_clear_error_and_writes_nothing(tmp_path):
@@ -75,19 +78,41 @@ def test_bad_input_shape_spec(tmp_path):
     assert result.exit_code == EXIT_CODES["bad_input"] and "nosuch" in result.output
 
 
-def test_old_opset_is_unsupported(tmp_path):
+def test_old_opset_passes_through(tmp_path):
     model = conv_block()
     model.opset_import[0].version = 6
     src = _save(model, tmp_path / "in.onnx")
     result = run("optimize", src, "-o", tmp_path / "o.onnx")
-    assert result.exit_code == EXIT_CODES["unsupported"]
-    assert "opset 6" in result.output
-    assert not (tmp_path / "o.onnx").exists()
+    assert result.exit_code == 0, result.output
+    assert "opset 6" in result.output and "untouched" in result.output
+    assert onnx.load(str(tmp_path / "o.onnx")).graph == model.graph
 
 
-def test_max_depth_needs_the_search(tmp_path):
+def test_max_depth_needs_the_search_in_cli_and_api_alike(tmp_path):
+    from einopt.pipeline import Options
+
     src = _save(conv_block(), tmp_path / "in.onnx")
     result = run("optimize", src, "-o", tmp_path / "o.onnx", "--max-depth", 2)
+    assert result.exit_code == EXIT_CODES["usage"] and "needs the search" in result.output
+    with pytest.raises(ValueError, match="needs the search"):
+        Options(max_depth=2)
+
+
+def test_accept_verified_and_cache_flags(tmp_path):
+    from onnx_models import flatten_head
+
+    src = _save(flatten_head(), tmp_path / "in.onnx")
+    cache, report = tmp_path / "c" / "m.sqlite", tmp_path / "r.json"
+    for _ in range(2):
+        result = run("optimize", src, "-o", tmp_path / "o.onnx", "--cache", cache, "--report", report)
+        assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    assert data["acceptance"]["cache"] == {"path": str(cache), "hits": 1, "measured": 0}
+    assert "1 from the cache" in result.output or "from the cache" in result.output
+    result = run("optimize", src, "-o", tmp_path / "o.onnx", "--accept", "verified", "--report", report)
+    assert result.exit_code == 0 and "not timed" in result.output
+    assert json.loads(report.read_text())["acceptance"]["mode"] == "verified"
+    result = run("optimize", src, "-o", tmp_path / "o.onnx", "--cache", cache, "--no-cache")
     assert result.exit_code == EXIT_CODES["usage"]
 
 
@@ -172,10 +197,9 @@ def test_output_naming_the_input_is_refused(tmp_path, monkeypatch, alias):
 def test_force_overwrites_the_input_with_the_verified_model(tmp_path):
     src = _save(conv_block(), tmp_path / "in.onnx")
     original = onnx.load(str(src))
-    result = run("optimize", src, "-o", src, "--force")
+    result = run("optimize", src, "-o", src, "--force", "--accept", "verified", "--input-shape", "x=1,8,6,6")
     assert result.exit_code == 0, result.output
     optimized = onnx.load(str(src))
-    assert optimized.SerializeToString() != original.SerializeToString()
     x = np.random.default_rng(0).standard_normal((1, 8, 6, 6)).astype(np.float32)
     cpu = ["CPUExecutionProvider"]
     want = ort.InferenceSession(original.SerializeToString(), providers=cpu).run(None, {"x": x})[0]

@@ -60,7 +60,7 @@ def bench(original, optimized, npz, seed, report_path, force, budget, min_runs, 
 
 def bench_only_report(original: str, optimized: str, section: dict) -> dict:
     """A report with no optimization behind it: just the side-by-side benchmark."""
-    from einopt.pipeline import REPORT_VERSION
+    from einopt.report import REPORT_VERSION
 
     return {
         "einopt_report": REPORT_VERSION,
@@ -71,6 +71,7 @@ def bench_only_report(original: str, optimized: str, section: dict) -> dict:
         "notes": [],
         "counts": {},
         "seconds": {},
+        "acceptance": {},
         "subprograms": [],
         "bench": section,
     }

@@ -13,7 +13,6 @@ import click
 
 from einopt.cli.app import CliError, console, handle_errors, is_quiet, main
 from einopt.cli.options import check_runs, check_writable, show_report, with_bench_options, write_report
-from einopt.errors import UnsupportedModelError
 
 
 def _input_shapes(specs: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
@@ -52,6 +51,21 @@ _shape_option = click.option(
     "--inputs", "npz", type=click.Path(dir_okay=False), help="Extra verification inputs (.npz by input name)."
 )
 @click.option("--no-verify", is_flag=True, help="Skip verification in ONNX Runtime (experts only).")
+@click.option(
+    "--accept",
+    type=click.Choice(["measured", "verified"]),
+    default="measured",
+    show_default=True,
+    help="measured: a rewrite is kept only when measured faster, on its own and in the whole model. "
+    "verified: keep every verified rewrite without timing anything (experts; the output may be slower).",
+)
+@click.option(
+    "--cache",
+    "cache_path",
+    type=click.Path(dir_okay=False),
+    help="The measurement cache (SQLite; default: measurements.sqlite in the user's cache directory).",
+)
+@click.option("--no-cache", is_flag=True, help="Keep timings for this run only.")
 @click.option("--force", is_flag=True, help="Allow -o to name the input model itself (overwrite it).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random verification inputs.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write a JSON report here.")
@@ -75,6 +89,9 @@ def optimize(
     input_shapes,
     npz,
     no_verify,
+    accept,
+    cache_path,
+    no_cache,
     force,
     seed,
     report_path,
@@ -86,26 +103,42 @@ def optimize(
     threads,
     html_path,
 ) -> None:
-    """Optimize an ONNX model; the output is verified equal to the original in ONNX Runtime."""
-    if max_depth > 0:
-        raise click.UsageError("--max-depth > 0 needs the search, which is not in this version of einopt yet")
-    check_runs(min_runs, max_runs)
-    if not force and _same_file(source, output):
-        raise CliError(f"-o {output} is the input model {source}; pass --force to overwrite it", "bad_input")
-    check_writable(output, report_path, html_path)
-    if do_bench:
-        from einopt.bench import configure_threads
+    """Optimize an ONNX model: verified equal to the original, and measured not slower, in ONNX Runtime.
 
-        configure_threads(threads)  # verification's sessions share the pool with the timed ones
+    A subprogram's new nodes replace its original nodes only when they differ,
+    are verified equal and are measured faster; the whole output is then timed
+    against the input and rewrites are rolled back while it is slower. When
+    nothing is accepted the output is the input model. Timings are cached
+    (--cache), so a second run measures nothing new.
+    """
     from einopt.pipeline import Options
     from einopt.pipeline import optimize as run
 
+    if cache_path and no_cache:
+        raise click.UsageError("--cache and --no-cache contradict each other")
+    check_runs(min_runs, max_runs)
+    if not force and _same_file(source, output):
+        raise CliError(f"-o {output} is the input model {source}; pass --force to overwrite it", "bad_input")
     shapes = _input_shapes(input_shapes)
     extra = (npz,) if npz is not None else ()
-    options = Options(max_depth=max_depth, input_shapes=shapes, inputs=extra, verify=not no_verify, seed=seed)
+    try:
+        options = Options(
+            max_depth=max_depth,
+            input_shapes=shapes,
+            inputs=extra,
+            verify=not no_verify,
+            seed=seed,
+            accept=accept,
+            cache=False if no_cache else (cache_path or True),
+        )
+    except ValueError as e:  # the same checks, and words, as the Python API
+        raise click.UsageError(str(e).replace("max_depth", "--max-depth")) from None
+    check_writable(output, report_path, html_path)
+    if do_bench or accept == "measured":
+        from einopt.timing import configure_threads
+
+        configure_threads(threads)  # every session of the run shares the pool with the timed ones
     result = run(source, options)
-    if result.blocked:
-        raise UnsupportedModelError(f"{source}: {result.blocked}")
     result.save(output, external_data=external_data)
     if do_bench:
         from einopt.measure import benchmark_result
@@ -143,21 +176,36 @@ def _same_file(a: str, b: str) -> bool:
 def _print_summary(result, output: str) -> None:
     from rich.table import Table
 
+    from einopt.report import acceptance_text, counts_text, passthrough_text
+
     out = console()
     c = result.counts()
+    report = result.report()
     table = Table(title=f"einopt optimize -> {output}", show_lines=False)
     for col in ("subprogram", "ops", "status", "now"):
         table.add_column(col)
     for p in result.parts:
         if p.kind == "passthrough":
             continue
-        table.add_row(p.name, " ".join(p.ops), p.status, " ".join(p.new_ops) or p.reason)
-    out.print(table)
-    verified = "verified equal in ONNX Runtime" if result.verified else "NOT verified (--no-verify)"
+        speed = f" ({p.bench['speedup']:.2f}x)" if p.bench else ""
+        now = " ".join(p.new_ops) if p.status in ("accepted", "rewritten") else p.reason
+        table.add_row(p.name, " ".join(p.ops), p.status + speed, now)
+    if c["subprograms"]:
+        out.print(table)
+    if result.blocked:
+        verified = "untouched"
+    elif not result.verified:
+        verified = "NOT verified (--no-verify)"
+    else:
+        verified = "verified equal in ONNX Runtime"
+    changed = "the output differs from the input" if result.changed() else "the output is the input"
     click.echo(
-        f"{c['nodes']} nodes: {c['translated']} translated, {c['rewritten']} re-instantiated, "
-        f"{c['rolled_back']} rolled back, {c['passed_through']} passed through; {verified}"
+        f"{c['nodes']} nodes, {c['translated']} translated; subprograms {counts_text(c)}; "
+        f"{c['passed_through']} nodes passed through; {changed}, {verified}"
     )
+    for line in (acceptance_text(report), passthrough_text(report["subprograms"])):
+        if line:
+            click.echo(line)
     for note in result.notes:
         click.echo(f"note: {note}")
 
