@@ -92,11 +92,18 @@ class GraphBuilder:
         dilation: int = 1,
         bias: bool = True,
         gain: float = math.sqrt(2.0),
+        groups: int = 1,
     ) -> str:
-        """A Conv with He-scaled weights (``pad`` is per spatial axis, symmetric)."""
+        """A Conv with He-scaled weights (``pad`` is per spatial axis, symmetric).
+
+        ``groups`` splits the channels (``groups == cin == cout`` is a depthwise conv); each output
+        then sums ``cin / groups * kh * kw`` terms, the fan-in of the He scaling.
+        """
         kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
         ph, pw = (pad, pad) if isinstance(pad, int) else pad
-        w = self.weight("weight", (cout, cin, kh, kw), cin * kh * kw, gain)
+        if cin % groups or cout % groups:
+            raise ValueError(f"groups={groups} must divide cin={cin} and cout={cout}")
+        w = self.weight("weight", (cout, cin // groups, kh, kw), cin // groups * kh * kw, gain)
         ins = [x, w] + ([self.weight("bias", (cout,), 1.0, 0.1)] if bias else [])
         return self.op(
             "Conv",
@@ -105,6 +112,7 @@ class GraphBuilder:
             strides=[stride, stride],
             pads=[ph, pw, ph, pw],
             dilations=[dilation, dilation],
+            **({"group": groups} if groups != 1 else {}),
         )
 
     def conv_transpose(
