@@ -64,6 +64,12 @@ class GraphBuilder:
         std = gain / math.sqrt(max(fan_in, 1.0))
         return self.const(base, (self.rng.standard_normal(tuple(shape)) * std).astype(np.float32))
 
+    def scalar(self, base: str, value: float) -> str:
+        """A 0-d float32 constant (Clip bounds; ``const`` would store a 1-element vector)."""
+        name = self.fresh(base)
+        self.initializers.append(numpy_helper.from_array(np.array(value, dtype=np.float32), name))
+        return name
+
     def uniform(self, base: str, shape: Sequence[int], low: float, high: float) -> str:
         """A float32 weight drawn uniformly from ``[low, high)``."""
         return self.const(base, self.rng.uniform(low, high, tuple(shape)).astype(np.float32))

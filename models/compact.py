@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import onnx
 
 from .builder import GraphBuilder
@@ -67,9 +66,7 @@ SMALL = {
 
 def _relu6(b: GraphBuilder, x: str) -> str:
     """ReLU6 as ``torch.onnx.export`` writes it (opset >= 11): Clip with scalar constant min and max inputs."""
-    lo = b.const("min", np.array(0.0, dtype=np.float32))
-    hi = b.const("max", np.array(6.0, dtype=np.float32))
-    return b.op("Clip", [x, lo, hi])
+    return b.op("Clip", [x, b.scalar("min", 0.0), b.scalar("max", 6.0)])
 
 
 def _conv_bn(
