@@ -145,7 +145,8 @@ def build_mobilenetv2(
         f"residual Add when stride 1 and channels equal), conv1x1 to {last}, ReLU6 as Clip(0, 6) with "
         "constant inputs, global average pool, Flatten, Gemm; torchvision's sizes are stem 32, "
         "c 16/24/32/64/96/160/320, last 1280, 224 pixels, 1000 classes; seeded He-scaled random weights, "
-        "BatchNormalization with seeded running statistics."
+        "BatchNormalization with seeded running statistics (scale halved after the projections that feed "
+        "a residual Add, so that the sums stay O(1))."
     )
     return b.model([("image", (batch, 3, size, size))], [(x, "logits", (batch, classes))], doc)
 
@@ -200,7 +201,7 @@ def build_squeezenet(
     doc = (
         f"SqueezeNet 1.1 (torchvision layout): image [{batch},3,{size},{size}] -> logits [{batch},{classes}]; "
         f"conv3x3 s2 to {stem} channels + ReLU, MaxPool 3 s2 ceil_mode, fire modules (squeeze, expand) "
-        f"{table} with max pools after the 2nd and 4th (squeeze 1x1 + ReLU, expand 1x1 + ReLU and expand "
+        f"{table} with further max pools after the 2nd and 4th (squeeze 1x1 + ReLU, expand 1x1 + ReLU and expand "
         f"3x3 pad 1 + ReLU, Concat on channels), Dropout omitted, conv1x1 to {classes} + ReLU, global "
         "average pool, Flatten; torchvision's sizes are stem 64, fires (16,64) (16,64) (32,128) (32,128) "
         "(48,192) (48,192) (64,256) (64,256), 224 pixels, 1000 classes; seeded He-scaled random weights."
