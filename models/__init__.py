@@ -1,4 +1,4 @@
-"""The evaluation models of einopt (after the EinNet evaluation), as seeded ONNX generators.
+"""The evaluation models of einopt (EinNet's, plus MobileNetV2 and SqueezeNet), as seeded ONNX generators.
 
 Every model is built with plain ``onnx.helper`` (opset 17, IR version 8,
 float32) with deterministic He-scaled random weights::
@@ -23,7 +23,7 @@ import onnx
 from einopt.inputs import random_inputs
 from einopt.modelio import write_atomic
 
-from . import sequence, vision
+from . import compact, sequence, vision
 from .builder import GraphBuilder
 
 SIZES = ("full", "small")
@@ -99,12 +99,28 @@ MODELS: dict[str, ModelSpec] = {
             sequence.build_lstm,
             "x, h, c [bs,256]",
         ),
+        ModelSpec(
+            "mobilenetv2",
+            "MobileNetV2",
+            "conv3x3 s2, 17 inverted residual blocks (1x1 expand, 3x3 depthwise, 1x1 project; Conv+BatchNorm, "
+            "ReLU6 as Clip), conv1x1 1280, avgpool, Gemm: [bs,3,224,224] -> [bs,1000]",
+            compact.build_mobilenetv2,
+            "image [bs,3,224,224]",
+        ),
+        ModelSpec(
+            "squeezenet",
+            "SqueezeNet 1.1",
+            "conv3x3 s2, 3 ceil-mode maxpools, 8 fire modules (squeeze 1x1, expand 1x1 + 3x3, Concat), "
+            "conv1x1 1000 + ReLU, avgpool: [bs,3,224,224] -> [bs,1000]",
+            compact.build_squeezenet,
+            "image [bs,3,224,224]",
+        ),
     )
 }
 
 _PARAMS = {
-    "full": {**vision.FULL, **sequence.FULL},
-    "small": {**vision.SMALL, **sequence.SMALL},
+    "full": {**vision.FULL, **sequence.FULL, **compact.FULL},
+    "small": {**vision.SMALL, **sequence.SMALL, **compact.SMALL},
 }
 
 

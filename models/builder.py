@@ -64,6 +64,12 @@ class GraphBuilder:
         std = gain / math.sqrt(max(fan_in, 1.0))
         return self.const(base, (self.rng.standard_normal(tuple(shape)) * std).astype(np.float32))
 
+    def scalar(self, base: str, value: float) -> str:
+        """A 0-d float32 constant (Clip bounds; ``const`` would store a 1-element vector)."""
+        name = self.fresh(base)
+        self.initializers.append(numpy_helper.from_array(np.array(value, dtype=np.float32), name))
+        return name
+
     def uniform(self, base: str, shape: Sequence[int], low: float, high: float) -> str:
         """A float32 weight drawn uniformly from ``[low, high)``."""
         return self.const(base, self.rng.uniform(low, high, tuple(shape)).astype(np.float32))
@@ -92,11 +98,18 @@ class GraphBuilder:
         dilation: int = 1,
         bias: bool = True,
         gain: float = math.sqrt(2.0),
+        groups: int = 1,
     ) -> str:
-        """A Conv with He-scaled weights (``pad`` is per spatial axis, symmetric)."""
+        """A Conv with He-scaled weights (``pad`` is per spatial axis, symmetric).
+
+        ``groups`` splits the channels (``groups == cin == cout`` is a depthwise conv); each output
+        then sums ``cin / groups * kh * kw`` terms, the fan-in of the He scaling.
+        """
         kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
         ph, pw = (pad, pad) if isinstance(pad, int) else pad
-        w = self.weight("weight", (cout, cin, kh, kw), cin * kh * kw, gain)
+        if cin % groups or cout % groups:
+            raise ValueError(f"groups={groups} must divide cin={cin} and cout={cout}")
+        w = self.weight("weight", (cout, cin // groups, kh, kw), cin // groups * kh * kw, gain)
         ins = [x, w] + ([self.weight("bias", (cout,), 1.0, 0.1)] if bias else [])
         return self.op(
             "Conv",
@@ -105,6 +118,7 @@ class GraphBuilder:
             strides=[stride, stride],
             pads=[ph, pw, ph, pw],
             dilations=[dilation, dilation],
+            **({"group": groups} if groups != 1 else {}),
         )
 
     def conv_transpose(

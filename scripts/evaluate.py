@@ -1,10 +1,12 @@
 """Optimize and benchmark every evaluation model at batch 1 and 16; write results/ and the README table.
 
-    python scripts/evaluate.py                         # all 8 models x batch 1, 16 (about 30 min)
+    python scripts/evaluate.py                         # every model of einopt.models.MODELS x batch 1, 16
     python scripts/evaluate.py --models dcgan lstm --batch 1 --no-readme
     python scripts/evaluate.py --size small            # the reduced test sizes (quick check)
 
-Each (model, batch) pair runs as its own ``einopt optimize --bench`` process
+The model list is the MODELS table (10 models: the 8 of EinNet's evaluation
+took about 30 min; MobileNetV2 and SqueezeNet 1.1 add a few). Each
+(model, batch) pair runs as its own ``einopt optimize --bench`` process
 (the product's command line, one global ONNX Runtime thread pool, interleaved
 medians, equality checked first), so one model's memory and threads never
 disturb the next. Per pair, results/NAME_bsN.json is the full report and
