@@ -53,6 +53,7 @@ def run_pair(name: str, batch: int, args: argparse.Namespace, build: Path, out: 
         str(out / f"{stem}.json"),
         "--html",
         str(out / f"{stem}.html"),
+        *(["--cache", str(args.cache)] if args.cache else ["--no-cache"]),
     ]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -78,9 +79,15 @@ def run_pair(name: str, batch: int, args: argparse.Namespace, build: Path, out: 
         "optimize_s": round(sum(report["seconds"].values()), 1),
         "search_s": report["seconds"].get("search"),
         "verified": report["verified"] and b["equal"],
+        "subprograms": report["counts"].get("subprograms", 0),
+        "accepted": report["counts"].get("accepted", 0),
         "rewritten": report["counts"].get("rewritten", 0),
+        "rolled_back": report["counts"].get("rolled_back", 0),
         "translated": report["counts"].get("translated", 0),
         "nodes": report["counts"].get("nodes", 0),
+        "unreliable": b.get("unreliable", ""),
+        "load_average": (b.get("machine") or {}).get("load_average"),
+        "cache": (report.get("acceptance") or {}).get("cache"),
     }
     print(
         f"  {stem}: {row['ort_ms']:.3g} -> {row['einopt_ms']:.3g} ms, {row['speedup']:.2f}x, "
@@ -92,25 +99,30 @@ def run_pair(name: str, batch: int, args: argparse.Namespace, build: Path, out: 
 def markdown(rows: list[dict], machine: dict, command: str) -> str:
     """The results table (with its provenance) as Markdown."""
     lines = [
-        "| model | batch | ORT ms | einopt ms | speedup | kernels before -> after | einopt time (s) | verified |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | batch | ORT ms | einopt ms | speedup | kernels before -> after "
+        "| subprograms accepted / rewritten / total | rolled back | einopt time (s) | verified |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['batch']} | | | | | | failed: {r['error']} |")
+            lines.append(f"| {r['model']} | {r['batch']} | | | | | | | | failed: {r['error']} |")
             continue
+        flag = " (unreliable)" if r.get("unreliable") else ""
         lines.append(
             f"| {r['model']} | {r['batch']} | {r['ort_ms']:.3g} | {r['einopt_ms']:.3g} | "
-            f"{r['speedup']:.2f}x | {r['kernels'][0]} -> {r['kernels'][1]} | {r['optimize_s']:.1f} | "
-            f"{'yes' if r['verified'] else 'NO'} |"
+            f"{r['speedup']:.2f}x{flag} | {r['kernels'][0]} -> {r['kernels'][1]} | "
+            f"{r['accepted']} / {r['rewritten']} / {r['subprograms']} | {r['rolled_back']} | "
+            f"{r['optimize_s']:.1f} | {'yes' if r['verified'] else 'NO'} |"
         )
     cpu = machine.get("cpu", "?")
     head = (
         f"Measured {datetime.date.today().isoformat()} on {cpu}, {machine.get('threads', '?')} threads, "
         f"ONNX Runtime {machine.get('onnxruntime', '?')}, with `{command}`. "
         "Speedup = ORT median / einopt median (interleaved runs in one process); "
-        "0.95-1.05 is within this machine's noise. einopt time = the whole `einopt optimize` run "
-        "(prepare, translate, search, instantiate, verify)."
+        "0.95-1.05 is within this machine's noise. Subprograms: accepted (in the output, measured "
+        "faster) / rewritten (re-instantiated as other nodes, verified) / total translated; rolled back: "
+        "accepted on its own but removed by the whole-model check. einopt time = the whole `einopt "
+        "optimize` run (prepare, translate, search, instantiate, verify, measured acceptance)."
     )
     return head + "\n\n" + "\n".join(lines) + "\n"
 
@@ -139,6 +151,11 @@ def main() -> None:
         "--build", type=Path, default=ROOT / "build" / "models", help="where the models are written"
     )
     ap.add_argument("--no-readme", action="store_true", help="do not update README.md")
+    ap.add_argument(
+        "--cache",
+        type=Path,
+        help="measurement cache to use and fill (default: none, every timing is made afresh)",
+    )
     ap.add_argument("--einopt", default=f"{sys.executable} -m einopt", help="how to run einopt")
     args = ap.parse_args()
     batches = args.batch or [1, 16]
