@@ -5,7 +5,10 @@ deterministic; set HYPOTHESIS_PROFILE=explore to search with fresh seeds.
 """
 
 import os
+import resource
+import sys
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -22,3 +25,48 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # process that wants its own threads fail; tests share processes, so they use
 # per-session pools (test_bench checks the global pool in a subprocess).
 os.environ.setdefault("EINOPT_THREAD_POOL", "per-session")
+
+
+# ----------------------------------------------------------------------------- memory
+# The suite must run on a laptop or a small CI runner. Tests that need more than
+# RSS_LIMIT_MB (a > 2 GB model; the light models with the biggest weights, which
+# the pipeline holds several copies of) are marked `bigmem` and run only with
+# EINOPT_BIGMEM_TESTS=1. Without it, a test that takes the process past the limit
+# fails its teardown, naming itself.
+BIGMEM = os.environ.get("EINOPT_BIGMEM_TESTS") == "1"
+RSS_LIMIT_MB = int(os.environ.get("EINOPT_TEST_RSS_LIMIT_MB", "3072"))
+_past_limit: list[str] = []
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "bigmem: needs more than 3 GB of memory; runs only with EINOPT_BIGMEM_TESTS=1"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if BIGMEM:
+        return
+    skip = pytest.mark.skip(reason="needs more than 3 GB of memory; set EINOPT_BIGMEM_TESTS=1 to run it")
+    for item in items:
+        if "bigmem" in item.keywords:
+            item.add_marker(skip)
+
+
+def _peak_rss_mb() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # KiB on Linux
+
+
+@pytest.fixture(autouse=True)
+def _memory_guard(request):
+    yield
+    if BIGMEM or _past_limit or sys.platform != "linux":
+        return
+    peak = _peak_rss_mb()
+    if peak > RSS_LIMIT_MB:
+        _past_limit.append(request.node.nodeid)
+        pytest.fail(
+            f"the test process peaked at {peak} MB, past the suite's limit of {RSS_LIMIT_MB} MB "
+            "(EINOPT_TEST_RSS_LIMIT_MB): release what the test holds, or mark it bigmem",
+            pytrace=False,
+        )
