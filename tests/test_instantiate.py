@@ -513,6 +513,105 @@ def test_choices_record_failures():
 
 
 # --------------------------------------------------------------------------
+# Preferred operators: the original operator where it is as cheap
+# --------------------------------------------------------------------------
+
+PREFERRED_CASES = [
+    # (id, text, constants, preferred op, ops without the preference, ops with it)
+    (
+        "conv_1x1_batch1_stays_a_conv",  # MobileNetV2/FSRCNN: not Reshape + Gemm + Reshape
+        "L[n:1, f:4, o0:5, o1:5] {L[n2:1, f2:4, h:5, w:5] Sum[c:3, r0:1, r1:1]"
+        " X[n2, c, h+r0, w+r1]*W[f2,c,r0,r1]}[n, f, o0, o1] + B[f] where X:[1,3,5,5], W:[4,3,1,1], B:[4]",
+        ("W", "B"),
+        "Conv",
+        ["Reshape", "Gemm", "Reshape"],
+        ["Conv"],
+    ),
+    (
+        "gemm_without_bias_stays_a_gemm",  # not the MatMul of the same cost
+        "L[m:4, n:5] Sum[k:3] A[m,k]*B[k,n] where A:[4,3], B:[3,5]",
+        ("B",),
+        "Gemm",
+        ["MatMul"],
+        ["Gemm"],
+    ),
+    (
+        "flatten_stays_a_flatten",
+        "L[i0:1, i1:16] X[0, i1, 0, 0] where X:[1,16,1,1]",
+        (),
+        "Flatten",
+        ["Reshape"],
+        ["Flatten"],
+    ),
+    (
+        "gemm_refused_where_it_needs_a_transpose",  # batch 2: Gemm transposes X, MatMul does not
+        "L[n:2, f:4, p:6] Sum[c:3] X[n,c,p]*W[f,c] where X:[2,3,6], W:[4,3]",
+        ("W",),
+        "Gemm",
+        ["MatMul"],
+        ["MatMul"],
+    ),
+    (
+        "unknown_operator_type_changes_nothing",
+        "L[m:4, n:5] Sum[k:3] A[m,k]*B[k,n] where A:[4,3], B:[3,5]",
+        ("B",),
+        "LSTM",
+        ["MatMul"],
+        ["MatMul"],
+    ),
+    (
+        "refusing_matcher_changes_nothing",
+        "L[i:4, j:3] relu(X[i, j]) where X:[4,3]",
+        (),
+        "Conv",
+        ["Relu"],
+        ["Relu"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "constants", "op", "plain", "preferred"),
+    [c[1:] for c in PREFERRED_CASES],
+    ids=[c[0] for c in PREFERRED_CASES],
+)
+def test_preferred_operator(text, constants, op, plain, preferred):
+    assert run_onnx(text, constants)[1] == plain
+    inst, ops = run_onnx(text, constants, preferred={"out": op})
+    assert ops == preferred
+    assert inst.choices[-1].how in ops
+
+
+def test_preferred_gemm_reuses_the_weight_with_trans_b():
+    inst, _ = run_onnx(
+        "L[m:4, n:5] Sum[k:3] A[m,k]*B[n,k] where A:[4,3], B:[5,3]", ("B",), preferred={"out": "Gemm"}
+    )
+    (gemm,) = inst.nodes
+    assert gemm.input[1] == "in_B" and not inst.initializers
+    assert {a.name: a.i for a in gemm.attribute if a.name in ("transA", "transB")} == {
+        "transA": 0,
+        "transB": 1,
+    }
+
+
+def test_preferred_flatten_axis():
+    inst, _ = run_onnx("L[i0:2, i1:12] X[i0, i1 // 4, i1 % 4] where X:[2,3,4]", preferred={"out": "Flatten"})
+    (node,) = inst.nodes
+    assert node.op_type == "Flatten" and node.attribute[0].i == 1
+
+
+def test_preference_is_per_binding():
+    prog = as_program(
+        """Y = L[n:1, f:4, h:5, w:5] Sum[c:3, r0:1, r1:1] X[n, c, h+r0, w+r1]*W[f,c,r0,r1]
+        Z = L[m:4, n:5] Sum[k:3] A[m,k]*B[n,k]
+        return Y, Z
+        where X:[1,3,5,5], W:[4,3,1,1], A:[4,3], B:[5,3]"""
+    )
+    _, ops = run_onnx(prog, ("W", "B"), preferred={"Y": "Conv", "Z": "Gemm"})
+    assert ops == ["Conv", "Gemm"]
+
+
+# --------------------------------------------------------------------------
 # eOperators and errors
 # --------------------------------------------------------------------------
 

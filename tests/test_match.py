@@ -496,3 +496,13 @@ def test_strided_conv_rounds_trailing_input_away(case):
     m, _ = match(scope_of(text))
     assert m.op_type == "Conv"
     assert not [st for o in m.operands for st in o.steps if isinstance(st, Slice)]
+
+
+@pytest.mark.parametrize(("inner", "one"), [("w", "r"), ("a", "z")])
+def test_extent_one_iterator_merges_under_any_name(inner, one):
+    """``X[.., w + r]`` with ``r`` of extent 1 is a view of ``w`` whichever name sorts first."""
+    x = ir.Tensor("X", (8,))
+    w, r = ir.Iter(inner, 0, 8), ir.Iter(one, 0, 1)
+    v = simple_view(x[w + r])
+    assert not isinstance(v, Failure), v
+    assert v.labels == (w, r) and v.shape == (8, 1)

@@ -339,7 +339,8 @@ def _split(idx: ir.IndexExpr, origin: int, name: str) -> tuple[list[ir.Iter], in
     if pf is None:
         return Failure(f"index {idx} of {name} is not affine in its iterators")
     coeffs, c = pf
-    order = sorted(coeffs, key=lambda it: (-abs(coeffs[it]), it.name))
+    # outer first; of equal coefficients, extent-1 iterators innermost (so names never decide)
+    order = sorted(coeffs, key=lambda it: (-abs(coeffs[it]), it.extent == 1, it.name))
     signs = {coeffs[it] > 0 for it in order}
     s = coeffs[order[-1]]
     stride = s
