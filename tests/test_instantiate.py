@@ -30,17 +30,24 @@ def as_program(text: str) -> ir.Program:
 
 
 def run_onnx(
-    program: ir.Program | str, constants=(), opset: int = OPSET, seed: int = 0, rtol: float = 1e-4
+    program: ir.Program | str,
+    constants=(),
+    opset: int = OPSET,
+    seed: int = 0,
+    rtol: float = 1e-4,
+    preferred=None,
 ) -> tuple[Instantiated, list[str]]:
-    """Instantiate ``program`` (inputs named in ``constants`` are weights), run it, compare; return
-    the instantiation and the emitted node op types."""
+    """Instantiate ``program`` (inputs named in ``constants`` are weights; ``preferred`` operator
+    types per binding), run it, compare; return the instantiation and the emitted node op types."""
     if isinstance(program, str):
         program = as_program(program)
     rng = np.random.default_rng(seed)
     arrays = {t.name: rng.standard_normal(t.shape) for t in program.inputs}
     consts = {n: arrays[n] for n in constants}
     names = {t.name: f"in_{t.name}" for t in program.inputs} | {o: f"out_{o}" for o in program.outputs}
-    inst = instantiate(program, onnx_names=names, constants=consts, opset=opset, prefix="p/")
+    inst = instantiate(
+        program, onnx_names=names, constants=consts, opset=opset, prefix="p/", preferred=preferred
+    )
     used = {i for n in inst.nodes for i in n.input}
     graph = helper.make_graph(
         list(inst.nodes),
@@ -141,6 +148,42 @@ CASES = [
         " where X:[1,3,5], W:[4,3,3], B:[4]",
         ("W", "B"),
         ["Conv"],
+    ),
+    (
+        "conv_1x1_strided_is_one_conv",  # ResNet's downsample: no Slice in front of the Conv
+        "L[n:2, f:4, o0:4, o1:4] {L[n2:2, f2:4, h:4, w:4] Sum[c:3, r0:1, r1:1]"
+        " X[n2, c, 2*h+r0, 2*w+r1]*W[f2,c,r0,r1]}[n, f, o0, o1] + B[f]"
+        " where X:[2,3,8,8], W:[4,3,1,1], B:[4]",
+        ("W", "B"),
+        ["Conv"],
+    ),
+    (
+        "conv_1x1_strided_without_kernel_iterators",
+        "L[n:2, f:4, o0:4, o1:4] {L[n2:2, f2:4, h:4, w:4] Sum[c:3] X[n2, c, 2*h, 2*w]*W[f2,c]}[n, f, o0, o1]"
+        " + B[f] where X:[2,3,8,7], W:[4,3], B:[4]",
+        ("W", "B"),
+        ["Conv"],
+    ),
+    (
+        "conv_strided_offset_slices_the_start_only",
+        "L[n:1, f:4, o0:4, o1:4] Sum[c:3] X[n, c, 2*o0+1, 2*o1-1]*W[f,c] where X:[1,3,8,7], W:[4,3]",
+        ("W",),
+        ["Slice", "Conv"],
+    ),
+    (
+        "conv_transpose_fsrcnn_constant_bias",  # k9 s4 p4 output_padding 3, one output channel
+        "L[n:1, f:1, o0:12, o1:12] {L[n2:1, f2:1, a:12, b:12] Sum[c:2, r0:9, r1:9]"
+        " {L[m:1, d:2, i0:3, p0:1, i1:3, p1:1] X[m, d, i0, i1]}"
+        "[n2, c, (a-r0+4)//4, (a-r0+4)%4, (b-r1+4)//4, (b-r1+4)%4] * W[c, f2, r0, r1]}[n, f, o0, o1] + -0.25"
+        " where X:[1,2,3,3], W:[2,1,9,9]",
+        ("W",),
+        ["ConvTranspose"],
+    ),
+    (
+        "gemm_constant_bias",
+        "L[m:4, n:5] {L[a:4, b:5] Sum[k:3] A[a,k]*B[b,k]}[m, n] + 2.0 where A:[4,3], B:[5,3]",
+        ("B",),
+        ["Gemm"],
     ),
     (
         "conv_nhwc_no_batch",
@@ -467,6 +510,105 @@ def test_choices_record_failures():
     assert choice.how == "Relu"
     reasons = dict(choice.failures)
     assert list(reasons)[:2] == ["Layout", "Concat"] and "single access" in reasons["Layout"]
+
+
+# --------------------------------------------------------------------------
+# Preferred operators: the original operator where it is as cheap
+# --------------------------------------------------------------------------
+
+PREFERRED_CASES = [
+    # (id, text, constants, preferred op, ops without the preference, ops with it)
+    (
+        "conv_1x1_batch1_stays_a_conv",  # MobileNetV2/FSRCNN: not Reshape + Gemm + Reshape
+        "L[n:1, f:4, o0:5, o1:5] {L[n2:1, f2:4, h:5, w:5] Sum[c:3, r0:1, r1:1]"
+        " X[n2, c, h+r0, w+r1]*W[f2,c,r0,r1]}[n, f, o0, o1] + B[f] where X:[1,3,5,5], W:[4,3,1,1], B:[4]",
+        ("W", "B"),
+        "Conv",
+        ["Reshape", "Gemm", "Reshape"],
+        ["Conv"],
+    ),
+    (
+        "gemm_without_bias_stays_a_gemm",  # not the MatMul of the same cost
+        "L[m:4, n:5] Sum[k:3] A[m,k]*B[k,n] where A:[4,3], B:[3,5]",
+        ("B",),
+        "Gemm",
+        ["MatMul"],
+        ["Gemm"],
+    ),
+    (
+        "flatten_stays_a_flatten",
+        "L[i0:1, i1:16] X[0, i1, 0, 0] where X:[1,16,1,1]",
+        (),
+        "Flatten",
+        ["Reshape"],
+        ["Flatten"],
+    ),
+    (
+        "gemm_refused_where_it_needs_a_transpose",  # batch 2: Gemm transposes X, MatMul does not
+        "L[n:2, f:4, p:6] Sum[c:3] X[n,c,p]*W[f,c] where X:[2,3,6], W:[4,3]",
+        ("W",),
+        "Gemm",
+        ["MatMul"],
+        ["MatMul"],
+    ),
+    (
+        "unknown_operator_type_changes_nothing",
+        "L[m:4, n:5] Sum[k:3] A[m,k]*B[k,n] where A:[4,3], B:[3,5]",
+        ("B",),
+        "LSTM",
+        ["MatMul"],
+        ["MatMul"],
+    ),
+    (
+        "refusing_matcher_changes_nothing",
+        "L[i:4, j:3] relu(X[i, j]) where X:[4,3]",
+        (),
+        "Conv",
+        ["Relu"],
+        ["Relu"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "constants", "op", "plain", "preferred"),
+    [c[1:] for c in PREFERRED_CASES],
+    ids=[c[0] for c in PREFERRED_CASES],
+)
+def test_preferred_operator(text, constants, op, plain, preferred):
+    assert run_onnx(text, constants)[1] == plain
+    inst, ops = run_onnx(text, constants, preferred={"out": op})
+    assert ops == preferred
+    assert inst.choices[-1].how in ops
+
+
+def test_preferred_gemm_reuses_the_weight_with_trans_b():
+    inst, _ = run_onnx(
+        "L[m:4, n:5] Sum[k:3] A[m,k]*B[n,k] where A:[4,3], B:[5,3]", ("B",), preferred={"out": "Gemm"}
+    )
+    (gemm,) = inst.nodes
+    assert gemm.input[1] == "in_B" and not inst.initializers
+    assert {a.name: a.i for a in gemm.attribute if a.name in ("transA", "transB")} == {
+        "transA": 0,
+        "transB": 1,
+    }
+
+
+def test_preferred_flatten_axis():
+    inst, _ = run_onnx("L[i0:2, i1:12] X[i0, i1 // 4, i1 % 4] where X:[2,3,4]", preferred={"out": "Flatten"})
+    (node,) = inst.nodes
+    assert node.op_type == "Flatten" and node.attribute[0].i == 1
+
+
+def test_preference_is_per_binding():
+    prog = as_program(
+        """Y = L[n:1, f:4, h:5, w:5] Sum[c:3, r0:1, r1:1] X[n, c, h+r0, w+r1]*W[f,c,r0,r1]
+        Z = L[m:4, n:5] Sum[k:3] A[m,k]*B[n,k]
+        return Y, Z
+        where X:[1,3,5,5], W:[4,3,1,1], A:[4,3], B:[5,3]"""
+    )
+    _, ops = run_onnx(prog, ("W", "B"), preferred={"Y": "Conv", "Z": "Gemm"})
+    assert ops == ["Conv", "Gemm"]
 
 
 # --------------------------------------------------------------------------

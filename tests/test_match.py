@@ -122,6 +122,31 @@ MATCH_CASES = [
         {"strides": (2,), "dilations": (1,), "pads": (0, 0)},
     ),
     (
+        "conv_1x1_strided_reads_the_whole_input",  # the odd last row is rounded away, not sliced
+        "L[n:1, f:4, o0:4, o1:4] Sum[c:3, r0:1, r1:1] X[n, c, 2*o0+r0, 2*o1+r1]*W[f,c,r0,r1]"
+        " where X:[1,3,8,8], W:[4,3,1,1]",
+        "Conv",
+        {"kernel_shape": (1, 1), "strides": (2, 2), "pads": (0, 0, 0, 0)},
+    ),
+    (
+        "conv_1x1_strided_without_kernel_iterators",
+        "L[n:2, f:4, o0:4, o1:4] Sum[c:3] X[n, c, 2*o0, 2*o1]*W[f,c] where X:[2,3,8,7], W:[4,3]",
+        "Conv",
+        {"kernel_shape": (1, 1), "strides": (2, 2), "pads": (0, 0, 0, 0), "dilations": (1, 1)},
+    ),
+    (
+        "conv_strided_without_kernel_offsets_slice_and_pad",
+        "L[n:1, f:4, o0:4, o1:4] Sum[c:3] X[n, c, 2*o0+1, 2*o1-1]*W[f,c] where X:[1,3,8,7], W:[4,3]",
+        "Conv",
+        {"kernel_shape": (1, 1), "strides": (2, 2), "pads": (0, 1, 0, 0)},
+    ),
+    (
+        "conv_strided_trailing_input_below_the_stride",
+        "L[n:1, f:2, h:3] Sum[c:3, r:3] X[n, c, 2*h+r]*W[f,c,r] where X:[1,3,8], W:[2,3,3]",
+        "Conv",
+        {"strides": (2,), "pads": (0, 0)},
+    ),
+    (
         "conv_grouped",
         "L[n:1, f:6, h:4] Sum[c:2, r:3] X[n, c + 2*(f//2), h+r-1]*W[f,c,r] where X:[1,6,4], W:[6,2,3]",
         "Conv",
@@ -165,6 +190,13 @@ MATCH_CASES = [
         " (o0+1-k0)%2, (o1+1-k1)//2, (o1+1-k1)%2] where X:[1,2,3,3], W:[3,4,3,2]",
         "ConvTranspose",
         {"strides": (2, 2), "pads": (1, 1, 1, 1)},
+    ),
+    (
+        "conv_transpose_constant_bias_broadcast",
+        "L[n:1, f:4, o:6] {L[n2:1, f2:4, o2:6] Sum[c:3, k:3] X[n2, c, o2 - k] * W[c, f2, k]}[n, f, o] + 0.5"
+        " where X:[1,3,4], W:[3,4,3]",
+        "ConvTranspose",
+        {"strides": (1,)},
     ),
     (
         "conv_transpose_grouped_dilated",
@@ -260,6 +292,13 @@ NEAR_MISSES = [
         "Conv",
         "not the output channel alone",
         "Add",
+    ),
+    (
+        "strided_contraction_outside_conv_order",
+        "L[m:3, n:5] Sum[k:3] A[2*m+1, k]*B[k, n] where A:[7,3], B:[3,5]",
+        "Conv",
+        "outside Conv's [batch, channel, spatial] order",
+        "MatMul",
     ),
     (
         "matmul_non_contiguous_merge",
@@ -446,3 +485,24 @@ def test_bias_matchers_refuse_a_bound_product():
     assert m.op_type == "Add" and "program binding" in dict(failures)["Gemm"].reason
     m2, _ = match(prog.scope("Y"))
     assert m2.op_type == "Gemm" and m2.consumes == (prog.scope("S"),)
+
+
+@pytest.mark.parametrize(
+    "case", ["conv_1x1_strided_reads_the_whole_input", "conv_strided_trailing_input_below_the_stride"]
+)
+def test_strided_conv_rounds_trailing_input_away(case):
+    """Fewer than ``stride`` unread trailing positions need no Slice: Conv's output extent drops them."""
+    text = next(c[1] for c in MATCH_CASES if c[0] == case)
+    m, _ = match(scope_of(text))
+    assert m.op_type == "Conv"
+    assert not [st for o in m.operands for st in o.steps if isinstance(st, Slice)]
+
+
+@pytest.mark.parametrize(("inner", "one"), [("w", "r"), ("a", "z")])
+def test_extent_one_iterator_merges_under_any_name(inner, one):
+    """``X[.., w + r]`` with ``r`` of extent 1 is a view of ``w`` whichever name sorts first."""
+    x = ir.Tensor("X", (8,))
+    w, r = ir.Iter(inner, 0, 8), ir.Iter(one, 0, 1)
+    v = simple_view(x[w + r])
+    assert not isinstance(v, Failure), v
+    assert v.labels == (w, r) and v.shape == (8, 1)

@@ -7,7 +7,9 @@ functions. Each bound scope is, in order of preference:
 1. evaluated at compile time into an initializer when every tensor it reads is
    a known constant;
 2. matched to a predefined operator (``match.py``: an iterator-mapping table
-   per operator that derives the attributes from the index functions);
+   per operator that derives the attributes from the index functions); a
+   binding's original operator type (``instantiate(preferred=...)``, from
+   ``emit.original_ops``) wins when its matcher adds no run-time layout work;
 3. emitted as an eOperator (``eop.py``): a call to a model-local ONNX function
    in domain ``einopt.eop`` whose body uses only standard ops.
 

@@ -5,9 +5,11 @@ materialised once, by the first of:
 
 1. every tensor it reads is a known constant: evaluated at compile time with
    the reference interpreter (float64, stored as float32) into an initializer;
-2. a matcher of ``einopt.instantiate.match.MATCHERS`` accepts it: its operands'
-   layout steps are emitted (or folded, for constant operands), then its
-   operators and the steps on the result;
+2. a matcher of ``einopt.instantiate.match.MATCHERS`` accepts it (or, for a
+   binding with a preferred operator type, normally the ONNX operator that
+   computed it originally, that operator's matcher when it is as cheap): its
+   operands' layout steps are emitted (or folded, for constant operands), then
+   its operators and the steps on the result;
 3. otherwise an eOperator call (a model-local function in domain
    ``einopt.eop``, ``einopt.instantiate.eop``).
 
@@ -23,7 +25,7 @@ import hashlib
 import logging
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -49,7 +51,10 @@ from einopt.instantiate.plan import (
 )
 from einopt.interp import evaluate
 
-__all__ = ["Choice", "Instantiated", "InstantiationError", "MIN_OPSET", "instantiate"]
+if TYPE_CHECKING:
+    from einopt.frontend.translate import Part
+
+__all__ = ["Choice", "Instantiated", "InstantiationError", "MIN_OPSET", "instantiate", "original_ops"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +100,7 @@ def instantiate(
     opset: int,
     prefix: str,
     taken_function_names: set[str] | frozenset[str] = frozenset(),
+    preferred: Mapping[str, str] | None = None,
 ) -> Instantiated:
     """Emit ONNX nodes computing ``program``.
 
@@ -114,6 +120,10 @@ def instantiate(
         Start of every new value, node and function name.
     taken_function_names : set of str
         Function names already used in the model.
+    preferred : mapping of str to str, optional
+        ONNX operator type to prefer per binding name (see :func:`original_ops`):
+        a binding whose operator's matcher accepts it with no more run-time
+        layout work than the table's first choice is instantiated as that operator.
 
     Returns
     -------
@@ -137,12 +147,31 @@ def instantiate(
         raise InstantiationError(f"program output(s) {', '.join(missing)} have no ONNX name")
     em = _Emitter(program, onnx_names, constants, opset, prefix, set(taken_function_names))
     outputs = set(program.outputs)
+    preferred = preferred or {}
     for name, scope in program.bindings:
+        prefer = preferred.get(name, "")
         if name in outputs:
-            em.materialise(scope, name, onnx_names[name])
+            em.materialise(scope, name, onnx_names[name], prefer=prefer)
         elif scope not in em.scopes:
-            em.materialise(scope, name, em.fresh(name), required=False)
+            em.materialise(scope, name, em.fresh(name), required=False, prefer=prefer)
     return Instantiated(tuple(em.nodes), tuple(em.inits.values()), tuple(em.functions), tuple(em.choices))
+
+
+def original_ops(model: onnx.ModelProto, part: Part) -> dict[str, str]:
+    """The ONNX operator type that computed each binding of ``part`` in ``model`` (``preferred`` of
+    :func:`instantiate`).
+
+    ``model`` is the graph the part was cut from (its ``nodes`` index it);
+    bindings no node of the part produces are left out.
+    """
+    if part.program is None:
+        return {}
+    producer = {o: model.graph.node[i].op_type for i in part.nodes for o in model.graph.node[i].output if o}
+    return {
+        name: producer[part.names[name]]
+        for name, _ in part.program.bindings
+        if part.names.get(name) in producer
+    }
 
 
 def _identifier(text: str) -> str:
@@ -289,9 +318,11 @@ class _Emitter:
 
     # ---- scopes ----------------------------------------------------------
 
-    def materialise(self, scope: ir.Scope, label: str, target: str | None, required: bool = True) -> str:
+    def materialise(
+        self, scope: ir.Scope, label: str, target: str | None, required: bool = True, prefer: str = ""
+    ) -> str:
         """The ONNX value holding ``scope``: named ``target`` when given (if not ``required``,
-        only when that costs no Identity node)."""
+        only when that costs no Identity node); ``prefer`` is the operator type to prefer."""
         done = self.scopes.get(scope)
         if done is not None:
             if target is None or target == done:
@@ -304,7 +335,7 @@ class _Emitter:
             value = self.initializer(np.asarray(arr, dtype=np.float32), label)
             how = "constant"
         else:
-            m, fails = match(scope, self.ctx, MATCHERS)
+            m, fails = match(scope, self.ctx, MATCHERS, prefer)
             failures = tuple((n, f.reason) for n, f in fails)
             if m is not None:
                 value, how = self.emit_match(m, label), m.op_type

@@ -29,10 +29,10 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from einopt import ir
-from einopt.instantiate import EINSUM_OPSET
+from einopt.instantiate import BINARY_OPS, EINSUM_OPSET, UNARY_OPS
 from einopt.instantiate.match_conv import match_conv, match_conv_transpose
-from einopt.instantiate.match_elementwise import match_elementwise
-from einopt.instantiate.match_layout import match_concat, match_layout
+from einopt.instantiate.match_elementwise import PATTERNS, match_elementwise
+from einopt.instantiate.match_layout import match_concat, match_flatten, match_layout
 from einopt.instantiate.plan import (
     NO_CONTEXT,
     Context,
@@ -63,8 +63,10 @@ __all__ = [
     "Context",
     "Matcher",
     "MATCHERS",
+    "PREFERRED",
     "match",
     "match_gemm",
+    "match_gemm_any",
     "match_matmul",
     "match_reduce_sum",
     "match_einsum",
@@ -258,6 +260,18 @@ def match_gemm(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
     Without a bias, Gemm is chosen only when it is cheaper than MatMul (its
     transA/transB save a run-time Transpose or a transposed copy of a constant).
     """
+    return _match_gemm(scope, ctx, versus_matmul=True)
+
+
+def match_gemm_any(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
+    """Gemm wherever it computes the scope, even without a bias and when MatMul is as cheap.
+
+    Not in the matching table; preferred for a scope that was a Gemm originally.
+    """
+    return _match_gemm(scope, ctx, versus_matmul=False)
+
+
+def _match_gemm(scope: ir.Scope, ctx: Context, versus_matmul: bool) -> Match | Failure:
     form = split_bias(scope, ctx)
     if isinstance(form, BiasForm):
         c = _contraction(form.inner)
@@ -281,6 +295,8 @@ def match_gemm(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
     if isinstance(found, Failure):
         return found
     cost, gemm = found
+    if not versus_matmul:
+        return gemm
     plain = _matmul_candidates(c, ctx)
     best = None if isinstance(plain, Failure) else _best(plain)
     if best is not None and best[0] <= cost:
@@ -421,16 +437,56 @@ MATCHERS: dict[str, Matcher] = {
 }
 
 
+# The matcher of each original ONNX operator type: a scope an operator computed originally is
+# instantiated as that operator when this matcher accepts it as cheaply as the table's choice.
+PREFERRED: dict[str, Matcher] = {
+    "Conv": match_conv,
+    "ConvTranspose": match_conv_transpose,
+    "Gemm": match_gemm_any,
+    "MatMul": match_matmul,
+    "ReduceSum": match_reduce_sum,
+    "Einsum": match_einsum,
+    "Concat": match_concat,
+    "Flatten": match_flatten,
+    **dict.fromkeys((*BINARY_OPS.values(), *UNARY_OPS.values(), *PATTERNS), match_elementwise),
+    **dict.fromkeys(
+        ("Transpose", "Reshape", "Slice", "Pad", "Expand", "DepthToSpace", "SpaceToDepth"), match_layout
+    ),
+}
+
+
 def match(
-    scope: ir.Scope, ctx: Context = NO_CONTEXT, matchers: dict[str, Matcher] | None = None
+    scope: ir.Scope,
+    ctx: Context = NO_CONTEXT,
+    matchers: dict[str, Matcher] | None = None,
+    prefer: str = "",
 ) -> tuple[Match | None, tuple[tuple[str, Failure], ...]]:
     """The first matcher (in table order) that accepts ``scope``, and the failures before it.
 
     A match that fuses a scope in ``ctx.bound`` is refused (that scope is
-    computed anyway, so fusing would compute it twice).
+    computed anyway, so fusing would compute it twice). ``prefer`` is the ONNX
+    operator type that computed the scope originally: when its matcher
+    (``PREFERRED``) accepts the scope with no more run-time layout work than
+    the table's choice, that match is returned instead (a 1x1 Conv stays a
+    Conv rather than Reshape + Gemm + Reshape).
     """
+    found, failures = _first_match(scope, ctx, matchers or MATCHERS)
+    fn = PREFERRED.get(prefer)
+    if fn is None or (found is not None and found.op_type == prefer):
+        return found, failures
+    r = fn(scope, ctx)
+    if not isinstance(r, Match) or _fuses_binding(r, ctx):
+        return found, failures
+    if found is not None and layout_cost(r, ctx) > layout_cost(found, ctx):
+        return found, failures
+    log.debug("matched %s as %s, its original operator", scope, r.op_type)
+    return r, failures
+
+
+def _first_match(
+    scope: ir.Scope, ctx: Context, table: dict[str, Matcher]
+) -> tuple[Match | None, tuple[tuple[str, Failure], ...]]:
     failures: list[tuple[str, Failure]] = []
-    table = matchers or MATCHERS
     for k, (name, fn) in enumerate(table.items()):
         r = fn(scope, ctx)
         if isinstance(r, Match):

@@ -11,7 +11,13 @@ input access and ``W`` the weight access of a product of two accesses:
 * spatial pairs ``(o, k)``: an ``X`` index ``s*o + d*k + e`` with ``o`` an
   output and ``k`` a summed iterator ``W`` reads. For Conv the stride is
   ``s``, the dilation ``d`` and the begin pad ``-e`` (a negative pad slices the
-  input first; the end pad follows from the output extent). For
+  input first; the end pad follows from the output extent, and up to ``s - 1``
+  trailing input positions no window reaches need no Slice: Conv's output
+  extent rounds them away). A strided index ``s*o + e`` (``s > 1``) without a
+  kernel iterator is a 1-wide kernel with stride ``s`` (a 1x1 downsampling
+  convolution whose extent-1 kernel iterators were dropped) when ``X`` is read
+  in Conv's own order, batch, channel, spatial (elsewhere such a strided
+  contraction is a MatMul over a strided Slice). For
   ConvTranspose the index is ``o + pb - d*k``, read through the
   zero-insertion scope ``U`` (``(..) // s, (..) % s``) for strides ``s > 1``.
 
@@ -32,6 +38,7 @@ from einopt.index import linear_form
 from einopt.instantiate.plan import (
     NO_CONTEXT,
     Context,
+    Expand,
     Failure,
     Match,
     Operand,
@@ -93,10 +100,14 @@ class _Channel:
 class _Spatial:
     dim: int
     o: ir.Iter
-    k: ir.Iter
+    k: ir.Iter | None  # None: a 1-wide kernel nothing iterates over
     s: int  # coefficient of o
     d: int  # coefficient of k
     e: int  # positional constant
+
+    @property
+    def width(self) -> int:
+        return self.k.extent if self.k is not None else 1
 
 
 # --------------------------------------------------------------------------
@@ -130,13 +141,17 @@ def _with_bias(scope: ir.Scope, ctx: Context, core_fn) -> Match | Failure:
 
 
 def _bias_match(core: _Core, form: BiasForm) -> Match | Failure:
+    """``B`` of shape ``[F]``: the bias along the output channel, or broadcast along it when constant in it."""
     view: View = form.bias
-    if core.f is None or core.f not in view.labels or set(view.labels) != {core.f}:
-        shown = ", ".join(it.name for it in view.labels) or "nothing"
+    if not set(view.labels) <= {core.f}:
+        shown = ", ".join(it.name for it in view.labels)
         return Failure(
             f"the bias varies along {shown}, not the output channel alone: not a {core.op_type} bias"
         )
-    steps = view.steps + arrange(view.labels, view.shape, [(core.f,)]) + (Scale(form.beta),)
+    channels = core.f.extent if core.f is not None else 1
+    steps = view.steps + arrange(view.labels, view.shape, [tuple(view.labels)]) + (Scale(form.beta),)
+    if not view.labels and channels > 1:
+        steps += (Expand((channels,)),)
     bias = Operand(view.source, normalize(steps, tuple(view.source.shape)))
     return _assemble(core, form.traversal, bias, (form.inner,))
 
@@ -260,7 +275,7 @@ def _check_roles(
 ) -> Failure | None:
     roles = batch + ([f] if f else []) + [sp.o for sp in spatial]
     c = channel.c if channel else None
-    sums = ([c] if c else []) + [sp.k for sp in spatial]
+    sums = ([c] if c else []) + [sp.k for sp in spatial if sp.k is not None]
     if len(set(roles)) != len(roles) or len(set(sums)) != len(sums):
         return Failure("an iterator plays two roles (batch, channel, spatial)")
     for t in scope.traversal:
@@ -369,6 +384,9 @@ def _conv_attempt(scope: ir.Scope, x: ir.Access, w: ir.Access, scale: float, ctx
                 spatial.append(_Spatial(j, o, k, coeffs[o], coeffs[k], e))
                 continue
             if len(ts) == 1 and not ks and ts[0] not in weight:
+                if coeffs[ts[0]] > 1:  # s*o + e: a 1-wide kernel with stride s
+                    spatial.append(_Spatial(j, ts[0], None, coeffs[ts[0]], 1, e))
+                    continue
                 if coeffs[ts[0]] != 1:
                     return Failure(f"batch index {idx} is not a bare iterator")
                 batch_dims.append((j, ts[0], e))
@@ -392,6 +410,14 @@ def _conv_attempt(scope: ir.Scope, x: ir.Access, w: ir.Access, scale: float, ctx
     bad = _check_roles(scope, batch, f, channel, spatial, weight, x.iters() | weight)
     if bad:
         return bad
+    if any(sp.k is None for sp in spatial):
+        order = (
+            [j for j, _, _ in batch_dims] + ([channel.dim] if channel else []) + [sp.dim for sp in spatial]
+        )
+        if order != sorted(order):
+            return Failure(
+                "a strided read without a kernel iterator outside Conv's [batch, channel, spatial] order"
+            )
     flips = [sp.k for sp in spatial if sp.d < 0]
     slices: list[tuple[int, int, int, int]] = []
     pads: dict[int, tuple[int, int]] = {}
@@ -399,13 +425,14 @@ def _conv_attempt(scope: ir.Scope, x: ir.Access, w: ir.Access, scale: float, ctx
     for sp in spatial:
         d, e = sp.d, sp.e
         if d < 0:  # reversed kernel: k' = K-1-k
-            e, d = e + d * (sp.k.extent - 1), -d
-        length = (sp.o.extent - 1) * sp.s + (sp.k.extent - 1) * d + 1
+            e, d = e + d * (sp.width - 1), -d
+        length = (sp.o.extent - 1) * sp.s + (sp.width - 1) * d + 1
         start, end = max(e, 0), min(e + length, shape[sp.dim])
         if start >= end:
             return Failure(f"spatial index {x.indices[sp.dim]} reads only padding")
-        if start > 0 or end < shape[sp.dim]:
-            slices.append((sp.dim, start, end, 1))
+        kept = shape[sp.dim] if shape[sp.dim] - end < sp.s else end  # Conv rounds < s extra positions away
+        if start > 0 or kept < shape[sp.dim]:
+            slices.append((sp.dim, start, kept, 1))
         conv_pads_begin.append(start - e)
         conv_pads_end.append(e + length - end)
         strides.append(sp.s)
@@ -414,10 +441,10 @@ def _conv_attempt(scope: ir.Scope, x: ir.Access, w: ir.Access, scale: float, ctx
     if isinstance(x_op, Failure):
         return x_op
     c = channel.c if channel else None
-    w_groups = [(f,) if f else (), (c,) if c else ()] + [(sp.k,) for sp in spatial]
+    w_groups = [(f,) if f else (), (c,) if c else ()] + [(sp.k,) if sp.k else () for sp in spatial]
     w_steps = wv.steps + _flip(wv.labels, flips) + arrange(wv.labels, wv.shape, w_groups) + (Scale(scale),)
     attrs = (
-        ("kernel_shape", tuple(sp.k.extent for sp in spatial)),
+        ("kernel_shape", tuple(sp.width for sp in spatial)),
         ("strides", tuple(strides)),
         ("dilations", tuple(dilations)),
         ("pads", tuple(conv_pads_begin + conv_pads_end)),

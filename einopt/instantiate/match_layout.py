@@ -43,7 +43,7 @@ from einopt.instantiate.views import (
 )
 from einopt.rewrite import operands as chain_operands
 
-__all__ = ["CHECK_LIMIT", "layout_plan", "match_layout", "match_concat", "step_label"]
+__all__ = ["CHECK_LIMIT", "layout_plan", "match_layout", "match_flatten", "match_concat", "step_label"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,27 @@ def match_layout(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
     if isinstance(steps, Failure):
         return steps
     return Match(step_label(steps), (Operand(body.source, steps),))
+
+
+def match_flatten(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
+    """A layout that is one Reshape of ``X`` to ``[prod(shape[:axis]), prod(shape[axis:])]`` as ``Flatten``.
+
+    Not in the matching table (Reshape says the same); preferred for a scope
+    that was a Flatten originally. Of equal axes (size-1 dimensions), the last.
+    """
+    m = match_layout(scope, ctx)
+    if isinstance(m, Failure):
+        return m
+    (operand,) = m.operands
+    steps, shape = operand.steps, tuple(operand.source.shape)
+    if len(steps) != 1 or not isinstance(steps[0], Reshape) or len(steps[0].shape) != 2:
+        return Failure(f"the layout is {step_label(steps)}, not one Reshape to two dimensions")
+    rows = steps[0].shape[0]
+    axes = [a for a in range(len(shape) + 1) if math.prod(shape[:a]) == rows]
+    if not axes:
+        return Failure(f"no leading dimensions of {list(shape)} multiply to {rows}")
+    op = OpNode("Flatten", (0,), (("axis", axes[-1]),))
+    return Match("Flatten", (Operand(operand.source),), (op,))
 
 
 def layout_plan(traversal: Sequence[ir.Iter], acc: ir.Access) -> tuple[Step, ...] | Failure:

@@ -29,6 +29,7 @@ from einopt.instantiate.plan import (
     Context,
     Expand,
     Failure,
+    Literal,
     Pad,
     Reshape,
     Slice,
@@ -169,7 +170,7 @@ class View:
     dimension was read on its own (None when it shares a component).
     """
 
-    source: ir.Tensor | ir.Scope
+    source: ir.Tensor | ir.Scope | Literal
     labels: tuple[ir.Iter, ...]
     steps: tuple[Step, ...]
     valid: tuple[tuple[int, int] | None, ...]
@@ -338,7 +339,8 @@ def _split(idx: ir.IndexExpr, origin: int, name: str) -> tuple[list[ir.Iter], in
     if pf is None:
         return Failure(f"index {idx} of {name} is not affine in its iterators")
     coeffs, c = pf
-    order = sorted(coeffs, key=lambda it: (-abs(coeffs[it]), it.name))
+    # outer first; of equal coefficients, extent-1 iterators innermost (so names never decide)
+    order = sorted(coeffs, key=lambda it: (-abs(coeffs[it]), it.extent == 1, it.name))
     signs = {coeffs[it] > 0 for it in order}
     s = coeffs[order[-1]]
     stride = s
@@ -431,7 +433,8 @@ class BiasForm:
     """``L x: S[x] + beta * B[..]``: the inline scope ``S`` read at its own positions, plus a bias.
 
     ``traversal`` is the outer traversal in ``S``'s iterators; ``bias`` views
-    the bias access with labels translated to ``S``'s iterators.
+    the bias access with labels translated to ``S``'s iterators (a constant
+    bias ``S[..] + c`` is a scalar :class:`Literal` with no labels).
     """
 
     inner: ir.Scope
@@ -441,7 +444,8 @@ class BiasForm:
 
 
 def split_bias(scope: ir.Scope, ctx: Context) -> BiasForm | Failure:
-    """Recognise ``S[..] + B[..]`` (either order, ``beta * B`` allowed), S an inline summing scope."""
+    """Recognise ``S[..] + B[..]`` or ``S[..] + c`` (either order, ``beta * B`` allowed), S an inline
+    summing scope."""
     if scope.summation:
         return Failure("not a bias form: the outer scope sums")
     body = scope.body
@@ -465,6 +469,10 @@ def split_bias(scope: ir.Scope, ctx: Context) -> BiasForm | Failure:
         beta, bias = 1.0, other
         for c, a in _pairs_const(other):
             beta, bias = c, a
+        if isinstance(bias, ir.Const):  # a one-element bias the importer turned into a constant
+            scalar = Literal(np.asarray(bias.value, dtype=np.float32))
+            traversal = tuple(to_inner[t] for t in scope.traversal)
+            return BiasForm(s, traversal, View(scalar, (), (), ()), beta)
         if not isinstance(bias, ir.Access):
             reasons.append("the bias term is not an access (or a constant times an access)")
             continue
