@@ -19,15 +19,22 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from einopt import bench
-from einopt.cache import MeasurementCache
+from einopt.cache import MeasurementCache, resolve_path
+from einopt.export import assemble
 from einopt.graphkey import content_key, timing_key
-from einopt.timing import NOISE_BAND, Comparison
-from einopt.verify import PartPair
+from einopt.timing import NOISE_BAND, Comparison, configure_threads
+from einopt.verify import PartPair, part_pairs
+
+if TYPE_CHECKING:
+    from einopt.frontend.translate import Part
+    from einopt.instantiate.emit import Instantiated
 
 log = logging.getLogger(__name__)
 
@@ -197,3 +204,81 @@ def accept_model(
         rounds.append(ModelRound(tuple(sorted(kept)), t, tuple(drop)))
         kept = kept[len(drop) :]
     return frozenset(), rounds
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What acceptance kept, what it measured, and what the report says about it."""
+
+    kept: frozenset[str]
+    verdicts: Mapping[str, Verdict]
+    rounds: tuple[ModelRound, ...]
+    notes: tuple[str, ...]
+    report: Mapping[str, object]
+
+
+def accept_rewrites(
+    original: onnx.ModelProto,
+    model: onnx.ModelProto,
+    parts: Mapping[str, Part],
+    emitted: Mapping[str, Instantiated],
+    feeds: Mapping[str, np.ndarray] | None,
+    *,
+    mode: str = "measured",
+    cache: bool | str | Path = True,
+    noise: float = NOISE_BAND,
+    part_budget_s: float = 1.0,
+    model_budget_s: float = 10.0,
+) -> Decision:
+    """Measured acceptance of verified rewrites that differ from their original nodes.
+
+    Parameters
+    ----------
+    original : onnx.ModelProto
+        The input model (the whole-model yardstick).
+    model : onnx.ModelProto
+        The prepared model the parts were cut from.
+    parts, emitted : mapping
+        Part name -> the part, and -> its verified instantiation.
+    feeds : mapping or None
+        Inputs to time on (None: nothing can be timed, nothing is accepted).
+    mode : {"measured", "verified"}
+        ``verified`` keeps every rewrite, untimed.
+    cache : bool or path
+        The measurement cache (True: the default file; False: this run only).
+    noise, part_budget_s, model_budget_s
+        See :class:`einopt.pipeline.Options`.
+    """
+    report: dict[str, object] = {"mode": mode, "timed": False, "noise_band": noise}
+    if mode == "verified":
+        note = "the output was not timed (--accept verified): it may be slower than the input"
+        return Decision(frozenset(emitted), {}, (), (note,) if emitted else (), report)
+    if not emitted:
+        return Decision(frozenset(), {}, (), (), report | {"rounds": [], "cache": None})
+    if feeds is None:
+        note = "no inputs to time the rewrites on: every subprogram keeps its original nodes"
+        return Decision(frozenset(), {}, (), (note,), report)
+    configure_threads()
+    store = MeasurementCache(resolve_path(cache))
+    try:
+        timer = Timer(store, part_budget_s=part_budget_s, model_budget_s=model_budget_s)
+        pairs = part_pairs(model, [parts[n] for n in emitted], emitted, feeds)
+        verdicts = judge_parts(pairs, timer, noise)
+        gains = {n: v.timing.speedup for n, v in verdicts.items() if v.accepted}
+
+        def build(names: frozenset[str]) -> onnx.ModelProto:
+            return assemble(model, {parts[n].nodes: emitted[n] for n in names})
+
+        kept, rounds = accept_model(original, feeds, build, gains, timer) if gains else (frozenset(), [])
+    finally:
+        store.close()
+    unreliable = [f"{n}: {v.timing.unreliable()}" for n, v in verdicts.items() if v.timing.unreliable()]
+    unreliable += [f"whole model: {r.timing.unreliable()}" for r in rounds if r.timing.unreliable()]
+    notes = (f"timings disturbed (treat them with care): {'; '.join(unreliable)}",) if unreliable else ()
+    report |= {
+        "timed": True,
+        "rounds": [r.as_dict() for r in rounds],
+        "cache": store.describe(),
+        "unreliable": unreliable,
+    }
+    return Decision(kept, verdicts, tuple(rounds), notes, report)

@@ -40,6 +40,15 @@ def default_path() -> Path:
     return Path(platformdirs.user_cache_dir("einopt")) / "measurements.sqlite"
 
 
+def resolve_path(cache: bool | str | Path | None) -> Path | None:
+    """The file an ``Options.cache`` value names: True the default, False/None none, else the path."""
+    if cache is True:
+        return default_path()
+    if cache is False or cache is None:
+        return None
+    return Path(cache)
+
+
 @dataclasses.dataclass
 class Stats:
     """What the cache did during one run."""

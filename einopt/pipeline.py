@@ -22,23 +22,21 @@ import numpy as np
 import onnx
 
 from einopt import modelio
-from einopt.accept import ModelRound, Timer, Verdict, accept_model, is_unchanged, judge_parts
-from einopt.cache import MeasurementCache, default_path
+from einopt.accept import Decision, ModelRound, Verdict, accept_rewrites, is_unchanged
 from einopt.errors import UnsupportedModelError
 from einopt.export import assemble
 from einopt.frontend.fold import prepare
 from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset
 from einopt.frontend.translate import Part, translate_graph
-from einopt.instantiate.emit import Instantiated, instantiate
+from einopt.instantiate.emit import Instantiated, instantiate, original_ops
 from einopt.report import REPORT_VERSION, STATUSES
 from einopt.syntax import format_expr
-from einopt.timing import NOISE_BAND, configure_threads
+from einopt.timing import NOISE_BAND
 from einopt.verify import (
     Comparison,
     Tolerance,
     compare_models,
     first_line,
-    part_pairs,
     verification_inputs,
     verify_parts,
 )
@@ -270,7 +268,7 @@ def _rewrite(
     by_name = {p.name: p for p in parts}
     clock("translate")
     # The search (rules + distance-guided exploration) plugs in here; depth 0 keeps the translation.
-    emitted, reasons = _instantiate(parts, opset, {f.name for f in original.functions})
+    emitted, reasons = _instantiate(model, parts, opset, {f.name for f in original.functions})
     clock("instantiate")
 
     checks: dict[str, Comparison] = {}
@@ -287,7 +285,18 @@ def _rewrite(
     unchanged = _unchanged(model, by_name, emitted)
     for name in unchanged:
         del emitted[name]
-    decided = _accept(original, model, by_name, emitted, datasets, options)
+    decided = accept_rewrites(
+        original,
+        model,
+        by_name,
+        emitted,
+        datasets[0] if datasets else _timing_feeds(original, options),
+        mode=options.accept,
+        cache=options.cache,
+        noise=options.noise,
+        part_budget_s=options.part_budget_s,
+        model_budget_s=options.model_budget_s,
+    )
     clock("accept")
     kept = {n: emitted[n] for n in decided.kept}
 
@@ -357,68 +366,6 @@ def _unchanged(
     }
 
 
-@dataclasses.dataclass(frozen=True)
-class _Decision:
-    kept: frozenset[str]
-    verdicts: Mapping[str, Verdict]
-    rounds: tuple[ModelRound, ...]
-    notes: tuple[str, ...]
-    report: Mapping[str, object]
-
-
-def _accept(
-    original: onnx.ModelProto,
-    model: onnx.ModelProto,
-    by_name: Mapping[str, Part],
-    emitted: Mapping[str, Instantiated],
-    datasets: Sequence[Mapping[str, np.ndarray]],
-    options: Options,
-) -> _Decision:
-    """Measured acceptance of the verified, changed parts (``accept="verified"`` keeps them all, untimed)."""
-    report: dict[str, object] = {"mode": options.accept, "timed": False, "noise_band": options.noise}
-    if options.accept == "verified":
-        note = "the output was not timed (--accept verified): it may be slower than the input"
-        return _Decision(frozenset(emitted), {}, (), (note,) if emitted else (), report)
-    if not emitted:
-        return _Decision(frozenset(), {}, (), (), report | {"rounds": [], "cache": None})
-    feeds = datasets[0] if datasets else _timing_feeds(original, options)
-    if feeds is None:
-        note = "no inputs to time the rewrites on: every subprogram keeps its original nodes"
-        return _Decision(frozenset(), {}, (), (note,), report)
-    configure_threads()
-    cache = MeasurementCache(_cache_path(options.cache))
-    try:
-        timer = Timer(cache, part_budget_s=options.part_budget_s, model_budget_s=options.model_budget_s)
-        parts = [by_name[n] for n in emitted]
-        verdicts = judge_parts(part_pairs(model, parts, emitted, feeds), timer, options.noise)
-        gains = {n: v.timing.speedup for n, v in verdicts.items() if v.accepted}
-
-        def build(names: frozenset[str]) -> onnx.ModelProto:
-            return assemble(model, {by_name[n].nodes: emitted[n] for n in names})
-
-        kept, rounds = accept_model(original, feeds, build, gains, timer) if gains else (frozenset(), [])
-    finally:
-        cache.close()
-    unreliable = [f"{n}: {v.timing.unreliable()}" for n, v in verdicts.items() if v.timing.unreliable()]
-    unreliable += [f"whole model: {r.timing.unreliable()}" for r in rounds if r.timing.unreliable()]
-    notes = (f"timings disturbed (treat them with care): {'; '.join(unreliable)}",) if unreliable else ()
-    report |= {
-        "timed": True,
-        "rounds": [r.as_dict() for r in rounds],
-        "cache": cache.describe(),
-        "unreliable": unreliable,
-    }
-    return _Decision(kept, verdicts, tuple(rounds), notes, report)
-
-
-def _cache_path(cache: bool | str | Path) -> Path | None:
-    if cache is True:
-        return default_path()
-    if cache is False or cache is None:
-        return None
-    return Path(cache)
-
-
 def _timing_feeds(model: onnx.ModelProto, options: Options) -> dict[str, np.ndarray] | None:
     try:
         return modelio.random_inputs(model, options.seed, dict(options.input_shapes))
@@ -436,9 +383,9 @@ def _untouched(model: onnx.ModelProto, reason: str) -> Result:
 
 
 def _instantiate(
-    parts: Sequence[Part], opset: int, taken: set[str]
+    model: onnx.ModelProto, parts: Sequence[Part], opset: int, taken: set[str]
 ) -> tuple[dict[str, Instantiated], dict[str, str]]:
-    """Instantiate every translated part; a part that fails passes through with the reason."""
+    """Instantiate every translated part (preferring its original operators); a part that fails passes through."""
     emitted: dict[str, Instantiated] = {}
     reasons: dict[str, str] = {}
     for p in parts:
@@ -452,6 +399,7 @@ def _instantiate(
                 opset=opset,
                 prefix=p.name + "/",
                 taken_function_names=taken,
+                preferred=original_ops(model, p),
             )
         except Exception as e:  # noqa: BLE001 - one bad part must not sink the model; the report says why
             log.warning("%s: instantiation failed, passing through: %s", p.name, first_line(e))
@@ -485,7 +433,7 @@ def _part_result(
     emitted: Mapping[str, Instantiated],
     kept: Mapping[str, Instantiated],
     unchanged: set[str],
-    decided: _Decision,
+    decided: Decision,
     reasons: Mapping[str, str],
     checks: Mapping[str, Comparison],
     options: Options,

@@ -91,13 +91,12 @@ def tiny_model(nodes, inputs, outputs, inits=(), functions=()) -> onnx.ModelProt
     return m
 
 
-def flatten_head(seed: int = 0) -> onnx.ModelProto:
-    """Flatten -> Gemm(+bias) -> Relu: re-instantiated as other nodes (Reshape + Gemm), so it gets timed."""
-    rng = np.random.default_rng(seed)
-    inits = {"W": _w(rng, 128, 10), "B": _w(rng, 10)}
-    nodes = [
-        helper.make_node("Flatten", ["x"], ["f"], name="flatten"),
-        helper.make_node("Gemm", ["f", "W", "B"], ["g"], name="fc"),
-        helper.make_node("Relu", ["g"], ["y"], name="relu"),
-    ]
-    return make(nodes, [("x", [1, 8, 4, 4])], [("y", [1, 10])], inits, name="flatten_head")
+def disable_operators(monkeypatch) -> None:
+    """No predefined operator matches: every subprogram becomes an eOperator (so it differs from the original)."""
+    from einopt.instantiate import emit, match
+    from einopt.instantiate.plan import Failure
+
+    monkeypatch.setattr(
+        emit, "MATCHERS", {"Nothing": lambda scope, ctx=None: Failure("disabled for this test")}
+    )
+    monkeypatch.setattr(match, "PREFERRED", {})

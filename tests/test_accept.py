@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper, numpy_helper
-from onnx_models import conv_block
+from onnx_models import conv_block, disable_operators
 
 from einopt import accept, pipeline
 from einopt.accept import Timer, accept_model
@@ -28,16 +28,6 @@ def _t(ms: float) -> Timing:
 
 def _cmp(before: float, after: float) -> Comparison:
     return Comparison(_t(before), _t(after), 3, 0.0)
-
-
-def _eop_everything(monkeypatch):
-    """No predefined operator matches: every subprogram becomes an eOperator (so it differs from the original)."""
-    from einopt.instantiate import emit
-    from einopt.instantiate.plan import Failure
-
-    monkeypatch.setattr(
-        emit, "MATCHERS", {"Nothing": lambda scope, ctx=None: Failure("disabled for this test")}
-    )
 
 
 def _fake_time_models(monkeypatch, part_speedup: float, model_speedup):
@@ -106,7 +96,7 @@ def test_a_slowed_rewrite_is_not_accepted_and_the_output_is_the_input(monkeypatc
 
 def test_a_slow_whole_model_is_rolled_back(monkeypatch, tmp_path):
     """Every part is faster on its own, the whole model is slower: everything is rolled back."""
-    _eop_everything(monkeypatch)
+    disable_operators(monkeypatch)
     calls = _fake_time_models(monkeypatch, 1.5, lambda m: 0.8)
     model = conv_block()
     result = optimize(model, Options(cache=False))
@@ -121,7 +111,7 @@ def test_a_slow_whole_model_is_rolled_back(monkeypatch, tmp_path):
 
 
 def test_a_fast_whole_model_keeps_its_rewrites(monkeypatch):
-    _eop_everything(monkeypatch)
+    disable_operators(monkeypatch)
     _fake_time_models(monkeypatch, 1.5, lambda m: 1.2)
     model = conv_block()
     result = optimize(model, Options(cache=False))
@@ -155,7 +145,7 @@ def test_rollback_order_smallest_gain_first_and_bisection():
 
 
 def test_second_run_measures_nothing_new(monkeypatch, tmp_path):
-    _eop_everything(monkeypatch)
+    disable_operators(monkeypatch)
     path = tmp_path / "cache.sqlite"
     first = optimize(conv_block(), Options(cache=path))
     made, hits = first.acceptance["cache"]["measured"], first.acceptance["cache"]["hits"]
@@ -195,7 +185,7 @@ def test_unusable_cache_file_is_a_warning_not_a_failure(tmp_path, caplog):
 
 
 def test_accept_verified_keeps_rewrites_untimed(monkeypatch):
-    _eop_everything(monkeypatch)
+    disable_operators(monkeypatch)
     calls = _fake_time_models(monkeypatch, 0.5, lambda m: 0.5)
     result = optimize(conv_block(), Options(accept="verified"))
     assert calls == {"parts": 0, "models": 0}

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from onnx_models import conv_block, flatten_head, lstm_cell
+from onnx_models import conv_block, disable_operators, lstm_cell
 
 from einopt.cli import EXIT_CODES, main
 from einopt.measure import measure_parts
@@ -33,8 +33,9 @@ def _save(model, path):
     return path
 
 
-def test_optimize_bench_writes_timed_report_and_html(tmp_path):
-    src = _save(flatten_head(), tmp_path / "in.onnx")
+def test_optimize_bench_writes_timed_report_and_html(tmp_path, monkeypatch):
+    disable_operators(monkeypatch)  # every subprogram becomes an eOperator, timed by acceptance
+    src = _save(conv_block(), tmp_path / "in.onnx")
     out, report, html = tmp_path / "out.onnx", tmp_path / "r.json", tmp_path / "r.html"
     result = run("optimize", src, "-o", out, "--bench", *QUICK, "--report", report, "--html", html)
     assert result.exit_code == 0, result.output
@@ -103,8 +104,9 @@ def test_bad_bench_options_fail_before_running(tmp_path, args, code):
     assert not out.exists()
 
 
-def test_measure_parts_times_every_rewritten_part():
-    result = optimize(flatten_head(), Options(seed=0, accept="verified"))
+def test_measure_parts_times_every_rewritten_part(monkeypatch):
+    disable_operators(monkeypatch)
+    result = optimize(conv_block(), Options(seed=0, accept="verified"))
     timings = measure_parts(result, min_runs=3, max_runs=3, budget_s=0.1)
     rewritten = {p.name for p in result.parts if p.status == "rewritten"}
     assert set(timings) == rewritten

@@ -98,17 +98,19 @@ def test_max_depth_needs_the_search_in_cli_and_api_alike(tmp_path):
         Options(max_depth=2)
 
 
-def test_accept_verified_and_cache_flags(tmp_path):
-    from onnx_models import flatten_head
+def test_accept_verified_and_cache_flags(tmp_path, monkeypatch):
+    from onnx_models import disable_operators
 
-    src = _save(flatten_head(), tmp_path / "in.onnx")
+    disable_operators(monkeypatch)  # every subprogram becomes an eOperator, so there is something to time
+    src = _save(conv_block(), tmp_path / "in.onnx")
     cache, report = tmp_path / "c" / "m.sqlite", tmp_path / "r.json"
     for _ in range(2):
         result = run("optimize", src, "-o", tmp_path / "o.onnx", "--cache", cache, "--report", report)
         assert result.exit_code == 0, result.output
     data = json.loads(report.read_text())
-    assert data["acceptance"]["cache"] == {"path": str(cache), "hits": 1, "measured": 0}
-    assert "1 from the cache" in result.output or "from the cache" in result.output
+    assert data["acceptance"]["cache"]["path"] == str(cache)
+    assert data["acceptance"]["cache"]["measured"] == 0 and data["acceptance"]["cache"]["hits"] >= 3
+    assert "0 timings made" in result.output and "from the cache" in result.output
     result = run("optimize", src, "-o", tmp_path / "o.onnx", "--accept", "verified", "--report", report)
     assert result.exit_code == 0 and "not timed" in result.output
     assert json.loads(report.read_text())["acceptance"]["mode"] == "verified"
