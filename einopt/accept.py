@@ -71,14 +71,19 @@ class Timer:
         self.max_runs = max_runs
 
     def _time(self, before, after, fa, fb, budget: float, what: str) -> Comparison:
+        """Cached; a disturbed timing (cached or new) is made once more, and that one stays."""
         key = self.cache.key(timing_key(before, fa), timing_key(after, fb))
-        return self.cache.measure(
-            key,
-            what,
-            lambda: bench.time_models(
+
+        def timer() -> Comparison:
+            return bench.time_models(
                 before, after, fa, fb, min_runs=self.min_runs, max_runs=self.max_runs, budget_s=budget
-            ),
-        )
+            )
+
+        c = self.cache.measure(key, what, timer)
+        if c.unreliable():
+            log.info("%s: timing disturbed (%s), timing it again", what, c.unreliable())
+            c = self.cache.measure(key, what, timer, fresh=True)
+        return c
 
     def part(self, pair: PartPair) -> Comparison:
         """The rewritten nodes against the original nodes, on the values that reach them."""
@@ -155,11 +160,14 @@ def judge_parts(pairs: Iterable[PartPair], timer: Timer, band: float = NOISE_BAN
     verdicts: dict[str, Verdict] = {}
     for pair in pairs:
         t = timer.part(pair)
-        if t.faster(band):
+        ok = t.faster(band) and not t.unreliable()
+        if ok:
             reason = f"measured {t.speedup:.2f}x faster on its own"
+        elif t.unreliable():
+            reason = f"not accepted: its timing was disturbed twice ({t.speedup:.2f}x; {t.unreliable()})"
         else:
             reason = f"not faster than the original nodes ({t.speedup:.2f}x; needs >= {1 + band:.2f}x)"
-        verdicts[pair.name] = Verdict(pair.name, t.faster(band), t, reason)
+        verdicts[pair.name] = Verdict(pair.name, ok, t, reason)
         log.info("%s: %s", pair.name, reason)
     return verdicts
 
@@ -172,6 +180,10 @@ def accept_model(
     timer: Timer,
 ) -> tuple[frozenset[str], list[ModelRound]]:
     """Roll back accepted rewrites until the assembled model is not slower than the input.
+
+    A whole-model timing that stays disturbed after a second try (see
+    :meth:`Timer.model`) rolls back everything: a rewrite is kept only when
+    the model is measured not slower.
 
     Parameters
     ----------
@@ -196,10 +208,14 @@ def accept_model(
     rounds: list[ModelRound] = []
     while kept:
         t = timer.model(original, build(frozenset(kept)), feeds)
-        if t.speedup >= 1.0:
+        if t.speedup >= 1.0 and not t.unreliable():
             rounds.append(ModelRound(tuple(sorted(kept)), t, ()))
             return frozenset(kept), rounds
-        drop = kept[: len(kept) // 2] if len(kept) > BISECT_FROM else kept[:1]
+        if t.unreliable():  # what cannot be measured is not kept
+            log.info("whole-model timing disturbed (%s): rolling back every rewrite", t.unreliable())
+            drop = kept
+        else:
+            drop = kept[: len(kept) // 2] if len(kept) > BISECT_FROM else kept[:1]
         log.info("whole model %.2fx: rolling back %s", t.speedup, ", ".join(drop))
         rounds.append(ModelRound(tuple(sorted(kept)), t, tuple(drop)))
         kept = kept[len(drop) :]

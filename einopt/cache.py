@@ -135,9 +135,11 @@ class MeasurementCache:
         except sqlite3.Error as e:  # a full disk or a locked file must not sink the run
             log.warning("cannot write to the measurement cache %s: %s", self.path, e)
 
-    def measure(self, key: str, what: str, timer: Callable[[], Comparison]) -> Comparison:
-        """The cached comparison under ``key``, or ``timer()``'s (then cached)."""
-        found = self.get(key)
+    def measure(
+        self, key: str, what: str, timer: Callable[[], Comparison], fresh: bool = False
+    ) -> Comparison:
+        """The cached comparison under ``key``, or ``timer()``'s (then cached; ``fresh``: always time)."""
+        found = None if fresh else self.get(key)
         if found is not None:
             self.stats.hits += 1
             return found

@@ -258,26 +258,48 @@ def part_pairs(
     """
     nodes = list(model.graph.node)
     boundary: dict[str, tuple[list[str], list[str]]] = {}
+    # The model's constants stay constants in the part models (as initializers, not fed
+    # inputs): ORT prepacks and folds constant weights, so timing them as inputs is unfair.
+    fed = {i.name for i in model.graph.input}
+    consts = {t.name: t for t in model.graph.initializer if t.name not in fed}
     for p in parts:
         inst = emitted[p.name]
         old = [nodes[i] for i in p.nodes]
-        boundary[p.name] = (_reads(old), _reads(inst.nodes, {t.name for t in inst.initializers}))
+        boundary[p.name] = (
+            _reads(old, set(consts)),
+            _reads(inst.nodes, {t.name for t in inst.initializers} | set(consts)),
+        )
     for group in _groups(parts, boundary, _value_bytes(model, feeds), max_bytes):
         values = capture(model, feeds, {n for p in group for n in sum(boundary[p.name], [])})
         for p in group:
             inst = emitted[p.name]
             outputs = [p.names[o] for o in p.program.outputs]
             old_in, new_in = boundary[p.name]
+            old_nodes = [nodes[i] for i in p.nodes]
             old_feeds = {n: values[n] for n in old_in}
             new_feeds = {n: values[n] for n in new_in}
             yield PartPair(
                 p.name,
-                subgraph_model(model, [nodes[i] for i in p.nodes], old_feeds, outputs),
+                subgraph_model(model, old_nodes, old_feeds, outputs, _constants(old_nodes, consts)),
                 old_feeds,
-                subgraph_model(model, inst.nodes, new_feeds, outputs, inst.initializers, inst.functions),
+                subgraph_model(
+                    model,
+                    inst.nodes,
+                    new_feeds,
+                    outputs,
+                    [*inst.initializers, *_constants(inst.nodes, consts)],
+                    inst.functions,
+                ),
                 new_feeds,
             )
         del values
+
+
+def _constants(
+    nodes: Sequence[onnx.NodeProto], consts: Mapping[str, onnx.TensorProto]
+) -> list[onnx.TensorProto]:
+    """The model constants ``nodes`` read, in first-read order."""
+    return [consts[n] for n in dict.fromkeys(i for node in nodes for i in node.input) if n in consts]
 
 
 def _value_bytes(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
