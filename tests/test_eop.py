@@ -432,3 +432,21 @@ def test_products_of_sums_are_distributed():
         helper.get_attribute_value(n.attribute[0]) for n in e.function.node if n.op_type == "Einsum"
     )
     assert equations == [b"ac,c->a", b"cb,c->b"]
+
+
+def test_a_read_outside_its_source_times_infinity_is_nan_as_in_the_interpreter():
+    """``0 * inf`` is NaN: a product with a read that is always outside its source is computed, not dropped."""
+    a, b = tensor("A", (4,)), tensor("B", (4, 2))
+    i, k = einopt.iters("i:4 k:2")
+    scope = L(i)(einopt.Sum(k)(a[i + 10] * b[i, k] + b[i, k]))
+    e = eoperator(scope, "ZeroTimesInf", 17)
+    model = _model(e, scope, 17)
+    onnx.checker.check_model(model, full_check=True)
+    arrays = {"A": np.ones(4, np.float32), "B": np.ones((4, 2), np.float32)}
+    arrays["B"][1, 0] = np.inf
+    feeds = {f"x{k}": arrays[s.name] for k, s in enumerate(e.sources)}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, feeds)
+    want = evaluate(scope, {n: v.astype(np.float64) for n, v in arrays.items()})
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[1]) and np.isfinite(np.delete(got, 1)).all()

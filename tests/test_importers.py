@@ -342,7 +342,9 @@ def test_conv_bias_form() -> None:
 
 
 def convt(id: str, x: tuple, w: tuple, bias: bool = False, **attrs) -> Case:
-    inputs = [("x", x), ("w", w)] + ([("b", (w[1] * attrs.get("group", 1),))] if bias else [])
+    """A ConvTranspose with a constant (finite) weight: a graph-input weight is refused (see below)."""
+    weight = np.random.default_rng(zlib.crc32(id.encode())).uniform(-2, 2, w).astype(F32)
+    inputs = [("x", x), ("w", weight)] + ([("b", (w[1] * attrs.get("group", 1),))] if bias else [])
     return Case(id, "ConvTranspose", inputs, attrs)
 
 
@@ -389,6 +391,20 @@ def convt(id: str, x: tuple, w: tuple, bias: bool = False, **attrs) -> Case:
 )
 def test_conv_transpose(case: Case) -> None:
     check(case)
+
+
+@pytest.mark.parametrize("w", ["input", "inf"])
+def test_conv_transpose_refuses_weights_that_may_be_infinite(w: str) -> None:
+    # ONNX Runtime never multiplies the inserted zeros or border taps by W; the expression
+    # would (0 * inf = NaN), so W must be a constant with finite entries.
+    weight = (2, 3, 3, 1) if w == "input" else np.full((2, 3, 3, 1), np.inf, F32)
+    model, _ = build(Case("ct", "ConvTranspose", [("x", (1, 2, 4, 3)), ("w", weight)], {"strides": [2, 1]}))
+    with pytest.raises(Unsupported, match="not a constant known to be finite"):
+        translate_single_node(model)
+
+
+def test_conv_transpose_graph_input_weight_without_implicit_zeros() -> None:
+    check(Case("ct-1x1", "ConvTranspose", [("x", (1, 2, 4, 3)), ("w", (2, 3, 1, 1))]))
 
 
 def test_conv_transpose_stride_reads_zero_insertion_scope() -> None:
@@ -674,7 +690,8 @@ _BACKEND_MODULES = (
 ).split()
 
 # Inputs the suite feeds as data that a real model has as constants.
-_CONSTANT_INPUTS = {"BatchNormalization": {1, 2, 3, 4}, "Clip": {1, 2}, "Pad": {2}}
+# ConvTranspose: its weight is translated only as a constant known to be finite.
+_CONSTANT_INPUTS = {"BatchNormalization": {1, 2, 3, 4}, "Clip": {1, 2}, "Pad": {2}, "ConvTranspose": {1}}
 
 _BACKEND_REFUSED = {
     "test_matmul_1d_1d": "rank 0",

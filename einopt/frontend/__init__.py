@@ -12,7 +12,8 @@ Translation conventions (the instantiation side relies on them at depth 0):
 * Element-wise: ``L i: A[i] op B[i]``; ``Sum`` nests ``+``; ``Neg`` is
   ``neg(X[i])``; activations are unary functions (``relu``, ``sigmoid``,
   ``tanh``, ``exp``, ``abs``, ``sqrt``, ``leaky_relu(x, alpha)``); ``PRelu`` is
-  ``max(X, 0) + A * min(X, 0)``; ``Clip`` is ``min(max(X, lo), hi)``.
+  ``max(X, 0) + A * min(X, 0)``; ``Clip`` is ``min(max(X, lo), hi)``
+  (an absent bound is ONNX's default ``-+FLT_MAX``; an infinite one is left out).
 * MatMul: ``L b.., m, n Sum k: A[b.., m, k] * B[b.., k, n]`` (numpy rules for
   1-D operands and batch broadcasting).
 * Gemm: the contraction ``S = L m, n Sum k: A[m, k] * B[k, n]`` (transposes
@@ -30,6 +31,9 @@ Translation conventions (the instantiation side relies on them at depth 0):
   through the zero-insertion scope ``U = L n, c, i0, p0, i1, p1..: X[n, c, i0, i1..]``
   with every ``p`` in ``[0, 1)``, as ``U[n, ch, (o + pb - k*d) // s, (o + pb - k*d) % s, ..]``
   (reads with a non-zero remainder fall outside ``p``'s range and are 0).
+  A ConvTranspose whose form reads such zeros (or border taps) is translated
+  only when ``W`` is a constant with finite entries: ONNX Runtime never
+  multiplies those zeros by weights, and ``0 * inf`` is NaN.
 * Layout: Transpose ``X[permuted iterators]``; Slice/Split ``X[i*step + start]``;
   Pad (constant 0, negative pads crop) ``X[i - pb]``; Concat
   ``A[.., i, ..] + B[.., i - offset, ..] + ..``; Squeeze/Unsqueeze index removed

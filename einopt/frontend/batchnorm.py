@@ -152,7 +152,7 @@ def _match_bn(
     consts: Mapping[str, TensorProto],
     reads: Mapping[str, int],
     outputs: set[str],
-    opset: int,
+    opset: int | None,
 ) -> tuple[onnx.NodeProto, np.ndarray, np.ndarray, dict[str, float]] | str:
     """``(producer, weight, bias, attrs)`` to fold ``bn`` into its producer, or the reason it cannot."""
     attrs = {a.name: a for a in bn.attribute}
@@ -170,7 +170,7 @@ def _match_bn(
     x = bn.input[0]
     if reads[x] != 1 or x in outputs or len(prod.output) != 1:
         return f"{prod.op_type} output is used elsewhere"
-    if prod.op_type == "Gemm" and opset < 7:
+    if prod.op_type == "Gemm" and (opset is None or opset < 7):
         return "Gemm before opset 7"
     weight_inputs = [i for i in prod.input[1:3] if i]
     if any(i not in consts for i in weight_inputs):

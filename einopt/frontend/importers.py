@@ -133,7 +133,7 @@ def translate_single_node(
     if len(graph.node) != 1:
         raise ValueError(f"expected a model of one node, got {len(graph.node)}")
     (node,) = graph.node
-    opset = default_opset(model)
+    opset = default_opset(model) or 0
     types = {vi.name: vi.type for vi in (*graph.input, *graph.value_info, *graph.output)}
     values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     values.update({k: np.asarray(v) for k, v in (constants or {}).items()})

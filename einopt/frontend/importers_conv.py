@@ -13,11 +13,19 @@ scope ``U = L n, c, i0, p0, ..: X[n, c, i0, ..]`` (every ``p`` in ``[0, 1)``)
 at ``U[n, ch, e // s, e % s, ..]`` for ``e = o + pb - r*d``. A bias adds
 ``L n, f, o..: S[n, f, o..] + B[f]``. ``ch`` is ``c`` for one group and
 ``Cg * (f // Fg) + c`` otherwise (``Cg``/``Fg`` = input/output channels per group).
+
+ONNX Runtime's ConvTranspose never multiplies the zeros this gather form reads
+(border taps, inserted zeros) by a weight, and ``0 * inf`` is NaN: a
+ConvTranspose that reads such zeros is translated only when ``W`` is a
+constant with finite entries. (Conv's padding is multiplied, in ONNX Runtime
+too.)
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+import numpy as np
 
 from einopt import ir
 from einopt.frontend.operand import (
@@ -32,7 +40,7 @@ from einopt.frontend.operand import (
     numbered,
     operand_shape,
 )
-from einopt.index import simplify
+from einopt.index import bounds, simplify
 
 __all__ = ["CONV_IMPORTERS"]
 
@@ -214,6 +222,7 @@ def import_conv_transpose(view: NodeView) -> tuple[ir.Scope, ...]:
     taps = [
         simplify(oi + pb - ri * d) for oi, ri, d, pb in zip(o, r, geo.dilations, geo.pads_begin, strict=True)
     ]
+    _check_implicit_zeros(w, xs, taps, geo.strides)
     if all(s == 1 for s in geo.strides):
         x_read = access(x, (n, ch, *taps))
     else:
@@ -225,6 +234,25 @@ def import_conv_transpose(view: NodeView) -> tuple[ir.Scope, ...]:
     w_read = access(w, (ch, simplify(f % out_per_group), *r))
     s = ir.Scope((n, f, *o), (c, *r), ir.Binary("*", x_read, w_read))
     return (_with_bias(view, s, filters),)
+
+
+def _check_implicit_zeros(w: Operand, xs: Shape, taps: list[ir.IndexExpr], strides: tuple[int, ...]) -> None:
+    """Refuse a ConvTranspose whose expression would multiply implicit zeros by weights that may be inf or NaN.
+
+    ONNX Runtime scatters ``X * W`` into the output and never multiplies the
+    zeros a gather form reads (border taps, inserted zeros, an ``output_shape``
+    margin) by a weight; the expression does, and ``0 * inf`` is NaN. So the
+    translation is exact only when those reads cannot occur or ``W`` is a
+    constant with finite entries.
+    """
+    if w.value is not None and np.isfinite(w.value).all():
+        return
+    in_range = all(0 <= bounds(t)[0] and bounds(t)[1] < n for t, n in zip(taps, xs[2:], strict=True))
+    if not in_range or any(s > 1 for s in strides):
+        raise Unsupported(
+            "ConvTranspose weight W is not a constant known to be finite: the expression would multiply "
+            "implicit zeros by it (0 * inf = NaN), which ONNX Runtime never does"
+        )
 
 
 def _zero_insertion(x: Operand, xs: Shape) -> ir.Scope:

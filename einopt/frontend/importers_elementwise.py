@@ -107,14 +107,18 @@ def import_prelu(view: NodeView) -> tuple[ir.Scope, ...]:
     return (_pointwise(view, [x, slope], body),)
 
 
-def _clip_bound(view: NodeView, index: int, attr: str) -> float | None:
-    """A Clip bound: an attribute before opset 11, an optional constant input since."""
+# ONNX Clip's default bounds: numeric_limits<float>::lowest() and max(), so +-inf clamp to +-FLT_MAX.
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def _clip_bound(view: NodeView, index: int, attr: str, default: float) -> float:
+    """A Clip bound: an attribute before opset 11, an optional constant input since; ``default`` if absent."""
     if view.opset < 11:
         value = view.attr(attr)
-        return None if value is None else float(value)
+        return default if value is None else float(value)
     operand = view.input(index)
     if operand is None:
-        return None
+        return default
     arr = constant(operand, f"Clip {attr}")
     if arr.size != 1 or arr.dtype.kind != "f":
         raise Unsupported(f"Clip {attr} must be one float, got {arr.dtype} of shape {list(arr.shape)}")
@@ -122,18 +126,17 @@ def _clip_bound(view: NodeView, index: int, attr: str) -> float | None:
 
 
 def import_clip(view: NodeView) -> tuple[ir.Scope, ...]:
-    """``min(max(X, lo), hi)``; an absent (or infinite) bound is left out."""
+    """``min(max(X, lo), hi)``; an absent bound is ``-+FLT_MAX`` (ONNX's default), an infinite one is left out."""
     x = float_data(view.input(0), "input X")
-    lo = _clip_bound(view, 1, "min")
-    hi = _clip_bound(view, 2, "max")
-    for v in (lo, hi):
-        if v is not None and math.isnan(v):
-            raise Unsupported("Clip bound is NaN")
+    lo = _clip_bound(view, 1, "min", -_FLT_MAX)
+    hi = _clip_bound(view, 2, "max", _FLT_MAX)
+    if math.isnan(lo) or math.isnan(hi):
+        raise Unsupported("Clip bound is NaN")
 
     def body(v: ir.ValueExpr) -> ir.ValueExpr:
-        if lo is not None and lo != -math.inf:
+        if lo != -math.inf:  # max(x, -inf) is x, NaN included
             v = ir.Binary("max", v, ir.Const(lo))
-        if hi is not None and hi != math.inf:
+        if hi != math.inf:
             v = ir.Binary("min", v, ir.Const(hi))
         return v
 

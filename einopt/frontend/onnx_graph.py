@@ -34,9 +34,13 @@ __all__ = [
 DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
-def default_opset(model: onnx.ModelProto) -> int:
-    """The model's default-domain opset version (1 when it imports none)."""
-    return next((int(o.version) for o in model.opset_import if o.domain in DEFAULT_DOMAINS), 1)
+def default_opset(model: onnx.ModelProto) -> int | None:
+    """The model's default-domain opset version; ``None`` when it imports none (e.g. only ``ai.onnx.ml``).
+
+    A model without a default-domain import has no default-domain nodes, so
+    nothing in it is translated; it is not "too old".
+    """
+    return next((int(o.version) for o in model.opset_import if o.domain in DEFAULT_DOMAINS), None)
 
 
 def subgraph_reads(graph: onnx.GraphProto) -> Iterable[str]:

@@ -50,7 +50,7 @@ class NodeView:
     node: onnx.NodeProto
     inputs: tuple[Operand | None, ...]  # None for an omitted optional input
     output_shapes: tuple[tuple[int, ...] | None, ...]  # from shape inference
-    opset: int  # default-domain opset version of the model
+    opset: int  # default-domain opset version of the model (0 when it imports none)
     attrs: dict[str, Any]
     # Registers a new constant tensor (e.g. folded BatchNormalization scales)
     # and returns the ir.Tensor to read it through. Set by the translator.

@@ -127,10 +127,12 @@ class _Translator:
     def view(self, node: onnx.NodeProto, operands: Mapping[str, Operand]) -> NodeView:
         inputs = tuple(operands[n] if n else None for n in node.input)
         shapes = tuple(self.types[o].shape if o in self.types else None for o in node.output)
-        return NodeView(node, inputs, shapes, self.opset, node_attrs(node), self._new_constant)
+        return NodeView(node, inputs, shapes, self.opset or 0, node_attrs(node), self._new_constant)
 
     def _new_constant(self, array: np.ndarray, hint: str) -> ir.Tensor:
-        name = self.names("c_" + hint)
+        # A fresh name per constant: two nodes with the same hint (two BatchNormalizations)
+        # must not share one (``self.names`` would map the same hint to the same name).
+        name = sanitize_name("c_" + hint, self.names.taken)
         arr = np.asarray(array, dtype=np.float32)
         self.new_constants[name] = arr
         return ir.Tensor(name, tuple(arr.shape))
@@ -139,6 +141,8 @@ class _Translator:
         """Translate one node; raises Unsupported with the reason it cannot be."""
         if node.op_type not in IMPORTERS or node.domain not in DEFAULT_DOMAINS:
             return import_node(self.view(node, operands))  # raises Unsupported with the reason
+        if self.opset is None:
+            raise Unsupported("the model imports no default-domain opset")
         for o in node.output:
             vt = self.types.get(o)
             if o and (vt is None or vt.elem_type != _FLOAT):

@@ -32,7 +32,9 @@ grouped into dimensions sharing iterators, each group merged and read with one
 products: a product summed over iterators is an ``Einsum`` (``Mul`` +
 ``ReduceSum`` before opset 12), a single summed factor a ``ReduceSum``, other
 arithmetic element-wise operators (``BINARY_OPS``, ``UNARY_OPS``) with ``Transpose``
-and ``Reshape`` lining operands up for broadcasting; terms are added.
+and ``Reshape`` lining operands up for broadcasting; terms are added. A term
+that is only a read outside its source is dropped; a product with such a read
+is computed (``0 * inf`` is NaN, as in the interpreter).
 
 This module holds the entry points and the lowering of the body; the rewrites
 are in :mod:`einopt.instantiate.eop_rewrite`, reading one access (planning,
@@ -257,6 +259,17 @@ def _terms(e: ir.ValueExpr) -> list[_Term]:
     return [(1.0, (e,))]
 
 
+def _is_zero(coef: float, factors: tuple[ir.ValueExpr, ...]) -> bool:
+    """A term that is 0 everywhere: a finite coefficient times one read outside its source.
+
+    ``0 * x`` is NaN for an infinite or NaN ``x`` (IEEE, and the interpreter), so
+    a zero read times another factor is kept: the term is computed, as the
+    specification and ONNX Runtime's own kernels (Conv's padding) compute it.
+    """
+    (only,) = factors if len(factors) == 1 else (None,)
+    return isinstance(only, ir.Access) and reads_nothing(only) and math.isfinite(coef)
+
+
 def _uneven(e: ir.ValueExpr, terms: list[_Term]) -> bool:
     """True when some term of ``e`` depends on fewer iterators than ``e``."""
     its = e.iters()
@@ -325,7 +338,7 @@ class _Lowerer:
         parts = [
             self.term(coef, factors)
             for coef, factors in _terms(self.scope.body)
-            if not any(isinstance(f, ir.Access) and reads_nothing(f) for f in factors)
+            if not _is_zero(coef, factors)
         ]
         if not parts:
             return self.zero()

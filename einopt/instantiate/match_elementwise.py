@@ -11,6 +11,7 @@ combinations to single operators first: PRelu, Clip.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -215,4 +216,9 @@ def match_elementwise(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Fai
     first = next((d for d, t in enumerate(scope.traversal) if t in present), len(scope.traversal))
     groups = [(t,) if t in present else () for t in scope.traversal[first:]]
     label = "+".join(dict.fromkeys(op.op_type for op in ops))
-    return Match(label, tuple(b.operands), ops, finish(groups, scope.traversal))
+    post = finish(groups, scope.traversal)
+    rank = max(len(o.shape) for o in b.operands)
+    if rank < len(groups):  # every operand dropped leading size-1 dims, so the result lacks them too
+        grouped = tuple(math.prod(t.extent for t in g) for g in groups)
+        post = normalize((Reshape(grouped), *post), grouped[len(groups) - rank :])
+    return Match(label, tuple(b.operands), ops, post)

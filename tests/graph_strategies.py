@@ -1,0 +1,895 @@
+"""Random *valid* ONNX models over every operator the importers translate, and their input data.
+
+    >>> from graph_strategies import graphs, feeds
+    >>> @given(graphs(), st.integers(0, 2**32 - 1))
+    ... def test_x(case, seed):
+    ...     data = feeds(case, np.random.default_rng(seed), "special")
+
+A graph is a chain or DAG of 2-8 operators (opset 17, float32), each drawn
+from :data:`OP_BUILDERS` (one builder per op type of
+``einopt.frontend.importers.IMPORTERS``) and applied to a value made so far
+(usually the newest one, so chains are long; sometimes an older one, so
+values fan out). A second operand is a new graph input, a constant
+initializer or an existing value of a fitting shape. Every value has at most
+``MAX_ELEMENTS`` elements. The builder computes every shape itself and
+declares the outputs with them; :func:`build_graph` checks the model with
+``onnx.checker`` (full check, so ONNX shape inference must agree), so a
+generator mistake fails loudly instead of producing a vacuous test.
+
+The same builders run on two sources of choices: :func:`graphs` (a
+Hypothesis strategy, which shrinks failures) and :class:`RngDraw` (a numpy
+generator, for ``scripts/fuzz.py``: graph ``k`` of seed ``s`` is
+reproducible from ``(s, k)`` alone).
+
+Input data (:func:`feeds`): ``"ordinary"`` values in ``[-2, 2)``,
+``"integer"`` exact small integers in ``[-3, 3]`` and ``"special"``
+values: ordinary ones mixed with ``0``, ``-0``, ``+-inf``, NaN, huge
+``+-1e30``, ``3e38`` and small integers. What "equal" means on them, and
+which (operator, value) combinations are left out and why, is in
+:data:`SPECIAL_VALUES` and the builders' ``exclude`` arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+import onnx
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+__all__ = [
+    "OPSET",
+    "MAX_ELEMENTS",
+    "SPECIAL_VALUES",
+    "OP_BUILDERS",
+    "GraphCase",
+    "RngDraw",
+    "build_graph",
+    "graphs",
+    "feeds",
+]
+
+T = TypeVar("T")
+
+OPSET = 17
+MAX_ELEMENTS = 1024
+MIN_OPS, MAX_OPS = 2, 8
+
+# Special input values by class. A class can be excluded per graph by a builder (see ``exclude``).
+#   zero: 0 and -0 (-0 may come back as +0: compare() sees no difference, and neither does IEEE ==)
+#   inf: +-inf; nan: NaN (its positions must match exactly)
+#   huge: +-1e30 (products of two overflow in every evaluation order; sums of a few do not), and
+#         3e38, next to FLT_MAX, where a sum of two overflows
+#   int: exact small integers
+SPECIAL_VALUES: dict[str, tuple[float, ...]] = {
+    "zero": (0.0, -0.0),
+    "inf": (math.inf, -math.inf),
+    "nan": (math.nan,),
+    "huge": (1e30, -1e30, 3e38),
+    "int": (-3.0, -1.0, 1.0, 2.0, 3.0),
+}
+
+
+class Draw(Protocol):
+    """The choices a builder makes: integers (inclusive bounds), one of a sequence, a coin."""
+
+    def integer(self, lo: int, hi: int) -> int: ...
+
+    def choice(self, options: Sequence[T]) -> T: ...
+
+    def coin(self, percent: int) -> bool: ...
+
+
+class RngDraw:
+    """Choices from a numpy generator (for the fuzzing script)."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def integer(self, lo: int, hi: int) -> int:
+        return int(self.rng.integers(lo, hi + 1))
+
+    def choice(self, options: Sequence[T]) -> T:
+        return options[int(self.rng.integers(len(options)))]
+
+    def coin(self, percent: int) -> bool:
+        return int(self.rng.integers(100)) < percent
+
+
+class _HypothesisDraw:
+    """Choices from Hypothesis (shrinks towards small integers, the first option, False)."""
+
+    def __init__(self, draw: st.DrawFn) -> None:
+        self.draw = draw
+
+    def integer(self, lo: int, hi: int) -> int:
+        return self.draw(st.integers(lo, hi))
+
+    def choice(self, options: Sequence[T]) -> T:
+        return options[self.draw(st.integers(0, len(options) - 1))]
+
+    def coin(self, percent: int) -> bool:
+        return self.draw(st.integers(0, 99)) >= 100 - percent
+
+
+@dataclasses.dataclass(frozen=True)
+class Value:
+    name: str
+    shape: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphCase:
+    """A generated model, the op types it uses (in order) and the special-value classes its inputs may get."""
+
+    model: onnx.ModelProto
+    ops: tuple[str, ...]
+    specials: frozenset[str]
+
+    def __repr__(self) -> str:  # Hypothesis prints failing examples with this
+        return (
+            f"GraphCase({' -> '.join(self.ops)}; specials {sorted(self.specials)})\n"
+            + helper.printable_graph(self.model.graph)
+        )
+
+
+class _Graph:
+    """The graph under construction."""
+
+    def __init__(self, d: Draw, rng: np.random.Generator) -> None:
+        self.d = d
+        self.rng = rng
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[TensorProto] = []
+        self.inputs: list[Value] = []
+        self.values: list[Value] = []
+        self.read: set[str] = set()
+        self.ops: list[str] = []
+        self.specials = set(SPECIAL_VALUES)
+        self._count = 0
+
+    def fresh(self, prefix: str) -> str:
+        self._count += 1
+        return f"{prefix}{self._count}"
+
+    def pick(self, ok: Callable[[Value], bool] = lambda v: True) -> Value | None:
+        """The newest value (usually) or an earlier one that ``ok`` accepts."""
+        found = [v for v in self.values if v.shape and ok(v)]  # scalars (rank-0 operands) are never read
+        if not found:
+            return None
+        return found[-1] if self.d.coin(60) else self.d.choice(found)
+
+    def new_input(self, shape: Sequence[int]) -> str:
+        v = Value(self.fresh("in"), tuple(shape))
+        self.inputs.append(v)
+        self.values.append(v)
+        return v.name
+
+    def const(self, array: np.ndarray, prefix: str = "c") -> str:
+        name = self.fresh(prefix)
+        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def weights(self, shape: Sequence[int]) -> np.ndarray:
+        return self.rng.uniform(-2, 2, tuple(shape)).astype(np.float32)
+
+    def operand(self, shape: Sequence[int], reuse: bool = True) -> str:
+        """A float32 operand of exactly ``shape``: an existing value, a new graph input or a constant."""
+        shape = tuple(shape)
+        if reuse and self.d.coin(30):
+            v = self.pick(lambda v: v.shape == shape)
+            if v is not None:
+                return v.name
+        if self.d.coin(50):
+            return self.new_input(shape)
+        return self.const(self.weights(shape))
+
+    def ints(self, values: Sequence[int]) -> str:
+        return self.const(np.asarray(values, dtype=np.int64), "k")
+
+    def node(
+        self, op: str, inputs: Sequence[str], shapes: Sequence[Sequence[int]], **attrs: Any
+    ) -> list[Value]:
+        outs = [Value(self.fresh("v"), tuple(int(n) for n in s)) for s in shapes]
+        self.nodes.append(helper.make_node(op, list(inputs), [o.name for o in outs], **attrs))
+        self.read.update(i for i in inputs if i)
+        self.values.extend(outs)
+        return outs
+
+    def exclude(self, *classes: str) -> None:
+        """Keep special values of ``classes`` out of this graph's inputs (the builder says why)."""
+        self.specials -= set(classes)
+
+
+Builder = Callable[[_Graph, Value], bool]
+
+
+def _contraction(g: _Graph) -> None:
+    """A sum of products: huge values (1e30, 3e38) would make the comparison meaningless.
+
+    Whether ``a*b + c*d`` overflows when ``a*b`` alone would depends on the
+    kernel, not on the translation: ONNX Runtime's MLAS kernels fuse
+    multiply-add (``fma(3e38, 1.3, -2.4e38)`` is finite, ``3e38 * 1.3`` is
+    inf) and every kernel sums in its own order, so two correct evaluations of
+    one contraction give -inf, NaN or a finite value on the same input (seen:
+    ConvTranspose vs its Einsum eOperator). Infinities and NaN stay in: they
+    propagate the same way in every order.
+    """
+    g.exclude("huge")
+
+
+def _size(shape: Sequence[int]) -> int:
+    return math.prod(shape)
+
+
+def _fits(shape: Sequence[int]) -> bool:
+    return 1 <= len(shape) <= 5 and all(n >= 1 for n in shape) and _size(shape) <= MAX_ELEMENTS
+
+
+def _broadcast(*shapes: Sequence[int]) -> tuple[int, ...]:
+    """The broadcast shape, or ``()`` (which never fits) when the shapes clash."""
+    try:
+        return tuple(int(n) for n in np.broadcast_shapes(*(tuple(s) for s in shapes)))
+    except ValueError:
+        return ()
+
+
+def _partner_shape(g: _Graph, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape broadcasting with ``shape``: a suffix with some dims 1, or widening size-1 dims of ``shape``."""
+    k = g.d.integer(0, len(shape))
+    mine = shape[len(shape) - k :]
+    out = [g.d.integer(2, 3) if n == 1 and g.d.coin(20) else (1 if g.d.coin(25) else n) for n in mine]
+    if len(out) == len(shape) and len(shape) < 4 and g.d.coin(10):
+        out = [g.d.integer(2, 3), *out]
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------
+# Builders: one per op type; False when the op does not apply to ``x``
+# --------------------------------------------------------------------------
+
+
+def _unary(op: str, **attrs: Any) -> Builder:
+    def build(g: _Graph, x: Value) -> bool:
+        g.node(op, [x.name], [x.shape], **attrs)
+        return True
+
+    return build
+
+
+def _leaky_relu(g: _Graph, x: Value) -> bool:
+    g.node("LeakyRelu", [x.name], [x.shape], alpha=g.d.choice([0.01, 0.2, 1.5]))
+    return True
+
+
+def _binary(op: str) -> Builder:
+    def build(g: _Graph, x: Value) -> bool:
+        other = _partner_shape(g, x.shape)
+        out = _broadcast(x.shape, other)
+        if not _fits(out):
+            return False
+        if op == "Div":
+            # Div is the one op that tells -0 from +0 (x / -0 = -inf), and kernels disagree on the
+            # sign of an exact-zero result (ONNX Runtime's Einsum sums from +0, so 0 * -1 comes out
+            # +0; Mul gives -0): a computed divisor could turn equal zeros into opposite infinities.
+            # So the divisor is a graph input or a constant (both reach the two models unchanged,
+            # special zeros included) and the computed value is the dividend.
+            g.node(op, [x.name, g.operand(other, reuse=False)], [out])
+            return True
+        y = g.operand(other)
+        args = [x.name, y] if g.d.coin(70) else [y, x.name]
+        g.node(op, args, [out])
+        return True
+
+    return build
+
+
+def _variadic(op: str) -> Builder:
+    def build(g: _Graph, x: Value) -> bool:
+        others = [_partner_shape(g, x.shape) for _ in range(g.d.integer(0, 2))]
+        out = _broadcast(x.shape, *others)
+        if not _fits(out):
+            return False
+        g.node(op, [x.name, *(g.operand(s) for s in others)], [out])
+        return True
+
+    return build
+
+
+def _prelu(g: _Graph, x: Value) -> bool:
+    k = g.d.integer(0, len(x.shape))
+    slope = tuple(n if g.d.coin(50) else 1 for n in x.shape[len(x.shape) - k :])
+    g.node("PRelu", [x.name, g.operand(slope)], [x.shape])
+    return True
+
+
+def _clip(g: _Graph, x: Value) -> bool:
+    bounds = [-1.0, 0.0, 0.5, 2.0, -math.inf, math.inf]
+    lo = g.const(np.float32(g.d.choice(bounds))) if g.d.coin(50) else ""
+    hi = g.const(np.float32(g.d.choice(bounds))) if g.d.coin(50) else ""
+    g.node("Clip", [x.name, lo, hi] if hi else ([x.name, lo] if lo else [x.name]), [x.shape])
+    return True
+
+
+def _batch_normalization(g: _Graph, x: Value) -> bool:
+    if len(x.shape) < 2:
+        return False
+    c = x.shape[1]
+    scale, bias, mean = (g.const(g.weights([c])) for _ in range(3))
+    var = g.const(g.rng.uniform(0.1, 2.0, c).astype(np.float32))
+    g.node(
+        "BatchNormalization", [x.name, scale, bias, mean, var], [x.shape], epsilon=g.d.choice([1e-5, 1e-3])
+    )
+    return True
+
+
+def _matmul(g: _Graph, x: Value) -> bool:
+    k = x.shape[-1]
+    n = g.d.integer(1, 4)
+    if len(x.shape) == 1:
+        other = (k, n) if g.d.coin(70) else (g.d.integer(1, 2), k, n)
+    else:
+        batch = x.shape[:-2] if len(x.shape) > 2 and g.d.coin(50) else ()
+        other = (*batch, k, n) if g.d.coin(80) else (k,)
+    a, b = np.zeros(x.shape), np.zeros(other)
+    out = np.matmul(a, b).shape
+    if not out or not _fits(out):
+        return False
+    _contraction(g)
+    g.node("MatMul", [x.name, g.operand(other)], [out])
+    return True
+
+
+def _gemm(g: _Graph, x: Value) -> bool:
+    if len(x.shape) != 2:
+        return False
+    trans_a, trans_b = g.d.coin(30), g.d.coin(40)
+    m, k = x.shape[::-1] if trans_a else x.shape
+    n = g.d.integer(1, 4)
+    attrs: dict[str, Any] = {}
+    if trans_a:
+        attrs["transA"] = 1
+    if trans_b:
+        attrs["transB"] = 1
+    if g.d.coin(30):
+        attrs["alpha"] = g.d.choice([0.5, 2.0])
+    inputs = [x.name, g.operand((n, k) if trans_b else (k, n))]
+    if g.d.coin(60):
+        inputs.append(g.operand(g.d.choice([(n,), (1, n), (m, 1), (m, n), (1,)])))
+        if g.d.coin(30):
+            attrs["beta"] = g.d.choice([0.5, 2.0, 0.0])
+    _contraction(g)
+    g.node("Gemm", inputs, [(m, n)], **attrs)
+    return True
+
+
+def _einsum(g: _Graph, x: Value) -> bool:
+    if len(x.shape) > 3:
+        return False
+    letters = "abcdef"
+    xs = letters[: len(x.shape)]
+    sizes = dict(zip(xs, x.shape, strict=True))
+    terms, inputs = [xs], [x.name]
+    if g.d.coin(80):  # a second operand: some letters of x, some new ones
+        shared = [c for c in xs if g.d.coin(60)]
+        new = letters[len(xs) : len(xs) + g.d.integer(0, 2)]
+        for c in new:
+            sizes[c] = g.d.integer(1, 3)
+        ys = list(shared + list(new))
+        if not ys:
+            ys = [xs[0]]
+        order = list(ys)
+        g.rng.shuffle(order)
+        terms.append("".join(order))
+        inputs.append(g.operand([sizes[c] for c in order]))
+    used = list(dict.fromkeys("".join(terms)))
+    out = [c for c in used if g.d.coin(60)]
+    if not out:
+        out = [used[-1]]
+    g.rng.shuffle(out)
+    shape = [sizes[c] for c in out]
+    if not _fits(shape):
+        return False
+    _contraction(g)
+    g.node("Einsum", inputs, [shape], equation=",".join(terms) + "->" + "".join(out))
+    return True
+
+
+def _conv_attrs(g: _Graph, rank: int) -> dict[str, Any]:
+    attrs: dict[str, Any] = {}
+    if g.d.coin(50):
+        attrs["strides"] = [g.d.integer(1, 2) for _ in range(rank)]
+    if g.d.coin(25):
+        attrs["dilations"] = [g.d.integer(1, 2) for _ in range(rank)]
+    if g.d.coin(50):
+        attrs["pads"] = [g.d.integer(0, 2) for _ in range(2 * rank)]
+    return attrs
+
+
+def _conv(g: _Graph, x: Value) -> bool:
+    if len(x.shape) not in (3, 4):
+        return False
+    n, c, *spatial = x.shape
+    rank = len(spatial)
+    group = g.d.choice([d for d in (1, 2, c) if c % d == 0])
+    f = group * g.d.integer(1, 2)
+    kernel = [g.d.integer(1, 3) for _ in range(rank)]
+    attrs = _conv_attrs(g, rank)
+    if group > 1:
+        attrs["group"] = group
+    strides = attrs.get("strides", [1] * rank)
+    dil = attrs.get("dilations", [1] * rank)
+    if g.d.coin(15) and "pads" not in attrs and all(d == 1 for d in dil):
+        attrs["auto_pad"] = g.d.choice(["SAME_UPPER", "SAME_LOWER", "VALID"])
+    auto = attrs.get("auto_pad", "NOTSET")
+    pads = attrs.get("pads", [0] * 2 * rank)
+    out = []
+    for d in range(rank):
+        ext = dil[d] * (kernel[d] - 1) + 1
+        if auto in ("SAME_UPPER", "SAME_LOWER"):
+            out.append(-(-spatial[d] // strides[d]))
+        else:
+            total = spatial[d] + pads[d] + pads[d + rank] - ext
+            if total < 0:
+                return False
+            out.append(total // strides[d] + 1)
+    shape = (n, f, *out)
+    if not _fits(shape):
+        return False
+    inputs = [x.name, g.operand((f, c // group, *kernel), reuse=False)]
+    if g.d.coin(40):
+        inputs.append(g.operand((f,), reuse=False))
+    _contraction(g)
+    g.node("Conv", inputs, [shape], **attrs)
+    return True
+
+
+def _conv_transpose(g: _Graph, x: Value) -> bool:
+    if len(x.shape) not in (3, 4):
+        return False
+    n, c, *spatial = x.shape
+    rank = len(spatial)
+    group = g.d.choice([d for d in (1, 2, c) if c % d == 0])
+    fg = g.d.integer(1, 2)
+    kernel = [g.d.integer(1, 3) for _ in range(rank)]
+    attrs = _conv_attrs(g, rank)
+    if group > 1:
+        attrs["group"] = group
+    strides = attrs.get("strides", [1] * rank)
+    dil = attrs.get("dilations", [1] * rank)
+    if g.d.coin(30) and any(s > 1 for s in strides):
+        attrs["output_padding"] = [g.d.integer(0, s - 1) for s in strides]  # ONNX Runtime: below the stride
+    pads = attrs.get("pads", [0] * 2 * rank)
+    opad = attrs.get("output_padding", [0] * rank)
+    out = [
+        strides[d] * (spatial[d] - 1) + opad[d] + dil[d] * (kernel[d] - 1) + 1 - pads[d] - pads[d + rank]
+        for d in range(rank)
+    ]
+    shape = (n, fg * group, *out)
+    if min(out) < 1 or not _fits(shape):
+        return False
+    inputs = [x.name, g.operand((c, fg, *kernel), reuse=False)]
+    if g.d.coin(40):
+        inputs.append(g.operand((fg * group,), reuse=False))
+    _contraction(g)
+    g.node("ConvTranspose", inputs, [shape], **attrs)
+    return True
+
+
+def _concat(g: _Graph, x: Value) -> bool:
+    axis = g.d.integer(0, len(x.shape) - 1)
+    others = []
+    for _ in range(g.d.integer(1, 2)):
+        s = list(x.shape)
+        s[axis] = g.d.integer(1, 3)
+        others.append(tuple(s))
+    shape = list(x.shape)
+    shape[axis] += sum(s[axis] for s in others)
+    if not _fits(shape):
+        return False
+    inputs = [x.name, *(g.operand(s) for s in others)]
+    if g.d.coin(30):
+        inputs = inputs[::-1]
+    g.node("Concat", inputs, [shape], axis=axis - len(x.shape) if g.d.coin(30) else axis)
+    return True
+
+
+def _flatten(g: _Graph, x: Value) -> bool:
+    axis = g.d.integer(0, len(x.shape))
+    shape = (_size(x.shape[:axis]), _size(x.shape[axis:]))
+    negative = 0 < axis < len(x.shape) and g.d.coin(30)
+    g.node("Flatten", [x.name], [shape], axis=axis - len(x.shape) if negative else axis)
+    return True
+
+
+def _affine_indices(g: _Graph, n: int, count: int) -> np.ndarray:
+    """``count`` indices into ``[0, n)``: affine in their position (translatable) or random (passes through)."""
+    if g.d.coin(75):
+        step = g.d.choice([s for s in (1, -1, 2, 0) if (count - 1) * abs(s) < n] or [0])
+        start = (
+            g.d.integer(0, n - 1 - (count - 1) * step)
+            if step >= 0
+            else g.d.integer((count - 1) * -step, n - 1)
+        )
+        idx = start + step * np.arange(count)
+    else:
+        idx = g.rng.integers(0, n, count)
+    if g.d.coin(20):
+        idx = idx - n  # negative indices count from the end
+    return idx.astype(np.int64)
+
+
+def _gather(g: _Graph, x: Value) -> bool:
+    axis = g.d.integer(0, len(x.shape) - 1)
+    n = x.shape[axis]
+    if g.d.coin(20):
+        idx = _affine_indices(g, n, 1).reshape(())
+    else:
+        count = g.d.integer(1, 4)
+        idx = _affine_indices(g, n, count)
+        if g.d.coin(20) and count % 2 == 0:
+            idx = idx.reshape(2, count // 2)
+    shape = (*x.shape[:axis], *idx.shape, *x.shape[axis + 1 :])
+    if not _fits(shape):
+        return False
+    g.node("Gather", [x.name, g.ints(idx) if idx.ndim else g.const(idx, "k")], [shape], axis=axis)
+    return True
+
+
+def _gather_elements(g: _Graph, x: Value) -> bool:
+    axis = g.d.integer(0, len(x.shape) - 1)
+    shape = [g.d.integer(1, n) for n in x.shape]
+    n = x.shape[axis]
+    if g.d.coin(70):  # affine in the position along the axis (and constant along the others)
+        line = _affine_indices(g, n, shape[axis])
+        view = [1] * len(shape)
+        view[axis] = shape[axis]
+        idx = np.broadcast_to(line.reshape(view), shape).copy()
+    else:
+        idx = g.rng.integers(0, n, shape).astype(np.int64)
+    g.node("GatherElements", [x.name, g.const(idx, "k")], [shape], axis=axis)
+    return True
+
+
+def _pad(g: _Graph, x: Value) -> bool:
+    rank = len(x.shape)
+    pads = [g.d.integer(-1, 2) for _ in range(2 * rank)]
+    shape = [n + pads[d] + pads[d + rank] for d, n in enumerate(x.shape)]
+    if not _fits(shape):
+        return False
+    inputs = [x.name, g.ints(pads)]
+    if g.d.coin(30):
+        inputs.append(g.const(np.float32(0.0)))
+    g.node("Pad", inputs, [shape], mode="constant")
+    return True
+
+
+def _reshape(g: _Graph, x: Value) -> bool:
+    total = _size(x.shape)
+    dims = []
+    rest = total
+    for _ in range(g.d.integer(0, 3)):
+        divisors = [d for d in range(1, min(rest, 8) + 1) if rest % d == 0]
+        d = g.d.choice(divisors)
+        dims.append(d)
+        rest //= d
+    dims.append(rest)
+    g.rng.shuffle(dims)
+    target = list(dims)
+    if g.d.coin(30):
+        target[g.d.integer(0, len(target) - 1)] = -1
+    elif g.d.coin(20) and len(target) <= len(x.shape) and target[0] == x.shape[0]:
+        target[0] = 0
+    if len(dims) > 5:
+        return False
+    g.node("Reshape", [x.name, g.ints(target)], [dims])
+    return True
+
+
+def _slice(g: _Graph, x: Value) -> bool:
+    rank = len(x.shape)
+    axes = sorted({g.d.integer(0, rank - 1) for _ in range(g.d.integer(1, rank))})
+    starts, ends, steps, shape = [], [], [], list(x.shape)
+    for a in axes:
+        n = x.shape[a]
+        step = g.d.choice([1, 1, 2, -1, -2])
+        if step > 0:
+            s = g.d.integer(0, n - 1)
+            end = g.d.choice([g.d.integer(s + 1, n), n + 5, 2**62])
+            start = s - n if g.d.coin(30) else s
+            count = -(-(min(end, n) - s) // step)
+        else:  # from s down to e (exclusive); "through 0" needs an end below -n (-1 is the last element)
+            s = g.d.integer(0, n - 1)
+            e = g.d.integer(0, s - 1) if s > 0 and g.d.coin(50) else -1
+            start = s - n if g.d.coin(30) else s
+            end = e if e >= 0 else -(2**62)
+            count = -(-(s - e) // -step)
+        if count < 1:
+            return False
+        starts.append(start)
+        ends.append(end)
+        steps.append(step)
+        shape[a] = count
+    inputs = [x.name, g.ints(starts), g.ints(ends), g.ints(axes)]
+    if any(s != 1 for s in steps) or g.d.coin(30):
+        inputs.append(g.ints(steps))
+    g.node("Slice", inputs, [shape])
+    return True
+
+
+def _split(g: _Graph, x: Value) -> bool:
+    axis = g.d.integer(0, len(x.shape) - 1)
+    n = x.shape[axis]
+    if n < 2:
+        return False
+    if g.d.coin(50):
+        parts = g.d.integer(2, min(n, 3))
+        if n % parts:
+            return False
+        sizes = [n // parts] * parts
+        inputs = [x.name]
+    else:
+        cut = g.d.integer(1, n - 1)
+        sizes = [cut, n - cut]
+        inputs = [x.name, g.ints(sizes)]
+    shapes = [tuple(s if d == axis else m for d, m in enumerate(x.shape)) for s in sizes]
+    g.node("Split", inputs, shapes, axis=axis)
+    return True
+
+
+def _squeeze(g: _Graph, x: Value) -> bool:
+    ones = [d for d, n in enumerate(x.shape) if n == 1]
+    if not ones or len(ones) == len(x.shape):
+        return False
+    axes = [d for d in ones if g.d.coin(70)] or ones[:1]
+    shape = [n for d, n in enumerate(x.shape) if d not in axes]
+    g.node("Squeeze", [x.name, g.ints(axes)], [shape])
+    return True
+
+
+def _unsqueeze(g: _Graph, x: Value) -> bool:
+    if len(x.shape) >= 5:
+        return False
+    rank = len(x.shape) + 1
+    axes = [g.d.integer(0, rank - 1)]
+    shape = list(x.shape)
+    shape.insert(axes[0], 1)
+    g.node("Unsqueeze", [x.name, g.ints(axes)], [shape])
+    return True
+
+
+def _transpose(g: _Graph, x: Value) -> bool:
+    if len(x.shape) < 2:
+        return False
+    perm = list(range(len(x.shape)))
+    g.rng.shuffle(perm)
+    if g.d.coin(20):
+        g.node("Transpose", [x.name], [x.shape[::-1]])
+    else:
+        g.node("Transpose", [x.name], [[x.shape[p] for p in perm]], perm=perm)
+    return True
+
+
+def _depth_to_space(g: _Graph, x: Value) -> bool:
+    if len(x.shape) != 4 or x.shape[1] % 4:
+        return False
+    n, c, h, w = x.shape
+    g.node(
+        "DepthToSpace", [x.name], [(n, c // 4, 2 * h, 2 * w)], blocksize=2, mode=g.d.choice(["DCR", "CRD"])
+    )
+    return True
+
+
+def _space_to_depth(g: _Graph, x: Value) -> bool:
+    if len(x.shape) != 4 or x.shape[2] % 2 or x.shape[3] % 2:
+        return False
+    n, c, h, w = x.shape
+    g.node("SpaceToDepth", [x.name], [(n, 4 * c, h // 2, w // 2)], blocksize=2)
+    return True
+
+
+OP_BUILDERS: dict[str, Builder] = {
+    **{op: _binary(op) for op in ("Add", "Sub", "Mul", "Div")},
+    **{op: _variadic(op) for op in ("Sum", "Max", "Min")},
+    **{op: _unary(op) for op in ("Neg", "Relu", "Sigmoid", "Tanh", "Exp", "Abs", "Sqrt", "Identity")},
+    "LeakyRelu": _leaky_relu,
+    "PRelu": _prelu,
+    "Clip": _clip,
+    "BatchNormalization": _batch_normalization,
+    "MatMul": _matmul,
+    "Gemm": _gemm,
+    "Einsum": _einsum,
+    "Conv": _conv,
+    "ConvTranspose": _conv_transpose,
+    "Concat": _concat,
+    "Flatten": _flatten,
+    "Gather": _gather,
+    "GatherElements": _gather_elements,
+    "Pad": _pad,
+    "Reshape": _reshape,
+    "Slice": _slice,
+    "Split": _split,
+    "Squeeze": _squeeze,
+    "Unsqueeze": _unsqueeze,
+    "Transpose": _transpose,
+    "DepthToSpace": _depth_to_space,
+    "SpaceToDepth": _space_to_depth,
+}
+"""Graph builder per ONNX op type: every op the importers translate (``test_fuzz`` checks the two agree)."""
+
+
+# Shapes of new graph inputs for ops that take few shapes (so that they are not rare).
+_INPUT_SHAPES: dict[str, Callable[[Draw], tuple[int, ...]]] = {
+    "DepthToSpace": lambda d: (d.integer(1, 2), 4 * d.integer(1, 2), d.integer(1, 3), d.integer(1, 3)),
+    "SpaceToDepth": lambda d: (d.integer(1, 2), d.integer(1, 2), 2 * d.integer(1, 2), 2 * d.integer(1, 2)),
+    "Conv": lambda d: (d.integer(1, 2), d.integer(1, 4), *(d.integer(2, 5) for _ in range(d.integer(1, 2)))),
+    "ConvTranspose": lambda d: (
+        d.integer(1, 2),
+        d.integer(1, 4),
+        *(d.integer(1, 4) for _ in range(d.integer(1, 2))),
+    ),
+    "Gemm": lambda d: (d.integer(1, 4), d.integer(1, 4)),
+    "Squeeze": lambda d: (d.integer(1, 4), 1, d.integer(1, 4)),
+    "BatchNormalization": lambda d: (d.integer(1, 3), d.integer(1, 4), d.integer(1, 4)),
+    "Transpose": lambda d: tuple(d.integer(1, 4) for _ in range(d.integer(2, 4))),
+    "Einsum": lambda d: tuple(d.integer(1, 4) for _ in range(d.integer(1, 3))),
+}
+
+
+def build_graph(d: Draw, rng: np.random.Generator, ops: Sequence[str] | None = None) -> GraphCase:
+    """One random model: 2-8 ops (or the given op types in order, each applied where it fits).
+
+    Raises
+    ------
+    onnx.checker.ValidationError, onnx.shape_inference.InferenceError
+        When the generator built an invalid model (a bug in this module).
+    """
+    g = _Graph(d, rng)
+    rank = d.integer(1, 4)
+    shape = [d.integer(1, 4) for _ in range(rank)]
+    g.new_input(shape)
+    wanted = list(ops) if ops is not None else None
+    count = len(wanted) if wanted is not None else d.integer(MIN_OPS, MAX_OPS)
+    names = sorted(OP_BUILDERS)
+    for k in range(count):
+        op = wanted[k] if wanted is not None else d.choice(names)
+        for attempt in range(30):  # an op that does not fit a value tries two more before another op
+            if attempt % 3 == 0 and attempt and wanted is None:
+                op = d.choice(names)
+            x = g.pick()
+            if attempt % 3 == 2 and op in _INPUT_SHAPES:  # a new graph input of a shape the op takes
+                shape = _INPUT_SHAPES[op](d)
+                x = Value(g.new_input(shape), shape)
+            assert x is not None
+            if OP_BUILDERS[op](g, x):
+                g.ops.append(op)
+                break
+    outputs = [v for v in g.values if v.name not in g.read and v not in g.inputs]
+    outputs += [v for v in g.values if v.name in g.read and v not in g.inputs and d.coin(10)]
+    if not outputs:  # every op was refused: read the input once
+        outputs = g.node("Identity", [g.inputs[0].name], [g.inputs[0].shape])
+        g.ops.append("Identity")
+    graph = helper.make_graph(
+        g.nodes,
+        "fuzz",
+        [helper.make_tensor_value_info(v.name, TensorProto.FLOAT, v.shape) for v in g.inputs],
+        [helper.make_tensor_value_info(v.name, TensorProto.FLOAT, v.shape) for v in outputs],
+        g.inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return GraphCase(model, tuple(g.ops), frozenset(g.specials))
+
+
+@st.composite
+def graphs(draw: st.DrawFn, ops: Sequence[str] | None = None) -> GraphCase:
+    """Hypothesis strategy: a random valid opset-17 model (see :func:`build_graph`)."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    return build_graph(_HypothesisDraw(draw), rng, ops)
+
+
+def feeds(case: GraphCase, rng: np.random.Generator, kind: str) -> dict[str, np.ndarray]:
+    """Input data for every graph input: ``"ordinary"``, ``"integer"`` or ``"special"`` values.
+
+    Special data is ordinary data with about a third of the elements replaced
+    by values of the classes the graph allows (``case.specials``).
+    """
+    out = {}
+    specials = np.array([v for c in sorted(case.specials) for v in SPECIAL_VALUES[c]], dtype=np.float32)
+    for vi in case.model.graph.input:
+        shape = tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+        if kind == "integer":
+            arr = rng.integers(-3, 4, shape).astype(np.float32)
+        else:
+            arr = rng.uniform(-2, 2, shape).astype(np.float32)
+        if kind == "special" and specials.size:
+            mask = rng.random(shape) < 0.35
+            arr = np.where(mask, rng.choice(specials, shape), arr).astype(np.float32)
+        out[vi.name] = arr
+    return out
+
+
+# --------------------------------------------------------------------------
+# The oracle: optimize without verification, compare in ONNX Runtime
+# --------------------------------------------------------------------------
+
+DATA_KINDS = ("ordinary", "integer", "special")
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What happened to one graph; ``detail`` says how.
+
+    ``status``: ``ok``, ``wrong`` (an output differs), ``exception`` (einopt
+    raised, or its output does not load or run) or ``invalid`` (the generated
+    model itself does not run: a generator bug).
+    """
+
+    status: str
+    detail: str = ""
+    kind: str = ""  # the data kind that showed a wrong output
+    optimized: onnx.ModelProto | None = None
+
+
+def _unoptimized_session(model: onnx.ModelProto) -> Any:
+    """An ONNX Runtime CPU session without graph optimizations (its kernels, not its rewriter).
+
+    ONNX Runtime's graph optimizer has bugs of its own: with it, ``Transpose
+    -> MatMul`` with a 1-D second operand computes a wrong result
+    (onnxruntime 1.32.0; ``scripts/fuzz.py --seed 2``, graph 3193), and einopt's
+    correct output then "differs". Both models run unoptimized, so the
+    comparison is between the kernels, which define the operators' results.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def check_case(case: GraphCase, seed: int, kinds: Sequence[str] = DATA_KINDS) -> Outcome:
+    """``einopt.optimize`` with verification off, then the output against the original on every data kind.
+
+    Equal means :func:`einopt.verify.compare` with the default tolerance:
+    NaN and infinity positions must match exactly.
+    """
+    import einopt
+    from einopt.verify import Tolerance, compare
+
+    try:
+        result = einopt.optimize(case.model, einopt.Options(verify=False))
+    except Exception as e:  # noqa: BLE001 - the fuzzer reports every exception
+        return Outcome("exception", f"{type(e).__name__}: {e}")
+    names = [o.name for o in case.model.graph.output]
+    try:
+        original = _unoptimized_session(case.model)
+    except Exception as e:  # noqa: BLE001
+        return Outcome("invalid", f"the original does not load: {e}")
+    try:
+        optimized = _unoptimized_session(result.model)
+    except Exception as e:  # noqa: BLE001
+        return Outcome(
+            "exception", f"the output does not load: {type(e).__name__}: {e}", optimized=result.model
+        )
+    rng = np.random.default_rng(seed)
+    for kind in kinds:
+        data = feeds(case, rng, kind)
+        try:
+            ref = dict(zip(names, original.run(names, data), strict=True))
+        except Exception as e:  # noqa: BLE001
+            return Outcome("invalid", f"the original does not run: {e}")
+        try:
+            got = dict(zip(names, optimized.run(names, data), strict=True))
+        except Exception as e:  # noqa: BLE001
+            return Outcome("exception", f"the output does not run: {e}", kind, result.model)
+        c = compare(ref, got, Tolerance())
+        if not c.ok:
+            return Outcome("wrong", c.message, kind, result.model)
+    return Outcome("ok", optimized=result.model)
