@@ -52,6 +52,7 @@ def test_reliability_flags_spread_and_load():
     assert timing.reliability({"a": steady}, 0.1, 2) == ""
     assert "spread" in timing.reliability({"a": noisy}, 0.1, 2)
     assert "load average 3.50" in timing.reliability({"a": steady}, 3.5, 2)
+    assert timing.reliability({"a": steady}, 2.3, 2) == ""  # einopt's own 2 timing threads
 
 
 def test_configure_threads_is_idempotent():
