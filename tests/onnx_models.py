@@ -100,3 +100,32 @@ def disable_operators(monkeypatch) -> None:
         emit, "MATCHERS", {"Nothing": lambda scope, ctx=None: Failure("disabled for this test")}
     )
     monkeypatch.setattr(match, "PREFERRED", {})
+
+
+def append_to_output(monkeypatch, part: str, extra) -> None:
+    """Make ``pipeline.instantiate`` end the instantiation of ``part`` (a name fragment) with more nodes.
+
+    The instantiated nodes now write ``OUT + "_first"``; ``extra(first, out, prefix)`` returns
+    ``(nodes, initializers)`` that compute ``out`` from it (a wrong or a slow rewrite, for tests).
+    """
+    import dataclasses
+
+    from einopt import pipeline
+
+    real = pipeline.instantiate
+
+    def patched(program, **kw):
+        inst = real(program, **kw)
+        if part not in kw["prefix"]:
+            return inst
+        out = kw["onnx_names"][program.outputs[0]]
+        nodes = []
+        for n in inst.nodes:
+            m = onnx.NodeProto()
+            m.CopyFrom(n)
+            m.output[:] = [o + "_first" if o == out else o for o in m.output]
+            nodes.append(m)
+        more, inits = extra(out + "_first", out, kw["prefix"])
+        return dataclasses.replace(inst, nodes=(*nodes, *more), initializers=(*inst.initializers, *inits))
+
+    monkeypatch.setattr(pipeline, "instantiate", patched)
