@@ -23,6 +23,7 @@ checks it numerically for every registered rule.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
@@ -64,10 +65,15 @@ class Context:
     """What a rule may know besides the expression: the values of constant tensors.
 
     ``constants`` maps input tensor names to their arrays (weights). Facts are
-    computed from the arrays on first use and cached.
+    computed from the arrays on first use and cached. Only constants can be
+    known to be finite (:meth:`is_finite`); every other input may hold an
+    infinity or a NaN unless it is named in ``assumed_finite``.
     """
 
     constants: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    # Non-constant inputs the caller declares finite: an assumption the zero analysis then relies
+    # on (a paper derivation that needs an activation finite says so); the pipeline sets none.
+    assumed_finite: frozenset[str] = frozenset()
     _facts: dict[str, TensorFacts] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def is_constant(self, t: ir.Tensor) -> bool:
@@ -84,6 +90,19 @@ class Context:
             lo, hi = float(a.min()), float(a.max())
             found = self._facts[t.name] = TensorFacts(lo, hi, lo if lo == hi else None)
         return found
+
+    def is_finite(self, t: ir.Tensor) -> bool:
+        """Whether ``t`` is a constant whose values are all finite (a NaN or an infinity is not),
+        or a non-constant input named in ``assumed_finite``.
+
+        ``0 * x`` is 0 only for a finite ``x``; the zero analysis
+        (:func:`einopt.rules.boundary.is_zero`) asks this of every tensor it
+        multiplies by a provable 0.
+        """
+        if t.name in self.assumed_finite and t.name not in self.constants:
+            return True
+        facts = self.facts(t)
+        return facts is not None and math.isfinite(facts.min) and math.isfinite(facts.max)
 
 
 NO_CONTEXT = Context()

@@ -8,15 +8,21 @@ to drop provably-0 points (:class:`TightenBoundary`) or grow it over
 provably-0 points (:class:`RelaxBoundary`), and :mod:`einopt.rules.traversal`
 uses the same analysis to inline a scope read outside its box.
 
-The analysis assumes finite values: ``0 * x`` is taken to be 0, which fails
-only when ``x`` is infinite or NaN.
+``0 * x`` is NaN when ``x`` is infinite or NaN (IEEE, the interpreter, and
+ONNX Runtime's Conv over its padding), so a product is provably 0 only where
+one factor is and every other factor is provably finite: a finite number, a
+constant tensor whose values are all finite (the rule's
+:class:`~einopt.rules.base.Context` says which), or functions of those that
+cannot overflow. Reads of activations and of weights fed as graph inputs are
+never known to be finite, and rules refuse with a reason that names them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from einopt import ir
 from einopt.index import bounds, linear_form
@@ -25,10 +31,17 @@ from einopt.rules.base import NO_CONTEXT, Context, Failure, Hit, Match, Rule, Sc
 
 __all__ = [
     "ZERO_PRESERVING",
+    "FINITE_PRESERVING",
+    "Finite",
+    "nothing_finite",
     "is_zero",
+    "zero_only_if_finite",
+    "finiteness_reason",
     "fix_iterator",
     "zero_at",
     "nonzero_span",
+    "unproven_zero_at",
+    "Leak",
     "leaves_box",
     "ProgramFacts",
     "ProgramScopeRule",
@@ -40,9 +53,13 @@ __all__ = [
 # Unary functions with f(0) = 0 (sigmoid(0) = 1/2 and exp(0) = 1 are not).
 ZERO_PRESERVING: frozenset[str] = frozenset({"relu", "tanh", "neg", "abs", "sqrt", "leaky_relu"})
 
-# Binary operators and whether one zero operand (True) or all (False) make the result 0;
-# ``/`` is missing: 0/0 is not 0.
-_ZERO_IF_ANY: dict[str, bool] = {"*": True, "+": False, "-": False, "max": False, "min": False}
+# Unary functions whose value is finite where their argument is (sqrt(-1) is NaN, exp
+# overflows); leaky_relu too when its slope is in [-1, 1].
+FINITE_PRESERVING: frozenset[str] = frozenset({"neg", "abs", "relu", "tanh", "sigmoid"})
+
+# Binary operators that are 0 where every operand is (``*`` is 0 where one operand is and the
+# other is finite; ``/`` is never: 0/0 is not 0).
+_ZERO_IF_ALL: frozenset[str] = frozenset({"+", "-", "max", "min"})
 
 # Most values of one iterator the rules enumerate.
 ENUMERATION_LIMIT = 4096
@@ -53,14 +70,29 @@ NESTING_LIMIT = 3
 
 Ranges = Mapping[ir.Iter, tuple[int, int]]
 
+# Which input tensors hold only finite values (``Context.is_finite``).
+Finite = Callable[[ir.Tensor], bool]
+# The same for any source of a read (the analysis also asks about scopes).
+SourceFinite = Callable[[ir.Tensor | ir.Scope], bool]
+
 
 # --------------------------------------------------------------------------
 # Zero analysis
 # --------------------------------------------------------------------------
 
 
-def is_zero(e: ir.ValueExpr, ranges: Ranges | None = None, depth: int = NESTING_LIMIT) -> bool:
-    """Whether ``e`` is provably 0 for every value of its iterators.
+def nothing_finite(t: ir.Tensor) -> bool:
+    """The sound default finiteness predicate: no input tensor is known to be finite."""
+    return False
+
+
+def is_zero(
+    e: ir.ValueExpr,
+    ranges: Ranges | None = None,
+    depth: int = NESTING_LIMIT,
+    finite: Finite = nothing_finite,
+) -> bool:
+    """Whether ``e`` is provably 0 for every value of its iterators and of the non-finite inputs.
 
     Parameters
     ----------
@@ -71,48 +103,159 @@ def is_zero(e: ir.ValueExpr, ranges: Ranges | None = None, depth: int = NESTING_
         :func:`einopt.index.bounds`).
     depth : int
         How many levels of scopes read by accesses the analysis enters.
+    finite : callable, optional
+        Which input tensors hold only finite values (constants whose minimum
+        and maximum are finite, :meth:`~einopt.rules.base.Context.is_finite`);
+        by default none does.
 
     Notes
     -----
-    A product is 0 where one factor is; ``+ - max min`` where every operand
-    is; a unary function where its argument is and ``f(0) = 0``; a constant
-    if it is 0; an access where one index provably leaves the source's range,
-    or where the source is a scope whose body is provably 0 on the part of
-    its box the access can reach.
-    """
-    memo: dict[ir.ValueExpr, bool] = {}
-    ranges = ranges or {}
+    ``0 * x`` is NaN when ``x`` is infinite or NaN (IEEE, and the
+    interpreter), so a product is 0 only where one factor is 0 and every
+    other factor is provably finite. ``+ - max min`` are 0 where every
+    operand is; a unary function where its argument is and ``f(0) = 0``; a
+    constant if it is 0; an access where one index provably leaves the
+    source's range, or where the source is a scope whose body is provably 0
+    on the part of its box the access can reach.
 
-    def go(x: ir.ValueExpr) -> bool:
-        found = memo.get(x)
+    Provably finite: a value that is provably 0, a finite constant, a read of
+    an input ``finite`` accepts, ``neg abs relu tanh sigmoid`` and
+    ``leaky_relu`` (slope in ``[-1, 1]``) of a finite value, ``max min`` of
+    finite values, and a read of a scope without summation whose body is
+    finite where it is read. Sums and products of finite values may overflow
+    and are not provably finite.
+    """
+    return _Analysis(ranges or {}, depth, _tensors_only(finite)).zero(e)
+
+
+def _tensors_only(finite: Finite) -> SourceFinite:
+    return lambda src: isinstance(src, ir.Tensor) and finite(src)
+
+
+class _Analysis:
+    """Zero and finiteness facts of the sub-expressions of one body over one box (memoised)."""
+
+    def __init__(self, ranges: Ranges, depth: int, finite: SourceFinite) -> None:
+        self.ranges, self.depth, self.finite = ranges, depth, finite
+        self.zeros: dict[ir.ValueExpr, bool] = {}
+        self.finites: dict[ir.ValueExpr, bool] = {}
+
+    def zero(self, x: ir.ValueExpr) -> bool:
+        found = self.zeros.get(x)
         if found is None:
-            found = memo[x] = _zero(x, ranges, depth, go)
+            found = self.zeros[x] = self._zero(x)
         return found
 
-    return go(e)
+    def bounded(self, x: ir.ValueExpr) -> bool:
+        """Whether ``x`` is provably finite."""
+        found = self.finites.get(x)
+        if found is None:
+            found = self.finites[x] = self.zero(x) or self._finite(x)
+        return found
 
+    def _zero(self, x: ir.ValueExpr) -> bool:
+        if isinstance(x, ir.Const):
+            return x.value == 0.0
+        if isinstance(x, ir.Unary):
+            return x.fn in ZERO_PRESERVING and self.zero(x.x)
+        if isinstance(x, ir.Binary):
+            if x.op == "*":
+                # 0 * x = 0 only for a finite x.
+                return (self.zero(x.a) and self.bounded(x.b)) or (self.zero(x.b) and self.bounded(x.a))
+            return x.op in _ZERO_IF_ALL and self.zero(x.a) and self.zero(x.b)
+        assert isinstance(x, ir.Access)
+        reach = _reach(x, self.ranges)
+        if reach is None:
+            return True
+        inner = self._inner(x.source, reach)
+        return inner is not None and inner.zero(x.source.body)
 
-def _zero(x: ir.ValueExpr, ranges: Ranges, depth: int, go: Any) -> bool:
-    if isinstance(x, ir.Const):
-        return x.value == 0.0
-    if isinstance(x, ir.Unary):
-        return x.fn in ZERO_PRESERVING and go(x.x)
-    if isinstance(x, ir.Binary):
-        any_zero = _ZERO_IF_ANY.get(x.op)
-        if any_zero is None:
+    def _finite(self, x: ir.ValueExpr) -> bool:
+        if isinstance(x, ir.Const):
+            return math.isfinite(x.value)
+        if isinstance(x, ir.Unary):
+            keeps = x.fn in FINITE_PRESERVING or (x.fn == "leaky_relu" and abs(x.param) <= 1.0)
+            return keeps and self.bounded(x.x)
+        if isinstance(x, ir.Binary):
+            return x.op in ("max", "min") and self.bounded(x.a) and self.bounded(x.b)
+        assert isinstance(x, ir.Access)
+        if self.finite(x.source):
+            return True
+        src = x.source
+        if not isinstance(src, ir.Scope) or src.summation:
             return False
-        return (go(x.a) or go(x.b)) if any_zero else (go(x.a) and go(x.b))
-    assert isinstance(x, ir.Access)
+        reach = _reach(x, self.ranges)
+        inner = None if reach is None else self._inner(src, reach)
+        return inner is not None and inner.bounded(src.body)
+
+    def _inner(self, src: ir.Tensor | ir.Scope, reach: list[tuple[int, int]]) -> _Analysis | None:
+        """The analysis of a scope's body over the part of its box a read reaches (``None`` past the depth)."""
+        if not isinstance(src, ir.Scope) or self.depth <= 0:
+            return None
+        return _Analysis(dict(zip(src.traversal, reach, strict=True)), self.depth - 1, self.finite)
+
+
+def _reach(x: ir.Access, ranges: Ranges) -> list[tuple[int, int]] | None:
+    """The half-open part of each source dimension ``x`` can read in range; ``None`` if it never does."""
     reach = []
     for idx, (lo, hi) in zip(x.indices, source_ranges(x.source), strict=True):
         a, b = bounds(idx, ranges)
         if b < lo or a >= hi:
-            return True
+            return None
         reach.append((max(a, lo), min(b + 1, hi)))
-    if isinstance(x.source, ir.Scope) and depth > 0:
-        inner = dict(zip(x.source.traversal, reach, strict=True))
-        return is_zero(x.source.body, inner, depth - 1)
-    return False
+    return reach
+
+
+def _sources(e: ir.ValueExpr, depth: int) -> dict[ir.Tensor | ir.Scope, None]:
+    """The tensors and scopes ``e`` reads, and those read by the scopes it enters (to ``depth``)."""
+    out: dict[ir.Tensor | ir.Scope, None] = {}
+    for acc in accesses(e):
+        out.setdefault(acc.source)
+        if isinstance(acc.source, ir.Scope) and depth > 0:
+            out.update(_sources(acc.source.body, depth - 1))
+    return out
+
+
+def zero_only_if_finite(
+    e: ir.ValueExpr,
+    ranges: Ranges | None = None,
+    depth: int = NESTING_LIMIT,
+    finite: Finite = nothing_finite,
+) -> tuple[ir.Tensor | ir.Scope, ...] | None:
+    """The values whose finiteness :func:`is_zero` lacks to prove ``e`` 0.
+
+    Returns ``()`` when ``e`` is provably 0 already, ``None`` when it would
+    not be even if every value read were finite, and otherwise a minimal set
+    (found greedily, in reading order) of the tensors and scopes ``e`` reads
+    that would make it provably 0 if they were known to be finite.
+    """
+    ranges = ranges or {}
+    known = _tensors_only(finite)
+    if _Analysis(ranges, depth, known).zero(e):
+        return ()
+    needed = [s for s in _sources(e, depth) if not known(s)]
+
+    def zero_with(assumed: list[ir.Tensor | ir.Scope]) -> bool:
+        extra = set(assumed)
+        return _Analysis(ranges, depth, lambda s: s in extra or known(s)).zero(e)
+
+    if not zero_with(needed):
+        return None
+    for s in list(needed):
+        rest = [x for x in needed if x is not s]
+        if zero_with(rest):
+            needed = rest
+    return tuple(needed)
+
+
+def finiteness_reason(needed: Sequence[ir.Tensor | ir.Scope], labels: Mapping[ir.Scope, str]) -> str:
+    """``"only if W is finite; W is not a constant known to be finite"`` for what :func:`zero_only_if_finite` found."""
+    names = ", ".join(
+        s.name if isinstance(s, ir.Tensor) else labels.get(s, "a computed scope") for s in needed
+    )
+    if len(needed) == 1:
+        return f"only if {names} is finite; {names} is not a constant known to be finite"
+    return f"only if {names} are finite; they are not constants known to be finite"
 
 
 def fix_iterator(scope: ir.Scope, it: ir.Iter, value: int) -> ir.ValueExpr:
@@ -124,36 +267,58 @@ def fix_iterator(scope: ir.Scope, it: ir.Iter, value: int) -> ir.ValueExpr:
     return substitute_iters(scope.body, mapping)
 
 
-def zero_at(scope: ir.Scope, it: ir.Iter, value: int) -> bool:
-    """Whether the body of ``scope`` is provably 0 wherever iterator ``it`` equals ``value``."""
-    return is_zero(fix_iterator(scope, it, value))
+def zero_at(scope: ir.Scope, it: ir.Iter, value: int, finite: Finite = nothing_finite) -> bool:
+    """Whether the body of ``scope`` is provably 0 wherever iterator ``it`` equals ``value``.
+
+    ``finite`` says which input tensors are known to be finite (see :func:`is_zero`).
+    """
+    return is_zero(fix_iterator(scope, it, value), finite=finite)
 
 
 def nonzero_span(
-    scope: ir.Scope, it: ir.Iter, limit: int = ENUMERATION_LIMIT
+    scope: ir.Scope, it: ir.Iter, limit: int = ENUMERATION_LIMIT, finite: Finite = nothing_finite
 ) -> tuple[int, int] | None | str:
     """The smallest ``[a, b)`` inside ``it``'s range outside which the body is provably 0.
 
     Scans inwards from both ends of the range. Returns ``None`` when every
     value gives 0, and a reason when more than ``limit`` values would have
-    to be enumerated.
+    to be enumerated. ``finite`` is as in :func:`is_zero`.
     """
     a, steps = it.lo, 0
-    while a < it.hi and zero_at(scope, it, a):
+    while a < it.hi and zero_at(scope, it, a, finite):
         a, steps = a + 1, steps + 1
         if steps > limit:
             return f"more than {limit} values of {it.name} to enumerate"
     if a == it.hi:
         return None
     b = it.hi
-    while b - 1 > a and zero_at(scope, it, b - 1):
+    while b - 1 > a and zero_at(scope, it, b - 1, finite):
         b, steps = b - 1, steps + 1
         if steps > limit:
             return f"more than {limit} values of {it.name} to enumerate"
     return a, b
 
 
-def leaves_box(scope: ir.Scope, reach: Sequence[tuple[int, int]]) -> tuple[int, tuple[int, int]] | None:
+def unproven_zero_at(
+    scope: ir.Scope, it: ir.Iter, value: int, finite: Finite, labels: Mapping[ir.Scope, str]
+) -> str | None:
+    """Why the body is not provably 0 at ``it = value`` although it would be if more values
+    were finite (``"only if W is finite; ..."``); ``None`` if finiteness is not what is missing."""
+    needed = zero_only_if_finite(fix_iterator(scope, it, value), finite=finite)
+    return finiteness_reason(needed, labels) if needed else None
+
+
+class Leak(NamedTuple):
+    """Where a read leaves a scope's box onto points not provably 0 (see :func:`leaves_box`)."""
+
+    dimension: int
+    piece: tuple[int, int]
+    needs_finite: tuple[ir.Tensor | ir.Scope, ...]  # what would make it 0 if finite (empty: nothing would)
+
+
+def leaves_box(
+    scope: ir.Scope, reach: Sequence[tuple[int, int]], finite: Finite = nothing_finite
+) -> Leak | None:
     """Where a read of ``scope`` reaching ``reach`` leaves its box onto points not provably 0.
 
     Parameters
@@ -162,13 +327,16 @@ def leaves_box(scope: ir.Scope, reach: Sequence[tuple[int, int]]) -> tuple[int, 
         The scope read.
     reach : sequence of (min, max)
         Inclusive bounds of each index of the read.
+    finite : callable, optional
+        Which input tensors are known to be finite (see :func:`is_zero`).
 
     Returns
     -------
-    (dimension, (lo, hi)) or None
+    Leak or None
         The first dimension and half-open part of it outside the traversal
         range where the body is not provably 0 (every other traversal
-        iterator ranging over its reachable values); ``None`` if there is none.
+        iterator ranging over its reachable values), and the values whose
+        finiteness would make it 0 there; ``None`` if there is none.
     """
     hull = {z: (a, b + 1) for z, (a, b) in zip(scope.traversal, reach, strict=True)}
     for z, (a, b) in zip(scope.traversal, reach, strict=True):
@@ -178,8 +346,10 @@ def leaves_box(scope: ir.Scope, reach: Sequence[tuple[int, int]]) -> tuple[int, 
         if b >= z.hi:
             pieces.append((max(a, z.hi), b + 1))
         for piece in pieces:
-            if not is_zero(scope.body, {**hull, z: piece}):
-                return scope.traversal.index(z), piece
+            box = {**hull, z: piece}
+            if not is_zero(scope.body, box, finite=finite):
+                needed = zero_only_if_finite(scope.body, box, finite=finite)
+                return Leak(scope.traversal.index(z), piece, needed or ())
     return None
 
 
@@ -260,7 +430,9 @@ class TightenBoundary(ProgramScopeRule):
 
     The values of each iterator are scanned inwards from both ends; a value is
     dropped when the body with the iterator fixed to it (and every extent-1
-    iterator fixed too) is provably 0 (:func:`is_zero`). Dropping zero terms
+    iterator fixed too) is provably 0 (:func:`is_zero`: a factor read out of
+    range zeroes a product only if every other factor is provably finite, so
+    a weight must be a constant known to be finite). Dropping zero terms
     of a sum is always legal; a summation range that collapses to one value
     is substituted and removed. Dropping traversal points changes the
     scope's shape, so it is legal only for scopes that are not program
@@ -277,12 +449,16 @@ class TightenBoundary(ProgramScopeRule):
     def match_in(self, scope: ir.Scope, facts: ProgramFacts, ctx: Context) -> Iterator[Hit | str]:
         label = facts.labels.get(scope, "Y")
         for it in scope.traversal + scope.summation:
-            span = nonzero_span(scope, it)
+            span = nonzero_span(scope, it, finite=ctx.is_finite)
             if isinstance(span, str):
-                if zero_at(scope, it, it.lo) or zero_at(scope, it, it.hi - 1):
+                if zero_at(scope, it, it.lo, ctx.is_finite) or zero_at(scope, it, it.hi - 1, ctx.is_finite):
                     yield span
                 continue
             if span == (it.lo, it.hi):
+                for v in dict.fromkeys((it.lo, it.hi - 1)):
+                    why = unproven_zero_at(scope, it, v, ctx.is_finite, facts.labels)
+                    if why:
+                        yield f"cannot drop {it.name} = {v}: the body is 0 there {why}"
                 continue
             if span is None:
                 yield f"every value of {it.name} gives 0: the scope is 0 everywhere (not tightened)"
@@ -348,8 +524,11 @@ class RelaxBoundary(ProgramScopeRule):
     a multiple of 2 and of 3 (at the end or at the start), the full range of
     a source dimension the iterator indexes as ``+-it + k``, and (for a
     traversal iterator) the hull of the values readers of the scope ask for.
-    Legal when the body is provably 0 at every new value; a traversal
-    iterator of a program output is refused (its shape is fixed).
+    Legal when the body is provably 0 at every new value (:func:`is_zero`:
+    the kernel read out of range times an activation is NaN where the
+    activation is infinite, so Fig. 6's relaxation needs the activation to
+    be known finite); a traversal iterator of a program output is refused
+    (its shape is fixed).
     """
 
     name = "relax_boundary"
@@ -368,10 +547,14 @@ class RelaxBoundary(ProgramScopeRule):
                 if len(new) > ENUMERATION_LIMIT:
                     refused = refused or f"{what}: more than {ENUMERATION_LIMIT} new values to enumerate"
                     continue
-                bad = next((v for v in new if not zero_at(scope, it, v)), None)
+                bad = next((v for v in new if not zero_at(scope, it, v, ctx.is_finite)), None)
                 if bad is not None:
                     if not output:
-                        refused = refused or f"{what}: the body is not provably 0 at {it.name} = {bad}"
+                        why = unproven_zero_at(scope, it, bad, ctx.is_finite, facts.labels)
+                        there = (
+                            f"0 at {it.name} = {bad} {why}" if why else f"not provably 0 at {it.name} = {bad}"
+                        )
+                        refused = refused or f"{what}: the body is {there}"
                 elif output:
                     refused = refused or f"{label} is a program output; its shape is fixed (cannot {what})"
                 else:

@@ -14,17 +14,21 @@ from collections.abc import Iterator
 from einopt import ir
 from einopt.rewrite import accesses, replace_scopes
 from einopt.rules.base import NO_CONTEXT, Context, Failure, Match, Rule
+from einopt.rules.boundary import Finite, nothing_finite
 from einopt.rules.traversal import inline
 
 __all__ = ["fuse", "FuseExpressions", "RULES"]
 
 
-def fuse(program: ir.Program, consumer: str, producer: str) -> ir.Program | str:
+def fuse(
+    program: ir.Program, consumer: str, producer: str, finite: Finite = nothing_finite
+) -> ir.Program | str:
     """``program`` with binding ``producer`` inlined into binding ``consumer``, or why not.
 
     Every read of the producer in the consumer's body (not in scopes nested
     in it) is inlined in turn; the producer's binding is dropped when no
-    binding reads it any more and it is not an output.
+    binding reads it any more and it is not an output. ``finite`` says which
+    input tensors are known to be finite (see :func:`~einopt.rules.traversal.inline`).
     """
     c, p = program.scope(consumer), program.scope(producer)
     reads = [a for a in accesses(c.body) if a.source is p]
@@ -32,7 +36,7 @@ def fuse(program: ir.Program, consumer: str, producer: str) -> ir.Program | str:
         return f"{consumer} does not read {producer}"
     new = c
     for acc in reads:
-        found = inline(new, acc, producer)
+        found = inline(new, acc, producer, finite, program.names())
         if isinstance(found, str):
             return found
         new = found
@@ -54,7 +58,7 @@ class FuseExpressions(Rule):
     legality of ``merge_traversal``: a summing ``P`` only as a factor of
     ``C``'s product (``relu`` around an OffsetReduce is refused, a scale
     ``Y[h, w, f] * S[f]`` fuses), and reads outside ``P``'s box only where
-    ``P``'s body is provably 0. ``P``'s binding is dropped when no binding
+    ``P``'s body is provably 0 (``0 * W`` only for a ``W`` known to be finite). ``P``'s binding is dropped when no binding
     reads it any more and it is not a program output. One match per
     (consumer, producer) pair; a chain of layout scopes (transpose, then
     reshape) becomes one expression.
@@ -71,7 +75,7 @@ class FuseExpressions(Rule):
                 names[a.source] for a in accesses(c.body) if a.source in names and a.source is not c
             )
             for producer in producers:
-                found = fuse(program, consumer, producer)
+                found = fuse(program, consumer, producer, ctx.is_finite)
                 if isinstance(found, str):
                     yield Failure(self.name, consumer, found)
                     continue
@@ -87,7 +91,7 @@ class FuseExpressions(Rule):
     def apply(self, program: ir.Program, match: Match, ctx: Context = NO_CONTEXT) -> ir.Program:
         if match.rule != self.name:
             raise ValueError(f"{self.name} cannot apply a match of {match.rule}")
-        found = fuse(program, match["consumer"], match["producer"])
+        found = fuse(program, match["consumer"], match["producer"], ctx.is_finite)
         if isinstance(found, str):
             raise ValueError(found)
         return found

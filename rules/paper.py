@@ -1,8 +1,11 @@
 """The paper's derivations, reproduced by applying named rules in sequence.
 
 Each entry of :data:`DERIVATIONS` is a start program (text syntax), the steps
-that derive it (rule names, and which match to take) and, for constant-aware
-rewrites, seeded constant values. ``einopt derive --paper NAME`` prints the
+that derive it (rule names, and which match to take) and seeded values for
+its weights: in the paper's setting weights are constants, and the zero
+analysis needs them to be known finite (``0 * W`` is 0 only for a finite
+``W``). Activations are never constants; a derivation that needs one to be
+finite says so in ``assumed_finite``. ``einopt derive --paper NAME`` prints the
 checked trace; ``tests/test_derivations.py`` checks every step numerically
 and instantiates the result; ``scripts/derivations.py`` writes all traces to
 ``docs/derivations.md``. Shapes are small so that every step can be checked
@@ -34,6 +37,7 @@ class PaperDerivation:
     steps: tuple[Step, ...]
     weights: tuple[str, ...] = ()  # inputs that are model weights (known when instantiating)
     constants: Callable[[], dict[str, np.ndarray]] | None = None  # values constant-aware rules rely on
+    assumed_finite: tuple[str, ...] = ()  # activations the derivation assumes finite (see Context)
 
     def program(self) -> ir.Program:
         node = parse(self.text)
@@ -41,12 +45,28 @@ class PaperDerivation:
             return ir.Program(tuple(ir.input_tensors(node)), (("Y", node),), ("Y",))
         return node
 
+    def values(self) -> dict[str, np.ndarray]:
+        """The constants: ``constants()`` when given, and seeded weights for the other weights."""
+        given = self.constants() if self.constants else {}
+        shapes = {t.name: t.shape for t in self.program().inputs}
+        return {**_seeded(shapes, [w for w in self.weights if w not in given]), **given}
+
     def context(self) -> Context:
-        return Context(self.constants()) if self.constants else Context()
+        return Context(self.values(), assumed_finite=frozenset(self.assumed_finite))
 
     def run(self, verify: bool = True) -> Trace:
         """Apply the steps, checking each against the program before it (see :func:`derive`)."""
         return derive(self.program(), self.steps, self.context(), verify=verify)
+
+
+# Seeded weights are nonzero integers (finite, and exact in the interpreter's integer mode, so
+# every step is still checked in both modes).
+_WEIGHT_VALUES = np.array([-4.0, -3.0, -2.0, -1.0, 1.0, 2.0, 3.0, 4.0])
+
+
+def _seeded(shapes: dict[str, tuple[int, ...]], names: list[str]) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {n: rng.choice(_WEIGHT_VALUES, shapes[n]) for n in sorted(names)}
 
 
 def _s(rule: str, choose: str | None = None, at: str | None = None) -> Step:
@@ -137,7 +157,8 @@ _LIST = [
     ),
     PaperDerivation(
         "fig6",
-        "Fig. 6: Conv5x5 -> (relax) Conv6x6 -> Conv3x3 with 4x the output channels plus an OffsetReduce",
+        "Fig. 6: Conv5x5 -> (relax) Conv6x6 -> Conv3x3 with 4x the output channels plus an OffsetReduce "
+        "(assumes the input A is finite)",
         "L[h:8, w:8, f:2] Sum[r:5, s:5, c:3] A[h+r-2, w+s-2, c] * K[f, c, r, s] where A: [8, 8, 3], K: [2, 3, 5, 5]",
         (
             _s("relax_boundary", "relax r from [0, 5) to [0, 6)"),
@@ -152,6 +173,8 @@ _LIST = [
             _s("materialize_access", "materialize K"),
         ),
         weights=("K",),
+        # The relaxed taps read K out of range (0) and multiply A: 0 * A is 0 only for a finite A.
+        assumed_finite=("A",),
     ),
     PaperDerivation(
         "convtranspose_matmul",

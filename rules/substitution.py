@@ -18,9 +18,9 @@ from typing import Any
 
 from einopt import ir
 from einopt.index import LinearForm, bounds, from_linear_form, linear_form, simplify, substitute
-from einopt.rewrite import accesses, fresh_name, iter_names, product_factors, substitute_iters
+from einopt.rewrite import accesses, fresh_name, iter_names, substitute_iters
 from einopt.rules.base import Context, Hit, Rule, ScopeRule, hit
-from einopt.rules.boundary import is_zero
+from einopt.rules.boundary import Finite, finiteness_reason, is_zero, zero_only_if_finite
 
 __all__ = ["SubstituteVariables", "RULES"]
 
@@ -248,17 +248,20 @@ def _split(scope: ir.Scope, z: ir.Iter, k: int) -> Hit:
     )
 
 
-def _split_sum(scope: ir.Scope, k: ir.Iter, K: int) -> Hit | str:
+def _split_sum(scope: ir.Scope, k: ir.Iter, K: int, finite: Finite) -> Hit | str:
     """``Sum k -> Sum q, r`` with ``k = K*q + r``; the terms outside ``k``'s range must vanish."""
     q, r, forward, inverse = _split_iters(scope, k, K)
     start, end = K * q.lo, K * q.hi
-    factors = [f for f in product_factors(scope.body) if isinstance(f, ir.Access)]
     for lo, hi in ((start, k.lo), (k.hi, end)):
-        # A factor read outside its source for every extra k makes those terms 0 (no scope is entered).
-        if lo < hi and not any(is_zero(f, {k: (lo, hi)}, depth=0) for f in factors):
+        # The extra terms must be provably 0 (a factor read outside its source, the others
+        # finite: 0 * inf is NaN); no scope is entered.
+        extra = {k: (lo, hi)}
+        if lo < hi and not is_zero(scope.body, extra, depth=0, finite=finite):
+            needed = zero_only_if_finite(scope.body, extra, depth=0, finite=finite)
+            why = f" (they are 0 {finiteness_reason(needed, {})})" if needed else ""
             return (
                 f"Sum {k.name} over [{k.lo}, {k.hi}) does not split into whole blocks of {K}: "
-                f"the extra terms {k.name} in [{lo}, {hi}) would not be zero"
+                f"the extra terms {k.name} in [{lo}, {hi}) would not be zero{why}"
             )
     if not (_undoes((k,), forward, inverse) and _undoes((q, r), inverse, forward)):
         return f"splitting Sum {k.name} by {K} is not a bijection"
@@ -316,7 +319,9 @@ class SubstituteVariables(ScopeRule):
       a ``k``-times coefficient becomes ``(q, r)``, ``z = z.lo + k*q + r``.
     * split a summation iterator the same way, in place (no new scope): the
       terms past its end must be zero, so its extent must be a multiple of
-      ``k`` or a factor of the product must read outside its source there.
+      ``k`` or the body must be provably 0 there: a factor reads outside its
+      source and the other factors are provably finite (a weight must be a
+      constant known to be finite: ``0 * inf`` is NaN).
     * reverse a summation iterator read with a negative coefficient, in place:
       ``k -> lo + hi - 1 - k`` (a flipped kernel becomes a correlation, so a
       stride-1 ConvTranspose form reads like a Conv).
@@ -330,7 +335,7 @@ class SubstituteVariables(ScopeRule):
         if _is_reindexing(scope):
             return
         seen: set[str] = set()
-        for found in self._candidates(scope):
+        for found in self._candidates(scope, ctx):
             key = found if isinstance(found, str) else found.summary
             if key in seen:
                 continue
@@ -340,7 +345,7 @@ class SubstituteVariables(ScopeRule):
             elif found.params["way"] in ("split_sum", "reverse_sum") or self._legal(scope, found.params):
                 yield found
 
-    def _candidates(self, scope: ir.Scope) -> Iterator[Hit | str]:
+    def _candidates(self, scope: ir.Scope, ctx: Context) -> Iterator[Hit | str]:
         trav = set(scope.traversal)
         sums = set(scope.summation)
         for e in _fusable(scope):
@@ -370,7 +375,7 @@ class SubstituteVariables(ScopeRule):
             if z in trav:
                 yield _split(scope, z, k)
             elif z in sums:
-                yield _split_sum(scope, z, k)
+                yield _split_sum(scope, z, k, ctx.is_finite)
         for k in _reversible(scope):
             yield _reverse_sum(scope, k)
 

@@ -21,7 +21,14 @@ from einopt.rewrite import (
     substitute_iters,
 )
 from einopt.rules.base import Context, Hit, Rule, hit
-from einopt.rules.boundary import ProgramFacts, ProgramScopeRule, leaves_box
+from einopt.rules.boundary import (
+    Finite,
+    ProgramFacts,
+    ProgramScopeRule,
+    finiteness_reason,
+    leaves_box,
+    nothing_finite,
+)
 
 __all__ = ["inline", "format_indices", "MergeTraversal", "RULES"]
 
@@ -68,14 +75,21 @@ def _factor_problem(body: ir.ValueExpr, acc: ir.Access) -> str | None:
     return "it is not read"  # pragma: no cover - acc comes from the body
 
 
-def inline(outer: ir.Scope, acc: ir.Access, name: str) -> ir.Scope | str:
+def inline(
+    outer: ir.Scope,
+    acc: ir.Access,
+    name: str,
+    finite: Finite = nothing_finite,
+    labels: Mapping[ir.Scope, str] | None = None,
+) -> ir.Scope | str:
     """``outer`` with the scope read by ``acc`` inlined at that read, or why that is not legal.
 
     ``I = L_z Sum_w g(z, w)`` read as ``I[Phi]`` becomes ``g(Phi, w)``; a
     summing ``I`` is legal only as one factor of ``outer``'s product (its
     summation joins ``outer``'s, renamed away from ``outer``'s names:
     ``c * Sum_w g = Sum_w c*g``). Reads that may leave ``I``'s box are legal
-    only where ``g`` is provably 0 (the read gave 0 there).
+    only where ``g`` is provably 0 (the read gave 0 there; a product is 0
+    only where its other factors are provably finite).
 
     Parameters
     ----------
@@ -85,6 +99,11 @@ def inline(outer: ir.Scope, acc: ir.Access, name: str) -> ir.Scope | str:
         An access of ``outer``'s body whose source is a scope.
     name : str
         How to call the inlined scope in reasons.
+    finite : callable, optional
+        Which input tensors are known to be finite
+        (:meth:`~einopt.rules.base.Context.is_finite`); by default none.
+    labels : mapping of Scope to str, optional
+        Names of scopes, for reasons.
 
     Returns
     -------
@@ -100,14 +119,14 @@ def inline(outer: ir.Scope, acc: ir.Access, name: str) -> ir.Scope | str:
             sums = ", ".join(it.name for it in inner.summation)
             return f"{name} sums over {sums}: it can only be inlined as a factor of a product, but {problem}"
     reach = [bounds(i) for i in acc.indices]
-    leaving = leaves_box(inner, reach)
-    if leaving is not None:
-        d, _ = leaving
+    leak = leaves_box(inner, reach, finite)
+    if leak is not None:
+        d = leak.dimension
         z, (a, b) = inner.traversal[d], reach[d]
-        return (
-            f"reads {name} at {index_text(acc.indices[d])} in [{a}, {b}], outside [{z.lo}, {z.hi}), "
-            f"where {name} is not provably 0"
-        )
+        where = f"reads {name} at {index_text(acc.indices[d])} in [{a}, {b}], outside [{z.lo}, {z.hi}), "
+        if leak.needs_finite:
+            return where + f"where {name} is 0 {finiteness_reason(leak.needs_finite, labels or {})}"
+        return where + f"where {name} is not provably 0"
     mapping: dict[ir.Iter, ir.IndexExpr] = dict(zip(inner.traversal, acc.indices, strict=True))
     new_sums, renamed = rename_apart(inner.summation, iter_names(outer))
     mapping.update(renamed)
@@ -127,7 +146,8 @@ class MergeTraversal(ProgramScopeRule):
     away from the outer names); a read under a unary function, a sum or a
     quotient of a summing scope is refused; and (b) every read stays inside
     ``I``'s traversal box, or ``g`` is provably 0 wherever the read can leave
-    it (:func:`~einopt.rules.boundary.leaves_box`). One match per (scope,
+    it (:func:`~einopt.rules.boundary.leaves_box`; a product is 0 there only
+    where its other factors are provably finite). One match per (scope,
     read of a scope); a binding's direct reads of other bindings are left
     to ``fuse_expressions``, but a bound scope read from a nested one (the
     zero-insertion scope of a ConvTranspose, read by a split-off partial
@@ -146,14 +166,14 @@ class MergeTraversal(ProgramScopeRule):
             if acc.source in facts.bound and scope in facts.bound:
                 continue  # one binding reading another: fuse_expressions' job
             label = facts.labels.get(acc.source, "scope")
-            found = inline(scope, acc, label)
+            found = inline(scope, acc, label, ctx.is_finite, facts.labels)
             if isinstance(found, str):
                 yield found
             else:
                 yield hit(f"inline {label} read at [{format_indices(acc)}]", access=acc)
 
     def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:
-        found = inline(scope, params["access"], "scope")
+        found = inline(scope, params["access"], "scope", ctx.is_finite)
         if isinstance(found, str):
             raise ValueError(found)
         return found

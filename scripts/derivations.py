@@ -21,14 +21,30 @@ step names the rule, where it applied and what it did, followed by the
 program after it. Every step was checked against the program before it with
 the reference interpreter (the modes are listed after each step). Replay one
 with `einopt derive --paper NAME`.
+
+Weights are constants with seeded values, as in a model: a read out of range
+zeroes a product only where the other factors are known to be finite
+(`0 * inf` is NaN), and only constants are. A derivation that also needs an
+activation to be finite says so.
 """
+
+
+def _premises(d) -> str:
+    """What the derivation takes as given: its constants and any activation assumed finite."""
+    lines = []
+    constants = sorted(d.values())
+    if constants:
+        lines.append(f"Constants: {', '.join(constants)}.")
+    if d.assumed_finite:
+        lines.append(f"Assumed finite (not constants): {', '.join(d.assumed_finite)}.")
+    return "".join(f"{line}\n\n" for line in lines)
 
 
 def render() -> str:
     parts = [HEADER]
     for d in DERIVATIONS.values():
         trace = d.run()
-        parts.append(f"## {d.name}: {d.title}\n\n```text\n{trace.format()}\n```\n")
+        parts.append(f"## {d.name}: {d.title}\n\n{_premises(d)}```text\n{trace.format()}\n```\n")
     return "\n".join(parts)
 
 

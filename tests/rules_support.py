@@ -21,19 +21,22 @@ import numpy as np
 from hypothesis import strategies as st
 
 from einopt import ir
+from einopt.interp import evaluate
 from einopt.keys import key
 from einopt.parser import parse
-from einopt.rules import NO_CONTEXT, Context, Match, check_equivalent, get
+from einopt.rules import NO_CONTEXT, Context, Failure, Match, check_equivalent, get
 
 
 @dataclasses.dataclass(frozen=True)
 class Example:
-    """A program (text syntax) the rule must match; ``constants`` become the Context."""
+    """A program (text syntax) the rule must match; ``constants`` (and ``assumed_finite``
+    inputs) become the Context."""
 
     text: str
     constants: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
     shapes: Mapping[str, list[int]] | None = None
     min_matches: int = 1
+    assumed_finite: frozenset[str] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +47,7 @@ class NearMiss:
     reason: str
     constants: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
     shapes: Mapping[str, list[int]] | None = None
+    assumed_finite: frozenset[str] = frozenset()
 
 
 def as_program(node: ir.Scope | ir.Program, name: str = "Y") -> ir.Program:
@@ -83,8 +87,26 @@ def apply_all(
     return out
 
 
-def context(constants: Mapping[str, np.ndarray]) -> Context:
-    return Context(dict(constants)) if constants else NO_CONTEXT
+def context(constants: Mapping[str, np.ndarray], assumed_finite: frozenset[str] = frozenset()) -> Context:
+    if not constants and not assumed_finite:
+        return NO_CONTEXT
+    return Context(dict(constants), assumed_finite=frozenset(assumed_finite))
+
+
+def weights(text: str, *names: str, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded finite constants for the named inputs of ``text``: nonzero integers in [-4, 4], so
+    the rule is still checked in the interpreter's exact integer mode."""
+    shapes = {t.name: t.shape for t in load(text).inputs}
+    rng = np.random.default_rng(seed)
+    values = np.array([-4.0, -3.0, -2.0, -1.0, 1.0, 2.0, 3.0, 4.0])
+    return {n: rng.choice(values, shapes[n]) for n in names}
+
+
+def with_special_values(arr: np.ndarray, at: tuple[int, ...], value: float = float("inf")) -> np.ndarray:
+    """A copy of ``arr`` holding ``value`` (an infinity or NaN) at position ``at``."""
+    out = np.array(arr, dtype=np.float64)
+    out[at] = value
+    return out
 
 
 # --------------------------------------------------------------------------
@@ -147,3 +169,35 @@ def contractions(draw, max_tensors: int = 2, max_sums: int = 3, min_sums: int = 
 @st.composite
 def programs(draw, **kwargs) -> ir.Program:
     return as_program(draw(contractions(**kwargs)))
+
+
+def assert_needs_finite(
+    rule_name: str, text: str, weight: str, at: tuple[int, ...], choose: str, reason: str
+) -> None:
+    """The rewrite ``choose`` of ``text`` is justified only by ``0 * weight = 0``.
+
+    The rule refuses it (with ``reason``) while ``weight`` is an input, and
+    while it is a constant holding an infinity; it applies once ``weight`` is
+    a finite constant; and that rewrite, applied anyway, changes the
+    interpreter's result when ``weight`` holds an infinity at ``at``.
+    """
+    program = load(text)
+    rule = get(rule_name)
+    finite = weights(text, weight)
+    infinite = {weight: with_special_values(finite[weight], at)}
+    for ctx in (NO_CONTEXT, context(infinite)):
+        found = list(rule.match(program, ctx))
+        taken = [m for m in found if isinstance(m, Match) and choose in m.summary]
+        assert not taken, f"{rule_name} took {taken[0]} without a finite {weight}"
+        reasons = [str(f) for f in found if isinstance(f, Failure)]
+        assert any(reason in r for r in reasons), f"no failure mentions {reason!r}: {reasons}"
+    ctx = context(finite)
+    (m,) = [m for m in rule.matches(program, ctx) if choose in m.summary]
+    after = rule.apply(program, m, ctx)
+    check_result(program, after, ctx)
+    rng = np.random.default_rng(0)
+    inputs = {t.name: rng.standard_normal(t.shape) for t in program.inputs} | infinite
+    want, got = evaluate(program, inputs), evaluate(after, inputs)
+    assert any(not np.array_equal(want[o], got[o], equal_nan=True) for o in program.outputs), (
+        f"{m} gave the same values with {weight} infinite at {at}"
+    )

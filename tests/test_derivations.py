@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import re
 
+import numpy as np
 import pytest
 from test_instantiate import run_onnx
 
 from einopt import ir
 from einopt.parser import parse
-from einopt.rules import check_equivalent, derive
+from einopt.rules import DerivationError, check_equivalent, derive
 from einopt.rules.paper import DERIVATIONS
 
 # What the derived program must instantiate to: (materialised scope label, chosen operator) pairs,
@@ -153,3 +155,24 @@ def test_the_recorded_traces_in_docs_are_up_to_date():
     spec.loader.exec_module(script)
     recorded = (root / "docs" / "derivations.md").read_text()
     assert recorded == script.render(), "docs/derivations.md is stale: run python scripts/derivations.py"
+
+
+def test_only_weights_are_constants_and_only_fig6_assumes_a_finite_activation():
+    for d in DERIVATIONS.values():
+        values = d.values()
+        assert set(values) == set(d.weights), d.name
+        assert all(np.isfinite(v).all() for v in values.values()), d.name
+    assert {n: d.assumed_finite for n, d in DERIVATIONS.items() if d.assumed_finite} == {"fig6": ("A",)}
+
+
+@pytest.mark.parametrize(
+    "name, reason",
+    [
+        ("fig5", "cannot drop t = -1: the body is 0 there only if K is finite"),
+        ("fig6", "the body is 0 at r = -1 only if A is finite"),
+    ],
+)
+def test_without_its_premises_a_derivation_stops_at_the_zero_argument(name, reason):
+    d = DERIVATIONS[name]
+    with pytest.raises(DerivationError, match=re.escape(reason)):
+        derive(d.program(), d.steps, verify=False)

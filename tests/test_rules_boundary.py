@@ -5,19 +5,30 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rules_support import Example, NearMiss, apply_all, as_program, contractions, iterators, load, programs
+from rules_support import (
+    Example,
+    NearMiss,
+    apply_all,
+    as_program,
+    assert_needs_finite,
+    context,
+    contractions,
+    iterators,
+    load,
+    programs,
+    weights,
+)
 
 from einopt import ir
 from einopt.interp import evaluate
 from einopt.parser import parse
 from einopt.rewrite import map_accesses
-from einopt.rules import get
-from einopt.rules.boundary import is_zero, zero_at
+from einopt.rules import NO_CONTEXT, Context, get
+from einopt.rules.boundary import is_zero, zero_at, zero_only_if_finite
 
 from paper import fig5_texts
 
 H, W, C, F = 6, 5, 3, 4
-E4, E5, E6 = (load(t) for t in fig5_texts(H, W, C, F)[3:6])
 # Fig. 5 E5 as the brief writes it: the inner scope laid out (r, s, t, t1, f).
 INNER_PADDED = (
     "L[h:14, w:14, f:4] Sum[r:3, s:3] {L[r:3, s:3, t=-1:15, t1=-1:15, f:4] Sum[c:3] A[t, t1, c] * K[r, s, f, c]}"
@@ -28,39 +39,66 @@ CONV5X5 = "L[h:8, w:8, f:2] Sum[r:5, s:5, c:3] A[h+r-2, w+s-2, c] * K[f, c, r, s
 RESIDUE = "L[o:4] Sum[q:2, r:2] {L[i:4, p:1] X[i]}[o-q, (1-r)%2] * W[2*q+r] where X: [4], W: [4]"
 PADDED_OUTPUT = "L[i=-1:5] A[i] where A: [4]"
 NESTED_PADDED = "L[i:4] Sum[k=-2:6] {L[j=-1:5] A[j] * 2}[k] * B[i, k] where A: [4], B: [4, 6]"
+E5_TEXT, E6_TEXT = fig5_texts(H, W, C, F)[4:6]
+E5, E6 = load(E5_TEXT), load(E6_TEXT)
+# The padding reads (A out of range) multiply the weights: 0 only for finite weights.
+K_E5, K_PADDED, W_RESIDUE, K_CONV5X5 = (
+    weights(E5_TEXT, "K"),
+    weights(INNER_PADDED, "K"),
+    weights(RESIDUE, "W"),
+    weights(CONV5X5, "K"),
+)
+# Small cases whose zero points are 0 only if the weight W is finite.
+TIGHTEN_W = "L[i:2] Sum[k:4] X[k] * W[k] where X: [2], W: [4]"
+RELAX_W = "L[i:2] Sum[k:2] X[k] * W[k+1] where X: [2], W: [5]"
 
 EXAMPLES = {
     "tighten_boundary": [
-        Example(fig5_texts(H, W, C, F)[4], min_matches=2),
-        Example(INNER_PADDED, min_matches=2),
-        Example(RESIDUE),
+        Example(E5_TEXT, K_E5, min_matches=2),
+        Example(INNER_PADDED, K_PADDED, min_matches=2),
+        Example(RESIDUE, W_RESIDUE),
         Example(NESTED_PADDED, min_matches=2),
         Example("L[i:3] Sum[k=-3:7] max(A[i, k], 0) + relu(B[k]) where A: [3, 4], B: [5]"),
         Example("T = L[i=-2:6] A[i]\nY = L[j:4] T[j] * 3\nreturn Y\nwhere A: [4]"),
+        Example(TIGHTEN_W, weights(TIGHTEN_W, "W")),
     ],
     "relax_boundary": [
-        Example(CONV5X5, min_matches=4),
-        Example(fig5_texts(H, W, C, F)[5], min_matches=2),
+        # Fig. 6: the relaxed taps read K out of range and multiply the activation A.
+        Example(CONV5X5, K_CONV5X5, min_matches=4, assumed_finite=frozenset({"A"})),
+        Example(E6_TEXT, K_E5, min_matches=2),
         Example(NESTED_PADDED, min_matches=1),
+        Example(RELAX_W, weights(RELAX_W, "W")),
     ],
 }
 
 NEAR_MISSES = {
     "tighten_boundary": [
         NearMiss(PADDED_OUTPUT, "Y is a program output; its shape is fixed"),
-        NearMiss("L[i:3] Sum[k=-1:1] A[i, k] * B[k+5] where A: [3, 4], B: [4]", "every value of k gives 0"),
+        NearMiss("L[i:3] Sum[k=-1:1] A[i, k+5] * B[k+5] where A: [3, 4], B: [4]", "every value of k gives 0"),
+        NearMiss(E5_TEXT, "cannot drop t1 = -2: the body is 0 there only if K is finite"),
+        NearMiss(TIGHTEN_W, "cannot drop k = 3: the body is 0 there only if W is finite"),
     ],
     "relax_boundary": [
         NearMiss(
             "L[i:3] Sum[k=1:6] A[i, k] + B[k] where A: [3, 9], B: [9]", "the body is not provably 0 at k = 0"
         ),
         NearMiss("L[i:3] A[i] where A: [4]", "Y is a program output; its shape is fixed"),
+        # Relaxed kernel taps multiply the activation A by 0: not 0 where A is infinite.
+        NearMiss(
+            "L[h:4] Sum[r:3] A[h+r-1] * K[r] where A: [4], K: [3]",
+            "the body is 0 at r = -1 only if A is finite; A is not a constant known to be finite",
+            {"K": np.array([1.0, 2.0, 3.0])},
+        ),
+        # A constant with a NaN is not finite either.
+        NearMiss(
+            RELAX_W, "the body is 0 at k = -1 only if W is finite", {"W": np.array([1.0, 2, 3, np.nan, 1])}
+        ),
     ],
 }
 
 
-def _only_match(name, program, choose=""):
-    found = [(m, p) for m, p in apply_all(name, program) if choose in m.summary]
+def _only_match(name, program, choose="", ctx=NO_CONTEXT):
+    found = [(m, p) for m, p in apply_all(name, program, ctx) if choose in m.summary]
     assert len(found) == 1, [str(m) for m, _ in found]
     return found[0]
 
@@ -72,36 +110,41 @@ def _nested(program):
 
 
 def test_fig5_e5_tightens_to_e6():
-    step = _only_match("tighten_boundary", E5, "tighten t1")[1]
+    ctx = context(K_E5)
+    step = _only_match("tighten_boundary", E5, "tighten t1", ctx)[1]
     assert [(it.lo, it.hi) for it in _nested(step).traversal[3:]] == [(0, H), (-2, W + 2)]
-    final = _only_match("tighten_boundary", step, "tighten t2")[1]
+    final = _only_match("tighten_boundary", step, "tighten t2", ctx)[1]
     assert final is E6
 
 
 def test_brief_e5_tightens_the_padded_inner_scope_to_the_input_range():
     program = load(INNER_PADDED)
-    summaries = [m.summary for m, _ in apply_all("tighten_boundary", program)]
+    summaries = [m.summary for m, _ in apply_all("tighten_boundary", program, context(K_PADDED))]
     assert summaries == ["tighten t from [-1, 15) to [0, 14)", "tighten t1 from [-1, 15) to [0, 14)"]
 
 
-def test_fig6_relaxes_conv5x5_to_conv6x6():
-    m, after = _only_match("relax_boundary", load(CONV5X5), "relax r from [0, 5) to [0, 6)")
+def test_fig6_relaxes_conv5x5_to_conv6x6_only_for_a_finite_input():
+    # The new taps multiply A by K read out of range: 0 only where A is finite.
+    ctx = Context(K_CONV5X5, assumed_finite=frozenset({"A"}))
+    without = get("relax_boundary").matches(load(CONV5X5), context(K_CONV5X5))
+    assert not [m for m in without if m.summary.startswith(("relax r", "relax s"))]
+    m, after = _only_match("relax_boundary", load(CONV5X5), "relax r from [0, 5) to [0, 6)", ctx)
     assert str(after.scope("Y")).startswith(
         "L[h:8, w:8, f:2] Sum[r:6, s:5, c:3] A[h+r-2, w+s-2, c] * K[f, c, r, s]"
     )
-    both = _only_match("relax_boundary", after, "relax s from [0, 5) to [0, 6)")[1]
+    both = _only_match("relax_boundary", after, "relax s from [0, 5) to [0, 6)", ctx)[1]
     assert both.scope("Y").summation == tuple(
         parse("L[x:1] Sum[r:6, s:6, c:3] A[r, s, c] where A: [6, 6, 3]").summation
     )
 
 
 def test_relax_undoes_a_tightening_of_a_nested_scope():
-    summaries = [m.summary for m, _ in apply_all("relax_boundary", E6)]
+    summaries = [m.summary for m, _ in apply_all("relax_boundary", E6, context(K_E5))]
     assert "relax t1 from [0, 6) to [-1, 7)" in summaries
 
 
 def test_collapsed_summation_is_substituted():
-    m, after = _only_match("tighten_boundary", load(RESIDUE))
+    m, after = _only_match("tighten_boundary", load(RESIDUE), ctx=context(W_RESIDUE))
     assert m.summary == "tighten r from [0, 2) to [1, 2): Sum over r becomes r = 1"
     assert [it.name for it in after.scope("Y").summation] == ["q"]
     assert str(after.scope("Y").body) == "{L[i:4, p:1] X[i]}[o-q, 0] * W[2*q+1]"
@@ -200,3 +243,152 @@ def test_random_nested_bodies(scope):
     program = as_program(outer)
     apply_all("tighten_boundary", program)
     apply_all("relax_boundary", program)
+
+
+# --------------------------------------------------------------------------
+# 0 * x is 0 only for a finite x: infinities and NaN in inputs not known finite
+# --------------------------------------------------------------------------
+
+_SPECIAL = np.array([np.inf, -np.inf, np.nan])
+
+
+@st.composite
+def special_bodies(draw):
+    """Bodies multiplied by reads of a fourth tensor, functions of it and special constants, and
+    which input tensors are known to be finite."""
+    scope = draw(bodies())
+    its = scope.traversal + scope.summation
+    body = scope.body
+    d = ir.Tensor("E", (draw(st.integers(1, 4)),))
+    for _ in range(draw(st.integers(1, 2))):
+        other = d[draw(st.sampled_from(its))]
+        factor = draw(
+            st.sampled_from(
+                [
+                    other,
+                    ir.Unary("tanh", other),
+                    ir.Unary("sqrt", other),
+                    ir.Unary("leaky_relu", other, 0.1),
+                    ir.Binary("max", other, ir.Const(1.0)),
+                    other + other,
+                    other * other,
+                    ir.Const(float("inf")),
+                    ir.Const(float("nan")),
+                    ir.Const(3.0),
+                ]
+            )
+        )
+        body = ir.Binary("*", factor, body) if draw(st.booleans()) else ir.Binary("*", body, factor)
+    scope = ir.Scope(scope.traversal, scope.summation, body)
+    names = sorted(t.name for t in ir.input_tensors(scope))
+    finite = frozenset(draw(st.lists(st.sampled_from(names), unique=True)))
+    return scope, finite
+
+
+def _special_inputs(scope, finite, seed=0):
+    """Finite tensors hold normals; every other tensor holds only infinities and NaN."""
+    rng = np.random.default_rng(seed)
+    return {
+        t.name: rng.standard_normal(t.shape) * 3 if t.name in finite else rng.choice(_SPECIAL, t.shape)
+        for t in ir.input_tensors(scope)
+    }
+
+
+@settings(max_examples=150, deadline=None)
+@given(special_bodies())
+def test_zero_analysis_is_sound_with_infinities_and_nan(case):
+    scope, finite = case
+    known = context({}, finite).is_finite
+    its = scope.traversal + scope.summation
+    pointwise = evaluate(ir.Scope(its, (), scope.body), _special_inputs(scope, finite))
+    if is_zero(scope.body, finite=known):
+        assert (pointwise == 0).all(), f"claimed 0 but computed {pointwise}"
+    for d, it in enumerate(its):
+        for v in range(it.lo, it.hi):
+            if zero_at(scope, it, v, known):
+                assert (np.take(pointwise, v - it.lo, axis=d) == 0).all(), f"{it.name} = {v} claimed 0"
+
+
+_PADDED_PRODUCT = "L[i:2] A[i+5] * B[i] where A: [4], B: [2]"
+_FINITE_CASES = [
+    # (body, tensors known finite, provably 0)
+    (_PADDED_PRODUCT, (), False),
+    (_PADDED_PRODUCT, ("B",), True),
+    (_PADDED_PRODUCT, ("A",), False),  # A is the zero factor; B may be infinite
+    ("L[i:2] A[i+5] * 3 where A: [4]", (), True),
+    ("L[i:2] A[i+5] * inf where A: [4]", (), False),
+    ("L[i:2] A[i+5] * nan where A: [4]", (), False),
+    ("L[i:2] A[i+5] * A[i+6] where A: [4]", (), True),  # both factors 0, so both finite
+    ("L[i:2] A[i+5] * tanh(B[i]) where A: [4], B: [2]", ("B",), True),
+    ("L[i:2] A[i+5] * relu(max(B[i], -1)) where A: [4], B: [2]", ("B",), True),
+    ("L[i:2] A[i+5] * leaky_relu(B[i], 0.5) where A: [4], B: [2]", ("B",), True),
+    ("L[i:2] A[i+5] * leaky_relu(B[i], 3.0) where A: [4], B: [2]", ("B",), False),  # 3 * B may overflow
+    ("L[i:2] A[i+5] * sqrt(B[i]) where A: [4], B: [2]", ("B",), False),  # sqrt(-1) is NaN
+    ("L[i:2] A[i+5] * exp(B[i]) where A: [4], B: [2]", ("B",), False),  # overflows
+    ("L[i:2] A[i+5] * (B[i] + B[i]) where A: [4], B: [2]", ("B",), False),  # may overflow
+    ("L[i:2] A[i+5] * (B[i] * B[i]) where A: [4], B: [2]", ("B",), False),
+    # A scope without summation over finite values is finite; with a summation it may overflow.
+    ("L[i:2] A[i+5] * {L[j:2] relu(B[j])}[i] where A: [4], B: [2]", ("B",), True),
+    ("L[i:2] A[i+5] * {L[j:2] Sum[k:2] B[k]}[i] where A: [4], B: [2]", ("B",), False),
+    ("L[i:2] A[i+5] * {L[j:2] B[j] * 2}[i] where A: [4], B: [2]", ("B",), False),
+    # The scope read is 0 where it is read: 0 * 0.
+    ("L[i:2] A[i+5] * {L[j:4] B[j] * C[j]}[i+2] where A: [4], B: [2], C: [4]", ("C",), True),
+    ("L[i:2] A[i+5] * {L[j:4] B[j] * C[j]}[i+2] where A: [4], B: [2], C: [4]", (), False),
+]
+
+
+def test_products_are_zero_only_with_finite_other_factors():
+    for text, finite, zero in _FINITE_CASES:
+        body = parse(text).body
+        known = context({}, frozenset(finite)).is_finite
+        assert is_zero(body, finite=known) is zero, (text, finite)
+
+
+def test_context_knows_finite_constants_only():
+    a, b, c, x = (ir.Tensor(n, (3,)) for n in "ABCX")
+    ctx = Context({"A": np.ones(3), "B": np.array([1.0, np.inf, 0.0]), "C": np.array([np.nan, 1.0, 2.0])})
+    assert [ctx.is_finite(t) for t in (a, b, c, x)] == [True, False, False, False]
+    assert Context({}, assumed_finite=frozenset({"X"})).is_finite(x)
+    # An assumption does not override a constant's actual values.
+    assert not Context({"B": np.array([np.inf])}, assumed_finite=frozenset({"B"})).is_finite(b)
+
+
+def test_what_is_missing_is_named():
+    body = parse("L[i:2] Sum[k:2] A[i+5] * B[k] * C[i] where A: [4], B: [2], C: [2]").body
+    assert [t.name for t in zero_only_if_finite(body)] == ["B", "C"]
+    assert [t.name for t in zero_only_if_finite(body, finite=lambda t: t.name == "B")] == ["C"]
+    assert zero_only_if_finite(body, finite=lambda t: t.name in "BC") == ()
+    assert zero_only_if_finite(parse("L[i:2] A[i] * B[i] where A: [2], B: [2]").body) is None
+
+
+def test_tighten_needs_a_finite_weight():
+    assert_needs_finite(
+        "tighten_boundary",
+        TIGHTEN_W,
+        "W",
+        (3,),
+        "tighten k from [0, 4) to [0, 2)",
+        "cannot drop k = 3: the body is 0 there only if W is finite; W is not a constant known to be finite",
+    )
+
+
+def test_relax_needs_a_finite_weight():
+    assert_needs_finite(
+        "relax_boundary",
+        RELAX_W,
+        "W",
+        (3,),
+        "relax k from [0, 2) to [0, 3)",
+        "the body is 0 at k = -1 only if W is finite; W is not a constant known to be finite",
+    )
+
+
+def test_fig5_tightening_needs_a_finite_kernel():
+    assert_needs_finite(
+        "tighten_boundary",
+        E5_TEXT,
+        "K",
+        (0, 0, 0, 0),
+        "tighten t1 from",
+        "the body is 0 there only if K is finite",
+    )

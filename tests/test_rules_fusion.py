@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rules_support import Example, NearMiss, affine_index, apply_all, contractions, iterators, load
+from rules_support import (
+    Example,
+    NearMiss,
+    affine_index,
+    apply_all,
+    assert_needs_finite,
+    contractions,
+    iterators,
+    load,
+    weights,
+)
 
 from einopt import ir
 from einopt.rules import get
@@ -19,6 +29,8 @@ LAYOUT_CHAIN = (
 )
 # A zero-padded shift read outside its range: legal because X is 0 there too.
 SHIFT = "P = L[i:4] X[i] * 3\nZ = L[m:6] P[m-1] + P[m]\nreturn Z, P\nwhere X: [4]"
+# Read past P's box, where X is out of range but W is not: 0 there only for a finite W.
+PAST_BOX = "P = L[j:4] X[j] * W[j]\nY = L[i:6] P[i-1]\nreturn Y\nwhere X: [4], W: [6]"
 
 EXAMPLES = {
     "fuse_expressions": [
@@ -28,6 +40,7 @@ EXAMPLES = {
         Example(
             "P = L[i:3, k:5] A[i, k] + 1\nY = L[i:3, j:4] Sum[k:5] P[i, k] * B[k, j]\nreturn Y\nwhere A: [3, 5], B: [5, 4]"
         ),
+        Example(PAST_BOX, weights(PAST_BOX, "W")),
     ],
 }
 
@@ -41,6 +54,7 @@ NEAR_MISSES = {
             "P = L[i:4] X[i] + 1\nZ = L[m:6] P[m-1]\nreturn Z\nwhere X: [4]",
             "reads P at m-1 in [-1, 4], outside [0, 4), where P is not provably 0",
         ),
+        NearMiss(PAST_BOX, "outside [0, 4), where P is 0 only if W is finite; W is not a constant"),
     ],
 }
 
@@ -105,3 +119,14 @@ def test_random_producers(program):
     for _, after in apply_all("fuse_expressions", program):
         kept = [n for n, _ in after.bindings]
         assert kept == (["P", "Y"] if "P" in program.outputs else ["Y"])
+
+
+def test_fusing_past_the_box_needs_a_finite_weight():
+    assert_needs_finite(
+        "fuse_expressions",
+        PAST_BOX,
+        "W",
+        (4,),
+        "inline P into Y",
+        "reads P at i-1 in [-1, 4], outside [0, 4), where P is 0 only if W is finite",
+    )

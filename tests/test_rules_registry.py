@@ -56,7 +56,7 @@ def test_rule_examples_are_equivalent(name):
     assert examples, f"rule {name} has no numeric example (add one to EXAMPLES in its test module)"
     for ex in examples:
         program = load(ex.text, ex.shapes)
-        applied = apply_all(name, program, context(ex.constants))
+        applied = apply_all(name, program, context(ex.constants, ex.assumed_finite))
         assert len(applied) >= ex.min_matches, f"{name} matched {len(applied)} times in:\n{program}"
 
 
@@ -67,7 +67,7 @@ def test_rule_refuses_near_misses_with_reason(name):
     rule = REGISTRY[name]
     for nm in misses:
         program = load(nm.text, nm.shapes)
-        found = list(rule.match(program, context(nm.constants)))
+        found = list(rule.match(program, context(nm.constants, nm.assumed_finite)))
         assert not [m for m in found if isinstance(m, Match)], f"{name} matched a near miss:\n{program}"
         reasons = [str(f) for f in found]
         assert any(nm.reason in r for r in reasons), f"{name}: no failure mentions {nm.reason!r}: {reasons}"

@@ -9,10 +9,12 @@ from rules_support import (
     NearMiss,
     apply_all,
     as_program,
+    assert_needs_finite,
     check_result,
     contractions,
     iterators,
     load,
+    weights,
 )
 
 from einopt import ir
@@ -30,6 +32,8 @@ FIG5_SMALL = "L[r:3, s:3, h:4, w:3, f:2] Sum[c:2] A[h+r-1, w+s-1, c] * K[r, s, f
 # Fig. 14: dilated G2BMM (dilation 4).
 G2BMM = "L[b:2, m:16, w:7] Sum[k:3] A[b, m, k] * B[b, m + 4*(w - 3), k] where A: [2, 16, 3], B: [2, 16, 3]"
 MATMUL = "L[i:3, j:4] Sum[k:5] A[i, k] * B[k, j] where A: [3, 5], B: [5, 4]"
+# Sum k split by 2 adds a term k = 5 where X is out of range but W[3] is not: 0 only for a finite W.
+SPLIT_W = "L[i:2] Sum[k:5] X[i, k] * W[(k+1)//2] where X: [2, 5], W: [4]"
 
 
 def conv_transpose(kernel: int) -> str:
@@ -56,6 +60,7 @@ EXAMPLES = {
         # Concat-like shifted reads; ranges below zero.
         Example("L[i:6, j=-1:2] A[i, j+1] + B[i - 3, j] where A: [3, 3], B: [3, 2]", min_matches=3),
         Example("L[i:4, j:8] Sum[k:6] A[i, k//2] * B[k%2, j] where A: [4, 3], B: [2, 8]", min_matches=1),
+        Example(SPLIT_W, weights(SPLIT_W, "W")),
     ],
 }
 
@@ -68,6 +73,7 @@ NEAR_MISSES = {
         NearMiss(
             "L[i:2] Sum[k:3] A[k//2] * B[i] where A: [2], B: [2]", "does not split into whole blocks of 2"
         ),
+        NearMiss(SPLIT_W, "would not be zero (they are 0 only if W is finite; W is not a constant"),
     ],
 }
 
@@ -135,7 +141,9 @@ def test_split_of_an_uneven_extent_covers_it_with_a_box():
 
 
 def test_conv_transpose_summation_split_is_in_place():
-    for kernel in (4, 3):  # 3: the extra term kh = 3 reads W outside its range, so it is 0
+    # Kernel 3: the extra term kh = 3 reads W outside its range, 0 only for a finite U (never known).
+    assert not [m for m in get(RULE).matches(load(conv_transpose(3))) if "split Sum kh" in m.summary]
+    for kernel in (4,):
         before = load(conv_transpose(kernel))
         y = _only(before, "split Sum kh by 2 into q, r").scope("Y")
         assert y.traversal == before.scope("Y").traversal
@@ -241,3 +249,14 @@ def test_reversing_a_flipped_kernel_tap_gives_a_correlation():
     [(m, after)] = [(m, p) for m, p in apply_all("substitute_variables", program) if "reverse" in m.summary]
     assert m.summary == "reverse Sum k (k -> 2-k)"
     assert str(after.scope("Y").body) == "X[o+k-1] * W[-k+2]"
+
+
+def test_splitting_a_sum_past_its_end_needs_a_finite_weight():
+    assert_needs_finite(
+        RULE,
+        SPLIT_W,
+        "W",
+        (3,),
+        "split Sum k by 2 into q, r",
+        "the extra terms k in [5, 6) would not be zero (they are 0 only if W is finite",
+    )

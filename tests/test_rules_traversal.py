@@ -10,9 +10,11 @@ from rules_support import (
     affine_index,
     apply_all,
     as_program,
+    assert_needs_finite,
     contractions,
     iterators,
     load,
+    weights,
 )
 
 from einopt import ir
@@ -36,6 +38,8 @@ STRIDED = (
     " where X: [1, 2, 4], W: [2, 2, 3]"
 )
 SUMMING = "{L[i:3, j:4] Sum[k:5] A[i, k] * B[k, j]}"
+# Read past the inner box, where X is out of range but W is not: 0 there only for a finite W.
+PAST_BOX = "L[i:6] {L[j:4] X[j] * W[j]}[i-1] where X: [4], W: [6]"
 SUMS_ABC = "where A: [3, 5], B: [5, 4], C: [4, 2]"
 
 EXAMPLES = {
@@ -47,6 +51,7 @@ EXAMPLES = {
         Example(f"L[i:3, j:2] Sum[k:4] {SUMMING}[i, k] * C[k, j] {SUMS_ABC}"),
         Example("L[i:4] {L[j:4] A[j] * 2}[i] + relu({L[j:4] A[j] * 2}[3-i]) where A: [4]", min_matches=1),
         Example("L[i:6] sigmoid({L[j=-1:5] A[j]}[i-1]) where A: [4]"),
+        Example(PAST_BOX, weights(PAST_BOX, "W")),
     ],
 }
 
@@ -57,6 +62,7 @@ NEAR_MISSES = {
         NearMiss(f"L[i:3, j:4] {SUMMING}[i, j] * {SUMMING}[i, j] {SUMS_ABC}", "it is read 2 times"),
         NearMiss("L[i:6] {L[j:4] A[j] + 1}[i-1] where A: [4]", "outside [0, 4), where Y.1 is not provably 0"),
         NearMiss(STRIDED, "reads Y.1 at (o+1-k)%2 in [0, 1], outside [0, 1)"),
+        NearMiss(PAST_BOX, "outside [0, 4), where Y.1 is 0 only if W is finite; W is not a constant"),
     ],
 }
 
@@ -120,3 +126,14 @@ def test_random_nested_reads(scope):
     for m in get("merge_traversal").match(program):
         assert m.where == "Y"
     apply_all("merge_traversal", program)
+
+
+def test_inlining_past_the_box_needs_a_finite_weight():
+    assert_needs_finite(
+        "merge_traversal",
+        PAST_BOX,
+        "W",
+        (4,),
+        "inline Y.1 read at [i-1]",
+        "reads Y.1 at i-1 in [-1, 4], outside [0, 4), where Y.1 is 0 only if W is finite",
+    )
