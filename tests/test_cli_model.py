@@ -142,13 +142,22 @@ def test_missing_output_directory_fails_before_optimizing(tmp_path, monkeypatch)
     assert result.exit_code == EXIT_CODES["bad_input"] and "does not exist" in result.output
 
 
-def _into_closed_pipe(*args) -> subprocess.CompletedProcess:
-    """Run ``einopt ARGS`` with stdout a pipe whose reader has already gone (like ``| head`` done early)."""
+def _into_closed_pipe(cwd, *args) -> subprocess.CompletedProcess:
+    """Run ``einopt ARGS`` with stdout a pipe whose reader has already gone (like ``| head`` done early).
+
+    It runs in ``cwd``, away from the checkout: ``python -m`` puts the working directory first on
+    ``sys.path``, where the source tree's ``einopt/`` (without ``rules/`` and ``models/``, which
+    are mapped in at install time) would shadow the installed package.
+    """
     read, write = os.pipe()
     os.close(read)
     try:
         return subprocess.run(
-            [sys.executable, "-m", "einopt", *map(str, args)], stdout=write, stderr=subprocess.PIPE, text=True
+            [sys.executable, "-m", "einopt", *map(str, args)],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=cwd,
         )
     finally:
         os.close(write)
@@ -158,7 +167,7 @@ def _into_closed_pipe(*args) -> subprocess.CompletedProcess:
 def test_closed_stdout_pipe_is_a_quiet_normal_exit(tmp_path, command):
     # click.echo writes `inspect` and `examples`, rich the tables of `rules` and `models`
     src = _save(conv_block(), tmp_path / "in.onnx")
-    out = _into_closed_pipe(*(src if arg == "IN" else arg for arg in command))
+    out = _into_closed_pipe(tmp_path, *(src if arg == "IN" else arg for arg in command))
     assert out.returncode == EXIT_CODES["ok"], out.stderr
     assert out.stderr == ""
 
@@ -169,6 +178,7 @@ def test_head_reading_two_lines_of_inspect_is_quiet(tmp_path):
         [sys.executable, "-m", "einopt", "inspect", str(src), "--all"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        cwd=tmp_path,  # away from the source tree (see _into_closed_pipe)
     )
     head = [einopt.stdout.readline() for _ in range(2)]
     einopt.stdout.close()
