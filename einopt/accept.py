@@ -71,7 +71,8 @@ class Timer:
         self.max_runs = max_runs
 
     def _time(self, before, after, fa, fb, budget: float, what: str) -> Comparison:
-        """Cached; a disturbed timing (cached or new) is made once more, and that one stays."""
+        """Cached; a disturbed new timing is made once more, and that one stays (a cached one is trusted:
+        a second run measures nothing new; delete the cache to measure afresh)."""
         key = self.cache.key(timing_key(before, fa), timing_key(after, fb))
 
         def timer() -> Comparison:
@@ -80,7 +81,7 @@ class Timer:
             )
 
         c = self.cache.measure(key, what, timer)
-        if c.unreliable():
+        if c.unreliable() and not c.cached:
             log.info("%s: timing disturbed (%s), timing it again", what, c.unreliable())
             c = self.cache.measure(key, what, timer, fresh=True)
         return c
