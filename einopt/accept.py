@@ -165,7 +165,9 @@ def judge_parts(pairs: Iterable[PartPair], timer: Timer, band: float = NOISE_BAN
         if ok:
             reason = f"measured {t.speedup:.2f}x faster on its own"
         elif t.unreliable():
-            reason = f"not accepted: its timing was disturbed twice ({t.speedup:.2f}x; {t.unreliable()})"
+            reason = (
+                f"not accepted: its timing was disturbed by other work ({t.speedup:.2f}x; {t.unreliable()})"
+            )
         else:
             reason = f"not faster than the original nodes ({t.speedup:.2f}x; needs >= {1 + band:.2f}x)"
         verdicts[pair.name] = Verdict(pair.name, ok, t, reason)
@@ -291,7 +293,7 @@ def accept_rewrites(
         store.close()
     unreliable = [f"{n}: {v.timing.unreliable()}" for n, v in verdicts.items() if v.timing.unreliable()]
     unreliable += [f"whole model: {r.timing.unreliable()}" for r in rounds if r.timing.unreliable()]
-    notes = (f"timings disturbed (treat them with care): {'; '.join(unreliable)}",) if unreliable else ()
+    notes = (_disturbed_note(unreliable),) if unreliable else ()
     report |= {
         "timed": True,
         "rounds": [r.as_dict() for r in rounds],
@@ -299,3 +301,13 @@ def accept_rewrites(
         "unreliable": unreliable,
     }
     return Decision(kept, verdicts, tuple(rounds), notes, report)
+
+
+def _disturbed_note(unreliable: Sequence[str], shown: int = 3) -> str:
+    """One line on the disturbed timings (the report's ``acceptance.unreliable`` lists them all)."""
+    names = [u.split(":", 1)[0] for u in unreliable]
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return (
+        f"{len(names)} timings were disturbed by other work ({', '.join(names[:shown])}{more}; first: "
+        f"{unreliable[0].split(': ', 1)[1]}): treat them with care, or measure again on a quiet machine"
+    )

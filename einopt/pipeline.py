@@ -478,7 +478,7 @@ def _rollback_reason(name: str, rounds: Sequence[ModelRound]) -> str:
         if name in r.rolled_back:
             t = r.timing
             if t.unreliable():
-                return f"faster on its own, but the whole-model timing was disturbed twice ({t.unreliable()}): rolled back"
+                return f"faster on its own, but the whole-model timing was disturbed by other work ({t.unreliable()}): rolled back"
             return (
                 f"faster on its own, but the whole model with it ran {t.after.median_ms:.3g} ms "
                 f"against the input's {t.before.median_ms:.3g} ms ({t.speedup:.2f}x): rolled back"

@@ -112,9 +112,9 @@ def test_disturbed_timings_accept_nothing(monkeypatch):
     monkeypatch.setattr(accept.bench, "time_models", lambda *a, **k: noisy)
     result = optimize(conv_block(), Options(cache=False))
     assert {p.status for p in result.parts} == {"not faster"}
-    assert all("disturbed twice" in p.reason for p in result.parts)
+    assert all("disturbed by other work" in p.reason for p in result.parts)
     assert result.model.SerializeToString() == conv_block().SerializeToString()
-    assert any("timings disturbed" in n for n in result.notes)
+    assert any("timings were disturbed by other work" in n for n in result.notes)
 
     calls = _fake_time_models(monkeypatch, 1.5, lambda m: 1.2)
     real = accept.bench.time_models

@@ -173,6 +173,9 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
+SUMMARY_ROWS = 12  # above this many subprograms, the summary leaves the unchanged ones out of its table
+
+
 def _print_summary(result, output: str) -> None:
     from rich.table import Table
 
@@ -184,12 +187,18 @@ def _print_summary(result, output: str) -> None:
     table = Table(title=f"einopt optimize -> {output}", show_lines=False)
     for col in ("subprogram", "ops", "status", "now"):
         table.add_column(col)
+    quiet_rows = 0
     for p in result.parts:
         if p.kind == "passthrough":
+            continue
+        if p.status == "unchanged" and c["subprograms"] > SUMMARY_ROWS:
+            quiet_rows += 1
             continue
         speed = f" ({p.bench['speedup']:.2f}x)" if p.bench else ""
         now = " ".join(p.new_ops) if p.status in ("accepted", "rewritten") else p.reason
         table.add_row(p.name, " ".join(p.ops), p.status + speed, now)
+    if quiet_rows:
+        table.caption = f"... and {quiet_rows} subprograms re-instantiated as the same nodes (unchanged)"
     if c["subprograms"]:
         out.print(table)
     if result.blocked:
