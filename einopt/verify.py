@@ -126,14 +126,19 @@ def capture(
         else:
             to_run.append(n)
     if to_run:
-        m = onnx.ModelProto()
-        m.CopyFrom(model)
-        existing = {o.name for o in m.graph.output}
-        types = {vi.name: vi for vi in m.graph.value_info}
-        for n in to_run:
-            if n not in existing:
-                m.graph.output.append(types[n] if n in types else onnx.ValueInfoProto(name=n))
-        out.update(modelio.run(m, feeds, outputs=to_run))
+        # The wanted values become graph outputs for one run: in place and undone after, since a
+        # copy of a big model is a copy of all its weights (``model`` is as it was on return).
+        outputs = model.graph.output
+        kept = len(outputs)
+        existing = {o.name for o in outputs}
+        types = {vi.name: vi for vi in model.graph.value_info}
+        try:
+            for n in to_run:
+                if n not in existing:
+                    outputs.append(types[n] if n in types else onnx.ValueInfoProto(name=n))
+            out.update(modelio.run(model, feeds, outputs=to_run))
+        finally:
+            del outputs[kept:]
     return out
 
 

@@ -35,10 +35,10 @@ def test_node_suite(chunk):
     assert optimized >= 10, f"only {optimized} of {len(cases)} cases were translated and re-instantiated"
 
 
-# While it verifies, the pipeline holds several copies of a model's weights (about 8x
-# their size at the peak): these two go past the suite's 3 GB (vgg19, 548 MB of
-# weights: 4.5 GB; zfnet512, 333 MB: 2.8 GB on its own), so they run with
-# EINOPT_BIGMEM_TESTS=1 (see tests/conftest.py).
+# While it verifies, the pipeline holds several copies of a model's weights (about 6.5x
+# their size at the peak): vgg19 (548 MB of weights: 3.6 GB alone) goes past the suite's
+# 3 GB, and zfnet512 (333 MB: 2.35 GB alone) reaches 2.98 GB in a serial run of the whole
+# suite, too close to it; both run with EINOPT_BIGMEM_TESTS=1 (see tests/conftest.py).
 BIGMEM_LIGHT_MODELS = {"vgg19", "zfnet512"}
 
 
