@@ -33,6 +33,8 @@ _FLOAT_TYPES = {
     onnx.TensorProto.BFLOAT16,
 }
 
+Tensor = np.ndarray | onnx.TensorProto
+
 
 def timing_key(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], extra: object = None) -> str:
     """Key of what timing ``model`` on arrays shaped like ``feeds`` measures (weights' values excluded)."""
@@ -41,7 +43,7 @@ def timing_key(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], extra: o
 
 def content_key(
     nodes: Sequence[onnx.NodeProto],
-    constants: Mapping[str, np.ndarray | onnx.TensorProto],
+    constants: Mapping[str, Tensor],
     outputs: Sequence[str],
     opset: int = onnx.defs.onnx_opset_version(),
 ) -> str:
@@ -51,13 +53,8 @@ def content_key(
     ``constants`` are the group's inputs and keep their names (they are the
     boundary both groups share); ``outputs`` keep theirs too.
     """
-    consts = {n: _array(v) for n, v in constants.items()}
-    form, _ = _nodes_form(nodes, consts, keep=set(outputs), with_values=True, opset=opset)
+    form, _ = _nodes_form(nodes, constants, keep=set(outputs), with_values=True, opset=opset)
     return _digest(form, None)
-
-
-def _array(v: np.ndarray | onnx.TensorProto) -> np.ndarray:
-    return numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else np.asarray(v)
 
 
 def _digest(form: object, extra: object) -> str:
@@ -65,17 +62,25 @@ def _digest(form: object, extra: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _tensor_form(a: np.ndarray, with_values: bool) -> list:
+def _tensor_form(t: Tensor, with_values: bool) -> list:
+    """dtype, shape and (unless a float tensor keyed for timing) a digest of the values.
+
+    Only what is hashed is converted: keying a big model reads its weights' types, not their bytes.
+    """
+    if isinstance(t, onnx.TensorProto):
+        if not with_values and t.data_type in _FLOAT_TYPES:
+            return [str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type))), list(t.dims)]
+        t = numpy_helper.to_array(t)
+    a = np.asarray(t)
     form: list = [str(a.dtype), list(a.shape)]
-    floating = a.dtype.kind == "f" or a.dtype == np.float16
-    if with_values or not floating:
+    if with_values or a.dtype.kind != "f":
         form.append(hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest())
     return form
 
 
 def _attr_form(a: onnx.AttributeProto, with_values: bool) -> list:
     if a.type == onnx.AttributeProto.TENSOR:
-        return [a.name, "tensor", _tensor_form(numpy_helper.to_array(a.t), with_values)]
+        return [a.name, "tensor", _tensor_form(a.t, with_values)]
     if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
         graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
         return [
@@ -118,7 +123,7 @@ def _is_default(node: onnx.NodeProto, a: onnx.AttributeProto, opset: int) -> boo
 
 def _nodes_form(
     nodes: Sequence[onnx.NodeProto],
-    constants: Mapping[str, np.ndarray],
+    constants: Mapping[str, Tensor],
     keep: set[str],
     with_values: bool,
     renamed: Mapping[str, str] | None = None,
@@ -172,7 +177,7 @@ def _function_keys(model: onnx.ModelProto, with_values: bool) -> dict[tuple[str,
 
 def _canonical(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], with_values: bool) -> list:
     g = model.graph
-    inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    inits = {t.name: t for t in g.initializer}
     renamed: dict[str, str] = {}
     inputs = []
     for k, i in enumerate(x for x in g.input if x.name not in inits):
