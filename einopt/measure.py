@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from einopt import bench, modelio
-from einopt.pipeline import PartResult, Result
+from einopt.pipeline import Result
 from einopt.timing import configure_threads
 from einopt.verify import part_pairs
 
@@ -55,7 +55,8 @@ def measure_parts(
         ``{part name: {"original_ms", "optimized_ms", "speedup", ...}}`` for each part timed here.
     """
     ws = result.workspace
-    todo = [p for p in ws.parts if _part(result, p.name).bench is None] if ws is not None else []
+    timed = {p.name for p in result.parts if p.bench is not None}
+    todo = [p for p in ws.parts if p.name not in timed] if ws is not None else []
     if not todo:
         return {}
     feeds = ws.feeds if ws.feeds is not None else modelio.random_inputs(ws.model, seed)
@@ -80,10 +81,6 @@ def measure_parts(
             "unreliable": t.unreliable(),
         }
     return timings
-
-
-def _part(result: Result, name: str) -> PartResult:
-    return next(p for p in result.parts if p.name == name)
 
 
 def benchmark_result(
