@@ -187,21 +187,29 @@ def _footprint(model: onnx.ModelProto) -> int:
 
 
 def _run_blocked(
-    sessions: Mapping[str, Callable[[], object]], runs_per_block: int, blocks: int, warmup: int
+    sessions: Mapping[str, Callable[[], Callable[[], object]]], min_runs: int, max_runs: int, budget_s: float
 ) -> dict[str, list[float]]:
-    """Alternate whole blocks of runs, holding one session at a time (``sessions``: name -> factory)."""
+    """Alternate whole blocks of runs, holding one session at a time (``sessions``: name -> factory).
+
+    Each block starts with one untimed run; the first timed run sizes the blocks (a quarter of
+    the budget each, at least two blocks and ``min_runs`` runs per model).
+    """
     samples: dict[str, list[float]] = {n: [] for n in sessions}
     names = list(sessions)
-    for b in range(blocks):
+    per_block, blocks, b = 0, 2, 0
+    while b < blocks:
         for n in names[b % 2 :] + names[: b % 2]:
             run = sessions[n]()
-            for _ in range(warmup):
-                run()
-            for _ in range(runs_per_block):
+            run()  # warm-up: allocation, first touch
+            while len(samples[n]) < (b + 1) * max(per_block, 1):
                 t = time.perf_counter()
                 run()
                 samples[n].append(time.perf_counter() - t)
+                if not per_block:
+                    per_block = max(1, min(max_runs, int(budget_s / 4 / max(samples[n][0], 1e-6))))
+                    blocks = max(2, -(-min_runs // per_block))
             del run
+        b += 1
     return samples
 
 
@@ -250,11 +258,8 @@ def time_models(
             return make
 
         t0 = time.perf_counter()
-        probe = _run_blocked({"before": factory(before, fa)}, 1, 1, 1)["before"][0]
-        per_block = max(1, min(max_runs, int(budget_s / 4 / max(probe, 1e-6))))
-        blocks = max(2, -(-min_runs // per_block))
         samples = _run_blocked(
-            {"before": factory(before, fa), "after": factory(after, fb)}, per_block, blocks, 1
+            {"before": factory(before, fa), "after": factory(after, fb)}, min_runs, max_runs, budget_s
         )
         log.debug("blocked timing took %.1f s", time.perf_counter() - t0)
         return Comparison(Timing.of(samples["before"]), Timing.of(samples["after"]), 1, load)
