@@ -75,6 +75,7 @@ class MeasurementCache:
         if self.path is not None:
             self._db = self._open(self.path)
         self.usable = self._db is not None
+        self._environment: dict[str, object] | None = None  # read once: /proc/cpuinfo, ORT, threads
 
     @staticmethod
     def _open(path: Path) -> sqlite3.Connection | None:
@@ -98,7 +99,9 @@ class MeasurementCache:
 
     def key(self, before: str, after: str) -> str:
         """The key of timing ``after`` against ``before`` (two :func:`einopt.graphkey.timing_key` s) here."""
-        text = json.dumps([before, after, environment_key()], sort_keys=True)
+        if self._environment is None:
+            self._environment = environment_key()
+        text = json.dumps([before, after, self._environment], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
     def get(self, key: str) -> Comparison | None:

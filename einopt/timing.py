@@ -112,11 +112,6 @@ def thread_options() -> dict[str, object]:
     return {}
 
 
-def threads_in_effect() -> int:
-    """The intra-op thread count timings use (configuring the pool if nobody has yet)."""
-    return configure_threads()
-
-
 def _probe_global_pool() -> None:
     import onnx
     import onnxruntime as ort
@@ -184,7 +179,7 @@ def environment_key() -> dict[str, object]:
     """What a cached timing is only valid for: ONNX Runtime's version, the CPU, the threads."""
     import onnxruntime as ort
 
-    return {"onnxruntime": ort.__version__, "cpu": cpu_model(), "threads": threads_in_effect()}
+    return {"onnxruntime": ort.__version__, "cpu": cpu_model(), "threads": configure_threads()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,24 +332,3 @@ def time_interleaved(
             fns[n]()
             samples[n].append(time.perf_counter() - t)
     return {n: Timing.of(s) for n, s in samples.items()}, rounds
-
-
-def compare_callables(
-    before: Callable[[], object],
-    after: Callable[[], object],
-    *,
-    warmup: int = 3,
-    min_runs: int = 10,
-    max_runs: int = 200,
-    budget_s: float = 20.0,
-) -> Comparison:
-    """Time two callables side by side (see :func:`time_interleaved`)."""
-    load = load_average()
-    t, rounds = time_interleaved(
-        {"before": before, "after": after},
-        warmup=warmup,
-        min_runs=min_runs,
-        max_runs=max_runs,
-        budget_s=budget_s,
-    )
-    return Comparison(t["before"], t["after"], rounds, load)
