@@ -319,12 +319,10 @@ def _rewrite(
     if kept:
         check_note = _check_output(original, out)
         notes += [check_note] if check_note else []
-        pinned = [n for n in notes if n.startswith("pinned")]
-        if pinned:
+        if options.input_shapes:
             notes.append("the output keeps the pinned input shapes: its rewrites were instantiated for them")
-    else:
-        # the prepared model's pinning and folding are not in the output: the input is
-        notes = [n for n in notes if not n.startswith(("pinned", "folded"))]
+    else:  # the output is the input: what preparation changed is not in it
+        notes = [n for n in notes if n not in prepared.changes]
         notes.append("no rewrite was accepted: the output is the input model, unchanged")
     results = tuple(
         _part_result(model, p, instantiated, kept, unchanged, decided, reasons, checks, options)

@@ -59,10 +59,15 @@ _MAX_FOLD_ROUNDS = 8
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
-    """A prepared model and human-readable facts about the preparation, for the report."""
+    """A prepared model and human-readable facts about the preparation, for the report.
+
+    ``changes`` are the notes that say what preparation did to the model (pinned
+    shapes, folded nodes): they do not hold for an output that is the input itself.
+    """
 
     model: onnx.ModelProto
     notes: tuple[str, ...]
+    changes: tuple[str, ...] = ()
 
 
 # ----------------------------------------------------------------------------- input shapes
@@ -470,20 +475,18 @@ def prepare(
         Bad ``input_shapes``.
     """
     m = modelio.copy_model(model)
-    notes = _pin(m, input_shapes)
+    changes = _pin(m, input_shapes)
     if not fold:
         error = _infer(m)
-        notes += [f"shape inference failed ({error})"] if error else []
-        return Prepared(m, tuple(notes + _symbolic_notes(m)))
+        found = [f"shape inference failed ({error})"] if error else []
+        return Prepared(m, tuple(changes + found + _symbolic_notes(m)), tuple(changes))
     folded, error = _fold_to_fixpoint(m)
     if folded:
-        notes.append(f"folded {sum(folded.values())} nodes into constants ({_counts(folded)})")
+        changes.append(f"folded {sum(folded.values())} nodes into constants ({_counts(folded)})")
     bn = fold_batchnorm_in_place(m)
     for op, n in sorted(bn.items()):
-        notes.append(f"folded {n} BatchNormalization into {op}")
+        changes.append(f"folded {n} BatchNormalization into {op}")
     if bn:
         error = _infer(m)
-    if error:
-        notes.append(f"shape inference failed ({error}): shapes it would give are unknown")
-    notes += _symbolic_notes(m)
-    return Prepared(m, tuple(notes))
+    found = [f"shape inference failed ({error}): shapes it would give are unknown"] if error else []
+    return Prepared(m, tuple(changes + found + _symbolic_notes(m)), tuple(changes))
