@@ -375,8 +375,13 @@ def counts_text(counts: Mapping[str, int]) -> str:
         f"accepted {counts.get('accepted', 0)} / rewritten {counts.get('rewritten', 0)}"
         f" / total {counts.get('subprograms', 0)}"
     )
-    extra = [f"{counts[k]} {k.replace('_', ' ')}" for k in ("rolled_back", "failed") if counts.get(k)]
+    extra = setbacks(counts)
     return text + (f" ({', '.join(extra)})" if extra else "")
+
+
+def setbacks(counts: Mapping[str, int]) -> list[str]:
+    """``["1 rolled back", "2 failed"]``: the subprogram counts a reader should not miss."""
+    return [f"{counts[k]} {k.replace('_', ' ')}" for k in ("rolled_back", "failed") if counts.get(k)]
 
 
 def acceptance_text(report: Mapping[str, Any]) -> str:

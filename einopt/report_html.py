@@ -194,7 +194,7 @@ def _cards(report: Mapping[str, Any]) -> list[dict[str, str]]:
             )
     counts = report.get("counts") or {}
     if counts:
-        extra = [f"{counts[k]} {k.replace('_', ' ')}" for k in ("rolled_back", "failed") if counts.get(k)]
+        extra = fmt.setbacks(counts)
         cards.append(
             _card(
                 "subprograms accepted",
