@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from einopt import bench, modelio
-from einopt.pipeline import Result
+from einopt.pipeline import Result, part_bench
 from einopt.timing import configure_threads
 from einopt.verify import part_pairs
 
@@ -73,13 +73,7 @@ def measure_parts(
             max_runs=max_runs,
             budget_s=per_part,
         )
-        timings[pair.name] = {
-            "original_ms": t.before.median_ms,
-            "optimized_ms": t.after.median_ms,
-            "speedup": t.speedup,
-            "cached": False,
-            "unreliable": t.unreliable(),
-        }
+        timings[pair.name] = part_bench(t)
     return timings
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 
 from einopt import modelio
-from einopt.accept import Decision, ModelRound, Verdict, accept_rewrites, is_unchanged
+from einopt.accept import Decision, ModelRound, accept_rewrites, is_unchanged
 from einopt.errors import UnsupportedModelError
 from einopt.export import assemble
 from einopt.frontend.fold import prepare
@@ -32,6 +32,7 @@ from einopt.instantiate.emit import Instantiated, instantiate, original_ops
 from einopt.report import CHANGED, REPORT_VERSION, STATUSES
 from einopt.syntax import format_expr
 from einopt.timing import NOISE_BAND
+from einopt.timing import Comparison as TimingComparison
 from einopt.verify import (
     Comparison,
     Tolerance,
@@ -439,7 +440,7 @@ def _part_result(
     text = format_expr(p.program)
     err = checks[p.name].max_abs_error if p.name in checks else None
     verdict = decided.verdicts.get(p.name)
-    bench = _bench(verdict) if verdict else None
+    bench = part_bench(verdict.timing) if verdict else None
     new_ops = _new_ops(emitted[p.name]) if p.name in emitted else ()
     if p.name in unchanged:
         status, reason = "unchanged", "re-instantiated as the same nodes"
@@ -457,8 +458,8 @@ def _part_result(
     return PartResult(p.name, p.kind, ops, status, reason, new_ops, text, err, bench=bench)
 
 
-def _bench(v: Verdict) -> dict[str, object]:
-    t = v.timing
+def part_bench(t: TimingComparison) -> dict[str, object]:
+    """A subprogram's ``bench`` entry of the report from its side-by-side timing."""
     return {
         "original_ms": t.before.median_ms,
         "optimized_ms": t.after.median_ms,
