@@ -172,3 +172,16 @@ def model_cost(model: onnx.ModelProto) -> Cost:
         acc[0] += f
         acc[1] += b
     return Cost(int(flops), int(nbytes), {k: (int(v[0]), int(v[1])) for k, v in by_op.items()}, unknown)
+
+
+# A 2-core CPU's orders of magnitude; the search only compares estimates with each other, and the
+# next stage replaces them by measurements.
+PEAK_FLOPS = 50e9
+"""FLOP/s assumed by :func:`estimate_seconds`."""
+BANDWIDTH = 10e9
+"""Bytes/s assumed by :func:`estimate_seconds`."""
+
+
+def estimate_seconds(cost: Cost, *, peak_flops: float = PEAK_FLOPS, bandwidth: float = BANDWIDTH) -> float:
+    """An analytic run time: FLOPs at the peak rate plus bytes at the memory bandwidth."""
+    return cost.flops / peak_flops + cost.bytes / bandwidth

@@ -1,13 +1,87 @@
-"""Assemble the output model: replace rewritten subprograms' nodes by their instantiation."""
+"""ONNX models out of expressions: a whole model from one program (:func:`program_model`), or
+an input model with its rewritten subprograms' nodes replaced (:func:`assemble`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import onnx
+from onnx import helper, numpy_helper
 
+from einopt import ir
 from einopt.frontend.onnx_graph import read_counts, subgraph_reads
 from einopt.instantiate import EOP_DOMAIN
+from einopt.instantiate.emit import Instantiated, instantiate
+
+PROGRAM_OPSET = 17
+"""Default-domain opset of models built from programs (ONNX Runtime runs it everywhere)."""
+
+_DTYPES = {"float32": onnx.TensorProto.FLOAT, "float64": onnx.TensorProto.DOUBLE}
+
+
+def program_model(
+    program: ir.Program,
+    constants: Mapping[str, np.ndarray] | None = None,
+    *,
+    opset: int = PROGRAM_OPSET,
+    name: str = "einopt",
+) -> tuple[onnx.ModelProto, Instantiated]:
+    """A model computing ``program``, runnable in stock ONNX Runtime, and how it was instantiated.
+
+    Parameters
+    ----------
+    program : ir.Program
+        The program; its outputs become the graph outputs, under their binding names.
+    constants : mapping of str to numpy.ndarray, optional
+        Values of inputs that are weights: they become initializers (float32)
+        and may be folded at compile time. Every other input is a graph input
+        under its tensor name.
+    opset : int
+        Default-domain opset to emit for.
+    name : str
+        The graph's name.
+
+    Returns
+    -------
+    (onnx.ModelProto, Instantiated)
+        The model (eOperators as model-local functions) and the instantiation's choices.
+    """
+    constants = dict(constants or {})
+    known = {t.name for t in program.inputs}
+    unknown = sorted(set(constants) - known)
+    if unknown:
+        raise ValueError(f"constants {', '.join(unknown)} are not inputs of the program")
+    names = {t.name: t.name for t in program.inputs} | {o: o for o in program.outputs}
+    inst = instantiate(program, onnx_names=names, constants=constants, opset=opset, prefix="e/")
+    used = {i for n in inst.nodes for i in n.input}
+    graph = helper.make_graph(
+        list(inst.nodes),
+        name,
+        [
+            helper.make_tensor_value_info(t.name, _DTYPES.get(t.dtype, onnx.TensorProto.FLOAT), t.shape)
+            for t in program.inputs
+            if t.name not in constants
+        ],
+        [
+            helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, program.scope(o).shape)
+            for o in program.outputs
+        ],
+        [
+            numpy_helper.from_array(np.asarray(constants[t.name], dtype=np.float32), t.name)
+            for t in program.inputs
+            if t.name in constants and t.name in used
+        ]
+        + list(inst.initializers),
+    )
+    opsets = [helper.make_opsetid("", opset)]
+    if inst.functions:
+        opsets.append(helper.make_opsetid(EOP_DOMAIN, 1))
+    model = helper.make_model(
+        graph, opset_imports=opsets, functions=list(inst.functions), producer_name="einopt"
+    )
+    model.ir_version = 8
+    return model, inst
 
 
 def assemble(

@@ -33,7 +33,17 @@ from einopt.rules import (
     summation,
     traversal,
 )
-from einopt.rules.base import FAMILIES, NO_CONTEXT, Context, Failure, Match, Rule, ScopeRule, TensorFacts
+from einopt.rules.base import (
+    FAMILIES,
+    NO_CONTEXT,
+    PHASES,
+    Context,
+    Failure,
+    Match,
+    Rule,
+    ScopeRule,
+    TensorFacts,
+)
 from einopt.rules.derive import (
     DerivationError,
     NotEquivalentError,
@@ -47,6 +57,7 @@ from einopt.rules.derive import (
 __all__ = [
     "REGISTRY",
     "FAMILIES",
+    "PHASES",
     "Rule",
     "ScopeRule",
     "Match",
@@ -91,6 +102,11 @@ def _collect() -> dict[str, Rule]:
                 raise TypeError(f"two rules named {rule.name}")
             if rule.family not in FAMILIES:
                 raise TypeError(f"rule {rule.name}: unknown family {rule.family!r}")
+            if rule.phase not in PHASES:
+                raise TypeError(f"rule {rule.name}: unknown phase {rule.phase!r}")
+            unknown = [n for n in rule.undoes if not _NAME.match(n)]
+            if unknown:
+                raise TypeError(f"rule {rule.name}: undoes {unknown}, not rule names")
             if not (type(rule).__doc__ or "").strip() or not rule.math:
                 raise TypeError(f"rule {rule.name} needs a docstring and a one-line math summary")
             out[rule.name] = rule

@@ -37,6 +37,8 @@ class MaterializeAccess(ScopeRule):
     """
 
     name = "materialize_access"
+    phase = "converge"
+    grows = True
     family = "intra"
     math = "f(T[tau(v)]) -> f({L_v T[tau(v)]}[v])"
 
@@ -75,6 +77,8 @@ class ReplicateAccess(ScopeRule):
     """
 
     name = "replicate_access"
+    phase = "converge"
+    grows = True
     family = "intra"
     math = "L_x f(T[tau]) -> L_x f({L_{i,y} T[i]}[tau, x])  (x not read by tau)"
 

@@ -35,6 +35,7 @@ from einopt.rewrite import prune_bindings, replace_scopes
 
 __all__ = [
     "FAMILIES",
+    "PHASES",
     "Context",
     "TensorFacts",
     "Match",
@@ -49,6 +50,11 @@ __all__ = [
 
 # Rule families, in the order ``einopt rules`` lists them.
 FAMILIES: tuple[str, ...] = ("intra", "constant", "inter")
+
+# What a rule does for the search (method.md section 5): ``explore`` rules change the mathematics
+# (which sums, over which ranges, in how many expressions); ``converge`` rules only move data and
+# iterators toward an operator's layout; ``cleanup`` rules bring a program to its normal form.
+PHASES: tuple[str, ...] = ("explore", "converge", "cleanup")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -165,6 +171,18 @@ class Rule:
     name: ClassVar[str]
     family: ClassVar[str]
     math: ClassVar[str]
+    # What a search schedule reads (see einopt.search.schedule): the rule's natural phase, the
+    # rules whose effect it can reverse, whether it can enlarge the computation (more points, more
+    # bytes), and the typed variants of its matches (the value of ``params[variant_param]``).
+    phase: ClassVar[str] = "explore"
+    undoes: ClassVar[tuple[str, ...]] = ()
+    grows: ClassVar[bool] = False
+    variants: ClassVar[tuple[str, ...]] = ()
+    variant_param: ClassVar[str] = "way"
+
+    def variant(self, match: Match) -> str:
+        """Which of :attr:`variants` ``match`` is (``""`` for a rule with one way of applying)."""
+        return str(match.params[self.variant_param]) if self.variants else ""
 
     def match(self, program: ir.Program, ctx: Context = NO_CONTEXT) -> Iterator[Match | Failure]:
         """Every way the rule applies to ``program`` (``Match``) and every near miss (``Failure``)."""

@@ -369,6 +369,11 @@ class ProgramFacts:
 
     @classmethod
     def of(cls, program: ir.Program) -> ProgramFacts:
+        """The facts of ``program``, computed once per program (programs are immutable)."""
+        return ir._cached(program, "program_facts", lambda: cls._compute(program))
+
+    @classmethod
+    def _compute(cls, program: ir.Program) -> ProgramFacts:
         labels = scope_labels(program)
         readers: dict[ir.Scope, list[ir.Access]] = {}
         for s in labels:
@@ -443,6 +448,8 @@ class TightenBoundary(ProgramScopeRule):
     """
 
     name = "tighten_boundary"
+    phase = "cleanup"
+    undoes = ("relax_boundary",)
     family = "intra"
     math = "L_x Sum_{y in [a,b)} f -> Sum_{y in [a',b')} f  (f = 0 outside [a',b'))"
 
@@ -532,6 +539,9 @@ class RelaxBoundary(ProgramScopeRule):
     """
 
     name = "relax_boundary"
+    phase = "explore"
+    undoes = ("tighten_boundary",)
+    grows = True
     family = "intra"
     math = "L_x Sum_{y in [a,b)} f -> Sum_{y in [a',b')} f  (f = 0 on the new points)"
 

@@ -153,6 +153,7 @@ class RewritePreluMax(ScopeRule):
     """
 
     name = "rewrite_prelu_max"
+    phase = "explore"
     family = "constant"
     math = "max(y, 0) + a*min(y, 0) -> max(y, a*y) (a <= 1) | min(y, a*y) (a >= 1)"
 
@@ -198,6 +199,7 @@ class RewritePreluLeaky(ScopeRule):
     """
 
     name = "rewrite_prelu_leaky"
+    phase = "explore"
     family = "constant"
     math = "max(y, 0) + a*min(y, 0) -> leaky_relu(y, alpha) (every a == alpha)"
 
@@ -299,6 +301,7 @@ class FoldChannelScale(ScopeRule):
     """
 
     name = "fold_channel_scale"
+    phase = "explore"
     family = "constant"
     math = "C[g] * {L_t Sum_s P[pi] * R}[tau] -> {L_t Sum_s (C[g'] * P)[pi] * R}[tau]"
 

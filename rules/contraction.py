@@ -215,6 +215,7 @@ class MergeSummations(ProgramScopeRule):
     """
 
     name = "merge_summations"
+    phase = "explore"
     family = "intra"
     math = "P[t] + Q[t] -> {L_x Sum_{k<K1+K2} f(A ++ B)}[t]  (P = Sum_{k<K1} f(A), Q = Sum_{k<K2} f(B))"
 

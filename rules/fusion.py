@@ -65,6 +65,7 @@ class FuseExpressions(Rule):
     """
 
     name = "fuse_expressions"
+    phase = "explore"
     family = "inter"
     math = "P = L_z g(z); C = L_x f(P[Phi(x)]) -> C = L_x f(g(Phi(x)))"
 

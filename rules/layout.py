@@ -105,6 +105,8 @@ class SplitDimension(ScopeRule):
     """
 
     name = "split_dimension"
+    phase = "converge"
+    undoes = ("merge_dimensions",)
     family = "intra"
     math = "T[.., e, ..] -> {L[.., q, r:k, ..] T[.., k*q + r, ..]}[.., e // k, e % k, ..]"
 
@@ -167,6 +169,8 @@ class MergeDimensions(ScopeRule):
     """
 
     name = "merge_dimensions"
+    phase = "converge"
+    undoes = ("split_dimension",)
     family = "intra"
     math = "T[.., a, b, ..] -> {L[.., z, ..] T[.., z // q, z % q, ..]}[.., a*q + b, ..]  (0 <= b < q)"
 
@@ -229,6 +233,8 @@ class SwapDimensions(ScopeRule):
     """
 
     name = "swap_dimensions"
+    phase = "converge"
+    undoes = ("swap_dimensions",)
     family = "intra"
     math = "T[.., a, b, ..] -> {L[.., j, i, ..] T[.., i, j, ..]}[.., b, a, ..]"
 

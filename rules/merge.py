@@ -548,6 +548,9 @@ class MergeExpressions(Rule):
     """
 
     name = "merge_expressions"
+    phase = "explore"
+    undoes = ("split_expression",)
+    variants = ("concat", "batch", "join")
     family = "inter"
     math = "S1 = L f(W1), S2 = L f(W2) -> M = L f(W1 ++ W2); S1 = M[..], S2 = M[..] (concat, batch, join)"
 

@@ -179,6 +179,10 @@ class SplitExpression(Rule):
     """
 
     name = "split_expression"
+    phase = "explore"
+    undoes = ("merge_expressions",)
+    variants = ("range", "residue")
+    variant_param = "mode"
     family = "inter"
     math = (
         "Y = L_x f -> Y_a = L_{x<m} f, Y_b = L_{x>=m} f; Y = L_x Y_a[x] + Y_b[x] (or by residue x = k*x' + q)"

@@ -328,6 +328,9 @@ class SubstituteVariables(ScopeRule):
     """
 
     name = "substitute_variables"
+    phase = "converge"
+    undoes = ("merge_traversal",)
+    variants = ("fuse", "merge", "split", "split_sum", "reverse_sum")
     family = "intra"
     math = "L_x f(T[tau(x)]) -> L_x {L_y f(T[tau(Phi^-1(y))])}[Phi(x)]"
 

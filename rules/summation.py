@@ -30,6 +30,8 @@ class SplitSummation(ScopeRule):
     """
 
     name = "split_summation"
+    phase = "explore"
+    undoes = ("merge_traversal",)
     family = "intra"
     math = "L_x Sum_{s1,s2} f -> L_x Sum_{s1} {L_{s1,x} Sum_{s2} f}[s1, x]"
 

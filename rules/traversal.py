@@ -156,6 +156,8 @@ class MergeTraversal(ProgramScopeRule):
     """
 
     name = "merge_traversal"
+    phase = "cleanup"
+    undoes = ("split_summation", "substitute_variables", "materialize_access")
     family = "intra"
     math = "L_x f({L_z Sum_w g(z, w)}[Phi(x)]) -> L_x Sum_w f(g(Phi(x), w))"
 

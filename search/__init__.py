@@ -1,7 +1,37 @@
-"""The derivation search (installed as ``einopt.search``).
+"""The search (installed as ``einopt.search``): the rule registry turned into a superoptimizer.
 
-Explorative and converging derivation with fingerprint pruning
-(method.md section 5); it builds on ``einopt.rules`` and ``einopt.keys``.
+:func:`search` explores math-changing rules breadth first, converges each state
+toward operators guided by the expression distance, prunes by fingerprint and
+cost, and returns ranked, fully instantiable candidates (see ``engine.py``).
+The schedule (which rules, in which phase, under which restrictions) is data:
+``schedule.py``, printable with ``einopt search --explain-schedule``.
 """
 
-__all__: list[str] = []
+from einopt.search.engine import (
+    DEFAULT_CONVERGE_DEPTH,
+    DEFAULT_MAX_DEPTH,
+    Candidate,
+    RuleStats,
+    SearchError,
+    SearchResult,
+    Stats,
+    TraceStep,
+    search,
+)
+from einopt.search.schedule import DEFAULT_SCHEDULE, Schedule, Use, explain
+
+__all__ = [
+    "DEFAULT_CONVERGE_DEPTH",
+    "DEFAULT_MAX_DEPTH",
+    "DEFAULT_SCHEDULE",
+    "Candidate",
+    "RuleStats",
+    "Schedule",
+    "SearchError",
+    "SearchResult",
+    "Stats",
+    "TraceStep",
+    "Use",
+    "explain",
+    "search",
+]

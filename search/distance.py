@@ -1,0 +1,188 @@
+"""The expression distance (method.md section 5): how far a scope is from a target operator.
+
+``distance(scope, target, ctx)`` is 0 exactly when the target's matcher
+accepts the scope (the instantiation table's own matchers decide, so the
+distance cannot disagree with what instantiation will do). Otherwise it is 1
+plus the number of *mismatched index positions*: positions of the scope's
+accesses that the operator's canonical expression cannot read as they are,
+i.e. an index that mixes iterators (``h + r - 1`` for a matmul), reads through
+``//`` or ``%``, or has a coefficient other than 1 (a stride or dilation).
+A convolution reads one traversal plus one summation iterator per spatial
+position, so a window index is no mismatch for it.
+
+The converging phase takes a step only when it lowers the distance of the
+program (:func:`program_distance`): the sum, over the scopes that must run as
+operators (contractions whose arithmetic intensity is high,
+:func:`is_compute`), of the distance to the nearest target.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from einopt import ir
+from einopt.index import linear_form
+from einopt.instantiate.match import match_gemm, match_matmul
+from einopt.instantiate.match_conv import match_conv, match_conv_transpose
+from einopt.instantiate.match_elementwise import match_elementwise
+from einopt.instantiate.plan import Context, Failure, Match
+from einopt.rewrite import accesses
+
+__all__ = [
+    "TARGETS",
+    "INTENSITY_THRESHOLD",
+    "distance",
+    "nearest",
+    "program_distance",
+    "is_compute",
+    "intensity",
+    "match_g2bmm",
+    "match_gbmm",
+    "matcher_context",
+]
+
+INTENSITY_THRESHOLD = 3.0
+"""FLOPs per element read or written above which a contraction must run as a predefined operator
+(method.md section 4: the paper says 4, its code 3); below it an eOperator is fine (memory bound)."""
+
+
+def _band(scope: ir.Scope, kind: str) -> Match | Failure:
+    """A banded product with dilation 1, batch iterators ``b`` read alike by both operands:
+    G2BMM ``C[b, i, w] = Sum_k A[b, i, k] * B[b, i + w + c, k]``, or
+    GBMM ``C[b, i, j] = Sum_w A[b, i, w] * B[b, i + w + c, j]``."""
+    body = scope.body
+    if len(scope.summation) != 1 or not (isinstance(body, ir.Binary) and body.op == "*"):
+        return Failure(f"{kind}: not a product of two reads summed over one iterator")
+    if not (isinstance(body.a, ir.Access) and isinstance(body.b, ir.Access)):
+        return Failure(f"{kind}: not a product of two reads")
+    trav, (k,) = set(scope.traversal), scope.summation
+    for x, y in ((body.a, body.b), (body.b, body.a)):
+        band = [e for e in y.indices if not isinstance(e, ir.Iter | ir.IConst)]
+        if len(band) != 1 or not all(isinstance(e, ir.Iter | ir.IConst) for e in x.indices):
+            continue
+        lf = linear_form(band[0])
+        if not lf.is_affine or len(lf.coeffs) != 2:
+            continue
+        if any(abs(c) != 1 for _, c in lf.coeffs):
+            return Failure(f"{kind}: band index {band[0]} is dilated or strided")
+        xs = {e for e in x.indices if isinstance(e, ir.Iter)}
+        ys = {e for e in y.indices if isinstance(e, ir.Iter)}
+        for i, w in (tuple(it for it, _ in lf.coeffs), tuple(it for it, _ in lf.coeffs)[::-1]):
+            if i not in xs or i not in trav or i in ys:
+                continue
+            batch = xs & ys
+            if kind == "G2BMM" and k in batch and w in trav and w not in xs | ys:
+                if trav == (batch - {k}) | {i, w}:
+                    return Match("G2BMM", ())
+            if kind == "GBMM" and w is k and k in xs and k not in ys:
+                j = ys - xs
+                if len(j) == 1 and trav == batch | {i} | j:
+                    return Match("GBMM", ())
+    return Failure(f"not a {kind} band product")
+
+
+def match_g2bmm(scope: ir.Scope, ctx: Context) -> Match | Failure:
+    """General-to-band matmul (Longformer's band of ``Q K^T``); run as an eOperator on the CPU."""
+    return _band(scope, "G2BMM")
+
+
+def match_gbmm(scope: ir.Scope, ctx: Context) -> Match | Failure:
+    """General band matmul (the band of scores times ``V``); run as an eOperator on the CPU."""
+    return _band(scope, "GBMM")
+
+
+def _matmul(scope: ir.Scope, ctx: Context) -> Match | Failure:
+    found = match_matmul(scope, ctx)
+    return found if isinstance(found, Match) else match_gemm(scope, ctx)
+
+
+TARGETS: dict[str, Callable[[ir.Scope, Context], Match | Failure]] = {
+    "MatMul": _matmul,
+    "Conv": match_conv,
+    "ConvTranspose": match_conv_transpose,
+    "G2BMM": match_g2bmm,
+    "GBMM": match_gbmm,
+    "Elementwise": match_elementwise,
+}
+"""The target operators of the converging phase and the matcher that decides each."""
+
+
+def _window(e: ir.IndexExpr, scope: ir.Scope) -> bool:
+    lf = linear_form(e)
+    if not lf.is_affine or len(lf.coeffs) != 2:
+        return False
+    (x, cx), (y, cy) = lf.coeffs
+    trav, summ = set(scope.traversal), set(scope.summation)
+    return abs(cy if x in trav else cx) == 1 and bool({x, y} & trav) and bool({x, y} & summ)
+
+
+def mismatches(scope: ir.Scope, target: str) -> int:
+    """Index positions of ``scope`` that ``target``'s canonical expression cannot read as they are."""
+    n = 0
+    for acc in accesses(scope.body):
+        for e in acc.indices:
+            if isinstance(e, ir.Iter | ir.IConst):
+                continue
+            if target in ("Conv", "ConvTranspose") and _window(e, scope):
+                continue
+            n += 1
+    return n
+
+
+def distance(scope: ir.Scope, target: str, ctx: Context) -> int:
+    """0 when ``target``'s matcher accepts ``scope``, else 1 + its mismatched index positions."""
+    found = TARGETS[target](scope, ctx)
+    return 0 if isinstance(found, Match) else 1 + mismatches(scope, target)
+
+
+def nearest(scope: ir.Scope, ctx: Context) -> tuple[int, str]:
+    """The smallest distance of ``scope`` to any target, and that target (first in table order on ties)."""
+    return min((distance(scope, t, ctx), k, t) for k, t in enumerate(TARGETS))[::2]
+
+
+def _elements(scope: ir.Scope) -> int:
+    seen: dict[object, int] = {}
+    for acc in accesses(scope.body):
+        src = acc.source
+        seen[src] = math.prod(src.shape)
+    return sum(seen.values()) + math.prod(scope.shape)
+
+
+def intensity(scope: ir.Scope) -> float:
+    """FLOPs (2 per multiply-add) per element of the sources it reads and the tensor it writes."""
+    points = math.prod(it.extent for it in (*scope.traversal, *scope.summation))
+    return 2.0 * points / max(1, _elements(scope))
+
+
+def is_compute(scope: ir.Scope) -> bool:
+    """A contraction (a sum of a product of reads) whose intensity makes it compute bound."""
+    if not scope.summation:
+        return False
+    reads = accesses(scope.body)
+    return len({id(a.source) for a in reads}) >= 2 and intensity(scope) >= INTENSITY_THRESHOLD
+
+
+def matcher_context(program: ir.Program, constants: frozenset[str]) -> Context:
+    """The matchers' context for ``program``: constant tensors (and scopes only they feed) and bound scopes."""
+    tensors = frozenset(t for t in program.inputs if t.name in constants)
+    scopes = frozenset(
+        s for s in ir.scopes_in(program) if all(t.name in constants for t in ir.input_tensors(s))
+    )
+    return Context(constant=tensors | scopes, bound=frozenset(s for _, s in program.bindings))
+
+
+def program_distance(program: ir.Program, ctx: Context, memo: dict | None = None) -> int:
+    """Sum of :func:`nearest` distances over the program's compute scopes (0: every one is an operator)."""
+    total = 0
+    for scope in ir.scopes_in(program):
+        if scope in ctx.constant or not is_compute(scope):
+            continue
+        if memo is not None and scope in memo:
+            d = memo[scope]
+        else:
+            d = nearest(scope, ctx)[0]
+            if memo is not None:
+                memo[scope] = d
+        total += d
+    return total

@@ -1,0 +1,613 @@
+"""The search (method.md section 5): explorative derivation, converging derivation, fingerprints.
+
+One :func:`search` call turns a program into ranked :class:`Candidate` programs:
+
+1. **Explore**: breadth first from the input, every match the schedule's
+   ``explore`` uses admit, up to ``max_depth`` steps. Every new program is
+   brought to its normal form (:mod:`einopt.search.normal`) and pruned when
+   its key (:func:`einopt.keys.key`) was seen before, or when its FLOPs are
+   hopeless against the best candidate found (``cost_slack`` times more).
+2. **Converge**: from every unique explored state, steps of the ``converge``
+   uses that lower the program's expression distance
+   (:mod:`einopt.search.distance`), best first, up to ``converge_depth`` steps.
+3. **Candidates**: every state whose compute scopes all match an operator
+   (distance 0), and the input itself, is instantiated
+   (:func:`einopt.export.program_model`): its operator list, and a cost,
+   the analytic estimate of :func:`einopt.cost.estimate_seconds` unless a
+   ``cost`` callable is given. Candidates with the same operator list keep
+   the cheapest; the list is ranked by cost, then depth, then key.
+
+Everything is deterministic: states are visited in the order rules, matches
+and frontiers produce them, and ``jobs`` worker processes only expand slices
+of a frontier whose results are merged back in frontier order.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+
+import numpy as np
+
+from einopt import ir
+from einopt.keys import key
+from einopt.rules import NO_CONTEXT, REGISTRY, Context, Match, Rule, ScopeRule
+from einopt.rules.base import Hit
+from einopt.rules.boundary import ProgramFacts, ProgramScopeRule
+from einopt.search.distance import matcher_context, program_distance
+from einopt.search.normal import normalize
+from einopt.search.schedule import DEFAULT_SCHEDULE, Schedule, Use
+
+__all__ = [
+    "DEFAULT_MAX_DEPTH",
+    "DEFAULT_CONVERGE_DEPTH",
+    "TraceStep",
+    "Candidate",
+    "RuleStats",
+    "Stats",
+    "SearchResult",
+    "SearchError",
+    "search",
+    "program_flops",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_DEPTH = 7
+"""Explorative steps, the paper's default."""
+DEFAULT_CONVERGE_DEPTH = 6
+"""Converging steps per explored state (each lowers the distance, so few are ever needed)."""
+DEFAULT_MAX_CANDIDATES = 32
+DEFAULT_COST_SLACK = 2.0
+
+
+class SearchError(ValueError):
+    """The search cannot run (bad limits, or an input that is not a program)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceStep:
+    """One derivation step: the rule, where it applied, what it did, and the program after it
+    (in its normal form)."""
+
+    rule: str
+    where: str
+    summary: str
+    program: ir.Program
+    phase: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A fully instantiable program equal to the input, with how it was derived and what it runs as.
+
+    ``operators`` lists what it instantiates to: ONNX op types (layout ops
+    included) and eOperators as ``"eop:NAME"``; scopes folded at compile time
+    are left out. ``cost`` is in seconds (estimated or measured, see
+    :func:`search`).
+    """
+
+    program: ir.Program
+    trace: tuple[TraceStep, ...]
+    operators: tuple[str, ...]
+    cost: float
+    key: str
+    flops: int
+
+    @property
+    def depth(self) -> int:
+        return len(self.trace)
+
+    def text(self) -> str:
+        """The program in the text syntax (``einopt.parse`` reads it back)."""
+        return str(self.program)
+
+
+@dataclasses.dataclass
+class RuleStats:
+    """How one rule (in one phase) fared: states tried, admitted matches, new unique states, seconds."""
+
+    tries: int = 0
+    matches: int = 0
+    new_states: int = 0
+    seconds: float = 0.0
+
+    def add(self, other: RuleStats) -> None:
+        self.tries += other.tries
+        self.matches += other.matches
+        self.new_states += other.new_states
+        self.seconds += other.seconds
+
+
+@dataclasses.dataclass
+class Stats:
+    """Counts of one search. ``generated`` counts every program a rule produced; ``pruned`` those
+    dropped by fingerprint (seen before, after the normal form) or by cost; ``expanded`` the states
+    whose matches were enumerated."""
+
+    generated: int = 0
+    pruned_fingerprint: int = 0
+    pruned_cost: int = 0
+    expanded: int = 0
+    converge_steps: int = 0
+    candidates_costed: int = 0
+    per_depth: list[dict[str, int]] = dataclasses.field(default_factory=list)
+    rules: dict[str, RuleStats] = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0
+    complete: bool = True  # False when the time budget ran out
+
+    @property
+    def pruned(self) -> int:
+        return self.pruned_fingerprint + self.pruned_cost
+
+    @property
+    def pruned_fraction(self) -> float:
+        return self.pruned / self.generated if self.generated else 0.0
+
+    def rule(self, label: str) -> RuleStats:
+        return self.rules.setdefault(label, RuleStats())
+
+    def merge(self, other: Stats) -> None:
+        self.generated += other.generated
+        self.pruned_fingerprint += other.pruned_fingerprint
+        self.pruned_cost += other.pruned_cost
+        self.expanded += other.expanded
+        self.converge_steps += other.converge_steps
+        for label, rs in other.rules.items():
+            self.rule(label).add(rs)
+
+    def as_dict(self) -> dict:
+        return {
+            "generated": self.generated,
+            "pruned": self.pruned,
+            "pruned_fingerprint": self.pruned_fingerprint,
+            "pruned_cost": self.pruned_cost,
+            "expanded": self.expanded,
+            "converge_steps": self.converge_steps,
+            "candidates_costed": self.candidates_costed,
+            "per_depth": self.per_depth,
+            "rules": {k: dataclasses.asdict(v) for k, v in self.rules.items()},
+            "seconds": round(self.seconds, 3),
+            "complete": self.complete,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchResult:
+    """Candidates (ranked, best first; the input is always among them) and the search's statistics."""
+
+    candidates: tuple[Candidate, ...]
+    stats: Stats
+
+    @property
+    def best(self) -> Candidate:
+        return self.candidates[0]
+
+
+# --------------------------------------------------------------------------
+# Matching, with per-scope caches
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Env:
+    """What one search process shares across states: the rules' context, the schedule, memos."""
+
+    ctx: Context
+    schedule: Schedule
+    constants: frozenset[str]
+    hits: dict = dataclasses.field(default_factory=dict)  # (rule, scope) -> [Hit]
+    normal: dict = dataclasses.field(default_factory=dict)  # program -> normal form
+    distances: dict = dataclasses.field(default_factory=dict)  # scope -> nearest distance
+    keys: dict = dataclasses.field(default_factory=dict)  # program -> key
+
+    def key(self, program: ir.Program) -> str:
+        found = self.keys.get(program)
+        if found is None:
+            found = self.keys[program] = key(program)
+        return found
+
+    def distance(self, program: ir.Program) -> int:
+        return program_distance(program, matcher_context(program, self.constants), self.distances)
+
+
+def _matches(rule: Rule, program: ir.Program, env: _Env) -> Iterator[Match]:
+    if isinstance(rule, ScopeRule) and not isinstance(rule, ProgramScopeRule):
+        for scope, where in ProgramFacts.of(program).labels.items():
+            found = env.hits.get((rule.name, scope))
+            if found is None:
+                found = env.hits[(rule.name, scope)] = [
+                    h for h in rule.match_scope(scope, env.ctx) if isinstance(h, Hit)
+                ]
+            for h in found:
+                yield Match(rule.name, where, h.summary, h.params, scope)
+    else:
+        for m in rule.match(program, env.ctx):
+            if isinstance(m, Match):
+                yield m
+
+
+def _children(
+    program: ir.Program, uses: tuple[Use, ...], env: _Env, stats: Stats, phase: str
+) -> Iterator[tuple[TraceStep, ir.Program]]:
+    """Every program one admitted match of ``uses`` leads to, normalized, with its trace step."""
+    for use in uses:
+        rule = REGISTRY[use.rule]
+        rs = stats.rule(f"{phase}:{use.rule}")
+        t0 = time.perf_counter()
+        rs.tries += 1
+        for m in _matches(rule, program, env):
+            if not use.admits(program, m):
+                continue
+            rs.matches += 1
+            try:
+                new = normalize(rule.apply(program, m, env.ctx), env.ctx, env.schedule, env.normal)
+            except (ValueError, ir.IRError) as e:  # a match its apply refuses: a rule bug, never a result
+                log.warning("%s at %s: apply failed: %s", rule.name, m.where, e)
+                continue
+            stats.generated += 1
+            rs.seconds += time.perf_counter() - t0
+            yield TraceStep(rule.name, m.where, m.summary, new, phase), new
+            t0 = time.perf_counter()
+        rs.seconds += time.perf_counter() - t0
+
+
+# --------------------------------------------------------------------------
+# Converging derivation
+# --------------------------------------------------------------------------
+
+
+def _converge(
+    program: ir.Program, trace: tuple[TraceStep, ...], env: _Env, limit: int, stats: Stats
+) -> list[tuple[ir.Program, tuple[TraceStep, ...]]]:
+    """States reached from ``program`` by steps that each lower the distance: every one that reaches
+    distance 0 (all compute scopes are operators), else the closest one; at most ``limit`` steps."""
+    start_d = env.distance(program)
+    if start_d == 0:
+        return [(program, trace)]
+    done: list[tuple[ir.Program, tuple[TraceStep, ...]]] = []
+    seen: set[str] = {env.key(program)}
+    best = (start_d, program, trace)
+    frontier = [(start_d, program, trace)]
+    for _ in range(limit):
+        nxt: list[tuple[int, ir.Program, tuple[TraceStep, ...]]] = []
+        for d, p, tr in frontier:
+            for step, new in _children(p, env.schedule.converge, env, stats, "converge"):
+                k = env.key(new)
+                if k in seen:
+                    stats.pruned_fingerprint += 1
+                    continue
+                seen.add(k)
+                nd = env.distance(new)
+                if nd >= d:
+                    continue
+                stats.converge_steps += 1
+                stats.rule(f"converge:{step.rule}").new_states += 1
+                if nd == 0:
+                    done.append((new, (*tr, step)))
+                else:
+                    nxt.append((nd, new, (*tr, step)))
+                    if nd < best[0]:
+                        best = (nd, new, (*tr, step))
+        if not nxt:
+            break
+        # Best first: only the states at the lowest distance reached go on.
+        low = min(d for d, _, _ in nxt)
+        frontier = [x for x in nxt if x[0] == low]
+    if done:
+        return done
+    return [(best[1], best[2])] if best[1] is not program else []
+
+
+# --------------------------------------------------------------------------
+# Cost
+# --------------------------------------------------------------------------
+
+
+def program_flops(program: ir.Program) -> int:
+    """Arithmetic of a program as written: per scope, its points times the operations of its body."""
+    total = 0
+    for scope in ir.scopes_in(program):
+        points = math.prod(it.extent for it in (*scope.traversal, *scope.summation))
+        total += points * max(1, _ops(scope.body) + (1 if scope.summation else 0))
+    return total
+
+
+def _ops(e: ir.ValueExpr) -> int:
+    if isinstance(e, ir.Binary):
+        return 1 + _ops(e.a) + _ops(e.b)
+    if isinstance(e, ir.Unary):
+        return 1 + _ops(e.x)
+    return 0
+
+
+CostFn = Callable[[ir.Program, "object"], float]
+
+
+def _analytic(model, inst) -> float:
+    from einopt.cost import estimate_seconds, model_cost
+
+    return estimate_seconds(model_cost(model))
+
+
+def _operators(model, inst) -> tuple[str, ...]:
+    out = []
+    for node in model.graph.node:
+        out.append(f"eop:{node.op_type}" if node.domain else node.op_type)
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------
+# The search
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _State:
+    program: ir.Program
+    trace: tuple[TraceStep, ...]
+
+
+def _expand(states: list[_State], env: _Env, converge_depth: int) -> tuple[list[list], Stats]:
+    """For each state: its explored children (step, program, key) and its converged states."""
+    stats = Stats()
+    out = []
+    for st in states:
+        stats.expanded += 1
+        children = [
+            (step, new, env.key(new))
+            for step, new in _children(st.program, env.schedule.explore, env, stats, "explore")
+        ]
+        out.append(children)
+    return out, stats
+
+
+def _converged(states: list[_State], env: _Env, converge_depth: int) -> tuple[list[list], Stats]:
+    stats = Stats()
+    out = []
+    for st in states:
+        found = _converge(st.program, st.trace, env, converge_depth, stats)
+        out.append([(p, tr, env.key(p)) for p, tr in found])
+    return out, stats
+
+
+# Worker processes keep their own environment (memos) across calls.
+_WORKER_ENV: _Env | None = None
+
+
+def _worker_init(ctx: Context, schedule: Schedule, constants: frozenset[str]) -> None:
+    global _WORKER_ENV
+    _WORKER_ENV = _Env(ctx, schedule, constants)
+
+
+def _worker(kind: str, states: list[_State], converge_depth: int):
+    fn = _expand if kind == "expand" else _converged
+    return fn(states, _WORKER_ENV, converge_depth)
+
+
+class _Runner:
+    """Runs expansion and convergence of a batch of states in this process or split over workers."""
+
+    def __init__(self, env: _Env, jobs: int, converge_depth: int) -> None:
+        self.env = env
+        self.converge_depth = converge_depth
+        self.pool = None
+        if jobs > 1:
+            self.pool = concurrent.futures.ProcessPoolExecutor(
+                jobs, initializer=_worker_init, initargs=(env.ctx, env.schedule, env.constants)
+            )
+        self.jobs = jobs
+
+    def run(self, kind: str, states: list[_State], stats: Stats) -> list[list]:
+        if self.pool is None or len(states) < 2 * self.jobs:
+            fn = _expand if kind == "expand" else _converged
+            out, s = fn(states, self.env, self.converge_depth)
+            stats.merge(s)
+            return out
+        size = -(-len(states) // (self.jobs * 4))
+        chunks = [states[i : i + size] for i in range(0, len(states), size)]
+        futures = [self.pool.submit(_worker, kind, c, self.converge_depth) for c in chunks]
+        out: list[list] = []
+        for f in futures:
+            part, s = f.result()
+            out.extend(part)
+            stats.merge(s)
+        return out
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+
+def search(
+    program: ir.Program | ir.Scope,
+    *,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    converge_depth: int = DEFAULT_CONVERGE_DEPTH,
+    time_budget: float | None = None,
+    jobs: int = 1,
+    cost: Callable[[ir.Program, object, object], float] | None = None,
+    ctx: Context | None = None,
+    schedule: Schedule = DEFAULT_SCHEDULE,
+    max_candidates: int = DEFAULT_MAX_CANDIDATES,
+    cost_slack: float = DEFAULT_COST_SLACK,
+    progress: Callable[[Stats, int, Candidate | None], None] | None = None,
+) -> SearchResult:
+    """Search for programs equal to ``program`` that instantiate to faster operators.
+
+    Parameters
+    ----------
+    program : ir.Program or ir.Scope
+        What to optimise (a scope is the program ``Y = scope``).
+    max_depth : int
+        Explorative steps (the paper's default, 7).
+    converge_depth : int
+        Converging steps per explored state; 0 turns converging derivation off.
+    time_budget : float, optional
+        Seconds; when they run out the candidates found so far are returned
+        (``stats.complete`` is False).
+    jobs : int
+        Worker processes that expand slices of each frontier. The candidates
+        and their order do not depend on it.
+    cost : callable, optional
+        ``cost(program, model, instantiated) -> seconds`` of a candidate (the
+        next stage passes measured costs); default: the analytic estimate from
+        FLOPs and bytes of its ONNX instantiation.
+    ctx : Context, optional
+        Constant tensors (weights) for constant-aware rules; constants are
+        folded at instantiation.
+    schedule : Schedule
+        Which rules run in which phase (:data:`~einopt.search.schedule.DEFAULT_SCHEDULE`).
+    max_candidates : int
+        Length of the ranked list (one candidate per distinct operator list).
+    cost_slack : float
+        States with more than ``cost_slack`` times the FLOPs of the best
+        candidate are pruned.
+    progress : callable, optional
+        Called as ``progress(stats, depth, best)`` after each frontier step.
+
+    Returns
+    -------
+    SearchResult
+    """
+    t_start = time.perf_counter()
+    if isinstance(program, ir.Scope):
+        program = ir.Program(tuple(ir.input_tensors(program)), (("Y", program),), ("Y",))
+    if not isinstance(program, ir.Program):
+        raise SearchError(f"search takes a program or a scope, not {type(program).__name__}")
+    for name, value in (("max_depth", max_depth), ("converge_depth", converge_depth), ("jobs", jobs)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise SearchError(f"{name} must be a non-negative integer, got {value!r}")
+    if jobs < 1:
+        raise SearchError(f"jobs must be at least 1, got {jobs}")
+    if time_budget is not None and not time_budget > 0:
+        raise SearchError(f"time_budget must be positive seconds, got {time_budget!r}")
+    ctx = ctx or NO_CONTEXT
+    constants = frozenset(n for n in ctx.constants if n in {t.name for t in program.inputs})
+    env = _Env(ctx, schedule, constants)
+    stats = Stats()
+    deadline = None if time_budget is None else t_start + time_budget
+    costing = _Costing(env, cost, dict(ctx.constants), stats)
+
+    costing.add(program, ())
+    start = normalize(program, ctx, schedule, env.normal)
+    seen = {env.key(program), env.key(start)}
+    runner = _Runner(env, jobs, converge_depth)
+    try:
+        frontier = [_State(start, ())]
+        pending = [_State(start, ())]  # explored states not yet converged
+        stats.per_depth.append({"depth": 0, "states": 1, "generated": 0})
+        for depth in range(1, max_depth + 1):
+            if not _in_time(deadline):
+                stats.complete = False
+                break
+            for found in runner.run("converge", pending, stats):
+                for p, tr, k in found:
+                    costing.add(p, tr, k)
+            pending = []
+            before = stats.generated
+            children = runner.run("expand", frontier, stats)
+            nxt = []
+            for st, kids in zip(frontier, children, strict=True):
+                for step, new, k in kids:
+                    rs = stats.rule(f"explore:{step.rule}")
+                    if k in seen:
+                        stats.pruned_fingerprint += 1
+                        continue
+                    seen.add(k)
+                    if costing.hopeless(new, cost_slack):
+                        stats.pruned_cost += 1
+                        continue
+                    rs.new_states += 1
+                    state = _State(new, (*st.trace, step))
+                    nxt.append(state)
+            stats.per_depth.append(
+                {"depth": depth, "states": len(nxt), "generated": stats.generated - before}
+            )
+            if progress is not None:
+                progress(stats, depth, costing.best())
+            frontier = pending = nxt
+            if not frontier:
+                break
+        if pending and _in_time(deadline):
+            for found in runner.run("converge", pending, stats):
+                for p, tr, k in found:
+                    costing.add(p, tr, k)
+        elif pending:
+            stats.complete = False
+    finally:
+        runner.close()
+    stats.seconds = time.perf_counter() - t_start
+    return SearchResult(costing.ranked(max_candidates), stats)
+
+
+def _in_time(deadline: float | None) -> bool:
+    return deadline is None or time.perf_counter() < deadline
+
+
+class _Costing:
+    """Instantiates and costs candidate programs, once per key; keeps the best per operator list."""
+
+    def __init__(self, env: _Env, cost, constants: Mapping[str, np.ndarray], stats: Stats) -> None:
+        self.env = env
+        self.cost = cost
+        self.constants = constants
+        self.stats = stats
+        self.done: dict[str, Candidate | None] = {}
+        self.by_ops: dict[tuple[str, ...], Candidate] = {}
+        self.best_flops: int | None = None
+        self.input: Candidate | None = None
+
+    def add(self, program: ir.Program, trace: tuple[TraceStep, ...], k: str | None = None) -> None:
+        from einopt.export import program_model
+        from einopt.instantiate.emit import InstantiationError
+
+        k = k or self.env.key(program)
+        if k in self.done:
+            return
+        self.done[k] = None
+        if trace and self.env.distance(program) != 0:
+            return
+        try:
+            model, inst = program_model(program, self.constants)
+        except (InstantiationError, ValueError) as e:
+            log.info("candidate %s not instantiable: %s", k[:8], e)
+            return
+        self.stats.candidates_costed += 1
+        seconds = float(self.cost(program, model, inst) if self.cost else _analytic(model, inst))
+        flops = program_flops(program)
+        cand = Candidate(program, trace, _operators(model, inst), seconds, k, flops)
+        self.done[k] = cand
+        if self.best_flops is None or flops < self.best_flops:
+            self.best_flops = flops
+        if not trace:
+            self.input = cand
+            return
+        old = self.by_ops.get(cand.operators)
+        if old is None or _rank(cand) < _rank(old):
+            self.by_ops[cand.operators] = cand
+
+    def hopeless(self, program: ir.Program, slack: float) -> bool:
+        return self.best_flops is not None and program_flops(program) > slack * self.best_flops
+
+    def best(self) -> Candidate | None:
+        return min(self._all(), key=_rank, default=None)
+
+    def _all(self) -> list[Candidate]:
+        return [*self.by_ops.values(), *([self.input] if self.input else [])]
+
+    def ranked(self, limit: int) -> tuple[Candidate, ...]:
+        """The best ``limit`` candidates, best first; the input is always among them."""
+        ranked = sorted(self._all(), key=_rank)
+        out = ranked[:limit]
+        if self.input is not None and self.input not in out:
+            out = [*out[: max(0, limit - 1)], self.input]
+        return tuple(out)
+
+
+def _rank(c: Candidate) -> tuple:
+    return (c.cost, len(c.trace), c.key)

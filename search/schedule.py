@@ -1,0 +1,242 @@
+"""The search schedule: which rules run in which phase, which of their matches, with what limits.
+
+The schedule is data apart from the rules (``einopt search --explain-schedule``
+prints it). Each phase lists :class:`Use` entries: a rule of the registry,
+the typed variants of its matches the phase takes (``substitute_variables``'
+``fuse``/``merge``/``split``/``split_sum``/``reverse_sum``, ...), and an
+optional *restriction*, a named property of a match (:data:`RESTRICTIONS`)
+that keeps the explorative branching factor low. Restrictions look only at the
+match and the program it applies to, never at shapes or models.
+
+* ``explore``: rules that change the mathematics, applied breadth first up to
+  ``max_depth`` steps.
+* ``converge``: rules that only move iterators and data toward an operator's
+  layout; a step is taken only when it lowers the expression distance
+  (:mod:`einopt.search.distance`), up to ``converge_depth`` steps.
+* ``cleanup``: the normal form every state is brought to
+  (:mod:`einopt.search.normal`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from einopt import ir
+from einopt.index import linear_form
+from einopt.rewrite import accesses
+from einopt.rules import REGISTRY, Match
+
+__all__ = ["Use", "Schedule", "DEFAULT_SCHEDULE", "RESTRICTIONS", "explain"]
+
+
+def coupled_summations(scope: ir.Scope) -> frozenset[ir.Iter]:
+    """Summation iterators read in one index together with a traversal iterator (``r`` of ``h + r - 1``):
+    the window iterators an offset sum can take outside a contraction."""
+    trav = set(scope.traversal)
+    found: set[ir.Iter] = set()
+    for acc in accesses(scope.body):
+        for e in acc.indices:
+            its = e.iters()
+            if its & trav:
+                found |= its - trav
+    return frozenset(found & set(scope.summation))
+
+
+def _windows_outside(program: ir.Program, m: Match) -> bool:
+    # Sum_{outer} {L Sum_{inner} f}: only window iterators go outside, and every plain contraction
+    # iterator stays inside, so the inner scope is a contraction an operator can take and the outer
+    # one an offset sum.
+    scope = m.target
+    inner = set(m["inner"])
+    outer = set(scope.summation) - inner
+    coupled = coupled_summations(scope)
+    return bool(outer) and outer <= coupled and not (set(scope.summation) - coupled) - inner
+
+
+def _window_iterator(program: ir.Program, m: Match) -> bool:
+    # Relaxing only pays when the enlarged range splits into blocks (Fig. 6: a 5-tap window to 6 = 2 x 3);
+    # the contraction axes and the traversal only gain zeros.
+    return m.target is not None and m["iterator"] in coupled_summations(m.target)
+
+
+def _reads_window(program: ir.Program, m: Match) -> bool:
+    # Split a summation into blocks only where it is a window read beside traversal iterators.
+    scope = m.target
+    return (
+        scope is not None
+        and bool(set(it for it in scope.summation) & coupled_summations(scope))
+        and all(it in coupled_summations(scope) or it not in scope.summation for it in _split_iterators(m))
+    )
+
+
+def _split_iterators(m: Match) -> list[ir.Iter]:
+    forward = dict(m["forward"]) if "forward" in m.params else {}
+    summation = m.params.get("summation") or ()
+    return [it for e in forward.values() for it in e.iters()] + list(summation)
+
+
+def _no_summation_producer(program: ir.Program, m: Match) -> bool:
+    # Vertical fusion of data movement only (a zero-insertion or layout scope into its reader): fusing
+    # a contraction into its consumer gives an eOperator no operator can take.
+    producer = program.scope(m["producer"])
+    return not producer.summation
+
+
+def _into_compute(program: ir.Program, m: Match) -> bool:
+    # Split by residue (the phases of a strided transposed convolution) only a scope that sums.
+    scope = program.scope(m["binding"])
+    return bool(scope.summation) or any(
+        isinstance(a.source, ir.Scope) and a.source.summation for a in accesses(scope.body)
+    )
+
+
+def _strided_reads(program: ir.Program, m: Match) -> bool:
+    # A residue split pays when the scope reads its iterator through // or % (zero insertion).
+    scope = program.scope(m["binding"])
+    x = scope.traversal[m["axis"]]
+    for acc in accesses(scope.body):
+        for e in acc.indices:
+            if x in e.iters() and any(
+                not isinstance(atom, ir.Iter) and x in atom.iters() for atom, _ in linear_form(e).atoms
+            ):
+                return True
+    return _into_compute(program, m) and any(isinstance(a.source, ir.Scope) for a in accesses(scope.body))
+
+
+def _is_copy(scope: ir.Scope) -> bool:
+    """A scope that reads one source at its own traversal iterators in order (extent-1 ones may be left out)."""
+    body = scope.body
+    if scope.summation or not isinstance(body, ir.Access):
+        return False
+    read = [it for it in scope.traversal if it.extent > 1 or it in body.indices]
+    return tuple(read) == body.indices
+
+
+def _read_through(program: ir.Program, m: Match) -> bool:
+    # The normal form inlines scopes that only re-index another scope (what substitution leaves
+    # behind) and plain copies; a layout scope over an input (a materialised im2col buffer, a split
+    # dimension) is kept: it is the converging phase's work.
+    inner = m["access"].source
+    body = inner.body
+    if inner.summation or not isinstance(body, ir.Access):
+        return False
+    return isinstance(body.source, ir.Scope) or _is_copy(inner)
+
+
+def _traversal_range(program: ir.Program, m: Match) -> bool:
+    # Slack traversal ranges (left by substitution) are tightened; a summation range is left as it is,
+    # or the normal form would undo every relaxation.
+    return m.target is not None and m["iterator"] in m.target.traversal
+
+
+RESTRICTIONS: dict[str, tuple[Callable[[ir.Program, Match], bool], str]] = {
+    "windows_outside": (
+        _windows_outside,
+        "only window iterators (read beside a traversal iterator) go outside; every contraction iterator stays in",
+    ),
+    "window_iterator": (_window_iterator, "only a window iterator (read beside a traversal iterator)"),
+    "window_blocks": (_reads_window, "only a window iterator, into blocks"),
+    "read_through": (_read_through, "only scopes that re-index another scope, and plain copies"),
+    "traversal_range": (_traversal_range, "only traversal ranges"),
+    "data_movement": (_no_summation_producer, "only producers without a summation (layout, zero insertion)"),
+    "strided": (_strided_reads, "only iterators read through // or % (strided, zero-inserted reads)"),
+}
+"""Named restrictions: ``name -> (predicate(program, match), what it keeps, in words)``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Use:
+    """One rule in one phase: the variants it takes (all when empty) and a restriction by name."""
+
+    rule: str
+    variants: tuple[str, ...] = ()
+    restrict: str = ""
+
+    def __post_init__(self) -> None:
+        rule = REGISTRY.get(self.rule)
+        if rule is None:
+            raise ValueError(f"schedule: no rule named {self.rule!r}")
+        bad = [v for v in self.variants if v not in rule.variants]
+        if bad:
+            raise ValueError(
+                f"schedule: {self.rule} has no variant {', '.join(bad)} (it has {rule.variants})"
+            )
+        if self.restrict and self.restrict not in RESTRICTIONS:
+            raise ValueError(f"schedule: unknown restriction {self.restrict!r}")
+
+    def admits(self, program: ir.Program, m: Match) -> bool:
+        """Whether this use takes match ``m`` (its variant, and its restriction)."""
+        if self.variants and REGISTRY[self.rule].variant(m) not in self.variants:
+            return False
+        return not self.restrict or RESTRICTIONS[self.restrict][0](program, m)
+
+    def label(self) -> str:
+        out = self.rule
+        if self.variants:
+            out += f" ({', '.join(self.variants)})"
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """Rules per phase (see the module docstring)."""
+
+    explore: tuple[Use, ...]
+    converge: tuple[Use, ...]
+    cleanup: tuple[Use, ...]
+
+    def phases(self) -> dict[str, tuple[Use, ...]]:
+        return {"explore": self.explore, "converge": self.converge, "cleanup": self.cleanup}
+
+
+DEFAULT_SCHEDULE = Schedule(
+    explore=(
+        Use("split_summation", restrict="windows_outside"),
+        Use("relax_boundary", restrict="window_iterator"),
+        Use("substitute_variables", ("split_sum",), restrict="window_blocks"),
+        Use("split_expression", ("residue",), restrict="strided"),
+        Use("merge_summations"),
+        Use("merge_expressions"),
+        Use("fuse_expressions", restrict="data_movement"),
+        Use("rewrite_prelu_max"),
+        Use("rewrite_prelu_leaky"),
+        Use("fold_channel_scale"),
+    ),
+    converge=(
+        Use("substitute_variables", ("fuse", "merge", "split", "reverse_sum")),
+        Use("materialize_access"),
+        Use("split_dimension"),
+        Use("merge_dimensions"),
+        Use("swap_dimensions"),
+        Use("replicate_access"),
+    ),
+    cleanup=(
+        Use("merge_traversal", restrict="read_through"),
+        Use("tighten_boundary", restrict="traversal_range"),
+    ),
+)
+"""The schedule :func:`einopt.search.search` uses unless given another."""
+
+
+def explain(schedule: Schedule = DEFAULT_SCHEDULE) -> str:
+    """The schedule in words: per phase, each rule, its variants, restriction and what it may undo or grow."""
+    lines: list[str] = []
+    notes = {
+        "explore": "breadth first, every admitted match, up to max_depth steps; states deduplicated by key",
+        "converge": "per state, only steps that lower the expression distance, up to converge_depth steps",
+        "cleanup": "normal form after every step: inline read-through scopes, tighten slack ranges",
+    }
+    for phase, uses in schedule.phases().items():
+        lines.append(f"{phase}: {notes[phase]}")
+        for use in uses:
+            rule = REGISTRY[use.rule]
+            extra = []
+            if use.restrict:
+                extra.append(f"restricted: {RESTRICTIONS[use.restrict][1]}")
+            if rule.undoes:
+                extra.append(f"may undo {', '.join(rule.undoes)}")
+            if rule.grows:
+                extra.append("can grow the state")
+            lines.append(f"  {use.label()}" + (f"  [{'; '.join(extra)}]" if extra else ""))
+    return "\n".join(lines)
