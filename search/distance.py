@@ -35,6 +35,7 @@ __all__ = [
     "distance",
     "nearest",
     "program_distance",
+    "nearest_memo",
     "is_compute",
     "intensity",
     "match_g2bmm",
@@ -172,17 +173,21 @@ def matcher_context(program: ir.Program, constants: frozenset[str]) -> Context:
     return Context(constant=tensors | scopes, bound=frozenset(s for _, s in program.bindings))
 
 
+def nearest_memo(scope: ir.Scope, ctx: Context, memo: dict | None) -> int:
+    """:func:`nearest`'s distance, memoised per scope (scopes are interned)."""
+    if memo is not None and scope in memo:
+        return memo[scope]
+    d = nearest(scope, ctx)[0]
+    if memo is not None:
+        memo[scope] = d
+    return d
+
+
 def program_distance(program: ir.Program, ctx: Context, memo: dict | None = None) -> int:
     """Sum of :func:`nearest` distances over the program's compute scopes (0: every one is an operator)."""
     total = 0
     for scope in ir.scopes_in(program):
         if scope in ctx.constant or not is_compute(scope):
             continue
-        if memo is not None and scope in memo:
-            d = memo[scope]
-        else:
-            d = nearest(scope, ctx)[0]
-            if memo is not None:
-                memo[scope] = d
-        total += d
+        total += nearest_memo(scope, ctx, memo)
     return total

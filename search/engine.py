@@ -38,7 +38,7 @@ from einopt.keys import key
 from einopt.rules import NO_CONTEXT, REGISTRY, Context, Match, Rule, ScopeRule
 from einopt.rules.base import Hit
 from einopt.rules.boundary import ProgramFacts, ProgramScopeRule
-from einopt.search.distance import matcher_context, program_distance
+from einopt.search.distance import is_compute, matcher_context, nearest_memo, program_distance
 from einopt.search.normal import normalize
 from einopt.search.schedule import DEFAULT_SCHEDULE, Schedule, Use
 
@@ -157,6 +157,7 @@ class Stats:
         self.pruned_cost += other.pruned_cost
         self.expanded += other.expanded
         self.converge_steps += other.converge_steps
+        self.complete = self.complete and other.complete
         for label, rs in other.rules.items():
             self.rule(label).add(rs)
 
@@ -204,6 +205,7 @@ class _Env:
     normal: dict = dataclasses.field(default_factory=dict)  # program -> normal form
     distances: dict = dataclasses.field(default_factory=dict)  # scope -> nearest distance
     keys: dict = dataclasses.field(default_factory=dict)  # program -> key
+    deadline: float | None = None  # time.monotonic() when the budget runs out
 
     def key(self, program: ir.Program) -> str:
         found = self.keys.get(program)
@@ -214,10 +216,21 @@ class _Env:
     def distance(self, program: ir.Program) -> int:
         return program_distance(program, matcher_context(program, self.constants), self.distances)
 
+    def open_scopes(self, program: ir.Program) -> frozenset[ir.Scope]:
+        """The compute scopes of ``program`` no operator takes yet (where converging steps apply)."""
+        mctx = matcher_context(program, self.constants)
+        return frozenset(
+            s
+            for s in ir.scopes_in(program)
+            if s not in mctx.constant and is_compute(s) and nearest_memo(s, mctx, self.distances) > 0
+        )
 
-def _matches(rule: Rule, program: ir.Program, env: _Env) -> Iterator[Match]:
+
+def _matches(rule: Rule, program: ir.Program, env: _Env, only: frozenset | None) -> Iterator[Match]:
     if isinstance(rule, ScopeRule) and not isinstance(rule, ProgramScopeRule):
         for scope, where in ProgramFacts.of(program).labels.items():
+            if only is not None and scope not in only:
+                continue
             found = env.hits.get((rule.name, scope))
             if found is None:
                 found = env.hits[(rule.name, scope)] = [
@@ -227,20 +240,26 @@ def _matches(rule: Rule, program: ir.Program, env: _Env) -> Iterator[Match]:
                 yield Match(rule.name, where, h.summary, h.params, scope)
     else:
         for m in rule.match(program, env.ctx):
-            if isinstance(m, Match):
+            if isinstance(m, Match) and (only is None or m.target in only):
                 yield m
 
 
 def _children(
-    program: ir.Program, uses: tuple[Use, ...], env: _Env, stats: Stats, phase: str
+    program: ir.Program,
+    uses: tuple[Use, ...],
+    env: _Env,
+    stats: Stats,
+    phase: str,
+    only: frozenset | None = None,
 ) -> Iterator[tuple[TraceStep, ir.Program]]:
-    """Every program one admitted match of ``uses`` leads to, normalized, with its trace step."""
+    """Every program one admitted match of ``uses`` leads to, normalized, with its trace step
+    (matches at the scopes in ``only``, when given)."""
     for use in uses:
         rule = REGISTRY[use.rule]
         rs = stats.rule(f"{phase}:{use.rule}")
         t0 = time.perf_counter()
         rs.tries += 1
-        for m in _matches(rule, program, env):
+        for m in _matches(rule, program, env, only):
             if not use.admits(program, m):
                 continue
             rs.matches += 1
@@ -276,7 +295,9 @@ def _converge(
     for _ in range(limit):
         nxt: list[tuple[int, ir.Program, tuple[TraceStep, ...]]] = []
         for d, p, tr in frontier:
-            for step, new in _children(p, env.schedule.converge, env, stats, "converge"):
+            if not _in_time(env.deadline):
+                break
+            for step, new in _children(p, env.schedule.converge, env, stats, "converge", env.open_scopes(p)):
                 k = env.key(new)
                 if k in seen:
                     stats.pruned_fingerprint += 1
@@ -357,6 +378,10 @@ def _expand(states: list[_State], env: _Env, converge_depth: int) -> tuple[list[
     stats = Stats()
     out = []
     for st in states:
+        if not _in_time(env.deadline):
+            stats.complete = False
+            out.append([])
+            continue
         stats.expanded += 1
         children = [
             (step, new, env.key(new))
@@ -370,6 +395,10 @@ def _converged(states: list[_State], env: _Env, converge_depth: int) -> tuple[li
     stats = Stats()
     out = []
     for st in states:
+        if not _in_time(env.deadline):
+            stats.complete = False
+            out.append([])
+            continue
         found = _converge(st.program, st.trace, env, converge_depth, stats)
         out.append([(p, tr, env.key(p)) for p, tr in found])
     return out, stats
@@ -379,9 +408,9 @@ def _converged(states: list[_State], env: _Env, converge_depth: int) -> tuple[li
 _WORKER_ENV: _Env | None = None
 
 
-def _worker_init(ctx: Context, schedule: Schedule, constants: frozenset[str]) -> None:
+def _worker_init(ctx: Context, schedule: Schedule, constants: frozenset[str], deadline: float | None) -> None:
     global _WORKER_ENV
-    _WORKER_ENV = _Env(ctx, schedule, constants)
+    _WORKER_ENV = _Env(ctx, schedule, constants, deadline=deadline)
 
 
 def _worker(kind: str, states: list[_State], converge_depth: int):
@@ -398,7 +427,7 @@ class _Runner:
         self.pool = None
         if jobs > 1:
             self.pool = concurrent.futures.ProcessPoolExecutor(
-                jobs, initializer=_worker_init, initargs=(env.ctx, env.schedule, env.constants)
+                jobs, initializer=_worker_init, initargs=(env.ctx, env.schedule, env.constants, env.deadline)
             )
         self.jobs = jobs
 
@@ -488,9 +517,9 @@ def search(
         raise SearchError(f"time_budget must be positive seconds, got {time_budget!r}")
     ctx = ctx or NO_CONTEXT
     constants = frozenset(n for n in ctx.constants if n in {t.name for t in program.inputs})
-    env = _Env(ctx, schedule, constants)
+    deadline = None if time_budget is None else time.monotonic() + time_budget
+    env = _Env(ctx, schedule, constants, deadline=deadline)
     stats = Stats()
-    deadline = None if time_budget is None else t_start + time_budget
     costing = _Costing(env, cost, dict(ctx.constants), stats)
 
     costing.add(program, ())
@@ -546,7 +575,7 @@ def search(
 
 
 def _in_time(deadline: float | None) -> bool:
-    return deadline is None or time.perf_counter() < deadline
+    return deadline is None or time.monotonic() < deadline
 
 
 class _Costing:

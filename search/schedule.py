@@ -63,17 +63,8 @@ def _window_iterator(program: ir.Program, m: Match) -> bool:
 def _reads_window(program: ir.Program, m: Match) -> bool:
     # Split a summation into blocks only where it is a window read beside traversal iterators.
     scope = m.target
-    return (
-        scope is not None
-        and bool(set(it for it in scope.summation) & coupled_summations(scope))
-        and all(it in coupled_summations(scope) or it not in scope.summation for it in _split_iterators(m))
-    )
-
-
-def _split_iterators(m: Match) -> list[ir.Iter]:
-    forward = dict(m["forward"]) if "forward" in m.params else {}
-    summation = m.params.get("summation") or ()
-    return [it for e in forward.values() for it in e.iters()] + list(summation)
+    split = [it for it, _ in m["inverse"]] if "inverse" in m.params else []
+    return scope is not None and bool(split) and set(split) <= coupled_summations(scope)
 
 
 def _no_summation_producer(program: ir.Program, m: Match) -> bool:
