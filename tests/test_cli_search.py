@@ -84,7 +84,7 @@ def test_table_and_trace():
     result = run("search", "--example", "conv3x3", "--max-depth", 1, "--top", 2, "--trace")
     assert result.exit_code == 0, result.output
     out = result.stdout
-    assert "einopt search: 2 of" in out and "operators" in out and "vs input" in out
+    assert "einopt search: the best 2 candidates" in out and "operators" in out and "vs input" in out
     assert "1.00x" in out  # the input's own row
     assert "states generated" in out and "pruned" in out
     assert " at Y" in out and "(explore)" in out  # a derivation step: rule at where: summary (phase)
@@ -100,7 +100,7 @@ def test_progress_line_on_a_terminal(monkeypatch):
     assert result.exit_code == 0, result.output
     text = buffer.getvalue()
     assert "searching: depth 1/1" in text and "states (" in text and "/s), best" in text
-    assert "einopt search: 1 of" in text
+    assert "einopt search: the best 1 candidate (" in text
 
 
 def test_quiet_prints_nothing():

@@ -50,7 +50,11 @@ _FLAGS = {
 )
 @click.option("--jobs", type=int, default=1, show_default=True, help="Worker processes.")
 @click.option("--top", type=int, default=5, show_default=True, help="Candidates to show.")
-@click.option("--trace", is_flag=True, help="Show each candidate's derivation steps and programs.")
+@click.option(
+    "--trace",
+    is_flag=True,
+    help="Show each candidate's derivation steps and the program after each (--json: a `program` per step).",
+)
 @click.option(
     "--onnx",
     "onnx_path",
@@ -112,15 +116,16 @@ def _run(program: Program, kwargs: dict[str, Any], live: bool) -> SearchResult:
     out = console()
     if not (live and out.is_terminal):
         return _search(program, kwargs, None)
+    from einopt.search import DEFAULT_MAX_DEPTH
+
     start = time.perf_counter()
-    depth_limit = kwargs.get("max_depth", "")
+    limit = kwargs.get("max_depth", DEFAULT_MAX_DEPTH)
     with out.status("searching ...") as status:
 
         def progress(stats: Stats, depth: int, best: Candidate | None) -> None:
             rate = stats.generated / max(time.perf_counter() - start, 1e-9)
-            line = f"depth {depth}/{depth_limit}" if depth_limit != "" else f"depth {depth}"
             status.update(
-                f"searching: {line}, {stats.generated} states ({rate:.0f}/s), "
+                f"searching: depth {depth}/{limit}, {stats.generated} states ({rate:.0f}/s), "
                 f"best {_seconds(best.cost) if best else '-'}"
             )
 
@@ -195,7 +200,9 @@ def _print(
 
     out = console(min_width=120)
     baseline = next((c.cost for c in result.candidates if not c.trace), None)
-    table = Table(title=f"einopt search: {len(candidates)} of {len(result.candidates)} candidates")
+    costed = result.stats.candidates_costed
+    shown = f"{len(candidates)} candidate{'s' if len(candidates) != 1 else ''}"
+    table = Table(title=f"einopt search: the best {shown} ({costed} programs costed)")
     for column, justify in (("#", "right"), ("cost", "right"), ("vs input", "right"), ("depth", "right")):
         table.add_column(column, justify=justify)
     table.add_column("operators", overflow="fold")
