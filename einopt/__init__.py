@@ -1,7 +1,8 @@
 """einopt: a derivation-based superoptimizer for tensor programs.
 
 The expression core is importable without TVM; ``einopt.compile`` imports
-TVM on first use (it takes over a second to load).
+TVM on first use (it takes over a second to load). ``einopt.search`` is both
+the search package and, called, its :func:`einopt.search.search`.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ from einopt.ir import (
 
 __version__ = "0.1.0"
 
-# Loaded on first use, so that `import einopt` stays fast.
+# Loaded on first use, so that `import einopt` stays fast: name -> (module, attribute), where an
+# empty attribute stands for the module itself.
 _LAZY: dict[str, tuple[str, str]] = {
     "parse": ("einopt.syntax", "parse"),
     "format_expr": ("einopt.syntax", "format_expr"),
@@ -57,6 +59,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "optimize": ("einopt.pipeline", "optimize"),
     "Options": ("einopt.pipeline", "Options"),
     "translate": ("einopt.frontend.translate", "translate_graph"),
+    "search": ("einopt.search", ""),  # the package, callable as its search()
+    "to_onnx": ("einopt.export", "to_onnx"),
 }
 
 __all__ = [
@@ -92,7 +96,9 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(module), attr)
+        value = importlib.import_module(module)
+        if attr:
+            value = getattr(value, attr)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'einopt' has no attribute {name!r}")

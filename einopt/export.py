@@ -1,5 +1,6 @@
-"""ONNX models out of expressions: a whole model from one program (:func:`program_model`), or
-an input model with its rewritten subprograms' nodes replaced (:func:`assemble`)."""
+"""ONNX models out of expressions: a whole model from one program (:func:`program_model`, and
+:func:`to_onnx`, the public API's form), or an input model with its rewritten subprograms' nodes
+replaced (:func:`assemble`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from einopt import ir
-from einopt.frontend.onnx_graph import read_counts, subgraph_reads
+from einopt.frontend.onnx_graph import read_counts, subgraph_reads, unique_name
 from einopt.instantiate import EOP_DOMAIN
 from einopt.instantiate.emit import Instantiated, instantiate
 
@@ -82,6 +83,64 @@ def program_model(
     )
     model.ir_version = 8
     return model, inst
+
+
+def as_program(node: ir.Scope | ir.Program) -> ir.Program:
+    """``node`` as a program: a program as it is, a scope as the program computing it as ``Y``
+    (``Y_1``, ... when an input is named ``Y``)."""
+    if isinstance(node, ir.Program):
+        return node
+    if not isinstance(node, ir.Scope):
+        raise TypeError(f"expected an einopt Scope or Program, not {type(node).__name__}")
+    inputs = tuple(ir.input_tensors(node))
+    out = unique_name("Y", {t.name for t in inputs})
+    return ir.Program(inputs, ((out, node),), (out,))
+
+
+def to_onnx(
+    source: ir.Scope | ir.Program | object,
+    constants: Mapping[str, np.ndarray] | None = None,
+    *,
+    opset: int = PROGRAM_OPSET,
+) -> onnx.ModelProto:
+    """An ONNX model computing an expression, a program or a search candidate (``einopt.to_onnx``).
+
+    Parameters
+    ----------
+    source : ir.Scope, ir.Program or einopt.search.Candidate
+        What to compute. A scope becomes the program with one output ``Y``
+        (see :func:`as_program`); a candidate contributes its program.
+    constants : mapping of str to numpy.ndarray, optional
+        Values of inputs that are weights; they become initializers. Every
+        other input is a graph input under its tensor name.
+    opset : int
+        Default-domain opset to emit for.
+
+    Returns
+    -------
+    onnx.ModelProto
+        A model stock ONNX Runtime runs: graph inputs are the non-constant
+        input tensors, graph outputs the program's outputs, by name;
+        eOperators are model-local functions.
+
+    Raises
+    ------
+    TypeError
+        ``source`` is none of the above.
+    einopt.instantiate.emit.InstantiationError
+        Some scope matches no operator and no eOperator.
+
+    Examples
+    --------
+    >>> import einopt
+    >>> mm = einopt.parse("L[i:3, j:2] Sum[k:4] X[i, k] * W[k, j] where X: [3, 4], W: [4, 2]")
+    >>> [n.op_type for n in einopt.to_onnx(mm).graph.node]
+    ['MatMul']
+    """
+    from einopt.search import Candidate
+
+    program = source.program if isinstance(source, Candidate) else as_program(source)
+    return program_model(program, constants, opset=opset)[0]
 
 
 def assemble(

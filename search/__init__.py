@@ -5,7 +5,13 @@ toward operators guided by the expression distance, prunes by fingerprint and
 cost, and returns ranked, fully instantiable candidates (see ``engine.py``).
 The schedule (which rules, in which phase, under which restrictions) is data:
 ``schedule.py``, printable with ``einopt search --explain-schedule``.
+
+The package itself is callable: ``einopt.search(program, **kw)`` is
+``einopt.search.search(program, **kw)``.
 """
+
+import sys
+import types
 
 from einopt.search.engine import (
     DEFAULT_CONVERGE_DEPTH,
@@ -35,3 +41,14 @@ __all__ = [
     "explain",
     "search",
 ]
+
+
+class _CallableModule(types.ModuleType):
+    """This package's module type: calling the module calls :func:`search`, so ``einopt.search``
+    is both the package and the public function."""
+
+    def __call__(self, *args, **kwargs) -> SearchResult:
+        return search(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
