@@ -253,7 +253,8 @@ def _children(
     only: frozenset | None = None,
 ) -> Iterator[tuple[TraceStep, ir.Program]]:
     """Every program one admitted match of ``uses`` leads to, normalized, with its trace step
-    (matches at the scopes in ``only``, when given)."""
+    (matches at the scopes in ``only``, when given: converging steps there must also lower the
+    distance of the rewritten scope itself, checked before the program is rewritten)."""
     for use in uses:
         rule = REGISTRY[use.rule]
         rs = stats.rule(f"{phase}:{use.rule}")
@@ -263,6 +264,8 @@ def _children(
             if not use.admits(program, m):
                 continue
             rs.matches += 1
+            if only is not None and isinstance(rule, ScopeRule) and not _closer(rule, m, env):
+                continue
             try:
                 new = normalize(rule.apply(program, m, env.ctx), env.ctx, env.schedule, env.normal)
             except (ValueError, ir.IRError) as e:  # a match its apply refuses: a rule bug, never a result
@@ -278,6 +281,24 @@ def _children(
 # --------------------------------------------------------------------------
 # Converging derivation
 # --------------------------------------------------------------------------
+
+
+def _local_distance(scope: ir.Scope, env: _Env) -> int:
+    mctx = matcher_context(ir.Program(tuple(ir.input_tensors(scope)), (("_", scope),), ("_",)), env.constants)
+    return sum(
+        nearest_memo(s, mctx, env.distances)
+        for s in ir.scopes_in(scope)
+        if s not in mctx.constant and is_compute(s)
+    )
+
+
+def _closer(rule: ScopeRule, m: Match, env: _Env) -> bool:
+    """Whether rewriting ``m``'s scope alone lowers its distance (the program's can only follow)."""
+    try:
+        new = rule.rewrite(m.target, m.params, env.ctx)
+    except (ValueError, ir.IRError):
+        return False
+    return _local_distance(new, env) < _local_distance(m.target, env)
 
 
 def _converge(
@@ -371,6 +392,7 @@ def _operators(model, inst) -> tuple[str, ...]:
 class _State:
     program: ir.Program
     trace: tuple[TraceStep, ...]
+    converged: bool = False  # reached by converging: only the schedule's after_converge rules go on
 
 
 def _expand(states: list[_State], env: _Env, converge_depth: int) -> tuple[list[list], Stats]:
@@ -383,10 +405,13 @@ def _expand(states: list[_State], env: _Env, converge_depth: int) -> tuple[list[
             out.append([])
             continue
         stats.expanded += 1
+        uses = env.schedule.explore
+        if st.converged:
+            uses = tuple(u for u in uses if u.rule in env.schedule.after_converge)
         children = [
-            (step, new, env.key(new))
-            for step, new in _children(st.program, env.schedule.explore, env, stats, "explore")
+            (step, new, env.key(new)) for step, new in _children(st.program, uses, env, stats, "explore")
         ]
+
         out.append(children)
     return out, stats
 
@@ -505,7 +530,9 @@ def search(
     """
     t_start = time.perf_counter()
     if isinstance(program, ir.Scope):
-        program = ir.Program(tuple(ir.input_tensors(program)), (("Y", program),), ("Y",))
+        from einopt.export import as_program
+
+        program = as_program(program)
     if not isinstance(program, ir.Program):
         raise SearchError(f"search takes a program or a scope, not {type(program).__name__}")
     for name, value in (("max_depth", max_depth), ("converge_depth", converge_depth), ("jobs", jobs)):
@@ -534,9 +561,14 @@ def search(
             if not _in_time(deadline):
                 stats.complete = False
                 break
+            # Converged states are states too: inter-expression rules can still merge what
+            # converging turned into operators (two matmuls split off two convolutions).
             for found in runner.run("converge", pending, stats):
                 for p, tr, k in found:
                     costing.add(p, tr, k)
+                    if k not in seen and tr:
+                        seen.add(k)
+                        frontier.append(_State(p, tr, converged=True))
             pending = []
             before = stats.generated
             children = runner.run("expand", frontier, stats)
@@ -630,11 +662,11 @@ class _Costing:
         return [*self.by_ops.values(), *([self.input] if self.input else [])]
 
     def ranked(self, limit: int) -> tuple[Candidate, ...]:
-        """The best ``limit`` candidates, best first; the input is always among them."""
+        """The best ``limit`` candidates, best first, and the input after them when it is not among them."""
         ranked = sorted(self._all(), key=_rank)
         out = ranked[:limit]
         if self.input is not None and self.input not in out:
-            out = [*out[: max(0, limit - 1)], self.input]
+            out.append(self.input)
         return tuple(out)
 
 

@@ -67,6 +67,21 @@ def _reads_window(program: ir.Program, m: Match) -> bool:
     return scope is not None and bool(split) and set(split) <= coupled_summations(scope)
 
 
+def _shares_input(program: ir.Program, m: Match) -> bool:
+    # Merge expressions that read a common activation (one matmul on concatenated weights, the
+    # LSTM's gates on concat(x, h), GCN's two skinny convolutions); a batch of unrelated products
+    # is left to the "batch" variant's own use.
+    from einopt.rules.base import scope_labels
+
+    labels = {label: scope for scope, label in scope_labels(program).items()}
+    s1, s2 = labels.get(m["first"]), labels.get(m["second"])
+    if s1 is None or s2 is None:
+        return False
+    reads1 = {a.source for a in accesses(s1.body)}
+    reads2 = {a.source for a in accesses(s2.body)}
+    return bool(reads1 & reads2)
+
+
 def _no_summation_producer(program: ir.Program, m: Match) -> bool:
     # Vertical fusion of data movement only (a zero-insertion or layout scope into its reader): fusing
     # a contraction into its consumer gives an eOperator no operator can take.
@@ -130,6 +145,7 @@ RESTRICTIONS: dict[str, tuple[Callable[[ir.Program, Match], bool], str]] = {
     "window_blocks": (_reads_window, "only a window iterator, into blocks"),
     "read_through": (_read_through, "only scopes that re-index another scope, and plain copies"),
     "traversal_range": (_traversal_range, "only traversal ranges"),
+    "shares_input": (_shares_input, "only expressions that read a common source"),
     "data_movement": (_no_summation_producer, "only producers without a summation (layout, zero insertion)"),
     "strided": (_strided_reads, "only iterators read through // or % (strided, zero-inserted reads)"),
 }
@@ -176,6 +192,8 @@ class Schedule:
     explore: tuple[Use, ...]
     converge: tuple[Use, ...]
     cleanup: tuple[Use, ...]
+    # Explore rules that still apply to a converged state (merging the operators converging made).
+    after_converge: tuple[str, ...] = ("merge_expressions",)
 
     def phases(self) -> dict[str, tuple[Use, ...]]:
         return {"explore": self.explore, "converge": self.converge, "cleanup": self.cleanup}
@@ -188,7 +206,7 @@ DEFAULT_SCHEDULE = Schedule(
         Use("substitute_variables", ("split_sum",), restrict="window_blocks"),
         Use("split_expression", ("residue",), restrict="strided"),
         Use("merge_summations"),
-        Use("merge_expressions"),
+        Use("merge_expressions", ("concat", "join"), restrict="shares_input"),
         Use("fuse_expressions", restrict="data_movement"),
         Use("rewrite_prelu_max"),
         Use("rewrite_prelu_leaky"),
@@ -220,6 +238,8 @@ def explain(schedule: Schedule = DEFAULT_SCHEDULE) -> str:
     }
     for phase, uses in schedule.phases().items():
         lines.append(f"{phase}: {notes[phase]}")
+        if phase == "explore" and schedule.after_converge:
+            lines.append(f"  (from converged states only: {', '.join(schedule.after_converge)})")
         for use in uses:
             rule = REGISTRY[use.rule]
             extra = []
