@@ -20,6 +20,7 @@ match and the program it applies to, never at shapes or models.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 from einopt import ir
@@ -83,10 +84,18 @@ def _shares_input(program: ir.Program, m: Match) -> bool:
 
 
 def _no_summation_producer(program: ir.Program, m: Match) -> bool:
-    # Vertical fusion of data movement only (a zero-insertion or layout scope into its reader): fusing
-    # a contraction into its consumer gives an eOperator no operator can take.
-    producer = program.scope(m["producer"])
-    return not producer.summation
+    # Vertical fusion of data movement (a zero-insertion or layout scope into its reader), or of a
+    # contraction into a consumer that only gathers from it (then only the gathered points are
+    # computed: Longformer's band of a dense product); fusing a contraction into arithmetic gives
+    # an eOperator no operator can take.
+    producer, consumer = program.scope(m["producer"]), program.scope(m["consumer"])
+    gathers = (
+        not consumer.summation
+        and isinstance(consumer.body, ir.Access)
+        and consumer.body.source is producer
+        and math.prod(consumer.shape) < math.prod(producer.shape)
+    )
+    return not producer.summation or gathers
 
 
 def _into_compute(program: ir.Program, m: Match) -> bool:
@@ -146,7 +155,10 @@ RESTRICTIONS: dict[str, tuple[Callable[[ir.Program, Match], bool], str]] = {
     "read_through": (_read_through, "only scopes that re-index another scope, and plain copies"),
     "traversal_range": (_traversal_range, "only traversal ranges"),
     "shares_input": (_shares_input, "only expressions that read a common source"),
-    "data_movement": (_no_summation_producer, "only producers without a summation (layout, zero insertion)"),
+    "data_movement": (
+        _no_summation_producer,
+        "only producers without a summation (layout, zero insertion), or a gather of fewer points",
+    ),
     "strided": (_strided_reads, "only iterators read through // or % (strided, zero-inserted reads)"),
 }
 """Named restrictions: ``name -> (predicate(program, match), what it keeps, in words)``."""
