@@ -80,6 +80,9 @@ class Context:
     # Non-constant inputs the caller declares finite: an assumption the zero analysis then relies
     # on (a paper derivation that needs an activation finite says so); the pipeline sets none.
     assumed_finite: frozenset[str] = frozenset()
+    # Whether rules spell out why a near miss failed (Failure reasons). The search turns it off:
+    # it never reads them, and some (which factor is not provably finite) cost a second analysis.
+    reasons: bool = True
     _facts: dict[str, TensorFacts] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def is_constant(self, t: ir.Tensor) -> bool:

@@ -462,7 +462,7 @@ class TightenBoundary(ProgramScopeRule):
                     yield span
                 continue
             if span == (it.lo, it.hi):
-                for v in dict.fromkeys((it.lo, it.hi - 1)):
+                for v in dict.fromkeys((it.lo, it.hi - 1)) if ctx.reasons else ():
                     why = unproven_zero_at(scope, it, v, ctx.is_finite, facts.labels)
                     if why:
                         yield f"cannot drop {it.name} = {v}: the body is 0 there {why}"
@@ -559,7 +559,7 @@ class RelaxBoundary(ProgramScopeRule):
                     continue
                 bad = next((v for v in new if not zero_at(scope, it, v, ctx.is_finite)), None)
                 if bad is not None:
-                    if not output:
+                    if not output and ctx.reasons:
                         why = unproven_zero_at(scope, it, bad, ctx.is_finite, facts.labels)
                         there = (
                             f"0 at {it.name} = {bad} {why}" if why else f"not provably 0 at {it.name} = {bad}"

@@ -35,10 +35,9 @@ import numpy as np
 
 from einopt import ir
 from einopt.keys import key
-from einopt.rules import NO_CONTEXT, REGISTRY, Context, Match, Rule, ScopeRule
-from einopt.rules.base import Hit
-from einopt.rules.boundary import ProgramFacts, ProgramScopeRule
+from einopt.rules import NO_CONTEXT, REGISTRY, Context, Match, ScopeRule
 from einopt.search.distance import is_compute, matcher_context, nearest_memo, program_distance
+from einopt.search.matching import matches
 from einopt.search.normal import normalize
 from einopt.search.schedule import DEFAULT_SCHEDULE, Schedule, Use
 
@@ -134,6 +133,7 @@ class Stats:
     pruned_cost: int = 0
     expanded: int = 0
     converge_steps: int = 0
+    commuted: int = 0  # matches not taken because the same state is reached in the other order
     candidates_costed: int = 0
     per_depth: list[dict[str, int]] = dataclasses.field(default_factory=list)
     rules: dict[str, RuleStats] = dataclasses.field(default_factory=dict)
@@ -157,6 +157,7 @@ class Stats:
         self.pruned_cost += other.pruned_cost
         self.expanded += other.expanded
         self.converge_steps += other.converge_steps
+        self.commuted += other.commuted
         self.complete = self.complete and other.complete
         for label, rs in other.rules.items():
             self.rule(label).add(rs)
@@ -169,6 +170,7 @@ class Stats:
             "pruned_cost": self.pruned_cost,
             "expanded": self.expanded,
             "converge_steps": self.converge_steps,
+            "commuted": self.commuted,
             "candidates_costed": self.candidates_costed,
             "per_depth": self.per_depth,
             "rules": {k: dataclasses.asdict(v) for k, v in self.rules.items()},
@@ -206,6 +208,7 @@ class _Env:
     distances: dict = dataclasses.field(default_factory=dict)  # scope -> nearest distance
     keys: dict = dataclasses.field(default_factory=dict)  # program -> key
     deadline: float | None = None  # time.monotonic() when the budget runs out
+    local: dict = dataclasses.field(default_factory=dict)  # scope -> distance of the scope alone
 
     def key(self, program: ir.Program) -> str:
         found = self.keys.get(program)
@@ -226,24 +229,6 @@ class _Env:
         )
 
 
-def _matches(rule: Rule, program: ir.Program, env: _Env, only: frozenset | None) -> Iterator[Match]:
-    if isinstance(rule, ScopeRule) and not isinstance(rule, ProgramScopeRule):
-        for scope, where in ProgramFacts.of(program).labels.items():
-            if only is not None and scope not in only:
-                continue
-            found = env.hits.get((rule.name, scope))
-            if found is None:
-                found = env.hits[(rule.name, scope)] = [
-                    h for h in rule.match_scope(scope, env.ctx) if isinstance(h, Hit)
-                ]
-            for h in found:
-                yield Match(rule.name, where, h.summary, h.params, scope)
-    else:
-        for m in rule.match(program, env.ctx):
-            if isinstance(m, Match) and (only is None or m.target in only):
-                yield m
-
-
 def _children(
     program: ir.Program,
     uses: tuple[Use, ...],
@@ -251,23 +236,31 @@ def _children(
     stats: Stats,
     phase: str,
     only: frozenset | None = None,
+    skip: Callable[[Match], bool] | None = None,
+    offered: list | None = None,
 ) -> Iterator[tuple[TraceStep, ir.Program]]:
     """Every program one admitted match of ``uses`` leads to, normalized, with its trace step
     (matches at the scopes in ``only``, when given: converging steps there must also lower the
-    distance of the rewritten scope itself, checked before the program is rewritten)."""
+    distance of the rewritten scope itself, checked before the program is rewritten). ``skip``
+    drops matches before they are applied; ``offered`` collects the signature of every admitted match."""
     for use in uses:
         rule = REGISTRY[use.rule]
         rs = stats.rule(f"{phase}:{use.rule}")
         t0 = time.perf_counter()
         rs.tries += 1
-        for m in _matches(rule, program, env, only):
-            if not use.admits(program, m):
+        for m in matches(rule, program, env.ctx, env.hits, only):
+            if not use.admits(program, m, env.ctx):
                 continue
             rs.matches += 1
+            if offered is not None:
+                offered.append(_signature(m))
+            if skip is not None and skip(m):
+                stats.commuted += 1
+                continue
             if only is not None and isinstance(rule, ScopeRule) and not _closer(rule, m, env):
                 continue
             try:
-                new = normalize(rule.apply(program, m, env.ctx), env.ctx, env.schedule, env.normal)
+                new = normalize(rule.apply(program, m, env.ctx), env.ctx, env.schedule, env.normal, env.hits)
             except (ValueError, ir.IRError) as e:  # a match its apply refuses: a rule bug, never a result
                 log.warning("%s at %s: apply failed: %s", rule.name, m.where, e)
                 continue
@@ -284,6 +277,13 @@ def _children(
 
 
 def _local_distance(scope: ir.Scope, env: _Env) -> int:
+    found = env.local.get(scope)
+    if found is None:
+        found = env.local[scope] = _compute_local_distance(scope, env)
+    return found
+
+
+def _compute_local_distance(scope: ir.Scope, env: _Env) -> int:
     mctx = matcher_context(ir.Program(tuple(ir.input_tensors(scope)), (("_", scope),), ("_",)), env.constants)
     return sum(
         nearest_memo(s, mctx, env.distances)
@@ -392,7 +392,34 @@ def _operators(model, inst) -> tuple[str, ...]:
 class _State:
     program: ir.Program
     trace: tuple[TraceStep, ...]
-    converged: bool = False  # reached by converging: only the schedule's after_converge rules go on
+    converged: bool = False  # reached by converging: only the schedule's after_converge uses go on
+    prior: frozenset = frozenset()  # signatures of the matches the parent state offered
+
+
+def _signature(m: Match) -> tuple[str, str, str]:
+    return (m.rule, m.where, m.summary)
+
+
+def _binding(where: str) -> str:
+    return where.split(".")[0]
+
+
+def _commuted(st: _State) -> Callable[[Match], bool] | None:
+    """Partial-order reduction: a match the parent already offered, at another binding than the
+    step that led here and ordered before it, leads to a state reached the other way round (that
+    match first, then this step), so it is not taken again here."""
+    if not st.trace or not st.prior:
+        return None
+    last = st.trace[-1]
+
+    def skip(m: Match) -> bool:
+        return (
+            _binding(m.where) != _binding(last.where)
+            and (m.rule, m.where) < (last.rule, last.where)
+            and _signature(m) in st.prior
+        )
+
+    return skip
 
 
 def _expand(states: list[_State], env: _Env, converge_depth: int) -> tuple[list[list], Stats]:
@@ -402,17 +429,16 @@ def _expand(states: list[_State], env: _Env, converge_depth: int) -> tuple[list[
     for st in states:
         if not _in_time(env.deadline):
             stats.complete = False
-            out.append([])
+            out.append(([], frozenset()))
             continue
         stats.expanded += 1
-        uses = env.schedule.explore
-        if st.converged:
-            uses = tuple(u for u in uses if u.rule in env.schedule.after_converge)
+        uses = env.schedule.after_converge if st.converged else env.schedule.explore
+        offered: list = []
         children = [
-            (step, new, env.key(new)) for step, new in _children(st.program, uses, env, stats, "explore")
+            (step, new, env.key(new))
+            for step, new in _children(st.program, uses, env, stats, "explore", None, _commuted(st), offered)
         ]
-
-        out.append(children)
+        out.append((children, frozenset(offered)))
     return out, stats
 
 
@@ -542,7 +568,7 @@ def search(
         raise SearchError(f"jobs must be at least 1, got {jobs}")
     if time_budget is not None and not time_budget > 0:
         raise SearchError(f"time_budget must be positive seconds, got {time_budget!r}")
-    ctx = ctx or NO_CONTEXT
+    ctx = dataclasses.replace(ctx or NO_CONTEXT, reasons=False)
     constants = frozenset(n for n in ctx.constants if n in {t.name for t in program.inputs})
     deadline = None if time_budget is None else time.monotonic() + time_budget
     env = _Env(ctx, schedule, constants, deadline=deadline)
@@ -550,7 +576,7 @@ def search(
     costing = _Costing(env, cost, dict(ctx.constants), stats)
 
     costing.add(program, ())
-    start = normalize(program, ctx, schedule, env.normal)
+    start = normalize(program, ctx, schedule, env.normal, env.hits)
     seen = {env.key(program), env.key(start)}
     runner = _Runner(env, jobs, converge_depth)
     try:
@@ -573,7 +599,7 @@ def search(
             before = stats.generated
             children = runner.run("expand", frontier, stats)
             nxt = []
-            for st, kids in zip(frontier, children, strict=True):
+            for st, (kids, offered) in zip(frontier, children, strict=True):
                 for step, new, k in kids:
                     rs = stats.rule(f"explore:{step.rule}")
                     if k in seen:
@@ -584,7 +610,7 @@ def search(
                         stats.pruned_cost += 1
                         continue
                     rs.new_states += 1
-                    state = _State(new, (*st.trace, step))
+                    state = _State(new, (*st.trace, step), st.converged, offered)
                     nxt.append(state)
             stats.per_depth.append(
                 {"depth": depth, "states": len(nxt), "generated": stats.generated - before}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from einopt import ir
 from einopt.rules import REGISTRY, Context
+from einopt.search.matching import matches
 from einopt.search.schedule import Schedule
 
 __all__ = ["normalize"]
@@ -22,17 +23,19 @@ __all__ = ["normalize"]
 _MAX_STEPS = 64
 
 
-def normalize(program: ir.Program, ctx: Context, schedule: Schedule, memo: dict | None = None) -> ir.Program:
+def normalize(
+    program: ir.Program, ctx: Context, schedule: Schedule, memo: dict | None = None, hits: dict | None = None
+) -> ir.Program:
     """``program`` with the schedule's cleanup rules applied until none applies (equivalent to it).
 
     ``memo`` maps programs already normalized to their normal form (programs are interned, so the
-    dictionary is keyed by identity).
+    dictionary is keyed by identity); ``hits`` caches rule matches per scope (see ``matching``).
     """
     if memo is not None and program in memo:
         return memo[program]
     start = program
     for _ in range(_MAX_STEPS):
-        step = _first_cleanup(program, ctx, schedule)
+        step = _first_cleanup(program, ctx, schedule, {} if hits is None else hits)
         if step is None:
             break
         program = step
@@ -42,10 +45,10 @@ def normalize(program: ir.Program, ctx: Context, schedule: Schedule, memo: dict 
     return program
 
 
-def _first_cleanup(program: ir.Program, ctx: Context, schedule: Schedule) -> ir.Program | None:
+def _first_cleanup(program: ir.Program, ctx: Context, schedule: Schedule, hits: dict) -> ir.Program | None:
     for use in schedule.cleanup:
         rule = REGISTRY[use.rule]
-        for m in rule.matches(program, ctx):
-            if use.admits(program, m):
+        for m in matches(rule, program, ctx, hits):
+            if use.admits(program, m, ctx):
                 return rule.apply(program, m, ctx)
     return None

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from einopt import ir
 from einopt.index import linear_form
 from einopt.rewrite import accesses
-from einopt.rules import REGISTRY, Match
+from einopt.rules import REGISTRY, Context, Match
 
 __all__ = ["Use", "Schedule", "DEFAULT_SCHEDULE", "RESTRICTIONS", "explain"]
 
@@ -44,7 +44,7 @@ def coupled_summations(scope: ir.Scope) -> frozenset[ir.Iter]:
     return frozenset(found & set(scope.summation))
 
 
-def _windows_outside(program: ir.Program, m: Match) -> bool:
+def _windows_outside(program: ir.Program, m: Match, ctx: Context) -> bool:
     # Sum_{outer} {L Sum_{inner} f}: only window iterators go outside, and every plain contraction
     # iterator stays inside, so the inner scope is a contraction an operator can take and the outer
     # one an offset sum.
@@ -55,20 +55,20 @@ def _windows_outside(program: ir.Program, m: Match) -> bool:
     return bool(outer) and outer <= coupled and not (set(scope.summation) - coupled) - inner
 
 
-def _window_iterator(program: ir.Program, m: Match) -> bool:
+def _window_iterator(program: ir.Program, m: Match, ctx: Context) -> bool:
     # Relaxing only pays when the enlarged range splits into blocks (Fig. 6: a 5-tap window to 6 = 2 x 3);
     # the contraction axes and the traversal only gain zeros.
     return m.target is not None and m["iterator"] in coupled_summations(m.target)
 
 
-def _reads_window(program: ir.Program, m: Match) -> bool:
+def _reads_window(program: ir.Program, m: Match, ctx: Context) -> bool:
     # Split a summation into blocks only where it is a window read beside traversal iterators.
     scope = m.target
     split = [it for it, _ in m["inverse"]] if "inverse" in m.params else []
     return scope is not None and bool(split) and set(split) <= coupled_summations(scope)
 
 
-def _shares_input(program: ir.Program, m: Match) -> bool:
+def _shares_input(program: ir.Program, m: Match, ctx: Context) -> bool:
     # Merge expressions that read a common activation (one matmul on concatenated weights, the
     # LSTM's gates on concat(x, h), GCN's two skinny convolutions); a batch of unrelated products
     # is left to the "batch" variant's own use.
@@ -83,7 +83,7 @@ def _shares_input(program: ir.Program, m: Match) -> bool:
     return bool(reads1 & reads2)
 
 
-def _no_summation_producer(program: ir.Program, m: Match) -> bool:
+def _no_summation_producer(program: ir.Program, m: Match, ctx: Context) -> bool:
     # Vertical fusion of data movement (a zero-insertion or layout scope into its reader), or of a
     # contraction into a consumer that only gathers from it (then only the gathered points are
     # computed: Longformer's band of a dense product); fusing a contraction into arithmetic gives
@@ -98,7 +98,7 @@ def _no_summation_producer(program: ir.Program, m: Match) -> bool:
     return not producer.summation or gathers
 
 
-def _into_compute(program: ir.Program, m: Match) -> bool:
+def _into_compute(program: ir.Program, m: Match, ctx: Context) -> bool:
     # Split by residue (the phases of a strided transposed convolution) only a scope that sums.
     scope = program.scope(m["binding"])
     return bool(scope.summation) or any(
@@ -106,7 +106,7 @@ def _into_compute(program: ir.Program, m: Match) -> bool:
     )
 
 
-def _strided_reads(program: ir.Program, m: Match) -> bool:
+def _strided_reads(program: ir.Program, m: Match, ctx: Context) -> bool:
     # A residue split pays when the scope reads its iterator through // or % (zero insertion).
     scope = program.scope(m["binding"])
     x = scope.traversal[m["axis"]]
@@ -116,7 +116,7 @@ def _strided_reads(program: ir.Program, m: Match) -> bool:
                 not isinstance(atom, ir.Iter) and x in atom.iters() for atom, _ in linear_form(e).atoms
             ):
                 return True
-    return _into_compute(program, m) and any(isinstance(a.source, ir.Scope) for a in accesses(scope.body))
+    return _into_compute(program, m, ctx) and any(isinstance(a.source, ir.Scope) for a in accesses(scope.body))
 
 
 def _is_copy(scope: ir.Scope) -> bool:
@@ -128,7 +128,7 @@ def _is_copy(scope: ir.Scope) -> bool:
     return tuple(read) == body.indices
 
 
-def _read_through(program: ir.Program, m: Match) -> bool:
+def _read_through(program: ir.Program, m: Match, ctx: Context) -> bool:
     # The normal form inlines scopes that only re-index another scope (what substitution leaves
     # behind) and plain copies; a layout scope over an input (a materialised im2col buffer, a split
     # dimension) is kept: it is the converging phase's work.
@@ -139,13 +139,20 @@ def _read_through(program: ir.Program, m: Match) -> bool:
     return isinstance(body.source, ir.Scope) or _is_copy(inner)
 
 
-def _traversal_range(program: ir.Program, m: Match) -> bool:
+def _traversal_range(program: ir.Program, m: Match, ctx: Context) -> bool:
     # Slack traversal ranges (left by substitution) are tightened; a summation range is left as it is,
     # or the normal form would undo every relaxation.
     return m.target is not None and m["iterator"] in m.target.traversal
 
 
-RESTRICTIONS: dict[str, tuple[Callable[[ir.Program, Match], bool], str]] = {
+def _constant_source(program: ir.Program, m: Match, ctx: Context) -> bool:
+    # Lay out a weight the way a merge needs it: free, it is folded at compile time.
+    src = m["access"].source
+    return isinstance(src, ir.Tensor) and ctx.is_constant(src)
+
+
+RESTRICTIONS: dict[str, tuple[Callable[[ir.Program, Match, Context], bool], str]] = {
+    "constant_source": (_constant_source, "only reads of constant tensors (weights; folded at compile time)"),
     "windows_outside": (
         _windows_outside,
         "only window iterators (read beside a traversal iterator) go outside; every contraction iterator stays in",
@@ -184,11 +191,11 @@ class Use:
         if self.restrict and self.restrict not in RESTRICTIONS:
             raise ValueError(f"schedule: unknown restriction {self.restrict!r}")
 
-    def admits(self, program: ir.Program, m: Match) -> bool:
+    def admits(self, program: ir.Program, m: Match, ctx: Context) -> bool:
         """Whether this use takes match ``m`` (its variant, and its restriction)."""
         if self.variants and REGISTRY[self.rule].variant(m) not in self.variants:
             return False
-        return not self.restrict or RESTRICTIONS[self.restrict][0](program, m)
+        return not self.restrict or RESTRICTIONS[self.restrict][0](program, m, ctx)
 
     def label(self) -> str:
         out = self.rule
@@ -204,11 +211,17 @@ class Schedule:
     explore: tuple[Use, ...]
     converge: tuple[Use, ...]
     cleanup: tuple[Use, ...]
-    # Explore rules that still apply to a converged state (merging the operators converging made).
-    after_converge: tuple[str, ...] = ("merge_expressions",)
+    # What still applies to a converged state: merging the operators converging made, and laying
+    # out weights so that two of them can merge.
+    after_converge: tuple[Use, ...] = ()
 
     def phases(self) -> dict[str, tuple[Use, ...]]:
-        return {"explore": self.explore, "converge": self.converge, "cleanup": self.cleanup}
+        return {
+            "explore": self.explore,
+            "converge": self.converge,
+            "after converge": self.after_converge,
+            "cleanup": self.cleanup,
+        }
 
 
 DEFAULT_SCHEDULE = Schedule(
@@ -232,6 +245,10 @@ DEFAULT_SCHEDULE = Schedule(
         Use("swap_dimensions"),
         Use("replicate_access"),
     ),
+    after_converge=(
+        Use("materialize_access", restrict="constant_source"),
+        Use("merge_expressions", ("concat", "join"), restrict="shares_input"),
+    ),
     cleanup=(
         Use("merge_traversal", restrict="read_through"),
         Use("tighten_boundary", restrict="traversal_range"),
@@ -246,12 +263,11 @@ def explain(schedule: Schedule = DEFAULT_SCHEDULE) -> str:
     notes = {
         "explore": "breadth first, every admitted match, up to max_depth steps; states deduplicated by key",
         "converge": "per state, only steps that lower the expression distance, up to converge_depth steps",
+        "after converge": "from converged states (every compute scope an operator), counted as explorative steps",
         "cleanup": "normal form after every step: inline read-through scopes, tighten slack ranges",
     }
     for phase, uses in schedule.phases().items():
         lines.append(f"{phase}: {notes[phase]}")
-        if phase == "explore" and schedule.after_converge:
-            lines.append(f"  (from converged states only: {', '.join(schedule.after_converge)})")
         for use in uses:
             rule = REGISTRY[use.rule]
             extra = []
