@@ -1,0 +1,424 @@
+"""The search engine (``einopt.search``): equivalence of every candidate and trace step, determinism,
+limits, the expression distance and the normal form.
+
+Searches are small (few-element shapes, depth 1-3) so the file runs in well under a minute; the
+paper derivations contribute only their start programs and contexts, never their steps.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given, settings
+from rules_support import contractions
+
+import einopt
+from einopt import ir
+from einopt.export import as_program
+from einopt.instantiate.plan import Match
+from einopt.rules import NO_CONTEXT, REGISTRY, Context, check_equivalent
+from einopt.rules.paper import DERIVATIONS
+from einopt.search import DEFAULT_SCHEDULE, SearchError, search
+from einopt.search.distance import TARGETS, distance, matcher_context, nearest
+from einopt.search.normal import normalize
+
+# The HWC 3x3 convolution of einopt/examples/conv3x3.ein with few pixels and channels.
+CONV3X3_SMALL = "L[h:5, w:4, f:3] Sum[r:3, s:3, c:2] A[h+r-1, w+s-1, c] * K[r, s, f, c] where A: [5, 4, 2], K: [3, 3, 3, 2]"
+CONV_NCHW = (
+    "L[n:1, f:4, h:5, w:5] Sum[c:3, r:3, s:3] X[n, c, h+r-1, w+s-1] * W[f, c, r, s]"
+    " where X: [1, 3, 5, 5], W: [4, 3, 3, 3]"
+)
+
+
+def _text(text: str) -> tuple[ir.Program, Context]:
+    return as_program(einopt.parse(text)), NO_CONTEXT
+
+
+def _paper(name: str) -> tuple[ir.Program, Context]:
+    d = DERIVATIONS[name]
+    return d.program(), d.context()
+
+
+# name -> (program and context, search limits). The ConvTranspose start program branches widely
+# (depth 2 takes seconds), so it is searched one explorative step deep.
+SEARCHES = {
+    "conv3x3_hwc": (lambda: _text(CONV3X3_SMALL), {"max_depth": 2, "converge_depth": 3}),
+    "conv3x3_nchw": (lambda: _text(CONV_NCHW), {"max_depth": 2, "converge_depth": 3}),
+    "conv_transpose": (lambda: _paper("convtranspose_matmul"), {"max_depth": 1, "converge_depth": 3}),
+    "prelu": (lambda: _paper("prelu_max"), {"max_depth": 3, "converge_depth": 3}),
+    "gcn": (lambda: _paper("gcn_matmuls"), {"max_depth": 3, "converge_depth": 3}),
+}
+
+
+@pytest.fixture(scope="module")
+def results():
+    """Each search of :data:`SEARCHES` run once: name -> (input, context, result)."""
+    out = {}
+    for name, (make, limits) in SEARCHES.items():
+        program, ctx = make()
+        out[name] = (program, ctx, search(program, ctx=ctx, **limits))
+    return out
+
+
+def _explore_steps(cand) -> int:
+    return sum(1 for s in cand.trace if s.phase == "explore")
+
+
+def _is_input(cand, program: ir.Program) -> bool:
+    return not cand.trace and cand.program == program
+
+
+# ----------------------------------------------------------------------------- equivalence
+
+
+@pytest.mark.parametrize("name", SEARCHES)
+def test_every_candidate_equals_the_input(results, name):
+    program, ctx, result = results[name]
+    assert result.candidates
+    for cand in result.candidates:
+        modes = check_equivalent(program, cand.program, ctx)
+        assert "float64" in modes
+
+
+@pytest.mark.parametrize("name", SEARCHES)
+def test_every_trace_step_equals_the_input_and_names_a_scheduled_rule(results, name):
+    program, ctx, result = results[name]
+    phases = DEFAULT_SCHEDULE.phases()
+    steps = 0
+    for cand in result.candidates:
+        for step in cand.trace:
+            assert step.rule in REGISTRY, step.rule
+            assert step.phase in ("explore", "converge"), step.phase
+            assert step.rule in {u.rule for u in phases[step.phase]}, (step.phase, step.rule)
+            check_equivalent(program, step.program, ctx)
+            steps += 1
+        if cand.trace:
+            # The last step's program is the candidate itself.
+            assert cand.trace[-1].program == cand.program
+    assert steps > 0 or name == "conv_transpose"
+
+
+def test_int_mode_checks_the_integer_weighted_searches(results):
+    # The seeded paper weights and the random inputs are integers, so the exact mode runs too.
+    program, ctx, result = results["gcn"]
+    for cand in result.candidates:
+        assert check_equivalent(program, cand.program, ctx) == ("float64", "int")
+
+
+@pytest.mark.parametrize("name", SEARCHES)
+def test_the_input_is_among_the_candidates(results, name):
+    program, _, result = results[name]
+    assert sum(_is_input(c, program) for c in result.candidates) == 1
+
+
+# A program whose normal form differs from it (a slack traversal range the cleanup tightens).
+SLACK_RANGE = """P = L[i:8, j:3] X[i-2, j]
+T = L[j:3, i:8] P[i, j]
+return T
+where X: [4, 3]"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="engine bug: converging the normalized start (distance 0) returns it with an empty trace, and "
+    "_Costing.add's `if not trace: self.input = cand` overwrites the real input with its normal form",
+)
+def test_the_input_survives_when_its_normal_form_differs():
+    program = einopt.parse(SLACK_RANGE)
+    assert normalize(program, NO_CONTEXT, DEFAULT_SCHEDULE) != program
+    result = search(program, max_depth=0)
+    assert any(_is_input(c, program) for c in result.candidates)
+
+
+def test_the_searches_find_something_beyond_the_input(results):
+    for name in ("conv3x3_hwc", "conv3x3_nchw", "prelu", "gcn"):
+        program, _, result = results[name]
+        assert any(c.trace for c in result.candidates), name
+
+
+# ----------------------------------------------------------------------------- determinism
+
+
+def _summary(result) -> list[tuple]:
+    return [
+        (c.key, c.operators, c.cost, tuple((s.phase, s.rule, s.where, s.summary) for s in c.trace))
+        for c in result.candidates
+    ]
+
+
+def test_the_same_search_twice_gives_the_same_candidates(results):
+    program, ctx, first = results["conv3x3_hwc"]
+    again = search(program, ctx=ctx, **SEARCHES["conv3x3_hwc"][1])
+    assert _summary(again) == _summary(first)
+
+
+_SUBPROCESS_SEARCH = """
+import json, sys
+from einopt.rules.paper import DERIVATIONS
+from einopt.search import search
+d = DERIVATIONS["gcn_matmuls"]
+r = search(d.program(), ctx=d.context(), max_depth=3, converge_depth=3)
+json.dump([[c.key, list(c.operators), [[s.phase, s.rule, s.where] for s in c.trace]] for c in r.candidates], sys.stdout)
+"""
+
+
+def test_candidates_do_not_depend_on_the_hash_seed():
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", _SUBPROCESS_SEARCH],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        for seed in ("1", "2")
+    ]
+    assert json.loads(runs[0]) == json.loads(runs[1])
+    assert len(json.loads(runs[0])) > 1
+
+
+def test_jobs_do_not_change_the_candidates(monkeypatch):
+    program, ctx = _paper("fig5")
+    one = search(program, ctx=ctx, max_depth=3, converge_depth=3)
+    submitted = []
+    submit = concurrent.futures.ProcessPoolExecutor.submit
+
+    def counting(self, *args, **kwargs):
+        submitted.append(args[1])
+        return submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(concurrent.futures.ProcessPoolExecutor, "submit", counting)
+    two = search(program, ctx=ctx, max_depth=3, converge_depth=3, jobs=2)
+    # The frontier was large enough to be split over the workers at least once.
+    assert submitted, "no frontier was split: make the search bigger"
+    assert _summary(two) == _summary(one)
+    assert two.stats.generated == one.stats.generated
+    assert two.stats.per_depth == one.stats.per_depth
+
+
+# ----------------------------------------------------------------------------- limits
+
+
+@pytest.mark.parametrize("name", ["fig5", "convtranspose_matmul", "prelu_max"])
+def test_max_depth_zero_takes_no_explorative_step(name):
+    program, ctx = _paper(name)
+    result = search(program, ctx=ctx, max_depth=0)
+    assert any(_is_input(c, program) for c in result.candidates)
+    for cand in result.candidates:
+        assert _explore_steps(cand) == 0
+        assert all(s.phase == "converge" for s in cand.trace)
+        check_equivalent(program, cand.program, ctx)
+    assert result.stats.per_depth == [{"depth": 0, "states": 1, "generated": 0}]
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_explorative_steps_stay_within_max_depth(depth):
+    program, ctx = _text(CONV3X3_SMALL)
+    result = search(program, ctx=ctx, max_depth=depth, converge_depth=2)
+    assert max(_explore_steps(c) for c in result.candidates) <= depth
+    assert len(result.stats.per_depth) <= depth + 1
+
+
+def test_converge_depth_zero_takes_no_converging_step():
+    program, ctx = _paper("gcn_matmuls")
+    result = search(program, ctx=ctx, max_depth=3, converge_depth=0)
+    assert result.stats.converge_steps == 0
+    for cand in result.candidates:
+        assert all(s.phase != "converge" for s in cand.trace)
+    assert any(_is_input(c, program) for c in result.candidates)
+
+
+def test_a_small_time_budget_returns_quickly_and_incomplete():
+    # The ConvTranspose start program takes minutes at depth 3 without a budget.
+    program, ctx = _paper("convtranspose_matmul")
+    budget = 0.05
+    t0 = time.perf_counter()
+    result = search(program, ctx=ctx, max_depth=3, time_budget=budget)
+    wall = time.perf_counter() - t0
+    assert result.stats.complete is False
+    assert result.stats.seconds < budget + 5.0
+    assert wall < budget + 5.0
+    assert any(_is_input(c, program) for c in result.candidates)
+    for cand in result.candidates:
+        check_equivalent(program, cand.program, ctx)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_depth": -1}, "max_depth"),
+        ({"max_depth": 1.5}, "max_depth"),
+        ({"max_depth": True}, "max_depth"),
+        ({"converge_depth": -1}, "converge_depth"),
+        ({"jobs": 0}, "jobs"),
+        ({"jobs": -2}, "jobs"),
+        ({"time_budget": 0}, "time_budget"),
+        ({"time_budget": -1.0}, "time_budget"),
+        ({"time_budget": float("nan")}, "time_budget"),
+    ],
+)
+def test_bad_limits_raise_search_error(kwargs, message):
+    program, _ = _text(CONV3X3_SMALL)
+    with pytest.raises(SearchError, match=message):
+        search(program, **kwargs)
+
+
+@pytest.mark.parametrize("bad", ["L[i:2] X[i] where X: [2]", None, 3, ir.Tensor("X", (2,))])
+def test_a_non_program_raises_search_error(bad):
+    with pytest.raises(SearchError, match="program or a scope"):
+        search(bad)
+
+
+# ----------------------------------------------------------------------------- distance
+
+# name -> (scope text, the targets whose matcher takes it)
+DISTANCE_TABLE = {
+    "matmul": ("L[i:6, j:5] Sum[k:4] X[i, k] * W[k, j] where X: [6, 4], W: [4, 5]", {"MatMul"}),
+    "conv_nchw": (CONV_NCHW, {"Conv"}),
+    "conv_hwc": (CONV3X3_SMALL, {"Conv"}),
+    "band_dilated": (
+        "L[b:2, m:16, w:7] Sum[k:3] A[b, m, k] * B[b, m + 4*(w - 3), k] where A: [2, 16, 3], B: [2, 16, 3]",
+        set(),
+    ),
+    "band": (
+        "L[b:2, m:16, w:7] Sum[k:3] A[b, m, k] * B[b, m + w - 3, k] where A: [2, 16, 3], B: [2, 16, 3]",
+        {"G2BMM"},
+    ),
+    "add": ("L[i:4, j:3] X[i, j] + Y[i, j] where X: [4, 3], Y: [4, 3]", {"Elementwise"}),
+    "window": ("L[i:5, j:4] Sum[r:3] A[i + r, j] * B[2*r + j, i] where A: [7, 4], B: [8, 5]", set()),
+}
+
+
+def _assert_distance_agrees_with_matchers(scope: ir.Scope) -> set[str]:
+    ctx = matcher_context(as_program(scope), frozenset())
+    zero = set()
+    for target, matcher in TARGETS.items():
+        d = distance(scope, target, ctx)
+        assert isinstance(d, int)
+        if isinstance(matcher(scope, ctx), Match):
+            assert d == 0, target
+            zero.add(target)
+        else:
+            assert d > 0, target
+    assert nearest(scope, ctx)[0] == min(distance(scope, t, ctx) for t in TARGETS)
+    return zero
+
+
+@pytest.mark.parametrize("name", DISTANCE_TABLE)
+def test_distance_is_zero_exactly_where_the_matcher_takes_the_scope(name):
+    text, expected = DISTANCE_TABLE[name]
+    assert _assert_distance_agrees_with_matchers(einopt.parse(text)) == expected
+
+
+def test_dilation_is_farther_than_its_dilation_one_form():
+    dilated, band = (einopt.parse(DISTANCE_TABLE[k][0]) for k in ("band_dilated", "band"))
+    for s in (dilated, band):
+        assert nearest(s, matcher_context(as_program(s), frozenset()))
+    ctx_d = matcher_context(as_program(dilated), frozenset())
+    ctx_b = matcher_context(as_program(band), frozenset())
+    assert distance(dilated, "G2BMM", ctx_d) > distance(band, "G2BMM", ctx_b) == 0
+
+
+@settings(max_examples=60)
+@given(contractions())
+def test_distance_agrees_with_matchers_on_random_contractions(scope):
+    _assert_distance_agrees_with_matchers(scope)
+
+
+# ----------------------------------------------------------------------------- normal form
+
+
+def _raw_children(program: ir.Program, ctx: Context) -> list[ir.Program]:
+    """Programs one explore or converge rule makes of ``program``, before any normal form."""
+    out = []
+    for phase in ("explore", "converge"):
+        for use in DEFAULT_SCHEDULE.phases()[phase]:
+            rule = REGISTRY[use.rule]
+            for m in rule.matches(program, ctx):
+                if use.admits(program, m):
+                    out.append(rule.apply(program, m, ctx))
+    return out
+
+
+@pytest.mark.parametrize("name", SEARCHES)
+def test_normalize_is_idempotent_and_equivalent(results, name):
+    program, ctx, result = results[name]
+    programs = {program}
+    programs |= {s.program for c in result.candidates for s in c.trace}
+    programs |= set(_raw_children(program, ctx)[:12])
+    for p in sorted(programs, key=str):
+        once = normalize(p, ctx, DEFAULT_SCHEDULE)
+        assert normalize(once, ctx, DEFAULT_SCHEDULE) == once
+        check_equivalent(program, once, ctx)
+
+
+def test_fig5_reaches_an_operator_plus_offset_reduce_within_depth_3():
+    program, ctx = _paper("fig5")
+    result = search(program, ctx=ctx, max_depth=3, converge_depth=3)
+    found = [
+        c
+        for c in result.candidates
+        if any(op in ("MatMul", "Conv") for op in c.operators)
+        and any(op.startswith("eop:") and "OffsetReduce" in op for op in c.operators)
+    ]
+    assert found
+    assert any(len(c.trace) <= 3 for c in found)
+    for c in found:
+        assert _explore_steps(c) <= 3
+        check_equivalent(program, c.program, ctx)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="schedule: the fuse variant of substitute_variables (h+r-1 -> t) is a converge-phase use only, "
+    "so with converge_depth=0 no explored state of Fig. 5 reaches distance 0 and only the input is returned",
+)
+def test_fig5_explorative_only_reaches_an_operator_plus_offset_reduce():
+    program, ctx = _paper("fig5")
+    result = search(program, ctx=ctx, max_depth=3, converge_depth=0)
+    assert any(
+        any(op in ("MatMul", "Conv") for op in c.operators)
+        and any("OffsetReduce" in op for op in c.operators)
+        for c in result.candidates
+    )
+
+
+# ----------------------------------------------------------------------------- importer expressions
+
+EVALUATION_MODELS = ("infogan", "dcgan", "fsrcnn", "gcn", "resnet18", "csrnet", "longformer", "lstm")
+
+
+def _largest_parts(model_name: str, limit: int = 3):
+    from einopt.frontend.fold import prepare
+    from einopt.frontend.translate import translate_graph
+    from einopt.models import build
+
+    prepared = prepare(build(model_name, size="small"), {})
+    parts = [p for p in translate_graph(prepared.model) if p.program is not None]
+    parts.sort(key=lambda p: -len(list(ir.scopes_in(p.program))))
+    return parts[:limit]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_name", EVALUATION_MODELS)
+def test_search_on_translated_subprograms_keeps_them_equal(model_name):
+    parts = _largest_parts(model_name)
+    assert parts
+    for part in parts:
+        ctx = Context(dict(part.constants))
+        result = search(part.program, max_depth=1, converge_depth=2, time_budget=5, ctx=ctx)
+        # The candidate with an empty trace is the input or, by the bug of
+        # test_the_input_survives_when_its_normal_form_differs, its normal form.
+        assert any(not c.trace for c in result.candidates), part.name
+        for cand in result.candidates:
+            try:
+                check_equivalent(part.program, cand.program, ctx)
+            except Exception as e:  # name the subprogram and the derivation in the failure
+                trace = ", ".join(f"{s.phase}:{s.rule}@{s.where}" for s in cand.trace)
+                raise AssertionError(f"{model_name} {part.name}: [{trace}]: {e}") from e
