@@ -209,6 +209,7 @@ class _Env:
     keys: dict = dataclasses.field(default_factory=dict)  # program -> key
     deadline: float | None = None  # time.monotonic() when the budget runs out
     local: dict = dataclasses.field(default_factory=dict)  # scope -> distance of the scope alone
+    explore: tuple = ()  # the explorative uses (with the converging ones when converging is off)
 
     def key(self, program: ir.Program) -> str:
         found = self.keys.get(program)
@@ -432,7 +433,7 @@ def _expand(states: list[_State], env: _Env, converge_depth: int) -> tuple[list[
             out.append(([], frozenset()))
             continue
         stats.expanded += 1
-        uses = env.schedule.after_converge if st.converged else env.schedule.explore
+        uses = env.schedule.after_converge if st.converged else env.explore
         offered: list = []
         children = [
             (step, new, env.key(new))
@@ -459,9 +460,11 @@ def _converged(states: list[_State], env: _Env, converge_depth: int) -> tuple[li
 _WORKER_ENV: _Env | None = None
 
 
-def _worker_init(ctx: Context, schedule: Schedule, constants: frozenset[str], deadline: float | None) -> None:
+def _worker_init(
+    ctx: Context, schedule: Schedule, constants: frozenset[str], deadline: float | None, explore: tuple
+) -> None:
     global _WORKER_ENV
-    _WORKER_ENV = _Env(ctx, schedule, constants, deadline=deadline)
+    _WORKER_ENV = _Env(ctx, schedule, constants, deadline=deadline, explore=explore)
 
 
 def _worker(kind: str, states: list[_State], converge_depth: int):
@@ -478,7 +481,9 @@ class _Runner:
         self.pool = None
         if jobs > 1:
             self.pool = concurrent.futures.ProcessPoolExecutor(
-                jobs, initializer=_worker_init, initargs=(env.ctx, env.schedule, env.constants, env.deadline)
+                jobs,
+                initializer=_worker_init,
+                initargs=(env.ctx, env.schedule, env.constants, env.deadline, env.explore),
             )
         self.jobs = jobs
 
@@ -571,11 +576,14 @@ def search(
     ctx = dataclasses.replace(ctx or NO_CONTEXT, reasons=False)
     constants = frozenset(n for n in ctx.constants if n in {t.name for t in program.inputs})
     deadline = None if time_budget is None else time.monotonic() + time_budget
-    env = _Env(ctx, schedule, constants, deadline=deadline)
+    # Without converging derivation, its rules join the blind exploration (how much deeper it must go
+    # is what converging saves).
+    explore = schedule.explore + (schedule.converge if converge_depth == 0 else ())
+    env = _Env(ctx, schedule, constants, deadline=deadline, explore=explore)
     stats = Stats()
     costing = _Costing(env, cost, dict(ctx.constants), stats)
 
-    costing.add(program, ())
+    costing.add(program, (), is_input=True)
     start = normalize(program, ctx, schedule, env.normal, env.hits)
     seen = {env.key(program), env.key(start)}
     runner = _Runner(env, jobs, converge_depth)
@@ -649,7 +657,9 @@ class _Costing:
         self.best_flops: int | None = None
         self.input: Candidate | None = None
 
-    def add(self, program: ir.Program, trace: tuple[TraceStep, ...], k: str | None = None) -> None:
+    def add(
+        self, program: ir.Program, trace: tuple[TraceStep, ...], k: str | None = None, is_input: bool = False
+    ) -> None:
         from einopt.export import program_model
         from einopt.instantiate.emit import InstantiationError
 
@@ -657,7 +667,7 @@ class _Costing:
         if k in self.done:
             return
         self.done[k] = None
-        if trace and self.env.distance(program) != 0:
+        if not is_input and self.env.distance(program) != 0:
             return
         try:
             model, inst = program_model(program, self.constants)
@@ -671,7 +681,7 @@ class _Costing:
         self.done[k] = cand
         if self.best_flops is None or flops < self.best_flops:
             self.best_flops = flops
-        if not trace:
+        if is_input:
             self.input = cand
             return
         old = self.by_ops.get(cand.operators)

@@ -116,7 +116,9 @@ def _strided_reads(program: ir.Program, m: Match, ctx: Context) -> bool:
                 not isinstance(atom, ir.Iter) and x in atom.iters() for atom, _ in linear_form(e).atoms
             ):
                 return True
-    return _into_compute(program, m, ctx) and any(isinstance(a.source, ir.Scope) for a in accesses(scope.body))
+    return _into_compute(program, m, ctx) and any(
+        isinstance(a.source, ir.Scope) for a in accesses(scope.body)
+    )
 
 
 def _is_copy(scope: ir.Scope) -> bool:
