@@ -62,6 +62,7 @@ DEFAULT_CONVERGE_DEPTH = 6
 """Converging steps per explored state (each lowers the distance, so few are ever needed)."""
 DEFAULT_MAX_CANDIDATES = 32
 DEFAULT_COST_SLACK = 2.0
+DEFAULT_BEAM = 256
 
 
 class SearchError(ValueError):
@@ -134,6 +135,7 @@ class Stats:
     expanded: int = 0
     converge_steps: int = 0
     commuted: int = 0  # matches not taken because the same state is reached in the other order
+    pruned_beam: int = 0  # states past the beam width at their depth
     candidates_costed: int = 0
     per_depth: list[dict[str, int]] = dataclasses.field(default_factory=list)
     rules: dict[str, RuleStats] = dataclasses.field(default_factory=dict)
@@ -142,7 +144,7 @@ class Stats:
 
     @property
     def pruned(self) -> int:
-        return self.pruned_fingerprint + self.pruned_cost
+        return self.pruned_fingerprint + self.pruned_cost + self.pruned_beam
 
     @property
     def pruned_fraction(self) -> float:
@@ -168,6 +170,7 @@ class Stats:
             "pruned": self.pruned,
             "pruned_fingerprint": self.pruned_fingerprint,
             "pruned_cost": self.pruned_cost,
+            "pruned_beam": self.pruned_beam,
             "expanded": self.expanded,
             "converge_steps": self.converge_steps,
             "commuted": self.commuted,
@@ -360,6 +363,11 @@ def program_flops(program: ir.Program) -> int:
     return total
 
 
+def _contractions(program: ir.Program) -> int:
+    """Scopes that sum a product (each one an operator or an eOperator to run)."""
+    return sum(1 for s in ir.scopes_in(program) if s.summation and isinstance(s.body, ir.Binary))
+
+
 def _ops(e: ir.ValueExpr) -> int:
     if isinstance(e, ir.Binary):
         return 1 + _ops(e.a) + _ops(e.b)
@@ -520,6 +528,7 @@ def search(
     schedule: Schedule = DEFAULT_SCHEDULE,
     max_candidates: int = DEFAULT_MAX_CANDIDATES,
     cost_slack: float = DEFAULT_COST_SLACK,
+    beam: int | None = DEFAULT_BEAM,
     progress: Callable[[Stats, int, Candidate | None], None] | None = None,
 ) -> SearchResult:
     """Search for programs equal to ``program`` that instantiate to faster operators.
@@ -552,6 +561,9 @@ def search(
     cost_slack : float
         States with more than ``cost_slack`` times the FLOPs of the best
         candidate are pruned.
+    beam : int, optional
+        At most this many new states go on from each depth: those with the
+        fewest contractions, then the fewest FLOPs (None: all of them).
     progress : callable, optional
         Called as ``progress(stats, depth, best)`` after each frontier step.
 
@@ -566,6 +578,8 @@ def search(
         program = as_program(program)
     if not isinstance(program, ir.Program):
         raise SearchError(f"search takes a program or a scope, not {type(program).__name__}")
+    if beam is not None and (not isinstance(beam, int) or isinstance(beam, bool) or beam < 1):
+        raise SearchError(f"beam must be a positive integer or None, got {beam!r}")
     for name, value in (("max_depth", max_depth), ("converge_depth", converge_depth), ("jobs", jobs)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise SearchError(f"{name} must be a non-negative integer, got {value!r}")
@@ -620,6 +634,13 @@ def search(
                     rs.new_states += 1
                     state = _State(new, (*st.trace, step), st.converged, offered)
                     nxt.append(state)
+            if beam is not None and len(nxt) > beam:
+                # A beam: the most promising states go on (fewest contractions, then fewest FLOPs).
+                nxt.sort(
+                    key=lambda st: (_contractions(st.program), program_flops(st.program), env.key(st.program))
+                )
+                stats.pruned_beam += len(nxt) - beam
+                nxt = nxt[:beam]
             stats.per_depth.append(
                 {"depth": depth, "states": len(nxt), "generated": stats.generated - before}
             )

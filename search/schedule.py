@@ -231,6 +231,7 @@ DEFAULT_SCHEDULE = Schedule(
         Use("split_summation", restrict="windows_outside"),
         Use("relax_boundary", restrict="window_iterator"),
         Use("substitute_variables", ("split_sum",), restrict="window_blocks"),
+        Use("substitute_variables", ("split",)),
         Use("split_expression", ("residue",), restrict="strided"),
         Use("merge_summations"),
         Use("merge_expressions", ("concat", "join"), restrict="shares_input"),
