@@ -5,8 +5,9 @@ accepts the scope (the instantiation table's own matchers decide, so the
 distance cannot disagree with what instantiation will do). Otherwise it is 1
 plus the number of *mismatched index positions*: positions of the scope's
 accesses that the operator's canonical expression cannot read as they are,
-i.e. an index that mixes iterators (``h + r - 1`` for a matmul), reads through
-``//`` or ``%``, or has a coefficient other than 1 (a stride or dilation).
+i.e. an index that mixes iterators (``h + r - 1`` for a matmul: one per iterator beyond the
+first), reads through ``//`` or ``%``, or has a coefficient other than 1 (a
+stride or dilation: one more).
 A convolution reads one traversal plus one summation iterator per spatial
 position, so a window index is no mismatch for it.
 
@@ -127,7 +128,10 @@ def mismatches(scope: ir.Scope, target: str) -> int:
                 continue
             if target in ("Conv", "ConvTranspose") and _window(e, scope):
                 continue
-            n += 1
+            # One for every iterator mixed in beyond the first, one for reading through // or %
+            # or with a stride: (h + 2 - kh) // 2 is two apart from a plain read, t // 2 one.
+            lf = linear_form(e)
+            n += max(0, len(e.iters()) - 1) + (1 if lf.atoms or any(abs(c) != 1 for _, c in lf.coeffs) else 0)
     return n
 
 

@@ -63,6 +63,8 @@ DEFAULT_CONVERGE_DEPTH = 6
 DEFAULT_MAX_CANDIDATES = 32
 DEFAULT_COST_SLACK = 2.0
 DEFAULT_BEAM = 256
+CONVERGE_WIDTH = 8
+"""States that go on from each converging step (the closest ones)."""
 
 
 class SearchError(ValueError):
@@ -341,9 +343,10 @@ def _converge(
                         best = (nd, new, (*tr, step))
         if not nxt:
             break
-        # Best first: only the states at the lowest distance reached go on.
-        low = min(d for d, _, _ in nxt)
-        frontier = [x for x in nxt if x[0] == low]
+        # Best first: the closest states go on (a few, so that a path through a farther state,
+        # one input re-laid out before the other, is not lost).
+        nxt.sort(key=lambda x: x[0])
+        frontier = nxt[:CONVERGE_WIDTH]
     if done:
         return done
     return [(best[1], best[2])] if best[1] is not program else []
