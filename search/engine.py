@@ -357,10 +357,13 @@ def _converge(
 # --------------------------------------------------------------------------
 
 
-def program_flops(program: ir.Program) -> int:
-    """Arithmetic of a program as written: per scope, its points times the operations of its body."""
+def program_flops(program: ir.Program, constants: frozenset[str] = frozenset()) -> int:
+    """Arithmetic of a program as written: per scope, its points times the operations of its body.
+    Scopes that read only ``constants`` are left out (they are folded at compile time)."""
     total = 0
     for scope in ir.scopes_in(program):
+        if constants and all(t.name in constants for t in ir.input_tensors(scope)):
+            continue
         points = math.prod(it.extent for it in (*scope.traversal, *scope.summation))
         total += points * max(1, _ops(scope.body) + (1 if scope.summation else 0))
     return total
@@ -640,7 +643,11 @@ def search(
             if beam is not None and len(nxt) > beam:
                 # A beam: the most promising states go on (fewest contractions, then fewest FLOPs).
                 nxt.sort(
-                    key=lambda st: (_contractions(st.program), program_flops(st.program), env.key(st.program))
+                    key=lambda st: (
+                        _contractions(st.program),
+                        program_flops(st.program, env.constants),
+                        env.key(st.program),
+                    )
                 )
                 stats.pruned_beam += len(nxt) - beam
                 nxt = nxt[:beam]
@@ -690,6 +697,9 @@ class _Costing:
         k = k or self.env.key(program)
         if k in self.done:
             return
+        if not is_input and not _in_time(self.env.deadline):
+            self.stats.complete = False
+            return
         self.done[k] = None
         if not is_input and self.env.distance(program) != 0:
             return
@@ -700,7 +710,7 @@ class _Costing:
             return
         self.stats.candidates_costed += 1
         seconds = float(self.cost(program, model, inst) if self.cost else _analytic(model, inst))
-        flops = program_flops(program)
+        flops = program_flops(program, self.env.constants)
         cand = Candidate(program, trace, _operators(model, inst), seconds, k, flops)
         self.done[k] = cand
         if self.best_flops is None or flops < self.best_flops:
@@ -713,7 +723,10 @@ class _Costing:
             self.by_ops[cand.operators] = cand
 
     def hopeless(self, program: ir.Program, slack: float) -> bool:
-        return self.best_flops is not None and program_flops(program) > slack * self.best_flops
+        return (
+            self.best_flops is not None
+            and program_flops(program, self.env.constants) > slack * self.best_flops
+        )
 
     def best(self) -> Candidate | None:
         return min(self._all(), key=_rank, default=None)
