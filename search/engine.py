@@ -650,6 +650,10 @@ def search(
                     )
                 )
                 stats.pruned_beam += len(nxt) - beam
+                # Past the beam a state is not expanded or converged, but it is still a candidate
+                # when every compute scope is already an operator.
+                for st in nxt[beam:]:
+                    costing.add(st.program, st.trace, env.key(st.program))
                 nxt = nxt[:beam]
             stats.per_depth.append(
                 {"depth": depth, "states": len(nxt), "generated": stats.generated - before}

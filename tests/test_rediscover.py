@@ -21,7 +21,7 @@ BUDGET = 60.0
 SETTINGS = {
     "conv5x5": {"max_depth": 5, "beam": 32},
     "g2bmm": {"max_depth": 3, "beam": 32},
-    "lstm": {"beam": 64},
+    "lstm": {"beam": 128},
 }
 
 NOT_YET = {
