@@ -53,7 +53,7 @@ def test_search_is_the_package_and_the_function(conv_result):
     assert [c.key for c in direct.candidates] == [c.key for c in conv_result.candidates]
 
 
-def test_lazy_public_names_in_a_fresh_interpreter():
+def test_lazy_public_names_in_a_fresh_interpreter(tmp_path):
     # Neither name may need `import einopt.search` / `import einopt.export` first.
     code = (
         "import einopt, types\n"
@@ -63,7 +63,9 @@ def test_lazy_public_names_in_a_fresh_interpreter():
         "assert r.best.operators == ('MatMul',), r.best.operators\n"
         "assert [n.op_type for n in einopt.to_onnx(r.best).graph.node] == ['MatMul']\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    # Run outside the checkout: there `import einopt` would find the source folder, which has no
+    # `search` subpackage (it is mapped from the top-level `search/` folder at install time).
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
 
 
 def test_search_takes_a_scope():
