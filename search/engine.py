@@ -11,11 +11,8 @@ One :func:`search` call turns a program into ranked :class:`Candidate` programs:
    uses that lower the program's expression distance
    (:mod:`einopt.search.distance`), best first, up to ``converge_depth`` steps.
 3. **Candidates**: every state whose compute scopes all match an operator
-   (distance 0), and the input itself, is instantiated
-   (:func:`einopt.export.program_model`): its operator list, and a cost,
-   the analytic estimate of :func:`einopt.cost.estimate_seconds` unless a
-   ``cost`` callable is given. Candidates with the same operator list keep
-   the cheapest; the list is ranked by cost, then depth, then key.
+   (distance 0), and the input itself (:mod:`einopt.search.candidates`).
+   What a search returns is in :mod:`einopt.search.results`.
 
 Everything is deterministic: states are visited in the order rules, matches
 and frontiers produce them, and ``jobs`` worker processes only expand slices
@@ -27,18 +24,17 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
-import math
 import time
-from collections.abc import Callable, Iterator, Mapping
-
-import numpy as np
+from collections.abc import Callable, Iterator
 
 from einopt import ir
 from einopt.keys import key
 from einopt.rules import NO_CONTEXT, REGISTRY, Context, Match, ScopeRule
+from einopt.search.candidates import Costing, contractions, in_time, program_flops
 from einopt.search.distance import is_compute, matcher_context, nearest_memo, program_distance
 from einopt.search.matching import matches
 from einopt.search.normal import normalize
+from einopt.search.results import Candidate, RuleStats, SearchError, SearchResult, Stats, TraceStep
 from einopt.search.schedule import DEFAULT_SCHEDULE, Schedule, Use
 
 __all__ = [
@@ -65,135 +61,6 @@ DEFAULT_COST_SLACK = 2.0
 DEFAULT_BEAM = 256
 CONVERGE_WIDTH = 8
 """States that go on from each converging step (the closest ones)."""
-
-
-class SearchError(ValueError):
-    """The search cannot run (bad limits, or an input that is not a program)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TraceStep:
-    """One derivation step: the rule, where it applied, what it did, and the program after it
-    (in its normal form)."""
-
-    rule: str
-    where: str
-    summary: str
-    program: ir.Program
-    phase: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    """A fully instantiable program equal to the input, with how it was derived and what it runs as.
-
-    ``operators`` lists what it instantiates to: ONNX op types (layout ops
-    included) and eOperators as ``"eop:NAME"``; scopes folded at compile time
-    are left out. ``cost`` is in seconds (estimated or measured, see
-    :func:`search`).
-    """
-
-    program: ir.Program
-    trace: tuple[TraceStep, ...]
-    operators: tuple[str, ...]
-    cost: float
-    key: str
-    flops: int
-
-    @property
-    def depth(self) -> int:
-        return len(self.trace)
-
-    def text(self) -> str:
-        """The program in the text syntax (``einopt.parse`` reads it back)."""
-        return str(self.program)
-
-
-@dataclasses.dataclass
-class RuleStats:
-    """How one rule (in one phase) fared: states tried, admitted matches, new unique states, seconds."""
-
-    tries: int = 0
-    matches: int = 0
-    new_states: int = 0
-    seconds: float = 0.0
-
-    def add(self, other: RuleStats) -> None:
-        self.tries += other.tries
-        self.matches += other.matches
-        self.new_states += other.new_states
-        self.seconds += other.seconds
-
-
-@dataclasses.dataclass
-class Stats:
-    """Counts of one search. ``generated`` counts every program a rule produced; ``pruned`` those
-    dropped by fingerprint (seen before, after the normal form) or by cost; ``expanded`` the states
-    whose matches were enumerated."""
-
-    generated: int = 0
-    pruned_fingerprint: int = 0
-    pruned_cost: int = 0
-    expanded: int = 0
-    converge_steps: int = 0
-    commuted: int = 0  # matches not taken because the same state is reached in the other order
-    pruned_beam: int = 0  # states past the beam width at their depth
-    candidates_costed: int = 0
-    per_depth: list[dict[str, int]] = dataclasses.field(default_factory=list)
-    rules: dict[str, RuleStats] = dataclasses.field(default_factory=dict)
-    seconds: float = 0.0
-    complete: bool = True  # False when the time budget ran out
-
-    @property
-    def pruned(self) -> int:
-        return self.pruned_fingerprint + self.pruned_cost + self.pruned_beam
-
-    @property
-    def pruned_fraction(self) -> float:
-        return self.pruned / self.generated if self.generated else 0.0
-
-    def rule(self, label: str) -> RuleStats:
-        return self.rules.setdefault(label, RuleStats())
-
-    def merge(self, other: Stats) -> None:
-        self.generated += other.generated
-        self.pruned_fingerprint += other.pruned_fingerprint
-        self.pruned_cost += other.pruned_cost
-        self.expanded += other.expanded
-        self.converge_steps += other.converge_steps
-        self.commuted += other.commuted
-        self.complete = self.complete and other.complete
-        for label, rs in other.rules.items():
-            self.rule(label).add(rs)
-
-    def as_dict(self) -> dict:
-        return {
-            "generated": self.generated,
-            "pruned": self.pruned,
-            "pruned_fingerprint": self.pruned_fingerprint,
-            "pruned_cost": self.pruned_cost,
-            "pruned_beam": self.pruned_beam,
-            "expanded": self.expanded,
-            "converge_steps": self.converge_steps,
-            "commuted": self.commuted,
-            "candidates_costed": self.candidates_costed,
-            "per_depth": self.per_depth,
-            "rules": {k: dataclasses.asdict(v) for k, v in self.rules.items()},
-            "seconds": round(self.seconds, 3),
-            "complete": self.complete,
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class SearchResult:
-    """Candidates (ranked, best first; the input is always among them) and the search's statistics."""
-
-    candidates: tuple[Candidate, ...]
-    stats: Stats
-
-    @property
-    def best(self) -> Candidate:
-        return self.candidates[0]
 
 
 # --------------------------------------------------------------------------
@@ -322,7 +189,7 @@ def _converge(
     for _ in range(limit):
         nxt: list[tuple[int, ir.Program, tuple[TraceStep, ...]]] = []
         for d, p, tr in frontier:
-            if not _in_time(env.deadline):
+            if not in_time(env.deadline):
                 break
             for step, new in _children(p, env.schedule.converge, env, stats, "converge", env.open_scopes(p)):
                 k = env.key(new)
@@ -350,52 +217,6 @@ def _converge(
     if done:
         return done
     return [(best[1], best[2])] if best[1] is not program else []
-
-
-# --------------------------------------------------------------------------
-# Cost
-# --------------------------------------------------------------------------
-
-
-def program_flops(program: ir.Program, constants: frozenset[str] = frozenset()) -> int:
-    """Arithmetic of a program as written: per scope, its points times the operations of its body.
-    Scopes that read only ``constants`` are left out (they are folded at compile time)."""
-    total = 0
-    for scope in ir.scopes_in(program):
-        if constants and all(t.name in constants for t in ir.input_tensors(scope)):
-            continue
-        points = math.prod(it.extent for it in (*scope.traversal, *scope.summation))
-        total += points * max(1, _ops(scope.body) + (1 if scope.summation else 0))
-    return total
-
-
-def _contractions(program: ir.Program) -> int:
-    """Scopes that sum a product (each one an operator or an eOperator to run)."""
-    return sum(1 for s in ir.scopes_in(program) if s.summation and isinstance(s.body, ir.Binary))
-
-
-def _ops(e: ir.ValueExpr) -> int:
-    if isinstance(e, ir.Binary):
-        return 1 + _ops(e.a) + _ops(e.b)
-    if isinstance(e, ir.Unary):
-        return 1 + _ops(e.x)
-    return 0
-
-
-CostFn = Callable[[ir.Program, "object"], float]
-
-
-def _analytic(model, inst) -> float:
-    from einopt.cost import estimate_seconds, model_cost
-
-    return estimate_seconds(model_cost(model))
-
-
-def _operators(model, inst) -> tuple[str, ...]:
-    out = []
-    for node in model.graph.node:
-        out.append(f"eop:{node.op_type}" if node.domain else node.op_type)
-    return tuple(out)
 
 
 # --------------------------------------------------------------------------
@@ -442,7 +263,7 @@ def _expand(states: list[_State], env: _Env, converge_depth: int) -> tuple[list[
     stats = Stats()
     out = []
     for st in states:
-        if not _in_time(env.deadline):
+        if not in_time(env.deadline):
             stats.complete = False
             out.append(([], frozenset()))
             continue
@@ -461,7 +282,7 @@ def _converged(states: list[_State], env: _Env, converge_depth: int) -> tuple[li
     stats = Stats()
     out = []
     for st in states:
-        if not _in_time(env.deadline):
+        if not in_time(env.deadline):
             stats.complete = False
             out.append([])
             continue
@@ -601,7 +422,7 @@ def search(
     explore = schedule.explore + (schedule.converge if converge_depth == 0 else ())
     env = _Env(ctx, schedule, constants, deadline=deadline, explore=explore)
     stats = Stats()
-    costing = _Costing(env, cost, dict(ctx.constants), stats)
+    costing = Costing(env, cost, dict(ctx.constants), stats)
 
     costing.add(program, (), is_input=True)
     start = normalize(program, ctx, schedule, env.normal, env.hits)
@@ -612,7 +433,7 @@ def search(
         pending = [_State(start, ())]  # explored states not yet converged
         stats.per_depth.append({"depth": 0, "states": 1, "generated": 0})
         for depth in range(1, max_depth + 1):
-            if not _in_time(deadline):
+            if not in_time(deadline):
                 stats.complete = False
                 break
             # Converged states are states too: inter-expression rules can still merge what
@@ -644,7 +465,7 @@ def search(
                 # A beam: the most promising states go on (fewest contractions, then fewest FLOPs).
                 nxt.sort(
                     key=lambda st: (
-                        _contractions(st.program),
+                        contractions(st.program),
                         program_flops(st.program, env.constants),
                         env.key(st.program),
                     )
@@ -663,7 +484,7 @@ def search(
             frontier = pending = nxt
             if not frontier:
                 break
-        if pending and _in_time(deadline):
+        if pending and in_time(deadline):
             for found in runner.run("converge", pending, stats):
                 for p, tr, k in found:
                     costing.add(p, tr, k)
@@ -673,79 +494,3 @@ def search(
         runner.close()
     stats.seconds = time.perf_counter() - t_start
     return SearchResult(costing.ranked(max_candidates), stats)
-
-
-def _in_time(deadline: float | None) -> bool:
-    return deadline is None or time.monotonic() < deadline
-
-
-class _Costing:
-    """Instantiates and costs candidate programs, once per key; keeps the best per operator list."""
-
-    def __init__(self, env: _Env, cost, constants: Mapping[str, np.ndarray], stats: Stats) -> None:
-        self.env = env
-        self.cost = cost
-        self.constants = constants
-        self.stats = stats
-        self.done: dict[str, Candidate | None] = {}
-        self.by_ops: dict[tuple[str, ...], Candidate] = {}
-        self.best_flops: int | None = None
-        self.input: Candidate | None = None
-
-    def add(
-        self, program: ir.Program, trace: tuple[TraceStep, ...], k: str | None = None, is_input: bool = False
-    ) -> None:
-        from einopt.export import program_model
-        from einopt.instantiate.emit import InstantiationError
-
-        k = k or self.env.key(program)
-        if k in self.done:
-            return
-        if not is_input and not _in_time(self.env.deadline):
-            self.stats.complete = False
-            return
-        self.done[k] = None
-        if not is_input and self.env.distance(program) != 0:
-            return
-        try:
-            model, inst = program_model(program, self.constants)
-        except (InstantiationError, ValueError) as e:
-            log.info("candidate %s not instantiable: %s", k[:8], e)
-            return
-        self.stats.candidates_costed += 1
-        seconds = float(self.cost(program, model, inst) if self.cost else _analytic(model, inst))
-        flops = program_flops(program, self.env.constants)
-        cand = Candidate(program, trace, _operators(model, inst), seconds, k, flops)
-        self.done[k] = cand
-        if self.best_flops is None or flops < self.best_flops:
-            self.best_flops = flops
-        if is_input:
-            self.input = cand
-            return
-        old = self.by_ops.get(cand.operators)
-        if old is None or _rank(cand) < _rank(old):
-            self.by_ops[cand.operators] = cand
-
-    def hopeless(self, program: ir.Program, slack: float) -> bool:
-        return (
-            self.best_flops is not None
-            and program_flops(program, self.env.constants) > slack * self.best_flops
-        )
-
-    def best(self) -> Candidate | None:
-        return min(self._all(), key=_rank, default=None)
-
-    def _all(self) -> list[Candidate]:
-        return [*self.by_ops.values(), *([self.input] if self.input else [])]
-
-    def ranked(self, limit: int) -> tuple[Candidate, ...]:
-        """The best ``limit`` candidates, best first, and the input after them when it is not among them."""
-        ranked = sorted(self._all(), key=_rank)
-        out = ranked[:limit]
-        if self.input is not None and self.input not in out:
-            out.append(self.input)
-        return tuple(out)
-
-
-def _rank(c: Candidate) -> tuple:
-    return (c.cost, len(c.trace), c.key)
