@@ -20,9 +20,13 @@ import numpy as np
 from einopt import ir
 from einopt.search.results import Candidate, Stats, TraceStep
 
-__all__ = ["Costing", "program_flops", "contractions", "rank", "in_time"]
+__all__ = ["Costing", "program_flops", "program_bytes", "estimate", "contractions", "rank", "in_time"]
 
 log = logging.getLogger(__name__)
+
+ESTIMATE_SLACK = 4.0
+"""How much more lenient the bytes-and-FLOPs bar is than the FLOPs bar: the analytic estimate is
+crude (the next stage measures), so it only drops states far out of reach."""
 
 
 def in_time(deadline: float | None) -> bool:
@@ -40,6 +44,25 @@ def program_flops(program: ir.Program, constants: frozenset[str] = frozenset()) 
         points = math.prod(it.extent for it in (*scope.traversal, *scope.summation))
         total += points * max(1, _ops(scope.body) + (1 if scope.summation else 0))
     return total
+
+
+def program_bytes(program: ir.Program, constants: frozenset[str] = frozenset()) -> int:
+    """Bytes a program moves at least: its inputs read once, and every scope written once (scopes
+    that read only ``constants`` are folded at compile time and move nothing)."""
+    total = sum(math.prod(t.shape) for t in program.inputs if t.name not in constants)
+    for scope in ir.scopes_in(program):
+        if constants and all(t.name in constants for t in ir.input_tensors(scope)):
+            continue
+        total += math.prod(scope.shape)
+    return 4 * total
+
+
+def estimate(program: ir.Program, constants: frozenset[str] = frozenset()) -> float:
+    """Seconds by the analytic roofline of :func:`einopt.cost.estimate_seconds`, from the program as
+    written (no instantiation): what cost pruning compares."""
+    from einopt.cost import BANDWIDTH, PEAK_FLOPS
+
+    return program_flops(program, constants) / PEAK_FLOPS + program_bytes(program, constants) / BANDWIDTH
 
 
 def contractions(program: ir.Program) -> int:
@@ -71,13 +94,17 @@ def _operators(model, inst) -> tuple[str, ...]:
 class Costing:
     """Instantiates and costs candidate programs, once per key; keeps the best per operator list."""
 
-    def __init__(self, env, cost, constants: Mapping[str, np.ndarray], stats: Stats) -> None:
+    def __init__(
+        self, env, cost, constants: Mapping[str, np.ndarray], stats: Stats, slack: float = float("inf")
+    ) -> None:
+        self.slack = slack
         self.env = env
         self.cost = cost
         self.constants = constants
         self.stats = stats
         self.done: dict[str, Candidate | None] = {}
         self.by_ops: dict[tuple[str, ...], Candidate] = {}
+        self.best_estimate: float | None = None
         self.best_flops: int | None = None
         self.input: Candidate | None = None
 
@@ -96,6 +123,13 @@ class Costing:
         self.done[k] = None
         if not is_input and self.env.distance(program) != 0:
             return
+        # The program as written bounds what is hopeless (cheap, before any instantiation): a
+        # candidate that skips the zeros of a strided transposed convolution lowers the FLOPs bar.
+        flops, guess = program_flops(program, self.env.constants), estimate(program, self.env.constants)
+        self.best_flops = flops if self.best_flops is None else min(self.best_flops, flops)
+        self.best_estimate = guess if self.best_estimate is None else min(self.best_estimate, guess)
+        if not is_input and self.hopeless(program, self.slack):
+            return
         try:
             model, inst = program_model(program, self.constants)
         except (InstantiationError, ValueError) as e:
@@ -103,11 +137,8 @@ class Costing:
             return
         self.stats.candidates_costed += 1
         seconds = float(self.cost(program, model, inst) if self.cost else _analytic(model, inst))
-        flops = program_flops(program, self.env.constants)
         cand = Candidate(program, trace, _operators(model, inst), seconds, k, flops)
         self.done[k] = cand
-        if self.best_flops is None or flops < self.best_flops:
-            self.best_flops = flops
         if is_input:
             self.input = cand
             return
@@ -116,10 +147,15 @@ class Costing:
             self.by_ops[cand.operators] = cand
 
     def hopeless(self, program: ir.Program, slack: float) -> bool:
-        return (
-            self.best_flops is not None
-            and program_flops(program, self.env.constants) > slack * self.best_flops
-        )
+        """Whether ``program``'s FLOPs are more than ``slack`` times the best candidate's, or its
+        analytic estimate (FLOPs and bytes) more than ``ESTIMATE_SLACK * slack`` times: a 20 GB
+        re-layout of a band product is never instantiated; an im2col buffer or a col2im-like
+        OffsetReduce, which the analytic estimate overrates, still is."""
+        if self.best_flops is None or self.best_estimate is None:
+            return False
+        if program_flops(program, self.env.constants) > slack * self.best_flops:
+            return True
+        return estimate(program, self.env.constants) > ESTIMATE_SLACK * slack * self.best_estimate
 
     def best(self) -> Candidate | None:
         return min(self._all(), key=rank, default=None)

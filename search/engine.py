@@ -5,8 +5,9 @@ One :func:`search` call turns a program into ranked :class:`Candidate` programs:
 1. **Explore**: breadth first from the input, every match the schedule's
    ``explore`` uses admit, up to ``max_depth`` steps. Every new program is
    brought to its normal form (:mod:`einopt.search.normal`) and pruned when
-   its key (:func:`einopt.keys.key`) was seen before, or when its FLOPs are
-   hopeless against the best candidate found (``cost_slack`` times more).
+   its key (:func:`einopt.keys.key`) was seen before, or when its analytic
+   estimate is hopeless against the best candidate found (``cost_slack``
+   times more).
 2. **Converge**: from every unique explored state, steps of the ``converge``
    uses that lower the program's expression distance
    (:mod:`einopt.search.distance`), best first, up to ``converge_depth`` steps.
@@ -387,7 +388,8 @@ def search(
         Length of the ranked list (one candidate per distinct operator list).
     cost_slack : float
         States with more than ``cost_slack`` times the FLOPs of the best
-        candidate are pruned.
+        candidate, or ``4 * cost_slack`` times its analytic estimate (FLOPs
+        and bytes of the program as written), are pruned and not instantiated.
     beam : int, optional
         At most this many new states go on from each depth: those with the
         fewest contractions, then the fewest FLOPs (None: all of them).
@@ -422,7 +424,7 @@ def search(
     explore = schedule.explore + (schedule.converge if converge_depth == 0 else ())
     env = _Env(ctx, schedule, constants, deadline=deadline, explore=explore)
     stats = Stats()
-    costing = Costing(env, cost, dict(ctx.constants), stats)
+    costing = Costing(env, cost, dict(ctx.constants), stats, cost_slack)
 
     costing.add(program, (), is_input=True)
     start = normalize(program, ctx, schedule, env.normal, env.hits)
