@@ -85,6 +85,12 @@ def _matmul_plus_eop(ops: tuple[str, ...], p: ir.Program) -> bool:
     return bool(_compute(ops)) and "ConvTranspose" not in ops and any(o.startswith("eop:") for o in ops)
 
 
+def _matmul_offset_reduce(ops: tuple[str, ...], p: ir.Program) -> bool:
+    # Fig. 5 exactly: the contraction as one operator, the window sums as an OffsetReduce, and no
+    # re-layout eOperator (that would be the im2col form).
+    return bool(_compute(ops)) and _has(ops, "OffsetReduce") and not _has(ops, "Relayout")
+
+
 def _conv_with_more_outputs(ops: tuple[str, ...], p: ir.Program) -> bool:
     return "Conv" in ops and any(o.startswith("eop:") for o in ops)
 
@@ -175,8 +181,8 @@ CASES: dict[str, Case] = {
             _CONV3.format(f=512, c=512, h=7),
             _CONV3.format(f=8, c=8, h=5),
             ("W",),
-            _matmul_plus_eop,
-            "a MatMul/Gemm (or 1x1 Conv) and an eOperator",
+            _matmul_offset_reduce,
+            "a MatMul/Gemm (or 1x1 Conv) and an OffsetReduce eOperator, no re-layout",
             Paper(158_000, 7.0, "8 / 4"),
         ),
         Case(
