@@ -18,6 +18,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from einopt import ir
+from einopt.search.distance import reads_only
 from einopt.search.results import Candidate, Stats, TraceStep
 
 __all__ = ["Costing", "program_flops", "program_bytes", "estimate", "contractions", "rank", "in_time"]
@@ -37,32 +38,37 @@ def in_time(deadline: float | None) -> bool:
 def program_flops(program: ir.Program, constants: frozenset[str] = frozenset()) -> int:
     """Arithmetic of a program as written: per scope, its points times the operations of its body.
     Scopes that read only ``constants`` are left out (they are folded at compile time)."""
-    total = 0
-    for scope in ir.scopes_in(program):
-        if constants and all(t.name in constants for t in ir.input_tensors(scope)):
-            continue
-        points = math.prod(it.extent for it in (*scope.traversal, *scope.summation))
-        total += points * max(1, _ops(scope.body) + (1 if scope.summation else 0))
-    return total
+    return _sizes(program, constants)[0]
 
 
 def program_bytes(program: ir.Program, constants: frozenset[str] = frozenset()) -> int:
     """Bytes a program moves at least: its inputs read once, and every scope written once (scopes
     that read only ``constants`` are folded at compile time and move nothing)."""
-    total = sum(math.prod(t.shape) for t in program.inputs if t.name not in constants)
+    return _sizes(program, constants)[1]
+
+
+def _sizes(program: ir.Program, constants: frozenset[str]) -> tuple[int, int]:
+    flops = 0
+    elements = sum(math.prod(t.shape) for t in program.inputs if t.name not in constants)
     for scope in ir.scopes_in(program):
-        if constants and all(t.name in constants for t in ir.input_tensors(scope)):
+        if constants and reads_only(scope, constants):
             continue
-        total += math.prod(scope.shape)
-    return 4 * total
+        points = math.prod(it.extent for it in (*scope.traversal, *scope.summation))
+        flops += points * max(1, _ops(scope.body) + (1 if scope.summation else 0))
+        elements += math.prod(scope.shape)
+    return flops, 4 * elements
+
+
+def _seconds(flops: int, nbytes: int) -> float:
+    from einopt.cost import BANDWIDTH, PEAK_FLOPS
+
+    return flops / PEAK_FLOPS + nbytes / BANDWIDTH
 
 
 def estimate(program: ir.Program, constants: frozenset[str] = frozenset()) -> float:
     """Seconds by the analytic roofline of :func:`einopt.cost.estimate_seconds`, from the program as
     written (no instantiation): what cost pruning compares."""
-    from einopt.cost import BANDWIDTH, PEAK_FLOPS
-
-    return program_flops(program, constants) / PEAK_FLOPS + program_bytes(program, constants) / BANDWIDTH
+    return _seconds(*_sizes(program, constants))
 
 
 def contractions(program: ir.Program) -> int:
@@ -78,17 +84,14 @@ def _ops(e: ir.ValueExpr) -> int:
     return 0
 
 
-def _analytic(model, inst) -> float:
+def _analytic(model) -> float:
     from einopt.cost import estimate_seconds, model_cost
 
     return estimate_seconds(model_cost(model))
 
 
-def _operators(model, inst) -> tuple[str, ...]:
-    out = []
-    for node in model.graph.node:
-        out.append(f"eop:{node.op_type}" if node.domain else node.op_type)
-    return tuple(out)
+def _operators(model) -> tuple[str, ...]:
+    return tuple(f"eop:{node.op_type}" if node.domain else node.op_type for node in model.graph.node)
 
 
 class Costing:
@@ -125,10 +128,11 @@ class Costing:
             return
         # The program as written bounds what is hopeless (cheap, before any instantiation): a
         # candidate that skips the zeros of a strided transposed convolution lowers the FLOPs bar.
-        flops, guess = program_flops(program, self.env.constants), estimate(program, self.env.constants)
+        flops, nbytes = _sizes(program, self.env.constants)
+        guess = _seconds(flops, nbytes)
         self.best_flops = flops if self.best_flops is None else min(self.best_flops, flops)
         self.best_estimate = guess if self.best_estimate is None else min(self.best_estimate, guess)
-        if not is_input and self.hopeless(program, self.slack):
+        if not is_input and self._beyond(flops, guess):
             return
         try:
             model, inst = program_model(program, self.constants)
@@ -136,8 +140,8 @@ class Costing:
             log.info("candidate %s not instantiable: %s", k[:8], e)
             return
         self.stats.candidates_costed += 1
-        seconds = float(self.cost(program, model, inst) if self.cost else _analytic(model, inst))
-        cand = Candidate(program, trace, _operators(model, inst), seconds, k, flops)
+        seconds = float(self.cost(program, model, inst) if self.cost else _analytic(model))
+        cand = Candidate(program, trace, _operators(model), seconds, k, flops)
         self.done[k] = cand
         if is_input:
             self.input = cand
@@ -146,16 +150,20 @@ class Costing:
         if old is None or rank(cand) < rank(old):
             self.by_ops[cand.operators] = cand
 
-    def hopeless(self, program: ir.Program, slack: float) -> bool:
+    def hopeless(self, program: ir.Program) -> bool:
         """Whether ``program``'s FLOPs are more than ``slack`` times the best candidate's, or its
         analytic estimate (FLOPs and bytes) more than ``ESTIMATE_SLACK * slack`` times: a 20 GB
         re-layout of a band product is never instantiated; an im2col buffer or a col2im-like
         OffsetReduce, which the analytic estimate overrates, still is."""
+        flops, nbytes = _sizes(program, self.env.constants)
+        return self._beyond(flops, _seconds(flops, nbytes))
+
+    def _beyond(self, flops: int, seconds: float) -> bool:
         if self.best_flops is None or self.best_estimate is None:
             return False
-        if program_flops(program, self.env.constants) > slack * self.best_flops:
-            return True
-        return estimate(program, self.env.constants) > ESTIMATE_SLACK * slack * self.best_estimate
+        return (
+            flops > self.slack * self.best_flops or seconds > ESTIMATE_SLACK * self.slack * self.best_estimate
+        )
 
     def best(self) -> Candidate | None:
         return min(self._all(), key=rank, default=None)

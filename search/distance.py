@@ -20,7 +20,7 @@ operators (contractions whose arithmetic intensity is high,
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from einopt import ir
 from einopt.index import linear_form
@@ -36,6 +36,8 @@ __all__ = [
     "distance",
     "nearest",
     "program_distance",
+    "compute_scopes",
+    "reads_only",
     "nearest_memo",
     "is_compute",
     "intensity",
@@ -168,13 +170,18 @@ def is_compute(scope: ir.Scope) -> bool:
     return len({id(a.source) for a in reads}) >= 2 and intensity(scope) >= INTENSITY_THRESHOLD
 
 
-def matcher_context(program: ir.Program, constants: frozenset[str]) -> Context:
-    """The matchers' context for ``program``: constant tensors (and scopes only they feed) and bound scopes."""
-    tensors = frozenset(t for t in program.inputs if t.name in constants)
-    scopes = frozenset(
-        s for s in ir.scopes_in(program) if all(t.name in constants for t in ir.input_tensors(s))
-    )
-    return Context(constant=tensors | scopes, bound=frozenset(s for _, s in program.bindings))
+def reads_only(scope: ir.Scope, constants: frozenset[str]) -> bool:
+    """Whether every tensor ``scope`` reads is in ``constants`` (it is folded at compile time)."""
+    return all(t.name in constants for t in ir.input_tensors(scope))
+
+
+def matcher_context(root: ir.Program | ir.Scope, constants: frozenset[str]) -> Context:
+    """The matchers' context for a program (or a scope on its own, bound as a program's one output):
+    constant tensors (and scopes only they feed) and bound scopes."""
+    tensors = frozenset(t for t in ir.input_tensors(root) if t.name in constants)
+    scopes = frozenset(s for s in ir.scopes_in(root) if reads_only(s, constants))
+    bound = frozenset(s for _, s in root.bindings) if isinstance(root, ir.Program) else frozenset({root})
+    return Context(constant=tensors | scopes, bound=bound)
 
 
 def nearest_memo(scope: ir.Scope, ctx: Context, memo: dict | None) -> int:
@@ -187,11 +194,12 @@ def nearest_memo(scope: ir.Scope, ctx: Context, memo: dict | None) -> int:
     return d
 
 
-def program_distance(program: ir.Program, ctx: Context, memo: dict | None = None) -> int:
-    """Sum of :func:`nearest` distances over the program's compute scopes (0: every one is an operator)."""
-    total = 0
-    for scope in ir.scopes_in(program):
-        if scope in ctx.constant or not is_compute(scope):
-            continue
-        total += nearest_memo(scope, ctx, memo)
-    return total
+def compute_scopes(root: ir.Program | ir.Scope, ctx: Context) -> Iterator[ir.Scope]:
+    """The scopes of ``root`` that must run as operators: compute bound and not folded at compile time."""
+    return (s for s in ir.scopes_in(root) if s not in ctx.constant and is_compute(s))
+
+
+def program_distance(root: ir.Program | ir.Scope, ctx: Context, memo: dict | None = None) -> int:
+    """Sum of :func:`nearest` distances over the compute scopes of a program (or of a scope on its
+    own); 0 when every one is an operator."""
+    return sum(nearest_memo(s, ctx, memo) for s in compute_scopes(root, ctx))

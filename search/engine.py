@@ -32,7 +32,7 @@ from einopt import ir
 from einopt.keys import key
 from einopt.rules import NO_CONTEXT, REGISTRY, Context, Match, ScopeRule
 from einopt.search.candidates import Costing, contractions, in_time, program_flops
-from einopt.search.distance import is_compute, matcher_context, nearest_memo, program_distance
+from einopt.search.distance import compute_scopes, matcher_context, nearest_memo, program_distance
 from einopt.search.matching import matches
 from einopt.search.normal import normalize
 from einopt.search.results import Candidate, RuleStats, SearchError, SearchResult, Stats, TraceStep
@@ -76,12 +76,13 @@ class _Env:
     ctx: Context
     schedule: Schedule
     constants: frozenset[str]
-    hits: dict = dataclasses.field(default_factory=dict)  # (rule, scope) -> [Hit]
+    hits: dict = dataclasses.field(default_factory=dict)  # (rule, scope[, facts]) -> [Hit]
     normal: dict = dataclasses.field(default_factory=dict)  # program -> normal form
     distances: dict = dataclasses.field(default_factory=dict)  # scope -> nearest distance
     keys: dict = dataclasses.field(default_factory=dict)  # program -> key
     deadline: float | None = None  # time.monotonic() when the budget runs out
     local: dict = dataclasses.field(default_factory=dict)  # scope -> distance of the scope alone
+    contexts: dict = dataclasses.field(default_factory=dict)  # program or scope -> matcher context
     explore: tuple = ()  # the explorative uses (with the converging ones when converging is off)
 
     def key(self, program: ir.Program) -> str:
@@ -90,16 +91,21 @@ class _Env:
             found = self.keys[program] = key(program)
         return found
 
-    def distance(self, program: ir.Program) -> int:
-        return program_distance(program, matcher_context(program, self.constants), self.distances)
+    def matcher_context(self, root: ir.Program | ir.Scope):
+        found = self.contexts.get(root)
+        if found is None:
+            found = self.contexts[root] = matcher_context(root, self.constants)
+        return found
+
+    def distance(self, root: ir.Program | ir.Scope) -> int:
+        """The distance of a program, or of a scope on its own (memoised per scope)."""
+        return program_distance(root, self.matcher_context(root), self.distances)
 
     def open_scopes(self, program: ir.Program) -> frozenset[ir.Scope]:
         """The compute scopes of ``program`` no operator takes yet (where converging steps apply)."""
-        mctx = matcher_context(program, self.constants)
+        mctx = self.matcher_context(program)
         return frozenset(
-            s
-            for s in ir.scopes_in(program)
-            if s not in mctx.constant and is_compute(s) and nearest_memo(s, mctx, self.distances) > 0
+            s for s in compute_scopes(program, mctx) if nearest_memo(s, mctx, self.distances) > 0
         )
 
 
@@ -153,17 +159,8 @@ def _children(
 def _local_distance(scope: ir.Scope, env: _Env) -> int:
     found = env.local.get(scope)
     if found is None:
-        found = env.local[scope] = _compute_local_distance(scope, env)
+        found = env.local[scope] = env.distance(scope)
     return found
-
-
-def _compute_local_distance(scope: ir.Scope, env: _Env) -> int:
-    mctx = matcher_context(ir.Program(tuple(ir.input_tensors(scope)), (("_", scope),), ("_",)), env.constants)
-    return sum(
-        nearest_memo(s, mctx, env.distances)
-        for s in ir.scopes_in(scope)
-        if s not in mctx.constant and is_compute(s)
-    )
 
 
 def _closer(rule: ScopeRule, m: Match, env: _Env) -> bool:
@@ -457,7 +454,7 @@ def search(
                         stats.pruned_fingerprint += 1
                         continue
                     seen.add(k)
-                    if costing.hopeless(new, cost_slack):
+                    if costing.hopeless(new):
                         stats.pruned_cost += 1
                         continue
                     rs.new_states += 1

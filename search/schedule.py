@@ -27,6 +27,7 @@ from einopt import ir
 from einopt.index import linear_form
 from einopt.rewrite import accesses
 from einopt.rules import REGISTRY, Context, Match
+from einopt.rules.boundary import ProgramFacts
 
 __all__ = ["Use", "Schedule", "DEFAULT_SCHEDULE", "RESTRICTIONS", "explain"]
 
@@ -72,9 +73,7 @@ def _shares_input(program: ir.Program, m: Match, ctx: Context) -> bool:
     # Merge expressions that read a common activation (one matmul on concatenated weights, the
     # LSTM's gates on concat(x, h), GCN's two skinny convolutions); a batch of unrelated products
     # is left to the "batch" variant's own use.
-    from einopt.rules.base import scope_labels
-
-    labels = {label: scope for scope, label in scope_labels(program).items()}
+    labels = {label: scope for scope, label in ProgramFacts.of(program).labels.items()}
     s1, s2 = labels.get(m["first"]), labels.get(m["second"])
     if s1 is None or s2 is None:
         return False

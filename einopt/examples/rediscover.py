@@ -52,10 +52,9 @@ class Case:
         return Context(self.constants(program, seed), assumed_finite=frozenset(self.assumed_finite))
 
     def program(self, size: str = "small") -> ir.Program:
-        node = parse(self.full if size == "full" else self.small)
-        if isinstance(node, ir.Scope):
-            return ir.Program(tuple(ir.input_tensors(node)), (("Y", node),), ("Y",))
-        return node
+        from einopt.export import as_program
+
+        return as_program(parse(self.full if size == "full" else self.small))
 
     def constants(self, program: ir.Program, seed: int = 0) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(seed)
