@@ -712,7 +712,8 @@ def _walk(root: Node) -> PyIterator[Node]:
 
 def scopes_in(root: Node) -> list[Scope]:
     """All scopes reachable from ``root`` (including itself), producers before consumers."""
-    return [n for n in _walk(root) if isinstance(n, Scope)]
+    found = _cached(root, "scopes_in", lambda: tuple(n for n in _walk(root) if isinstance(n, Scope)))
+    return list(found)
 
 
 def input_tensors(node: Scope | Program) -> list[Tensor]:

@@ -98,9 +98,16 @@ class Costing:
     """Instantiates and costs candidate programs, once per key; keeps the best per operator list."""
 
     def __init__(
-        self, env, cost, constants: Mapping[str, np.ndarray], stats: Stats, slack: float = float("inf")
+        self,
+        env,
+        cost,
+        constants: Mapping[str, np.ndarray],
+        stats: Stats,
+        slack: float = float("inf"),
+        started: float | None = None,
     ) -> None:
         self.slack = slack
+        self.started = time.perf_counter() if started is None else started
         self.env = env
         self.cost = cost
         self.constants = constants
@@ -141,7 +148,8 @@ class Costing:
             return
         self.stats.candidates_costed += 1
         seconds = float(self.cost(program, model, inst) if self.cost else _analytic(model))
-        cand = Candidate(program, trace, _operators(model), seconds, k, flops)
+        found = time.perf_counter() - self.started
+        cand = Candidate(program, trace, _operators(model), seconds, k, flops, found, self.stats.generated)
         self.done[k] = cand
         if is_input:
             self.input = cand

@@ -421,7 +421,7 @@ def search(
     explore = schedule.explore + (schedule.converge if converge_depth == 0 else ())
     env = _Env(ctx, schedule, constants, deadline=deadline, explore=explore)
     stats = Stats()
-    costing = Costing(env, cost, dict(ctx.constants), stats, cost_slack)
+    costing = Costing(env, cost, dict(ctx.constants), stats, cost_slack, started=t_start)
 
     costing.add(program, (), is_input=True)
     start = normalize(program, ctx, schedule, env.normal, env.hits)

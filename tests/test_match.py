@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import itertools
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 import numpy as np
 import pytest
 from test_instantiate import as_program, run_onnx
@@ -31,6 +34,7 @@ from einopt.instantiate.plan import (
     normalize,
 )
 from einopt.instantiate.views import arrange, index_map, plan_map, simple_view, window_1d
+from einopt.interp import eval_index
 
 
 def scope_of(text: str) -> ir.Scope:
@@ -506,3 +510,71 @@ def test_extent_one_iterator_merges_under_any_name(inner, one):
     v = simple_view(x[w + r])
     assert not isinstance(v, Failure), v
     assert v.labels == (w, r) and v.shape == (8, 1)
+
+
+def _enumerated_reads(acc, dims, it):
+    """Every in-range read of ``acc`` along ``dims``, enumerated: ({position: flat source position},
+    whether the whole-range fit of ``step * position + offset`` through the first two reads holds)."""
+    src = acc.source
+    sizes = [src.shape[d] for d in dims]
+    env = {it: np.arange(it.lo, it.hi, dtype=np.int64)}
+    flat = np.zeros(it.extent, dtype=np.int64)
+    ok = np.ones(it.extent, dtype=bool)
+    for d, n in zip(dims, sizes, strict=True):
+        pos = np.broadcast_to(eval_index(acc.indices[d], env) - src.origin[d], (it.extent,))
+        ok &= (pos >= 0) & (pos < n)
+        flat = flat * n + pos
+    where = np.flatnonzero(ok)
+    reads = {int(p): int(flat[p]) for p in where}
+    if where.size < 2:
+        return reads, where.size == 1
+    ds, dp = int(flat[where[1]] - flat[where[0]]), int(where[1] - where[0])
+    if ds == 0 or ds % dp:
+        return reads, False
+    s = ds // dp
+    expect = int(flat[where[0]]) - s * int(where[0]) + s * np.arange(it.extent)
+    total = int(np.prod(sizes))
+    fits = np.array_equal((expect >= 0) & (expect < total), ok) and np.array_equal(flat[ok], expect[ok])
+    return reads, fits
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    extent=st.sampled_from([1, 5, 12, 60, 7000, 30000]),
+    lo=st.integers(-3, 3),
+    inner=st.sampled_from([1, 2, 3, 4, 5, 1000]),
+    outer_size=st.integers(1, 40),
+    scale=st.sampled_from([1, 2, -1]),
+    shift=st.integers(-6, 6),
+    form=st.sampled_from(["divmod", "mod_only", "div_only", "nested", "affine"]),
+)
+def test_single_iterator_agrees_with_enumerating_the_range(extent, lo, inner, outer_size, scale, shift, form):
+    """The symbolic and sampled shortcuts accept exactly the strided views, with the right reads."""
+    from einopt.instantiate.views import _single_iterator
+
+    it = ir.Iter("z", lo, lo + extent)
+    e = scale * it + shift
+    if form == "divmod":
+        idx, size = [e // inner, e % inner], [outer_size, inner]
+    elif form == "mod_only":
+        idx, size = [e % inner, e * 0 + 1], [inner, 3]
+    elif form == "div_only":
+        idx, size = [e // inner, e * 0], [outer_size, 2]
+    elif form == "nested":
+        idx, size = [e // (2 * inner), e % (2 * inner) // inner, e % inner], [outer_size, 2, inner]
+    else:
+        idx, size = [e * 0 + 1, e], [3, outer_size * inner]
+    x = ir.Tensor("X", tuple(size))
+    acc = x[tuple(idx)]
+    dims = list(range(len(idx)))
+    reads_all, fits = _enumerated_reads(acc, dims, it)
+    got = _single_iterator(acc, dims, it, "X")
+
+    def reads(fit):  # {position: flat source position} where the read is in range
+        total, s, c = fit
+        return {p: c + s * p for p in range(it.extent) if 0 <= c + s * p < total}
+
+    if not isinstance(got, Failure):  # sound: exactly the reads the access makes
+        assert got[0] == int(np.prod(size)) and reads(got) == reads_all
+    if fits:  # complete: every strided view the enumeration finds
+        assert not isinstance(got, Failure), got

@@ -24,7 +24,7 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from einopt import ir
-from einopt.index import bounds, linear_form
+from einopt.index import bounds, linear_form, simplify
 from einopt.instantiate.plan import (
     Context,
     Expand,
@@ -204,6 +204,14 @@ def _components(indices: Sequence[ir.IndexExpr]) -> list[tuple[list[int], list[i
 
 
 def simple_view(acc: ir.Access) -> View | Failure:
+    """The view of an access (memoised on the interned access: matchers ask again and again).
+
+    See :func:`_simple_view`.
+    """
+    return ir._cached(acc, "simple_view", lambda: _simple_view(acc))
+
+
+def _simple_view(acc: ir.Access) -> View | Failure:
     """Decompose an access into layout steps with one labelled dimension per iterator.
 
     Each group of source dimensions sharing iterators must be one of: a
@@ -306,31 +314,85 @@ def _single_iterator(
         return Failure(f"dimensions {dims} of {name} read {it.name} jointly but are not adjacent")
     sizes = [shape[d] for d in dims]
     total = math.prod(sizes)
-    env = {it: np.arange(it.lo, it.hi, dtype=np.int64)}
-    flat = np.zeros(it.extent, dtype=np.int64)
-    ok = np.ones(it.extent, dtype=bool)
+    shown = ", ".join(str(acc.indices[d]) for d in dims)
+    exact = _affine_flat(acc, dims, sizes, it)
+    if exact is not None:
+        return total, *exact
+    # Reject on a sample first: the full check enumerates the iterator (10^7 values after a merge).
+    n = it.extent
+    if n > 3 * _SAMPLE:
+        spread = np.linspace(_SAMPLE, n - _SAMPLE - 1, _SAMPLE).astype(np.int64)
+        sample = np.concatenate([np.arange(_SAMPLE), spread, np.arange(n - _SAMPLE, n)])
+        res = _strided_fit(acc, dims, sizes, it, sample)
+        if isinstance(res, Failure):
+            return Failure(f"{name}[{shown}] {res.reason} of {it.name}")
+    res = _strided_fit(acc, dims, sizes, it, np.arange(n, dtype=np.int64))
+    if res is None:
+        return Failure(f"{name}[{shown}] is read only outside its range")
+    if isinstance(res, Failure):
+        return Failure(f"{name}[{shown}] {res.reason} of {it.name}")
+    return (total, *res)
+
+
+_SAMPLE = 2048
+
+
+def _affine_flat(acc: ir.Access, dims: list[int], sizes: list[int], it: ir.Iter) -> tuple[int, int] | None:
+    """``(step, offset)`` when the flattened read provably is ``step * p + offset`` and in range
+    exactly where that value is (every dimension after the first provably inside), else None."""
+    origin = acc.source.origin
+    flat: ir.IndexExpr = ir.IConst(0)
+    for k, (d, n) in enumerate(zip(dims, sizes, strict=True)):
+        pos = acc.indices[d] - origin[d]
+        lo, hi = bounds(pos)
+        if k and not (0 <= lo and hi < n):
+            return None
+        flat = flat * n + pos
+    pf = positional(simplify(flat))
+    if pf is None or set(pf[0]) - {it} or not pf[0].get(it):
+        return None
+    return pf[0][it], pf[1]
+
+
+def _strided_fit(
+    acc: ir.Access, dims: list[int], sizes: list[int], it: ir.Iter, points: np.ndarray
+) -> tuple[int, int] | Failure | None:
+    """Fit the flattened read as ``step * p + offset`` over the positions ``points`` of ``it``.
+
+    ``points`` is increasing and starts ``0, 1, 2, ...``: the step comes from the first two
+    in-range positions, which must lie in that contiguous prefix, so a failure on the points
+    is a failure on the whole range. None when that cannot be decided on these points (or,
+    over the whole range, when no position is in range).
+    """
+    env = {it: points + it.lo}
+    flat = np.zeros(points.size, dtype=np.int64)
+    ok = np.ones(points.size, dtype=bool)
+    origin = acc.source.origin
     for d, n in zip(dims, sizes, strict=True):
-        pos = np.broadcast_to(eval_index(acc.indices[d], env) - origin[d], (it.extent,))
+        pos = np.broadcast_to(eval_index(acc.indices[d], env) - origin[d], (points.size,))
         ok &= (pos >= 0) & (pos < n)
         flat = flat * n + pos
     where = np.flatnonzero(ok)
-    shown = ", ".join(str(acc.indices[d]) for d in dims)
+    whole = points.size == it.extent
+    if where.size < 2 and not whole or where.size >= 2 and points[where[1]] != where[1]:
+        return None  # the first in-range positions are not in the sample's prefix
     if where.size == 0:
-        return Failure(f"{name}[{shown}] is read only outside its range")
-    p0 = int(where[0])
+        return None
+    p0 = int(points[where[0]])
+    total = math.prod(sizes)
     if where.size == 1:
-        s = 1
+        s = total  # one read: a step past the whole source leaves every other position out of range
     else:
-        p1 = int(where[1])
-        ds = int(flat[p1] - flat[p0])
+        p1 = int(points[where[1]])
+        ds = int(flat[where[1]] - flat[where[0]])
         if ds % (p1 - p0) or ds == 0:
-            return Failure(f"{name}[{shown}] is not a strided view of {it.name}")
+            return Failure("is not a strided view")
         s = ds // (p1 - p0)
-    c = int(flat[p0]) - s * p0
-    expect = c + s * np.arange(it.extent, dtype=np.int64)
+    c = int(flat[where[0]]) - s * p0
+    expect = c + s * points
     if not (np.array_equal((expect >= 0) & (expect < total), ok) and np.array_equal(flat[ok], expect[ok])):
-        return Failure(f"{name}[{shown}] is not a row-major (reshape) view of {it.name}")
-    return total, s, c
+        return Failure("is not a row-major (reshape) view")
+    return s, c
 
 
 def _split(idx: ir.IndexExpr, origin: int, name: str) -> tuple[list[ir.Iter], int, int] | Failure:
