@@ -115,7 +115,11 @@ class Node(metaclass=_InternMeta):
         """Return a node with some fields changed (``self`` if none change)."""
         if all(getattr(self, k) is v for k, v in changes.items()):
             return self
-        return dataclasses.replace(self, **changes)
+        names = _FIELD_NAMES.get(type(self))
+        if names is None or any(k not in names for k in changes):
+            return dataclasses.replace(self, **changes)
+        # Positional: the interning fast path finds an equal node without validating it again.
+        return type(self)(*(changes[n] if n in changes else getattr(self, n) for n in names))
 
     def __reduce__(self) -> tuple:
         return (type(self), tuple(getattr(self, n) for n in _FIELD_NAMES[type(self)]))
@@ -723,6 +727,10 @@ def input_tensors(node: Scope | Program) -> list[Tensor]:
 
 def tensors_in(root: Node) -> list[Tensor]:
     """All input tensors reachable from ``root`` in first-use order (depth first, left to right)."""
+    return list(_cached(root, "tensors_in", lambda: tuple(_tensors_in(root))))
+
+
+def _tensors_in(root: Node) -> list[Tensor]:
     out: list[Tensor] = []
     seen: set[int] = set()
     stack: list[Node] = [root]

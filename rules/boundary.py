@@ -270,9 +270,14 @@ def fix_iterator(scope: ir.Scope, it: ir.Iter, value: int) -> ir.ValueExpr:
 def zero_at(scope: ir.Scope, it: ir.Iter, value: int, finite: Finite = nothing_finite) -> bool:
     """Whether the body of ``scope`` is provably 0 wherever iterator ``it`` equals ``value``.
 
-    ``finite`` says which input tensors are known to be finite (see :func:`is_zero`).
+    ``finite`` says which input tensors are known to be finite (see :func:`is_zero`). The
+    analysis runs over the box with ``it`` (and every extent-1 iterator) narrowed to one value,
+    rather than on the body with the value substituted: the same facts (a one-value range is
+    exact in :func:`einopt.index.bounds`; linear terms cancel in both), without rebuilding it.
     """
-    return is_zero(fix_iterator(scope, it, value), finite=finite)
+    ranges = {x: (x.lo, x.hi) for x in scope.traversal + scope.summation if x.extent == 1}
+    ranges[it] = (value, value + 1)
+    return is_zero(scope.body, ranges, finite=finite)
 
 
 def nonzero_span(
@@ -282,8 +287,66 @@ def nonzero_span(
 
     Scans inwards from both ends of the range. Returns ``None`` when every
     value gives 0, and a reason when more than ``limit`` values would have
-    to be enumerated. ``finite`` is as in :func:`is_zero`.
+    to be enumerated. ``finite`` is as in :func:`is_zero`. Memoised on the scope (per iterator,
+    limit and ``finite``): the search asks it of every scope of every state it normalises.
     """
+    if not may_vanish(scope):
+        return it.lo, it.hi
+    key = (
+        "nonzero_span",
+        it,
+        limit,
+        _Same(getattr(finite, "__self__", None)),
+        getattr(finite, "__func__", finite),
+    )
+    return ir._cached(scope, key, lambda: _nonzero_span(scope, it, limit, finite))
+
+
+def may_vanish(scope: ir.Scope) -> bool:
+    """Whether :func:`is_zero` could prove the body 0 anywhere in its box, by a necessary condition
+    checked once per scope: a constant 0, a read that can leave its source's range, or a read of a
+    scope that may vanish. When it is False, no scan of an iterator's values can find a 0."""
+
+    def compute() -> bool:
+        stack: list[ir.ValueExpr] = [scope.body]
+        while stack:
+            e = stack.pop()
+            if isinstance(e, ir.Const):
+                if e.value == 0.0:
+                    return True
+            elif isinstance(e, ir.Unary):
+                stack.append(e.x)
+            elif isinstance(e, ir.Binary):
+                stack += (e.a, e.b)
+            elif isinstance(e, ir.Access):
+                for idx, (lo, hi) in zip(e.indices, source_ranges(e.source), strict=True):
+                    a, b = bounds(idx)
+                    if a < lo or b >= hi:
+                        return True
+                if isinstance(e.source, ir.Scope) and may_vanish(e.source):
+                    return True
+        return False
+
+    return ir._cached(scope, "may_vanish", compute)
+
+
+class _Same:
+    """Hashes and compares by identity (a Context holds arrays: not hashable), holding the object
+    so that its id is not reused while a memo key refers to it."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: object) -> None:
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.obj is self.obj
+
+
+def _nonzero_span(scope: ir.Scope, it: ir.Iter, limit: int, finite: Finite) -> tuple[int, int] | None | str:
     a, steps = it.lo, 0
     while a < it.hi and zero_at(scope, it, a, finite):
         a, steps = a + 1, steps + 1
