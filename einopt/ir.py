@@ -134,10 +134,14 @@ class Node(metaclass=_InternMeta):
         return f"<{type(self).__name__} {self}>"
 
     def __str__(self) -> str:
+        # Memoised: matchers put node text in every failure reason, and the search asks thousands.
+        memo = self._memo
+        if memo is not None and "str" in memo:
+            return memo["str"]
         try:
             from einopt.syntax import format_node
 
-            return format_node(self)
+            return _cached(self, "str", lambda: format_node(self))
         except Exception:  # noqa: BLE001 - printing must never fail, even mid-development
             fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in _FIELD_NAMES.get(type(self), ()))
             return f"{type(self).__name__}({fields})"

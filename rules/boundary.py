@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from einopt import ir
-from einopt.index import bounds, linear_form
+from einopt.index import bounds, linear_form, simplify
 from einopt.rewrite import accesses, source_ranges, substitute_iters
 from einopt.rules.base import NO_CONTEXT, Context, Failure, Hit, Match, Rule, ScopeRule, hit, scope_labels
 
@@ -40,6 +40,8 @@ __all__ = [
     "fix_iterator",
     "zero_at",
     "nonzero_span",
+    "zero_where",
+    "diagonal",
     "unproven_zero_at",
     "Leak",
     "leaves_box",
@@ -280,6 +282,14 @@ def zero_at(scope: ir.Scope, it: ir.Iter, value: int, finite: Finite = nothing_f
     return is_zero(scope.body, ranges, finite=finite)
 
 
+def zero_where(scope: ir.Scope, fixed: Mapping[ir.Iter, int], finite: Finite = nothing_finite) -> bool:
+    """Whether the body of ``scope`` is provably 0 wherever each iterator of ``fixed`` has its value
+    (every extent-1 iterator fixed too; see :func:`zero_at`)."""
+    ranges = {x: (x.lo, x.hi) for x in scope.traversal + scope.summation if x.extent == 1}
+    ranges.update({x: (v, v + 1) for x, v in fixed.items()})
+    return is_zero(scope.body, ranges, finite=finite)
+
+
 def nonzero_span(
     scope: ir.Scope, it: ir.Iter, limit: int = ENUMERATION_LIMIT, finite: Finite = nothing_finite
 ) -> tuple[int, int] | None | str:
@@ -292,6 +302,10 @@ def nonzero_span(
     """
     if not may_vanish(scope):
         return it.lo, it.hi
+    if it not in _vanishing_iterators(scope):
+        # Fixing ``it`` narrows no read that could leave its range: zero at one value of ``it``
+        # exactly where zero everywhere.
+        return None if is_zero(scope.body, finite=finite) else (it.lo, it.hi)
     key = (
         "nonzero_span",
         it,
@@ -328,6 +342,24 @@ def may_vanish(scope: ir.Scope) -> bool:
         return False
 
     return ir._cached(scope, "may_vanish", compute)
+
+
+def _vanishing_iterators(scope: ir.Scope) -> frozenset[ir.Iter]:
+    """The iterators whose fixing can make the body provably 0 somewhere: those read in an index
+    that can leave its source's range, or in a read of a scope that may vanish (fixing them
+    narrows the part of that scope's box the read reaches)."""
+
+    def compute() -> frozenset[ir.Iter]:
+        found: set[ir.Iter] = set()
+        for acc in accesses(scope.body):
+            inner = isinstance(acc.source, ir.Scope) and may_vanish(acc.source)
+            for idx, (lo, hi) in zip(acc.indices, source_ranges(acc.source), strict=True):
+                a, b = bounds(idx)
+                if inner or a < lo or b >= hi:
+                    found |= idx.iters()
+        return frozenset(found)
+
+    return ir._cached(scope, "vanishing_iterators", compute)
 
 
 class _Same:
@@ -490,6 +522,53 @@ def _shown(lo: int, hi: int) -> str:
     return f"[{lo}, {hi})"
 
 
+DIAGONAL_LIMIT = 16
+"""Largest extent of either iterator a diagonal is looked for on (their pairs are enumerated)."""
+
+
+def _divmod_partners(scope: ir.Scope, b: ir.Iter) -> list[ir.Iter]:
+    """Iterators read with ``b`` inside one ``//`` or ``%`` of an index (a residue pairing, as the
+    phases of a strided transposed convolution pair a kernel tap with an output position)."""
+    found: dict[ir.Iter, None] = {}
+    for acc in accesses(scope.body):
+        for idx in acc.indices:
+            for atom, _ in linear_form(idx).atoms:
+                its = atom.iters()
+                if b in its:
+                    found.update(dict.fromkeys(sorted(its - {b}, key=lambda x: x.name)))
+    mine = set(scope.traversal + scope.summation)
+    return [x for x in found if x in mine and 1 < x.extent <= DIAGONAL_LIMIT]
+
+
+def diagonal(scope: ir.Scope, b: ir.Iter, finite: Finite = nothing_finite) -> tuple[ir.Iter, int, int] | None:
+    """``(x, a, c)`` when, for every value of another iterator ``x``, the body is provably 0 at every
+    value of summation iterator ``b`` except ``b = a*x + c`` (in ``b``'s range, ``a != 0``): then
+    ``Sum_b f = f[b := a*x + c]``. Both extents are at most :data:`DIAGONAL_LIMIT` (their pairs are
+    enumerated); ``None`` when there is no such ``x``."""
+    if not 1 < b.extent <= DIAGONAL_LIMIT or not may_vanish(scope):
+        return None
+    for x in _divmod_partners(scope, b):
+        points: list[tuple[int, int]] = []
+        for xv in range(x.lo, x.hi):
+            live = [bv for bv in range(b.lo, b.hi) if not zero_where(scope, {x: xv, b: bv}, finite)]
+            if len(live) > 1:
+                break
+            points += [(xv, bv) for bv in live]
+        else:
+            if len(points) < 2:
+                continue
+            (x0, b0), (x1, b1) = points[0], points[1]
+            if (b1 - b0) % (x1 - x0) or b1 == b0:
+                continue
+            a = (b1 - b0) // (x1 - x0)
+            c = b0 - a * x0
+            if all(bv == a * xv + c for xv, bv in points) and all(
+                b.lo <= a * xv + c < b.hi for xv in range(x.lo, x.hi)
+            ):
+                return x, a, c
+    return None
+
+
 class TightenBoundary(ProgramScopeRule):
     """Shrink an iterator's range to the values where the body is not provably 0::
 
@@ -508,10 +587,22 @@ class TightenBoundary(ProgramScopeRule):
     dropped points were. Refused when every value gives 0 and when more than
     4096 values would have to be enumerated. Fig. 5 E5 -> E6 tightens the
     padded ``t1, t2`` of the inner scope to the input's range.
+
+    The ``diagonal`` variant collapses a summation whose nonzero value follows
+    another iterator::
+
+        Sum_{b} f  ->  f[b := a*x + c]      (f = 0 unless b = a*x + c, for every x)
+
+    proved pair by pair over both (small) ranges with the same analysis: after
+    splitting an output position ``h = 2q + r`` and a kernel tap ``kh = 2q1 +
+    r1`` of a stride-2 transposed convolution, the zero-inserted input is read
+    at residue ``(r - r1) % 2``, so only ``r1 = r`` survives (the sub-pixel
+    phases).
     """
 
     name = "tighten_boundary"
     phase = "cleanup"
+    variants = ("range", "diagonal")
     undoes = ("relax_boundary",)
     family = "intra"
     math = "L_x Sum_{y in [a,b)} f -> Sum_{y in [a',b')} f  (f = 0 outside [a',b'))"
@@ -541,10 +632,26 @@ class TightenBoundary(ProgramScopeRule):
             what = f"tighten {it.name} from {_shown(it.lo, it.hi)} to {_shown(lo, hi)}"
             if not traversal and hi - lo == 1:
                 what = f"{what}: Sum over {it.name} becomes {it.name} = {lo}"
-            yield hit(what, iterator=it, lo=lo, hi=hi)
+            yield hit(what, way="range", iterator=it, lo=lo, hi=hi)
+        for b in scope.summation:
+            found = diagonal(scope, b, ctx.is_finite)
+            if found is not None:
+                x, a, c = found
+                g = simplify(a * x + c)
+                yield hit(
+                    f"Sum over {b.name} is nonzero only at {b.name} = {g}: substitute it (diagonal)",
+                    way="diagonal",
+                    iterator=b,
+                    partner=x,
+                    value=g,
+                )
 
     def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:
         it: ir.Iter = params["iterator"]
+        if params["way"] == "diagonal":
+            body = substitute_iters(scope.body, {it: params["value"]})
+            summation = tuple(x for x in scope.summation if x is not it)
+            return ir.Scope(scope.traversal, summation, body, scope.pad)
         lo, hi = params["lo"], params["hi"]
         if it in scope.summation and hi - lo == 1:
             body = substitute_iters(scope.body, {it: ir.IConst(lo)})

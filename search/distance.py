@@ -27,7 +27,7 @@ from einopt.index import linear_form
 from einopt.instantiate.match import match_gemm, match_matmul
 from einopt.instantiate.match_conv import match_conv, match_conv_transpose
 from einopt.instantiate.match_elementwise import match_elementwise
-from einopt.instantiate.plan import Context, Failure, Match
+from einopt.instantiate.plan import NO_CONTEXT, Context, Failure, Match
 from einopt.rewrite import accesses
 
 __all__ = [
@@ -121,26 +121,50 @@ def _window(e: ir.IndexExpr, scope: ir.Scope) -> bool:
     return abs(cy if x in trav else cx) == 1 and bool({x, y} & trav) and bool({x, y} & summ)
 
 
-def mismatches(scope: ir.Scope, target: str) -> int:
-    """Index positions of ``scope`` that ``target``'s canonical expression cannot read as they are."""
+def _index_mismatches(e: ir.IndexExpr, scope: ir.Scope, target: str) -> int:
+    if isinstance(e, ir.Iter | ir.IConst):
+        return 0
+    if target in ("Conv", "ConvTranspose") and _window(e, scope):
+        return 0
+    # One for every iterator mixed in beyond the first, one for reading through // or %
+    # or with a stride: (h + 2 - kh) // 2 is two apart from a plain read, t // 2 one.
+    lf = linear_form(e)
+    return max(0, len(e.iters()) - 1) + (1 if lf.atoms or any(abs(c) != 1 for _, c in lf.coeffs) else 0)
+
+
+def _channel_groups(scope: ir.Scope) -> int:
+    """Output iterators a convolution's weight varies with beyond the one output channel it has
+    (``f, r, r1`` of the sub-pixel phases: two to merge), under the better choice of weight."""
+    reads = accesses(scope.body)
+    if len(reads) != 2:
+        return 0
+    trav = set(scope.traversal)
+    its = [set().union(*(e.iters() for e in a.indices)) & trav for a in reads]
+    windowed = [any(_window(e, scope) for e in a.indices) for a in reads]
+    sides = [(w, 1 - w) for w in (0, 1) if not windowed[w]] if any(windowed) else [(0, 1), (1, 0)]
+    return min((max(0, len(its[w] - its[x]) - 1) for w, x in sides), default=0)
+
+
+def mismatches(scope: ir.Scope, target: str, ctx: Context = NO_CONTEXT) -> int:
+    """Index positions of ``scope`` that ``target``'s canonical expression cannot read as they are.
+
+    A read of a constant (a weight, or a scope only weights feed) counts at most 1: one
+    materialisation lays it out at compile time, whatever its indices. For a convolution, every
+    output iterator the weight varies with beyond one counts 1 (they merge into its channels).
+    """
     n = 0
     for acc in accesses(scope.body):
-        for e in acc.indices:
-            if isinstance(e, ir.Iter | ir.IConst):
-                continue
-            if target in ("Conv", "ConvTranspose") and _window(e, scope):
-                continue
-            # One for every iterator mixed in beyond the first, one for reading through // or %
-            # or with a stride: (h + 2 - kh) // 2 is two apart from a plain read, t // 2 one.
-            lf = linear_form(e)
-            n += max(0, len(e.iters()) - 1) + (1 if lf.atoms or any(abs(c) != 1 for _, c in lf.coeffs) else 0)
+        k = sum(_index_mismatches(e, scope, target) for e in acc.indices)
+        n += min(k, 1) if acc.source in ctx.constant else k
+    if target in ("Conv", "ConvTranspose"):
+        n += _channel_groups(scope)
     return n
 
 
 def distance(scope: ir.Scope, target: str, ctx: Context) -> int:
     """0 when ``target``'s matcher accepts ``scope``, else 1 + its mismatched index positions."""
     found = TARGETS[target](scope, ctx)
-    return 0 if isinstance(found, Match) else 1 + mismatches(scope, target)
+    return 0 if isinstance(found, Match) else 1 + mismatches(scope, target, ctx)
 
 
 def nearest(scope: ir.Scope, ctx: Context) -> tuple[int, str]:

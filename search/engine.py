@@ -82,6 +82,7 @@ class _Env:
     keys: dict = dataclasses.field(default_factory=dict)  # program -> key
     deadline: float | None = None  # time.monotonic() when the budget runs out
     local: dict = dataclasses.field(default_factory=dict)  # scope -> distance of the scope alone
+    drops: dict = dataclasses.field(default_factory=dict)  # (rule, scope, summary) -> distance drop
     contexts: dict = dataclasses.field(default_factory=dict)  # program or scope -> matcher context
     explore: tuple = ()  # the explorative uses (with the converging ones when converging is off)
 
@@ -115,20 +116,18 @@ def _children(
     env: _Env,
     stats: Stats,
     phase: str,
-    only: frozenset | None = None,
     skip: Callable[[Match], bool] | None = None,
     offered: list | None = None,
 ) -> Iterator[tuple[TraceStep, ir.Program]]:
-    """Every program one admitted match of ``uses`` leads to, normalized, with its trace step
-    (matches at the scopes in ``only``, when given: converging steps there must also lower the
-    distance of the rewritten scope itself, checked before the program is rewritten). ``skip``
-    drops matches before they are applied; ``offered`` collects the signature of every admitted match."""
+    """Every program one admitted match of ``uses`` leads to, normalized, with its trace step.
+    ``skip`` drops matches before they are applied; ``offered`` collects the signature of every
+    admitted match."""
     for use in uses:
         rule = REGISTRY[use.rule]
         rs = stats.rule(f"{phase}:{use.rule}")
         t0 = time.perf_counter()
         rs.tries += 1
-        for m in matches(rule, program, env.ctx, env.hits, only):
+        for m in matches(rule, program, env.ctx, env.hits):
             if not use.admits(program, m, env.ctx):
                 continue
             rs.matches += 1
@@ -137,14 +136,9 @@ def _children(
             if skip is not None and skip(m):
                 stats.commuted += 1
                 continue
-            if only is not None and isinstance(rule, ScopeRule) and not _closer(rule, m, env):
+            new = _apply(rule, m, program, env, stats)
+            if new is None:
                 continue
-            try:
-                new = normalize(rule.apply(program, m, env.ctx), env.ctx, env.schedule, env.normal, env.hits)
-            except (ValueError, ir.IRError) as e:  # a match its apply refuses: a rule bug, never a result
-                log.warning("%s at %s: apply failed: %s", rule.name, m.where, e)
-                continue
-            stats.generated += 1
             rs.seconds += time.perf_counter() - t0
             yield TraceStep(rule.name, m.where, m.summary, new, phase), new
             t0 = time.perf_counter()
@@ -163,20 +157,67 @@ def _local_distance(scope: ir.Scope, env: _Env) -> int:
     return found
 
 
-def _closer(rule: ScopeRule, m: Match, env: _Env) -> bool:
-    """Whether rewriting ``m``'s scope alone lowers its distance (the program's can only follow)."""
+def _drop(rule: ScopeRule, m: Match, env: _Env) -> int:
+    """How much rewriting ``m``'s scope alone lowers its distance (0 when it does not; memoised)."""
+    k = (rule.name, m.target, m.summary, id(m.params))
+    hit = env.drops.get(k)
+    if hit is not None and hit[0] is m.params:  # the params object is kept, so its id is not reused
+        return hit[1]
     try:
         new = rule.rewrite(m.target, m.params, env.ctx)
     except (ValueError, ir.IRError):
-        return False
-    return _local_distance(new, env) < _local_distance(m.target, env)
+        found = 0
+    else:
+        found = max(0, _local_distance(m.target, env) - _local_distance(new, env))
+    env.drops[k] = (m.params, found)
+    return found
+
+
+def _apply(rule, m: Match, program: ir.Program, env: _Env, stats: Stats) -> ir.Program | None:
+    try:
+        new = normalize(rule.apply(program, m, env.ctx), env.ctx, env.schedule, env.normal, env.hits)
+    except (ValueError, ir.IRError) as e:  # a match its apply refuses: a rule bug, never a result
+        log.warning("%s at %s: apply failed: %s", rule.name, m.where, e)
+        return None
+    stats.generated += 1
+    return new
+
+
+def _moves(program: ir.Program, d: int, env: _Env, stats: Stats) -> list[tuple[int, object, Match]]:
+    """The converging moves of ``program`` (distance ``d``): ``(estimated distance after, rule,
+    match)`` for every admitted match at a scope no operator takes yet whose rewrite, of that scope
+    alone, lowers its distance. Nothing is applied to the program yet."""
+    only = env.open_scopes(program)
+    out = []
+    for use in env.schedule.converge:
+        rule = REGISTRY[use.rule]
+        rs = stats.rule(f"converge:{use.rule}")
+        t0 = time.perf_counter()
+        rs.tries += 1
+        for m in matches(rule, program, env.ctx, env.hits, only):
+            if not use.admits(program, m, env.ctx):
+                continue
+            rs.matches += 1
+            if isinstance(rule, ScopeRule):
+                drop = _drop(rule, m, env)
+            else:  # no scope alone to judge by: apply it and measure
+                new = _apply(rule, m, program, env, stats)
+                drop = 0 if new is None else max(0, d - env.distance(new))
+            if drop > 0:
+                out.append((max(0, d - drop), rule, m))
+        rs.seconds += time.perf_counter() - t0
+    return out
 
 
 def _converge(
     program: ir.Program, trace: tuple[TraceStep, ...], env: _Env, limit: int, stats: Stats
 ) -> list[tuple[ir.Program, tuple[TraceStep, ...]]]:
     """States reached from ``program`` by steps that each lower the distance: every one that reaches
-    distance 0 (all compute scopes are operators), else the closest one; at most ``limit`` steps."""
+    distance 0 (all compute scopes are operators), else the closest one; at most ``limit`` steps.
+
+    Each step first ranks the moves of the whole frontier by the distance their scope alone would
+    have (cheap, memoised per scope); only the moves estimated to reach 0 and the best
+    ``CONVERGE_WIDTH`` others are applied to their programs and brought to the normal form."""
     start_d = env.distance(program)
     if start_d == 0:
         return [(program, trace)]
@@ -185,31 +226,41 @@ def _converge(
     best = (start_d, program, trace)
     frontier = [(start_d, program, trace)]
     for _ in range(limit):
-        nxt: list[tuple[int, ir.Program, tuple[TraceStep, ...]]] = []
-        for d, p, tr in frontier:
+        moves = []
+        for i, (d, p, _tr) in enumerate(frontier):
             if not in_time(env.deadline):
                 break
-            for step, new in _children(p, env.schedule.converge, env, stats, "converge", env.open_scopes(p)):
-                k = env.key(new)
-                if k in seen:
-                    stats.pruned_fingerprint += 1
-                    continue
-                seen.add(k)
-                nd = env.distance(new)
-                if nd >= d:
-                    continue
-                stats.converge_steps += 1
-                stats.rule(f"converge:{step.rule}").new_states += 1
-                if nd == 0:
-                    done.append((new, (*tr, step)))
-                else:
-                    nxt.append((nd, new, (*tr, step)))
-                    if nd < best[0]:
-                        best = (nd, new, (*tr, step))
+            moves += [(est, i, j, rule, m) for j, (est, rule, m) in enumerate(_moves(p, d, env, stats))]
+        moves.sort(key=lambda x: x[:3])
+        nxt: list[tuple[int, ir.Program, tuple[TraceStep, ...]]] = []
+        for est, i, _j, rule, m in moves:
+            if est > 0 and len(nxt) >= CONVERGE_WIDTH or not in_time(env.deadline):
+                break
+            d, p, tr = frontier[i]
+            t0 = time.perf_counter()
+            new = _apply(rule, m, p, env, stats)
+            stats.rule(f"converge:{rule.name}").seconds += time.perf_counter() - t0
+            if new is None:
+                continue
+            k = env.key(new)
+            if k in seen:
+                stats.pruned_fingerprint += 1
+                continue
+            seen.add(k)
+            nd = env.distance(new)
+            if nd >= d:
+                continue
+            step = TraceStep(rule.name, m.where, m.summary, new, "converge")
+            stats.converge_steps += 1
+            stats.rule(f"converge:{rule.name}").new_states += 1
+            if nd == 0:
+                done.append((new, (*tr, step)))
+            else:
+                nxt.append((nd, new, (*tr, step)))
+                if nd < best[0]:
+                    best = (nd, new, (*tr, step))
         if not nxt:
             break
-        # Best first: the closest states go on (a few, so that a path through a farther state,
-        # one input re-laid out before the other, is not lost).
         nxt.sort(key=lambda x: x[0])
         frontier = nxt[:CONVERGE_WIDTH]
     if done:
@@ -270,7 +321,7 @@ def _expand(states: list[_State], env: _Env, converge_depth: int) -> tuple[list[
         offered: list = []
         children = [
             (step, new, env.key(new))
-            for step, new in _children(st.program, uses, env, stats, "explore", None, _commuted(st), offered)
+            for step, new in _children(st.program, uses, env, stats, "explore", _commuted(st), offered)
         ]
         out.append((children, frozenset(offered)))
     return out, stats

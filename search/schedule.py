@@ -231,6 +231,9 @@ DEFAULT_SCHEDULE = Schedule(
         Use("relax_boundary", restrict="window_iterator"),
         Use("substitute_variables", ("split_sum",), restrict="window_blocks"),
         Use("substitute_variables", ("split",)),
+        # A flipped tap (X[q - q1 + 1]) read forward: the same window as a Conv rather than a
+        # stride-1 ConvTranspose, which is a different kernel (faster or slower by shape, measured).
+        Use("substitute_variables", ("reverse_sum",)),
         Use("split_expression", ("residue",), restrict="strided"),
         Use("merge_summations"),
         Use("merge_expressions", ("concat", "join"), restrict="shares_input"),
@@ -253,7 +256,8 @@ DEFAULT_SCHEDULE = Schedule(
     ),
     cleanup=(
         Use("merge_traversal", restrict="read_through"),
-        Use("tighten_boundary", restrict="traversal_range"),
+        Use("tighten_boundary", ("range",), restrict="traversal_range"),
+        Use("tighten_boundary", ("diagonal",)),
     ),
 )
 """The schedule :func:`einopt.search.search` uses unless given another."""
