@@ -57,6 +57,19 @@ def _conv_transpose(ins: Sequence[Shape], out: Shape, node: onnx.NodeProto) -> i
     return 2 * _size(x) * _size(w[1:]) + (_size(out) if len(ins) > 2 else 0)
 
 
+def _einsum(ins: Sequence[Shape], out: Shape, node: onnx.NodeProto) -> int:
+    """One multiply (and add) per point of the joint index space of the operands, per extra operand."""
+    eq = next((at.s.decode() for at in node.attribute if at.name == "equation"), "")
+    lhs = eq.replace(" ", "").split("->")[0].split(",")
+    if len(lhs) != len(ins) or any("." in term or len(term) != len(shape) for term, shape in zip(lhs, ins)):
+        return 0  # broadcast ellipses: left uncounted rather than guessed
+    extent: dict[str, int] = {}
+    for term, shape in zip(lhs, ins, strict=True):
+        for letter, n in zip(term, shape, strict=True):
+            extent[letter] = max(extent.get(letter, 1), n)
+    return max(1, 2 * (len(ins) - 1)) * math.prod(extent.values())
+
+
 def _per_output(k: float) -> Callable[[Sequence[Shape], Shape, onnx.NodeProto], int]:
     return lambda ins, out, node: int(k * _size(out))
 
@@ -81,6 +94,7 @@ FLOPS: dict[str, Callable[[Sequence[Shape], Shape, onnx.NodeProto], int]] = {
     "Gemm": _gemm,
     "Conv": _conv,
     "ConvTranspose": _conv_transpose,
+    "Einsum": _einsum,
     "BatchNormalization": _per_output(2),
     "LayerNormalization": _per_output(6),
     "Softmax": _per_output(4),

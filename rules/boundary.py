@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from einopt import ir
 from einopt.index import bounds, linear_form, simplify
-from einopt.rewrite import accesses, source_ranges, substitute_iters
+from einopt.rewrite import accesses, index_text, source_ranges, substitute_iters
 from einopt.rules.base import NO_CONTEXT, Context, Failure, Hit, Match, Rule, ScopeRule, hit, scope_labels
 
 __all__ = [
@@ -526,6 +526,26 @@ DIAGONAL_LIMIT = 16
 """Largest extent of either iterator a diagonal is looked for on (their pairs are enumerated)."""
 
 
+def _diagonal_needs(scope: ir.Scope, b: ir.Iter, ctx: Context) -> str | None:
+    """Why ``b`` is no diagonal although it would be if more inputs were finite (a minimal set,
+    found greedily in reading order); None when finiteness is not what is missing."""
+    unknown = [t for t in ir.tensors_in(scope) if not ctx.is_finite(t)]
+    if not unknown or diagonal(scope, b, lambda t: True) is None:
+        return None
+    needed = list(unknown)
+    for t in unknown:
+        rest = [u for u in needed if u is not t]
+        if diagonal(scope, b, lambda u, rest=rest: ctx.is_finite(u) or u in rest) is not None:
+            needed = rest
+    x, a, c = diagonal(scope, b, lambda u: ctx.is_finite(u) or u in needed)
+    names = ", ".join(t.name for t in needed)
+    verb = "is" if len(needed) == 1 else "are"
+    return (
+        f"Sum over {b.name} is nonzero only at {b.name} = {index_text(simplify(a * x + c))} only if "
+        f"{names} {verb} finite; {names} {verb} not known to be finite"
+    )
+
+
 def _divmod_partners(scope: ir.Scope, b: ir.Iter) -> list[ir.Iter]:
     """Iterators read with ``b`` inside one ``//`` or ``%`` of an index (a residue pairing, as the
     phases of a strided transposed convolution pair a kernel tap with an output position)."""
@@ -635,6 +655,10 @@ class TightenBoundary(ProgramScopeRule):
             yield hit(what, way="range", iterator=it, lo=lo, hi=hi)
         for b in scope.summation:
             found = diagonal(scope, b, ctx.is_finite)
+            if found is None and ctx.reasons:
+                why = _diagonal_needs(scope, b, ctx)
+                if why:
+                    yield why
             if found is not None:
                 x, a, c = found
                 g = simplify(a * x + c)

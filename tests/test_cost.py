@@ -23,6 +23,18 @@ def test_cost_of_batched_matmul():
     assert c.by_op == {"MatMul": (c.flops, c.bytes)} and isinstance(c.flops, int)
 
 
+def test_cost_of_einsum_counts_its_joint_index_space():
+    """An eOperator's contraction runs as Einsum: 2 FLOPs per point of b, i, j, k (same as MatMul)."""
+    w = np.zeros((3, 32, 16), np.float32)
+    m = tiny_model(
+        [helper.make_node("Einsum", ["x", "w"], ["y"], equation="bik,bkj->bij")],
+        [("x", [3, 4, 32])],
+        [("y", [3, 4, 16])],
+        [("w", w)],
+    )
+    assert model_cost(m).flops == 2 * 3 * 4 * 16 * 32
+
+
 def test_unknown_shapes_count_zero_and_are_listed():
     m = tiny_model(
         [

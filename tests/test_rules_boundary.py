@@ -48,6 +48,13 @@ K_E5, K_PADDED, W_RESIDUE, K_CONV5X5 = (
     weights(RESIDUE, "W"),
     weights(CONV5X5, "K"),
 )
+# The sub-pixel phases of a stride-2 transposed convolution, output and taps split: only r1 = r
+# reads the zero-insertion scope in range (a diagonal), for any weight with finite values.
+PHASES = (
+    "U = L[i:3, p:1] X[i]\n"
+    "Y = L[q:3, r:2] Sum[q1:2, r1:2] U[q-q1+(r-r1)//2+1, (r-r1)%2] * W[2*q1+r1]\n"
+    "return Y\nwhere X: [3], W: [4]"
+)
 # Small cases whose zero points are 0 only if the weight W is finite.
 TIGHTEN_W = "L[i:2] Sum[k:4] X[k] * W[k] where X: [2], W: [4]"
 RELAX_W = "L[i:2] Sum[k:2] X[k] * W[k+1] where X: [2], W: [5]"
@@ -61,6 +68,7 @@ EXAMPLES = {
         Example("L[i:3] Sum[k=-3:7] max(A[i, k], 0) + relu(B[k]) where A: [3, 4], B: [5]"),
         Example("T = L[i=-2:6] A[i]\nY = L[j:4] T[j] * 3\nreturn Y\nwhere A: [4]"),
         Example(TIGHTEN_W, weights(TIGHTEN_W, "W")),
+        Example(PHASES, weights(PHASES, "W")),
     ],
     "relax_boundary": [
         # Fig. 6: the relaxed taps read K out of range and multiply the activation A.
@@ -77,6 +85,8 @@ NEAR_MISSES = {
         NearMiss("L[i:3] Sum[k=-1:1] A[i, k+5] * B[k+5] where A: [3, 4], B: [4]", "every value of k gives 0"),
         NearMiss(E5_TEXT, "cannot drop t1 = -2: the body is 0 there only if K is finite"),
         NearMiss(TIGHTEN_W, "cannot drop k = 3: the body is 0 there only if W is finite"),
+        # The same diagonal with W not known to be finite: 0 * W is not 0.
+        NearMiss(PHASES, "only if W is finite"),
     ],
     "relax_boundary": [
         NearMiss(
@@ -392,3 +402,20 @@ def test_fig5_tightening_needs_a_finite_kernel():
         "tighten t1 from",
         "the body is 0 there only if K is finite",
     )
+
+
+def test_diagonal_collapses_the_phase_taps():
+    """r1 is substituted by r (every other tap reads the zero insertion out of range), and only then."""
+    ctx = context(weights(PHASES, "W"))
+    m, after = _only_match("tighten_boundary", load(PHASES), "diagonal", ctx)
+    assert m.params["way"] == "diagonal" and m.params["partner"].name == "r"
+    (y,) = [s for n, s in after.bindings if n == "Y"]
+    assert [it.name for it in y.summation] == ["q1"] and "r1" not in str(y)
+    assert get("tighten_boundary").variant(m) == "diagonal"
+
+
+def test_diagonal_needs_one_live_value_per_partner_value():
+    """Two live taps per output value (a plain stride-1 window) is no diagonal."""
+    program = load("L[q:3] Sum[k:2] {L[i:3, p:1] X[i]}[q+k-1, 0] * W[k] where X: [3], W: [2]")
+    ctx = context(weights("L[q:3] Sum[k:2] X[q+k-1] * W[k] where X: [3], W: [2]", "W"))
+    assert not [m for m in get("tighten_boundary").matches(program, ctx) if m.params["way"] == "diagonal"]

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from rules_support import contractions
@@ -321,6 +322,24 @@ def test_dilation_is_farther_than_its_dilation_one_form():
     assert distance(dilated, "G2BMM", ctx_d) > distance(band, "G2BMM", ctx_b) == 0
 
 
+# The phase conv of a stride-2 transposed convolution, before its output channels merge.
+PHASE_CONV = (
+    "L[n:1, f:2, q:3, r:2, t:3, s:2] Sum[c:4, a:2, b:2] X[n, c, q-a+1, t-b+1] * W[c, f, 2*a+r, 2*b+s]"
+    " where X: [1, 4, 3, 3], W: [4, 2, 4, 4]"
+)
+
+
+def test_distance_counts_a_weight_layout_once_and_each_extra_output_channel():
+    """A constant's indices cost one materialisation at most; f, r, s are two merges from a Conv."""
+    scope = einopt.parse(PHASE_CONV)
+    weights = matcher_context(as_program(scope), frozenset({"W"}))
+    activations = matcher_context(as_program(scope), frozenset())
+    # Two output iterators too many, plus the weight's layout (1 as a constant, 4 index positions' worth
+    # as an activation).
+    assert distance(scope, "Conv", weights) == 1 + 1 + 2
+    assert distance(scope, "Conv", activations) == 1 + 4 + 2
+
+
 @settings(max_examples=60)
 @given(contractions())
 def test_distance_agrees_with_matchers_on_random_contractions(scope):
@@ -411,3 +430,20 @@ def test_search_on_translated_subprograms_keeps_them_equal(model_name):
             except Exception as e:  # name the subprogram and the derivation in the failure
                 trace = ", ".join(f"{s.phase}:{s.rule}@{s.where}" for s in cand.trace)
                 raise AssertionError(f"{model_name} {part.name}: [{trace}]: {e}") from e
+
+
+def test_costing_without_the_weights_counts_what_the_model_counts(monkeypatch):
+    """Candidates are costed with large initializers as typed inputs: same FLOPs and bytes."""
+    from einopt.cost import model_cost
+    from einopt.export import program_model
+    from einopt.search import candidates
+    from einopt.search.candidates import _without_weights
+
+    monkeypatch.setattr(candidates, "_SMALL_INITIALIZER", 64)
+
+    program = as_program(einopt.parse(PHASE_CONV))
+    w = np.random.default_rng(0).standard_normal((4, 2, 4, 4))
+    model, _ = program_model(program, {"W": w})
+    light = _without_weights(model)
+    assert not [t for t in light.graph.initializer if t.name == "W"]
+    assert model_cost(light) == model_cost(model)
