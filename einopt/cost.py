@@ -61,7 +61,9 @@ def _einsum(ins: Sequence[Shape], out: Shape, node: onnx.NodeProto) -> int:
     """One multiply (and add) per point of the joint index space of the operands, per extra operand."""
     eq = next((at.s.decode() for at in node.attribute if at.name == "equation"), "")
     lhs = eq.replace(" ", "").split("->")[0].split(",")
-    if len(lhs) != len(ins) or any("." in term or len(term) != len(shape) for term, shape in zip(lhs, ins)):
+    if len(lhs) != len(ins) or any(
+        "." in term or len(term) != len(shape) for term, shape in zip(lhs, ins, strict=True)
+    ):
         return 0  # broadcast ellipses: left uncounted rather than guessed
     extent: dict[str, int] = {}
     for term, shape in zip(lhs, ins, strict=True):
