@@ -194,3 +194,18 @@ def test_bad_input_is_one_line_and_a_nonzero_exit(args, code, message):
     assert result.stderr.startswith("einopt: error:") and message in result.stderr
     if code == "usage":
         assert len(result.stderr.splitlines()) == 1
+
+
+def test_ctrl_c_is_one_line_and_exit_130_with_no_output_file(tmp_path, monkeypatch):
+    """An interrupted search prints no traceback and leaves no partial model."""
+    import einopt.search as search_package
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(search_package, "search", interrupted)
+    out = tmp_path / "best.onnx"
+    result = run("search", "-e", MATMUL, "--onnx", out)
+    assert result.exit_code == EXIT_CODES["interrupted"] == 130
+    assert result.output.strip() == "einopt: error: interrupted" and "Traceback" not in result.output
+    assert not list(tmp_path.iterdir())

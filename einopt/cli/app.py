@@ -32,6 +32,7 @@ EXIT_CODES = {
     "mismatch": 4,  # results differ: compiled vs interpreter, or optimized vs original model
     "unavailable": 5,  # the target device or toolchain is missing
     "unsupported": 6,  # a valid model einopt cannot process (e.g. too old an opset)
+    "interrupted": 130,  # Ctrl-C (128 + SIGINT, as shells report it)
 }
 
 _ERROR_CODES = {
@@ -62,6 +63,9 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return result
         except BrokenPipeError:
             _exit_on_closed_pipe()
+        except KeyboardInterrupt:
+            # Output files are written to a temporary name and renamed last, so none is left half done.
+            _fail("interrupted", "interrupted", verbose)
         except CliError as e:
             _fail(str(e), e.code, verbose)
         except tuple(_ERROR_CODES) as e:
