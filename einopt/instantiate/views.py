@@ -326,6 +326,8 @@ def _single_iterator(
         res = _strided_fit(acc, dims, sizes, it, sample)
         if isinstance(res, Failure):
             return Failure(f"{name}[{shown}] {res.reason} of {it.name}")
+        if not _even_steps(acc, dims, sizes, it, spread):
+            return Failure(f"{name}[{shown}] is not a strided view of {it.name}")
     res = _strided_fit(acc, dims, sizes, it, np.arange(n, dtype=np.int64))
     if res is None:
         return Failure(f"{name}[{shown}] is read only outside its range")
@@ -335,6 +337,24 @@ def _single_iterator(
 
 
 _SAMPLE = 2048
+
+
+def _even_steps(acc: ir.Access, dims: list[int], sizes: list[int], it: ir.Iter, at: np.ndarray) -> bool:
+    """Whether the flattened read steps by one nonzero amount from ``p`` to ``p + 1`` at every
+    position ``p`` of ``at`` where both are in range (a strided view does, everywhere)."""
+    at = at[at + 1 < it.extent]
+    points = np.stack([at, at + 1], axis=1).reshape(-1)
+    env = {it: points + it.lo}
+    flat = np.zeros(points.size, dtype=np.int64)
+    ok = np.ones(points.size, dtype=bool)
+    origin = acc.source.origin
+    for d, n in zip(dims, sizes, strict=True):
+        pos = np.broadcast_to(eval_index(acc.indices[d], env) - origin[d], (points.size,))
+        ok &= (pos >= 0) & (pos < n)
+        flat = flat * n + pos
+    both = ok[0::2] & ok[1::2]
+    steps = (flat[1::2] - flat[0::2])[both]
+    return steps.size == 0 or (steps[0] != 0 and bool(np.all(steps == steps[0])))
 
 
 def _affine_flat(acc: ir.Access, dims: list[int], sizes: list[int], it: ir.Iter) -> tuple[int, int] | None:
