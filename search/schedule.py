@@ -69,6 +69,25 @@ def _reads_window(program: ir.Program, m: Match, ctx: Context) -> bool:
     return scope is not None and bool(split) and set(split) <= coupled_summations(scope)
 
 
+def _flipped_window(program: ir.Program, m: Match, ctx: Context) -> bool:
+    # Read a tap forward only where it is a plain flipped window (X[q - q1 + 1]), not inside a
+    # // or % of a zero-inserted read, where reversing it only renames the same computation.
+    scope = m.target
+    if scope is None or "forward" not in m.params:
+        return False
+    flipped = {it for it, _ in m["forward"]}
+    trav = set(scope.traversal)
+    for acc in accesses(scope.body):
+        for e in acc.indices:
+            lf = linear_form(e)
+            if lf.atoms:
+                continue
+            coeffs = dict(lf.coeffs)
+            if any(coeffs.get(it, 0) < 0 for it in flipped) and trav & set(coeffs):
+                return True
+    return False
+
+
 def _shares_input(program: ir.Program, m: Match, ctx: Context) -> bool:
     # Merge expressions that read a common activation (one matmul on concatenated weights, the
     # LSTM's gates on concat(x, h), GCN's two skinny convolutions); a batch of unrelated products
@@ -163,6 +182,10 @@ RESTRICTIONS: dict[str, tuple[Callable[[ir.Program, Match, Context], bool], str]
     "read_through": (_read_through, "only scopes that re-index another scope, and plain copies"),
     "traversal_range": (_traversal_range, "only traversal ranges"),
     "shares_input": (_shares_input, "only expressions that read a common source"),
+    "flipped_window": (
+        _flipped_window,
+        "only a tap read flipped beside a traversal iterator in a plain index (no // or %)",
+    ),
     "data_movement": (
         _no_summation_producer,
         "only producers without a summation (layout, zero insertion), or a gather of fewer points",
@@ -233,7 +256,7 @@ DEFAULT_SCHEDULE = Schedule(
         Use("substitute_variables", ("split",)),
         # A flipped tap (X[q - q1 + 1]) read forward: the same window as a Conv rather than a
         # stride-1 ConvTranspose, which is a different kernel (faster or slower by shape, measured).
-        Use("substitute_variables", ("reverse_sum",)),
+        Use("substitute_variables", ("reverse_sum",), restrict="flipped_window"),
         Use("split_expression", ("residue",), restrict="strided"),
         Use("merge_summations"),
         Use("merge_expressions", ("concat", "join"), restrict="shares_input"),
