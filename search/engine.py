@@ -128,7 +128,10 @@ def _children(
         t0 = time.perf_counter()
         rs.tries += 1
         for m in matches(rule, program, env.ctx, env.hits):
-            if not use.admits(program, m, env.ctx):
+            if not use.takes_variant(m):
+                continue
+            if not use.allows(program, m, env.ctx):
+                stats.restricted += 1
                 continue
             rs.matches += 1
             if offered is not None:
@@ -195,7 +198,10 @@ def _moves(program: ir.Program, d: int, env: _Env, stats: Stats) -> list[tuple[i
         t0 = time.perf_counter()
         rs.tries += 1
         for m in matches(rule, program, env.ctx, env.hits, only):
-            if not use.admits(program, m, env.ctx):
+            if not use.takes_variant(m):
+                continue
+            if not use.allows(program, m, env.ctx):
+                stats.restricted += 1
                 continue
             rs.matches += 1
             if isinstance(rule, ScopeRule):
@@ -205,6 +211,8 @@ def _moves(program: ir.Program, d: int, env: _Env, stats: Stats) -> list[tuple[i
                 drop = 0 if new is None else max(0, d - env.distance(new))
             if drop > 0:
                 out.append((max(0, d - drop), rule, m))
+            else:
+                stats.unguided += 1
         rs.seconds += time.perf_counter() - t0
     return out
 
@@ -233,8 +241,9 @@ def _converge(
             moves += [(est, i, j, rule, m) for j, (est, rule, m) in enumerate(_moves(p, d, env, stats))]
         moves.sort(key=lambda x: x[:3])
         nxt: list[tuple[int, ir.Program, tuple[TraceStep, ...]]] = []
-        for est, i, _j, rule, m in moves:
+        for n, (est, i, _j, rule, m) in enumerate(moves):
             if est > 0 and len(nxt) >= CONVERGE_WIDTH or not in_time(env.deadline):
+                stats.unguided += len(moves) - n  # ranked out: never built
                 break
             d, p, tr = frontier[i]
             t0 = time.perf_counter()

@@ -84,6 +84,8 @@ class Stats:
     converge_steps: int = 0
     commuted: int = 0  # matches not taken because the same state is reached in the other order
     pruned_beam: int = 0  # states past the beam width at their depth
+    restricted: int = 0  # matches a restriction of the schedule refused (never built)
+    unguided: int = 0  # converging moves that do not lower the distance, or ranked out (never built)
     candidates_costed: int = 0
     per_depth: list[dict[str, int]] = dataclasses.field(default_factory=list)
     rules: dict[str, RuleStats] = dataclasses.field(default_factory=dict)
@@ -98,6 +100,18 @@ class Stats:
     def pruned_fraction(self) -> float:
         return self.pruned / self.generated if self.generated else 0.0
 
+    @property
+    def considered(self) -> int:
+        """Every state a rule match offered: built (``generated``) or refused before it was built
+        (by a restriction, partial-order reduction, or the distance guidance)."""
+        return self.generated + self.restricted + self.commuted + self.unguided
+
+    @property
+    def avoided_fraction(self) -> float:
+        """The considered states that never went on: refused before being built, or pruned after."""
+        gone = self.considered - self.generated + self.pruned
+        return gone / self.considered if self.considered else 0.0
+
     def rule(self, label: str) -> RuleStats:
         return self.rules.setdefault(label, RuleStats())
 
@@ -108,6 +122,8 @@ class Stats:
         self.expanded += other.expanded
         self.converge_steps += other.converge_steps
         self.commuted += other.commuted
+        self.restricted += other.restricted
+        self.unguided += other.unguided
         self.complete = self.complete and other.complete
         for label, rs in other.rules.items():
             self.rule(label).add(rs)
@@ -122,6 +138,10 @@ class Stats:
             "expanded": self.expanded,
             "converge_steps": self.converge_steps,
             "commuted": self.commuted,
+            "restricted": self.restricted,
+            "unguided": self.unguided,
+            "considered": self.considered,
+            "avoided_fraction": round(self.avoided_fraction, 4),
             "candidates_costed": self.candidates_costed,
             "per_depth": self.per_depth,
             "rules": {k: dataclasses.asdict(v) for k, v in self.rules.items()},

@@ -217,8 +217,14 @@ class Use:
 
     def admits(self, program: ir.Program, m: Match, ctx: Context) -> bool:
         """Whether this use takes match ``m`` (its variant, and its restriction)."""
-        if self.variants and REGISTRY[self.rule].variant(m) not in self.variants:
-            return False
+        return self.takes_variant(m) and self.allows(program, m, ctx)
+
+    def takes_variant(self, m: Match) -> bool:
+        """Whether ``m`` is one of this use's variants (every match when it names none)."""
+        return not self.variants or REGISTRY[self.rule].variant(m) in self.variants
+
+    def allows(self, program: ir.Program, m: Match, ctx: Context) -> bool:
+        """Whether this use's restriction lets ``m`` through (always, without one)."""
         return not self.restrict or RESTRICTIONS[self.restrict][0](program, m, ctx)
 
     def label(self) -> str:

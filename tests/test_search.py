@@ -447,3 +447,13 @@ def test_costing_without_the_weights_counts_what_the_model_counts(monkeypatch):
     light = _without_weights(model)
     assert not [t for t in light.graph.initializer if t.name == "W"]
     assert model_cost(light) == model_cost(model)
+
+
+def test_states_refused_before_they_are_built_are_counted():
+    """Restrictions and the distance guidance refuse matches: counted apart from what was built."""
+    stats = search(einopt.parse(CONV3X3_SMALL), max_depth=2).stats
+    assert stats.restricted > 0 and stats.unguided > 0
+    assert stats.considered == stats.generated + stats.restricted + stats.commuted + stats.unguided
+    gone = stats.restricted + stats.commuted + stats.unguided + stats.pruned
+    assert stats.avoided_fraction == pytest.approx(gone / stats.considered)
+    assert stats.as_dict()["considered"] == stats.considered
