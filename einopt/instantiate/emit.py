@@ -232,7 +232,7 @@ class _Emitter:
 
     def initializer(self, arr: np.ndarray, base: str) -> str:
         arr = np.ascontiguousarray(arr)
-        digest = hashlib.blake2b(arr.tobytes(), digest_size=16).hexdigest()
+        digest = hashlib.blake2b(memoryview(arr.reshape(-1)).cast("B") if arr.size else b"", digest_size=16).hexdigest()
         key = (arr.dtype.str, arr.shape, digest)
         name = self.init_by_content.get(key)
         if name is None:
