@@ -13,7 +13,7 @@ from onnx import helper, numpy_helper
 from einopt import ir
 from einopt.frontend.onnx_graph import read_counts, subgraph_reads, unique_name
 from einopt.instantiate import EOP_DOMAIN
-from einopt.instantiate.emit import Instantiated, instantiate
+from einopt.instantiate.emit import LIGHT_LIMIT, Instantiated, instantiate
 
 PROGRAM_OPSET = 17
 """Default-domain opset of models built from programs (ONNX Runtime runs it everywhere)."""
@@ -27,6 +27,7 @@ def program_model(
     *,
     opset: int = PROGRAM_OPSET,
     name: str = "einopt",
+    light: bool = False,
 ) -> tuple[onnx.ModelProto, Instantiated]:
     """A model computing ``program``, runnable in stock ONNX Runtime, and how it was instantiated.
 
@@ -42,6 +43,10 @@ def program_model(
         Default-domain opset to emit for.
     name : str
         The graph's name.
+    light : bool
+        Weights and folded constants over ``LIGHT_LIMIT`` bytes become typed
+        graph inputs instead of initializers: a model to cost (same nodes,
+        shapes, FLOPs and bytes), not to run. The search costs candidates so.
 
     Returns
     -------
@@ -54,16 +59,19 @@ def program_model(
     if unknown:
         raise ValueError(f"constants {', '.join(unknown)} are not inputs of the program")
     names = {t.name: t.name for t in program.inputs} | {o: o for o in program.outputs}
-    inst = instantiate(program, onnx_names=names, constants=constants, opset=opset, prefix="e/")
+    inst = instantiate(program, onnx_names=names, constants=constants, opset=opset, prefix="e/", light=light)
     used = {i for n in inst.nodes for i in n.input}
+    # Without values (``light``): large weights are declared like activations.
+    declared = {n for n, v in constants.items() if light and np.asarray(v).size * 4 > LIGHT_LIMIT}
     graph = helper.make_graph(
         list(inst.nodes),
         name,
         [
             helper.make_tensor_value_info(t.name, _DTYPES.get(t.dtype, onnx.TensorProto.FLOAT), t.shape)
             for t in program.inputs
-            if t.name not in constants
-        ],
+            if t.name not in constants or t.name in declared and t.name in used
+        ]
+        + list(inst.placeholders),
         [
             helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, program.scope(o).shape)
             for o in program.outputs
@@ -71,7 +79,7 @@ def program_model(
         [
             numpy_helper.from_array(np.asarray(constants[t.name], dtype=np.float32), t.name)
             for t in program.inputs
-            if t.name in constants and t.name in used
+            if t.name in constants and t.name in used and t.name not in declared
         ]
         + list(inst.initializers),
     )

@@ -84,38 +84,10 @@ def _ops(e: ir.ValueExpr) -> int:
     return 0
 
 
-_SMALL_INITIALIZER = 1024
-"""Initializers up to this many bytes keep their values when a candidate is costed (shape inference
-reads Reshape targets and the like); larger ones become typed graph inputs."""
-
-
 def _analytic(model) -> float:
     from einopt.cost import estimate_seconds, model_cost
 
-    return estimate_seconds(model_cost(_without_weights(model)))
-
-
-def _without_weights(model):
-    """``model`` with its large initializers turned into graph inputs of the same type and shape:
-    the same FLOPs and bytes, without copying the weights (twice) for shape inference."""
-    import onnx
-
-    g = model.graph
-    large = [t for t in g.initializer if math.prod(t.dims) * 4 > _SMALL_INITIALIZER]
-    if not large:
-        return model
-    light = onnx.ModelProto(ir_version=model.ir_version)
-    light.opset_import.extend(model.opset_import)
-    light.functions.extend(model.functions)
-    lg = light.graph
-    lg.name = g.name
-    lg.node.extend(g.node)
-    lg.input.extend(g.input)
-    lg.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in large)
-    lg.output.extend(g.output)
-    lg.value_info.extend(g.value_info)
-    lg.initializer.extend(t for t in g.initializer if math.prod(t.dims) * 4 <= _SMALL_INITIALIZER)
-    return light
+    return estimate_seconds(model_cost(model))
 
 
 def _operators(model) -> tuple[str, ...]:
@@ -170,7 +142,8 @@ class Costing:
         if not is_input and self._beyond(flops, guess):
             return
         try:
-            model, inst = program_model(program, self.constants)
+            # The analytic cost needs shapes only; a cost callable gets the runnable model.
+            model, inst = program_model(program, self.constants, light=self.cost is None)
         except (InstantiationError, ValueError) as e:
             log.info("candidate %s not instantiable: %s", k[:8], e)
             return

@@ -432,21 +432,22 @@ def test_search_on_translated_subprograms_keeps_them_equal(model_name):
                 raise AssertionError(f"{model_name} {part.name}: [{trace}]: {e}") from e
 
 
-def test_costing_without_the_weights_counts_what_the_model_counts(monkeypatch):
-    """Candidates are costed with large initializers as typed inputs: same FLOPs and bytes."""
+def test_a_light_model_costs_what_the_runnable_one_does(monkeypatch):
+    """Candidates are costed on a light instantiation (large weights and folded constants as typed
+    inputs, no values): the same nodes, FLOPs and bytes as the model that runs."""
     from einopt.cost import model_cost
     from einopt.export import program_model
-    from einopt.search import candidates
-    from einopt.search.candidates import _without_weights
+    from einopt.instantiate import emit
 
-    monkeypatch.setattr(candidates, "_SMALL_INITIALIZER", 64)
-
+    monkeypatch.setattr(emit, "LIGHT_LIMIT", 64)
+    monkeypatch.setattr("einopt.export.LIGHT_LIMIT", 64)
     program = as_program(einopt.parse(PHASE_CONV))
     w = np.random.default_rng(0).standard_normal((4, 2, 4, 4))
-    model, _ = program_model(program, {"W": w})
-    light = _without_weights(model)
-    assert not [t for t in light.graph.initializer if t.name == "W"]
-    assert model_cost(light) == model_cost(model)
+    full, _ = program_model(program, {"W": w})
+    light, inst = program_model(program, {"W": w}, light=True)
+    assert not [t for t in light.graph.initializer if t.dims and np.prod(t.dims) * 4 > 64]
+    assert [n.op_type for n in light.graph.node] == [n.op_type for n in full.graph.node]
+    assert model_cost(light) == model_cost(full)
 
 
 def test_states_refused_before_they_are_built_are_counted():

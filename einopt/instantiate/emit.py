@@ -58,6 +58,10 @@ __all__ = ["Choice", "Instantiated", "InstantiationError", "MIN_OPSET", "instant
 
 log = logging.getLogger(__name__)
 
+LIGHT_LIMIT = 1024
+"""Initializers up to this many bytes keep their values in a ``light`` instantiation (shape
+inference reads Reshape targets and the like)."""
+
 # From opset 7 on, element-wise ops broadcast like numpy; forms that changed later (Slice, Pad,
 # Clip, ReduceSum, Expand, DepthToSpace's mode) are chosen per opset below.
 MIN_OPSET = 7
@@ -90,6 +94,8 @@ class Instantiated:
     initializers: tuple[onnx.TensorProto, ...]
     functions: tuple[onnx.FunctionProto, ...]  # eOperators, domain "einopt.eop"
     choices: tuple[Choice, ...]
+    # With ``light``: the large initializers' names, types and shapes, without their values.
+    placeholders: tuple[onnx.ValueInfoProto, ...] = ()
 
 
 def instantiate(
@@ -101,6 +107,7 @@ def instantiate(
     prefix: str,
     taken_function_names: set[str] | frozenset[str] = frozenset(),
     preferred: Mapping[str, str] | None = None,
+    light: bool = False,
 ) -> Instantiated:
     """Emit ONNX nodes computing ``program``.
 
@@ -124,6 +131,10 @@ def instantiate(
         ONNX operator type to prefer per binding name (see :func:`original_ops`):
         a binding whose operator's matcher accepts it with no more run-time
         layout work than the table's first choice is instantiated as that operator.
+    light : bool
+        Leave the values of initializers over :data:`LIGHT_LIMIT` bytes out
+        (``placeholders`` gives their names, types and shapes): enough to cost
+        the result, not to run it.
 
     Returns
     -------
@@ -154,7 +165,16 @@ def instantiate(
             em.materialise(scope, name, onnx_names[name], prefer=prefer)
         elif scope not in em.scopes:
             em.materialise(scope, name, em.fresh(name), required=False, prefer=prefer)
-    return Instantiated(tuple(em.nodes), tuple(em.inits.values()), tuple(em.functions), tuple(em.choices))
+    inits, placeholders = [], []
+    for name, arr in em.inits.items():
+        if light and arr.nbytes > LIGHT_LIMIT:
+            dtype = helper.np_dtype_to_tensor_dtype(arr.dtype)
+            placeholders.append(helper.make_tensor_value_info(name, dtype, list(arr.shape)))
+        else:
+            inits.append(numpy_helper.from_array(arr, name))
+    return Instantiated(
+        tuple(em.nodes), tuple(inits), tuple(em.functions), tuple(em.choices), tuple(placeholders)
+    )
 
 
 def original_ops(model: onnx.ModelProto, part: Part) -> dict[str, str]:
@@ -199,7 +219,7 @@ class _Emitter:
         self.used: set[str] = set(onnx_names.values())
         self.node_names: set[str] = set()
         self.nodes: list[onnx.NodeProto] = []
-        self.inits: dict[str, onnx.TensorProto] = {}
+        self.inits: dict[str, np.ndarray] = {}
         self.init_by_content: dict[tuple, str] = {}
         self.known: dict[str, np.ndarray] = {}  # compile-time values by ONNX name
         self.interned: dict[tuple, str] = {}
@@ -232,12 +252,14 @@ class _Emitter:
 
     def initializer(self, arr: np.ndarray, base: str) -> str:
         arr = np.ascontiguousarray(arr)
-        digest = hashlib.blake2b(memoryview(arr.reshape(-1)).cast("B") if arr.size else b"", digest_size=16).hexdigest()
+        digest = hashlib.blake2b(
+            memoryview(arr.reshape(-1)).cast("B") if arr.size else b"", digest_size=16
+        ).hexdigest()
         key = (arr.dtype.str, arr.shape, digest)
         name = self.init_by_content.get(key)
         if name is None:
             name = self.fresh(base)
-            self.inits[name] = numpy_helper.from_array(arr, name)
+            self.inits[name] = arr
             self.init_by_content[key] = name
             self.known[name] = arr
         return name
