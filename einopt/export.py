@@ -61,15 +61,17 @@ def program_model(
     names = {t.name: t.name for t in program.inputs} | {o: o for o in program.outputs}
     inst = instantiate(program, onnx_names=names, constants=constants, opset=opset, prefix="e/", light=light)
     used = {i for n in inst.nodes for i in n.input}
-    # Without values (``light``): large weights are declared like activations.
-    declared = {n for n, v in constants.items() if light and np.asarray(v).size * 4 > LIGHT_LIMIT}
+    # Without values (``light``): large weights the nodes read are declared like activations.
+    declared = {
+        n for n, v in constants.items() if light and n in used and np.asarray(v).size * 4 > LIGHT_LIMIT
+    }
     graph = helper.make_graph(
         list(inst.nodes),
         name,
         [
             helper.make_tensor_value_info(t.name, _DTYPES.get(t.dtype, onnx.TensorProto.FLOAT), t.shape)
             for t in program.inputs
-            if t.name not in constants or t.name in declared and t.name in used
+            if t.name not in constants or t.name in declared
         ]
         + list(inst.placeholders),
         [

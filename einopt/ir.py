@@ -135,16 +135,17 @@ class Node(metaclass=_InternMeta):
 
     def __str__(self) -> str:
         # Memoised: matchers put node text in every failure reason, and the search asks thousands.
-        memo = self._memo
-        if memo is not None and "str" in memo:
-            return memo["str"]
         try:
-            from einopt.syntax import format_node
-
-            return _cached(self, "str", lambda: format_node(self))
+            return _cached(self, "str", lambda: _format(self))
         except Exception:  # noqa: BLE001 - printing must never fail, even mid-development
             fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in _FIELD_NAMES.get(type(self), ()))
             return f"{type(self).__name__}({fields})"
+
+
+def _format(node: Node) -> str:
+    from einopt.syntax import format_node  # syntax imports this module
+
+    return format_node(node)
 
 
 def _cached(node: Node, name: str, compute) -> Any:

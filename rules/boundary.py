@@ -277,9 +277,7 @@ def zero_at(scope: ir.Scope, it: ir.Iter, value: int, finite: Finite = nothing_f
     rather than on the body with the value substituted: the same facts (a one-value range is
     exact in :func:`einopt.index.bounds`; linear terms cancel in both), without rebuilding it.
     """
-    ranges = {x: (x.lo, x.hi) for x in scope.traversal + scope.summation if x.extent == 1}
-    ranges[it] = (value, value + 1)
-    return is_zero(scope.body, ranges, finite=finite)
+    return zero_where(scope, {it: value}, finite)
 
 
 def zero_where(scope: ir.Scope, fixed: Mapping[ir.Iter, int], finite: Finite = nothing_finite) -> bool:
@@ -333,15 +331,21 @@ def may_vanish(scope: ir.Scope) -> bool:
             elif isinstance(e, ir.Binary):
                 stack += (e.a, e.b)
             elif isinstance(e, ir.Access):
-                for idx, (lo, hi) in zip(e.indices, source_ranges(e.source), strict=True):
-                    a, b = bounds(idx)
-                    if a < lo or b >= hi:
-                        return True
-                if isinstance(e.source, ir.Scope) and may_vanish(e.source):
+                if _leaving(e) or isinstance(e.source, ir.Scope) and may_vanish(e.source):
                     return True
         return False
 
     return ir._cached(scope, "may_vanish", compute)
+
+
+def _leaving(acc: ir.Access) -> list[ir.IndexExpr]:
+    """The indices of ``acc`` whose bounds reach outside their source dimension."""
+    out = []
+    for idx, (lo, hi) in zip(acc.indices, source_ranges(acc.source), strict=True):
+        a, b = bounds(idx)
+        if a < lo or b >= hi:
+            out.append(idx)
+    return out
 
 
 def _vanishing_iterators(scope: ir.Scope) -> frozenset[ir.Iter]:
@@ -353,10 +357,8 @@ def _vanishing_iterators(scope: ir.Scope) -> frozenset[ir.Iter]:
         found: set[ir.Iter] = set()
         for acc in accesses(scope.body):
             inner = isinstance(acc.source, ir.Scope) and may_vanish(acc.source)
-            for idx, (lo, hi) in zip(acc.indices, source_ranges(acc.source), strict=True):
-                a, b = bounds(idx)
-                if inner or a < lo or b >= hi:
-                    found |= idx.iters()
+            for idx in acc.indices if inner else _leaving(acc):
+                found |= idx.iters()
         return frozenset(found)
 
     return ir._cached(scope, "vanishing_iterators", compute)
@@ -518,6 +520,13 @@ def _with_range(scope: ir.Scope, it: ir.Iter, lo: int, hi: int) -> ir.Scope:
     return ir.Scope(swap(scope.traversal), swap(scope.summation), body, scope.pad)
 
 
+def _collapse(scope: ir.Scope, it: ir.Iter, value: ir.IndexExpr) -> ir.Scope:
+    """``scope`` with summation iterator ``it`` substituted by ``value`` and its sum removed."""
+    body = substitute_iters(scope.body, {it: value})
+    summation = tuple(x for x in scope.summation if x is not it)
+    return ir.Scope(scope.traversal, summation, body, scope.pad)
+
+
 def _shown(lo: int, hi: int) -> str:
     return f"[{lo}, {hi})"
 
@@ -673,14 +682,10 @@ class TightenBoundary(ProgramScopeRule):
     def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:
         it: ir.Iter = params["iterator"]
         if params["way"] == "diagonal":
-            body = substitute_iters(scope.body, {it: params["value"]})
-            summation = tuple(x for x in scope.summation if x is not it)
-            return ir.Scope(scope.traversal, summation, body, scope.pad)
+            return _collapse(scope, it, params["value"])
         lo, hi = params["lo"], params["hi"]
         if it in scope.summation and hi - lo == 1:
-            body = substitute_iters(scope.body, {it: ir.IConst(lo)})
-            summation = tuple(x for x in scope.summation if x is not it)
-            return ir.Scope(scope.traversal, summation, body, scope.pad)
+            return _collapse(scope, it, ir.IConst(lo))
         return _with_range(scope, it, lo, hi)
 
 

@@ -110,6 +110,21 @@ class _Env:
         )
 
 
+def _admitted(
+    use: Use, rule, program: ir.Program, env: _Env, stats: Stats, rs: RuleStats, only: frozenset | None = None
+) -> Iterator[Match]:
+    """The matches of ``use``'s rule it takes (its variants), less those its restriction refuses
+    (counted as ``restricted``); each one taken counts in ``rs.matches``."""
+    for m in matches(rule, program, env.ctx, env.hits, only):
+        if not use.takes_variant(m):
+            continue
+        if not use.allows(program, m, env.ctx):
+            stats.restricted += 1
+            continue
+        rs.matches += 1
+        yield m
+
+
 def _children(
     program: ir.Program,
     uses: tuple[Use, ...],
@@ -127,13 +142,7 @@ def _children(
         rs = stats.rule(f"{phase}:{use.rule}")
         t0 = time.perf_counter()
         rs.tries += 1
-        for m in matches(rule, program, env.ctx, env.hits):
-            if not use.takes_variant(m):
-                continue
-            if not use.allows(program, m, env.ctx):
-                stats.restricted += 1
-                continue
-            rs.matches += 1
+        for m in _admitted(use, rule, program, env, stats, rs):
             if offered is not None:
                 offered.append(_signature(m))
             if skip is not None and skip(m):
@@ -197,13 +206,7 @@ def _moves(program: ir.Program, d: int, env: _Env, stats: Stats) -> list[tuple[i
         rs = stats.rule(f"converge:{use.rule}")
         t0 = time.perf_counter()
         rs.tries += 1
-        for m in matches(rule, program, env.ctx, env.hits, only):
-            if not use.takes_variant(m):
-                continue
-            if not use.allows(program, m, env.ctx):
-                stats.restricted += 1
-                continue
-            rs.matches += 1
+        for m in _admitted(use, rule, program, env, stats, rs, only):
             if isinstance(rule, ScopeRule):
                 drop = _drop(rule, m, env)
             else:  # no scope alone to judge by: apply it and measure

@@ -339,11 +339,11 @@ def _single_iterator(
 _SAMPLE = 2048
 
 
-def _even_steps(acc: ir.Access, dims: list[int], sizes: list[int], it: ir.Iter, at: np.ndarray) -> bool:
-    """Whether the flattened read steps by one nonzero amount from ``p`` to ``p + 1`` at every
-    position ``p`` of ``at`` where both are in range (a strided view does, everywhere)."""
-    at = at[at + 1 < it.extent]
-    points = np.stack([at, at + 1], axis=1).reshape(-1)
+def _flat_reads(
+    acc: ir.Access, dims: list[int], sizes: list[int], it: ir.Iter, points: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """At the positions ``points`` of ``it``: the row-major position read in ``dims`` (sizes
+    ``sizes``) of the source, and whether every one of those dimensions is read in range."""
     env = {it: points + it.lo}
     flat = np.zeros(points.size, dtype=np.int64)
     ok = np.ones(points.size, dtype=bool)
@@ -352,6 +352,14 @@ def _even_steps(acc: ir.Access, dims: list[int], sizes: list[int], it: ir.Iter, 
         pos = np.broadcast_to(eval_index(acc.indices[d], env) - origin[d], (points.size,))
         ok &= (pos >= 0) & (pos < n)
         flat = flat * n + pos
+    return flat, ok
+
+
+def _even_steps(acc: ir.Access, dims: list[int], sizes: list[int], it: ir.Iter, at: np.ndarray) -> bool:
+    """Whether the flattened read steps by one nonzero amount from ``p`` to ``p + 1`` at every
+    position ``p`` of ``at`` where both are in range (a strided view does, everywhere)."""
+    at = at[at + 1 < it.extent]
+    flat, ok = _flat_reads(acc, dims, sizes, it, np.stack([at, at + 1], axis=1).reshape(-1))
     both = ok[0::2] & ok[1::2]
     steps = (flat[1::2] - flat[0::2])[both]
     return steps.size == 0 or (steps[0] != 0 and bool(np.all(steps == steps[0])))
@@ -384,14 +392,7 @@ def _strided_fit(
     is a failure on the whole range. None when that cannot be decided on these points (or,
     over the whole range, when no position is in range).
     """
-    env = {it: points + it.lo}
-    flat = np.zeros(points.size, dtype=np.int64)
-    ok = np.ones(points.size, dtype=bool)
-    origin = acc.source.origin
-    for d, n in zip(dims, sizes, strict=True):
-        pos = np.broadcast_to(eval_index(acc.indices[d], env) - origin[d], (points.size,))
-        ok &= (pos >= 0) & (pos < n)
-        flat = flat * n + pos
+    flat, ok = _flat_reads(acc, dims, sizes, it, points)
     where = np.flatnonzero(ok)
     whole = points.size == it.extent
     if where.size < 2 and not whole or where.size >= 2 and points[where[1]] != where[1]:
