@@ -61,7 +61,7 @@ DEFAULT_MAX_CANDIDATES = 32
 DEFAULT_COST_SLACK = 2.0
 DEFAULT_BEAM = 256
 CONVERGE_WIDTH = 8
-"""States that go on from each converging step (the closest ones)."""
+"""Moves applied at each converging step (the ones estimated closest), and states that go on."""
 
 
 # --------------------------------------------------------------------------
@@ -227,8 +227,8 @@ def _converge(
     distance 0 (all compute scopes are operators), else the closest one; at most ``limit`` steps.
 
     Each step first ranks the moves of the whole frontier by the distance their scope alone would
-    have (cheap, memoised per scope); only the moves estimated to reach 0 and the best
-    ``CONVERGE_WIDTH`` others are applied to their programs and brought to the normal form."""
+    have (cheap, memoised per scope); only the best ``CONVERGE_WIDTH`` of them (those estimated to
+    reach 0 first) are applied to their programs and brought to the normal form."""
     start_d = env.distance(program)
     if start_d == 0:
         return [(program, trace)]
@@ -245,7 +245,7 @@ def _converge(
         moves.sort(key=lambda x: x[:3])
         nxt: list[tuple[int, ir.Program, tuple[TraceStep, ...]]] = []
         for n, (est, i, _j, rule, m) in enumerate(moves):
-            if est > 0 and len(nxt) >= CONVERGE_WIDTH or not in_time(env.deadline):
+            if n >= CONVERGE_WIDTH or not in_time(env.deadline):
                 stats.unguided += len(moves) - n  # ranked out: never built
                 break
             d, p, tr = frontier[i]
