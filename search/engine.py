@@ -244,7 +244,7 @@ def _converge(
             moves += [(est, i, j, rule, m) for j, (est, rule, m) in enumerate(_moves(p, d, env, stats))]
         moves.sort(key=lambda x: x[:3])
         nxt: list[tuple[int, ir.Program, tuple[TraceStep, ...]]] = []
-        for n, (est, i, _j, rule, m) in enumerate(moves):
+        for n, (_est, i, _j, rule, m) in enumerate(moves):
             if n >= CONVERGE_WIDTH or not in_time(env.deadline):
                 stats.unguided += len(moves) - n  # ranked out: never built
                 break

@@ -450,6 +450,31 @@ def test_a_light_model_costs_what_the_runnable_one_does(monkeypatch):
     assert model_cost(light) == model_cost(full)
 
 
+@pytest.mark.parametrize("name", ["convtranspose", "conv5x5", "g2bmm", "convtranspose_phases", "lstm"])
+def test_every_candidate_costs_the_same_light(name, monkeypatch):
+    """The light instantiation skips folding large constants and computing eOperators' Gather
+    indices (their shapes come from the index's bounds): every candidate of a search costs exactly
+    what its runnable model does, node for node."""
+    from einopt.cost import model_cost
+    from einopt.examples.rediscover import CASES
+    from einopt.export import program_model
+    from einopt.instantiate import emit
+
+    monkeypatch.setattr(emit, "LIGHT_LIMIT", 64)
+    monkeypatch.setattr("einopt.export.LIGHT_LIMIT", 64)
+    case = CASES[name]
+    program = case.program("small")
+    ctx = case.context(program)
+    constants = dict(ctx.constants)
+    result = search(program, ctx=ctx, max_depth=2, time_budget=20, max_candidates=1000)
+    assert len(result.candidates) > 1
+    for cand in result.candidates:
+        full, _ = program_model(cand.program, constants)
+        light, _ = program_model(cand.program, constants, light=True)
+        assert [n.op_type for n in light.graph.node] == [n.op_type for n in full.graph.node]
+        assert model_cost(light) == model_cost(full), cand.operators
+
+
 def test_states_refused_before_they_are_built_are_counted():
     """Restrictions and the distance guidance refuse matches: counted apart from what was built."""
     stats = search(einopt.parse(CONV3X3_SMALL), max_depth=2).stats

@@ -67,6 +67,24 @@ inference reads Reshape targets and the like)."""
 MIN_OPSET = 7
 
 
+@dataclasses.dataclass(frozen=True)
+class _Shaped:
+    """A compile-time value known by its shape only (a ``light`` instantiation's large constants)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def _weightlike(arr: np.ndarray | _Shaped) -> bool:
+    """Whether a ``light`` instantiation leaves ``arr``'s values out: floating point and over
+    :data:`LIGHT_LIMIT` bytes (integer shapes, axes and pads always keep theirs)."""
+    return np.dtype(arr.dtype).kind == "f" and arr.nbytes > LIGHT_LIMIT
+
+
 class InstantiationError(ValueError):
     """A program cannot be instantiated (bad names, unsupported opset, no eOperator available)."""
 
@@ -133,8 +151,10 @@ def instantiate(
         layout work than the table's first choice is instantiated as that operator.
     light : bool
         Leave the values of initializers over :data:`LIGHT_LIMIT` bytes out
-        (``placeholders`` gives their names, types and shapes): enough to cost
-        the result, not to run it.
+        (``placeholders`` gives their names, types and shapes), and with them
+        the work of computing them (folding large constant scopes, eOperators'
+        Gather indices): enough to cost the result, not to run it. Large
+        constants are not deduplicated by content then.
 
     Returns
     -------
@@ -156,7 +176,7 @@ def instantiate(
     missing = [o for o in program.outputs if o not in onnx_names]
     if missing:
         raise InstantiationError(f"program output(s) {', '.join(missing)} have no ONNX name")
-    em = _Emitter(program, onnx_names, constants, opset, prefix, set(taken_function_names))
+    em = _Emitter(program, onnx_names, constants, opset, prefix, set(taken_function_names), light)
     outputs = set(program.outputs)
     preferred = preferred or {}
     for name, scope in program.bindings:
@@ -167,7 +187,7 @@ def instantiate(
             em.materialise(scope, name, em.fresh(name), required=False, prefer=prefer)
     inits, placeholders = [], []
     for name, arr in em.inits.items():
-        if light and arr.nbytes > LIGHT_LIMIT:
+        if isinstance(arr, _Shaped) or light and _weightlike(arr):
             dtype = helper.np_dtype_to_tensor_dtype(arr.dtype)
             placeholders.append(helper.make_tensor_value_info(name, dtype, list(arr.shape)))
         else:
@@ -210,7 +230,9 @@ class _Emitter:
         opset: int,
         prefix: str,
         taken_functions: set[str],
+        light: bool = False,
     ) -> None:
+        self.light = light
         self.onnx_names = onnx_names
         self.constants = constants
         self.opset = opset
@@ -219,9 +241,9 @@ class _Emitter:
         self.used: set[str] = set(onnx_names.values())
         self.node_names: set[str] = set()
         self.nodes: list[onnx.NodeProto] = []
-        self.inits: dict[str, np.ndarray] = {}
+        self.inits: dict[str, np.ndarray | _Shaped] = {}
         self.init_by_content: dict[tuple, str] = {}
-        self.known: dict[str, np.ndarray] = {}  # compile-time values by ONNX name
+        self.known: dict[str, np.ndarray | _Shaped] = {}  # compile-time values by ONNX name
         self.interned: dict[tuple, str] = {}
         self.key_of: dict[str, tuple] = {}
         self.scopes: dict[ir.Scope, str] = {}
@@ -250,7 +272,11 @@ class _Emitter:
 
     # ---- values ----------------------------------------------------------
 
-    def initializer(self, arr: np.ndarray, base: str) -> str:
+    def initializer(self, arr: np.ndarray | _Shaped, base: str) -> str:
+        if self.light and _weightlike(arr):  # costed, never run: no values, no hashing
+            name = self.fresh(base)
+            self.inits[name] = self.known[name] = _Shaped(tuple(arr.shape), np.dtype(arr.dtype))
+            return name
         arr = np.ascontiguousarray(arr)
         digest = hashlib.blake2b(
             memoryview(arr.reshape(-1)).cast("B") if arr.size else b"", digest_size=16
@@ -316,8 +342,11 @@ class _Emitter:
 
     def steps(self, name: str, steps: tuple[Step, ...]) -> str:
         for st in steps:
-            if name in self.known:
-                name = self.initializer(st.apply(self.known[name]).astype(self.known[name].dtype), "folded")
+            value = self.known.get(name)
+            if isinstance(value, _Shaped):
+                name = self.initializer(_Shaped(st.out_shape(value.shape), value.dtype), "folded")
+            elif value is not None:
+                name = self.initializer(st.apply(value).astype(value.dtype), "folded")
             else:
                 name = _STEP_EMITTERS[type(st)](self, name, st)
         return name
@@ -353,8 +382,11 @@ class _Emitter:
         first = len(self.nodes)
         failures: tuple[tuple[str, str], ...] = ()
         if scope in self.const_scopes:
-            arr = evaluate(scope, self.constants)
-            value = self.initializer(np.asarray(arr, dtype=np.float32), label)
+            shaped = _Shaped(scope.shape, np.dtype(np.float32))
+            if self.light and _weightlike(shaped):
+                value = self.initializer(shaped, label)
+            else:
+                value = self.initializer(np.asarray(evaluate(scope, self.constants), dtype=np.float32), label)
             how = "constant"
         else:
             m, fails = match(scope, self.ctx, MATCHERS, prefer)
@@ -381,7 +413,7 @@ class _Emitter:
     def eoperator(self, scope: ir.Scope, label: str) -> tuple[str, str]:
         kind = eop.eop_name(scope)
         fname = unique_name(_identifier(self.prefix + kind), self.taken_functions)
-        op = eop.eoperator(scope, fname, self.opset)
+        op = eop.eoperator(scope, fname, self.opset, self.light)
         self.functions.append(op.function)
         inputs = [self.value_of(s, label) for s in op.sources]
         out = self.node(op.function.name, inputs, (), domain=EOP_DOMAIN, base=kind)

@@ -98,7 +98,7 @@ class EOperator:
 # --------------------------------------------------------------------------
 
 
-def eoperator(scope: ir.Scope, name: str, opset: int) -> EOperator:
+def eoperator(scope: ir.Scope, name: str, opset: int, light: bool = False) -> EOperator:
     """Lower ``scope`` to a model-local ONNX function of standard operators.
 
     Parameters
@@ -109,6 +109,9 @@ def eoperator(scope: ir.Scope, name: str, opset: int) -> EOperator:
         The function's name (an identifier; callers keep names unique per model).
     opset : int
         Default-domain opset version the body is written for (>= ``MIN_OPSET``).
+    light : bool
+        Declare the constant Gather indices (type and shape) without computing them: the
+        function can be shape-inferred and costed, not run.
 
     Returns
     -------
@@ -141,7 +144,7 @@ def eoperator(scope: ir.Scope, name: str, opset: int) -> EOperator:
         else:
             input_names.append(unique_name(f"S{len(input_names)}", taken))
     output = unique_name("Y", taken)
-    g = Graph(opset, taken)
+    g = Graph(opset, taken, light)
     split = unroll_summation(split_iterators(scope))
     low = _Lowerer(g, split, dict(zip(sources, input_names, strict=True)))
     result = low.finish(low.body(), scope.shape)

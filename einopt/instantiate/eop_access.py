@@ -179,20 +179,30 @@ def gather(g: Graph, x: str, axis: int, rank: int, dims: list[Dim], its: list[ir
     reads out of range point at a zero appended to that axis. The caller
     bounds the size of the index (the product of the extents of ``its``).
     """
+    shape = tuple(it.extent for it in its)
+    total = math.prod(d.size for d in dims)
+    dtype = np.int32 if total < 2**31 else np.int64
+    if g.light and all(d.form.is_affine for d in dims):
+        # Shape only: affine positions reach their bounds, so the bounds say whether a read
+        # falls outside exactly as the index would.
+        inside = all(0 <= bounds(d.pos)[0] and bounds(d.pos)[1] < d.size for d in dims)
+        return g.op("Gather", [_zero_row(g, x, axis, rank, inside), g.shaped(shape, dtype)], axis=axis)
     grids = np.meshgrid(*(np.arange(it.lo, it.hi, dtype=np.int64) for it in its), indexing="ij", sparse=True)
     env = dict(zip(its, grids, strict=True))
-    shape = tuple(it.extent for it in its)
     positions = [np.broadcast_to(eval_index(d.pos, env), shape) for d in dims]
     valid = np.ones(shape, dtype=bool)
     for p, d in zip(positions, dims, strict=True):
         valid &= (p >= 0) & (p < d.size)
-    sizes = [d.size for d in dims]
-    total = math.prod(sizes)
-    flat = np.ravel_multi_index(tuple(np.where(valid, p, 0) for p in positions), sizes)
+    flat = np.ravel_multi_index(tuple(np.where(valid, p, 0) for p in positions), [d.size for d in dims])
     flat = np.where(valid, flat, total)
-    if not valid.all():
-        pads = [0] * (2 * rank)
-        pads[rank + axis] = 1
-        x = g.op("Pad", [x, g.ints(pads)])
-    dtype = np.int32 if total < 2**31 else np.int64
+    x = _zero_row(g, x, axis, rank, bool(valid.all()))
     return g.op("Gather", [x, g.const(flat.astype(dtype))], axis=axis)
+
+
+def _zero_row(g: Graph, x: str, axis: int, rank: int, inside: bool) -> str:
+    """``x`` with a zero appended to ``axis`` (where reads out of range point), unless every read is ``inside``."""
+    if inside:
+        return x
+    pads = [0] * (2 * rank)
+    pads[rank + axis] = 1
+    return g.op("Pad", [x, g.ints(pads)])

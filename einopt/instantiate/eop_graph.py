@@ -22,8 +22,9 @@ _REDUCE_AXES_INPUT_OPSET = 13
 class Graph:
     """The function body under construction: nodes, fresh value names, shared constants."""
 
-    def __init__(self, opset: int, taken: set[str]) -> None:
+    def __init__(self, opset: int, taken: set[str], light: bool = False) -> None:
         self.opset = opset
+        self.light = light  # large constants get a type and a shape, not values (costing only)
         self.nodes: list[onnx.NodeProto] = []
         self.taken = taken
         self.count = 0
@@ -55,6 +56,14 @@ class Graph:
         if key not in self.consts:
             self.consts[key] = self.op("Constant", [], value=numpy_helper.from_array(array))
         return self.consts[key]
+
+    def shaped(self, shape: tuple[int, ...], dtype: type) -> str:
+        """A Constant node declaring a tensor of ``shape`` and ``dtype`` without its values: the
+        model can be shape-inferred and costed, not run (``light``)."""
+        t = onnx.TensorProto()
+        t.dims.extend(shape)
+        t.data_type = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+        return self.op("Constant", [], value=t)
 
     def ints(self, values: Iterable[int]) -> str:
         """An int64 1-D constant (shapes, axes, pads)."""
