@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from einopt import ir
 from einopt.index import linear_form
-from einopt.rewrite import accesses
+from einopt.rewrite import accesses, substitute_iters
 from einopt.rules import REGISTRY, Context, Match
 from einopt.rules.boundary import ProgramFacts
 
@@ -98,7 +98,18 @@ def _shares_input(program: ir.Program, m: Match, ctx: Context) -> bool:
         return False
     reads1 = {a.source for a in accesses(s1.body)}
     reads2 = {a.source for a in accesses(s2.body)}
-    return bool(reads1 & reads2)
+    return bool(reads1 & reads2) and not _pieces_of_one(s1, s2)
+
+
+def _pieces_of_one(s1: ir.Scope, s2: ir.Scope) -> bool:
+    """Whether two scopes compute one expression over different ranges of its traversal (what a
+    ``split_expression`` left): merging them back only undoes that split."""
+    if s1 is s2 or len(s1.traversal) != len(s2.traversal) or s1.summation != s2.summation:
+        return False
+    if any(a.name != b.name for a, b in zip(s1.traversal, s2.traversal, strict=True)):
+        return False
+    same = {b: a for a, b in zip(s1.traversal, s2.traversal, strict=True) if a != b}
+    return substitute_iters(s2.body, same) == s1.body
 
 
 def _no_summation_producer(program: ir.Program, m: Match, ctx: Context) -> bool:
@@ -181,7 +192,10 @@ RESTRICTIONS: dict[str, tuple[Callable[[ir.Program, Match, Context], bool], str]
     "window_blocks": (_reads_window, "only a window iterator, into blocks"),
     "read_through": (_read_through, "only scopes that re-index another scope, and plain copies"),
     "traversal_range": (_traversal_range, "only traversal ranges"),
-    "shares_input": (_shares_input, "only expressions that read a common source"),
+    "shares_input": (
+        _shares_input,
+        "only expressions that read a common source, and not pieces of one expression (what a split left)",
+    ),
     "flipped_window": (
         _flipped_window,
         "only a tap read flipped beside a traversal iterator in a plain index (no // or %)",
