@@ -20,6 +20,7 @@ Semantics (the reference interpreter ``einopt.interp`` is the specification):
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import weakref
@@ -638,8 +639,8 @@ class Program(Node):
     outputs: tuple[str, ...]
 
     def __post_init__(self) -> None:
-        names = [t.name for t in self.inputs] + [n for n, _ in self.bindings]
-        dup = sorted({n for n in names if names.count(n) > 1})
+        names = collections.Counter([t.name for t in self.inputs] + [n for n, _ in self.bindings])
+        dup = sorted(n for n, k in names.items() if k > 1)
         if dup:
             raise IRError(f"program names defined twice: {', '.join(dup)}")
         for n, s in self.bindings:
@@ -647,19 +648,20 @@ class Program(Node):
             if not isinstance(s, Scope):
                 raise IRError(f"program binding {n} must be a Scope, got {type(s).__name__}")
         declared = set(self.inputs)
-        seen: set[Scope] = set()
-        for n, s in self.bindings:
+        first: dict[Scope, int] = {}
+        for k, (_, s) in enumerate(self.bindings):
+            first.setdefault(s, k)
+        for k, (n, s) in enumerate(self.bindings):
             for t in tensors_in(s):
                 if t not in declared:
                     raise IRError(
                         f"binding {n} reads tensor {t.name}{list(t.shape)} that is not a program input"
                     )
-            later = {s2 for n2, s2 in self.bindings if s2 not in seen and s2 is not s}
             for sub in scopes_in(s):
-                if sub in later and sub is not s:
-                    name = next(n2 for n2, s2 in self.bindings if s2 is sub)
-                    raise IRError(f"binding {n} reads {name}, which is bound after it")
-            seen.add(s)
+                if first.get(sub, -1) > k and sub is not s:
+                    raise IRError(
+                        f"binding {n} reads {self.bindings[first[sub]][0]}, which is bound after it"
+                    )
         bound = {n for n, _ in self.bindings}
         if not self.outputs:
             raise IRError("a program needs at least one output")
@@ -721,8 +723,27 @@ def _walk(root: Node) -> PyIterator[Node]:
 
 def scopes_in(root: Node) -> list[Scope]:
     """All scopes reachable from ``root`` (including itself), producers before consumers."""
-    found = _cached(root, "scopes_in", lambda: tuple(n for n in _walk(root) if isinstance(n, Scope)))
-    return list(found)
+    return list(_scopes_in(root))
+
+
+def _scopes_in(root: Node) -> tuple[Scope, ...]:
+    # Built from the nested scopes' own (memoised) lists, in the order of a depth-first walk,
+    # children first: a rewritten scope reuses what its unchanged parts already know.
+    def compute() -> tuple[Scope, ...]:
+        out: dict[int, Scope] = {}
+        stack = list(reversed(list(_children(root))))
+        while stack:
+            node = stack.pop()
+            if isinstance(node, Scope):
+                for x in _scopes_in(node):
+                    out.setdefault(id(x), x)
+            elif not isinstance(node, Tensor):
+                stack.extend(reversed(list(_children(node))))
+        if isinstance(root, Scope):
+            out.setdefault(id(root), root)
+        return tuple(out.values())
+
+    return _cached(root, "scopes_in", compute)
 
 
 def input_tensors(node: Scope | Program) -> list[Tensor]:
@@ -732,20 +753,22 @@ def input_tensors(node: Scope | Program) -> list[Tensor]:
 
 def tensors_in(root: Node) -> list[Tensor]:
     """All input tensors reachable from ``root`` in first-use order (depth first, left to right)."""
-    return list(_cached(root, "tensors_in", lambda: tuple(_tensors_in(root))))
+    return list(_cached(root, "tensors_in", lambda: _tensors_in(root)))
 
 
-def _tensors_in(root: Node) -> list[Tensor]:
-    out: list[Tensor] = []
-    seen: set[int] = set()
-    stack: list[Node] = [root]
+def _tensors_in(root: Node) -> tuple[Tensor, ...]:
+    # Nested scopes contribute their own (memoised) lists, as in scopes_in.
+    out: dict[int, Tensor] = {}
+    stack: list[Node] = list(reversed(list(_children(root))))
     while stack:
         n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
         if isinstance(n, Tensor):
-            out.append(n)
+            out.setdefault(id(n), n)
+        elif isinstance(n, Scope):
+            for t in tensors_in(n):
+                out.setdefault(id(t), t)
         else:
             stack.extend(reversed(list(_children(n))))
-    return out
+    if isinstance(root, Tensor):
+        out.setdefault(id(root), root)
+    return tuple(out.values())

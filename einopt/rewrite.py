@@ -106,7 +106,9 @@ def replace_scopes(program: ir.Program, mapping: Mapping[ir.Scope, ir.Scope]) ->
     def scope(s: ir.Scope) -> ir.Scope:
         out = memo.get(s)
         if out is None:
-            out = memo[s] = s.replace(body=map_accesses(s.body, access))
+            # A scope that reaches no replaced scope stays as it is (without walking its body).
+            touched = not mapping.keys().isdisjoint(ir.scopes_in(s))
+            out = memo[s] = s.replace(body=map_accesses(s.body, access)) if touched else s
         return out
 
     def access(a: ir.Access) -> ir.Access:
@@ -134,12 +136,12 @@ def sort_bindings(bindings: Iterable[tuple[str, ir.Scope]]) -> tuple[tuple[str, 
     """Bindings reordered (stably) so that every binding comes after the bound scopes it reads."""
     pending = list(bindings)
     bound = {s for _, s in pending}
+    reads = {s: {x for x in ir.scopes_in(s) if x is not s and x in bound} for _, s in pending}
     done: set[ir.Scope] = set()
     out: list[tuple[str, ir.Scope]] = []
     while pending:
         for k, (name, s) in enumerate(pending):
-            reads = {x for x in ir.scopes_in(s) if x is not s and x in bound}
-            if reads <= done:
+            if reads[s] <= done:
                 out.append((name, s))
                 done.add(s)
                 del pending[k]

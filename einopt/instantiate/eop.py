@@ -150,11 +150,16 @@ def eoperator(scope: ir.Scope, name: str, opset: int, light: bool = False) -> EO
     result = low.finish(low.body(), scope.shape)
     g.set_output(result, output)
     doc = (
-        format_expr(scope)
-        + "\n\ninputs: "
-        + ", ".join(
-            n if isinstance(s, ir.Tensor) else f"{n} (nested scope, origin {list(s.origin)})"
-            for n, s in zip(input_names, sources, strict=True)
+        ""
+        if light
+        # a light function is costed, never shown
+        else (
+            format_expr(scope)
+            + "\n\ninputs: "
+            + ", ".join(
+                n if isinstance(s, ir.Tensor) else f"{n} (nested scope, origin {list(s.origin)})"
+                for n, s in zip(input_names, sources, strict=True)
+            )
         )
     )
     fn = helper.make_function(
