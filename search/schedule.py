@@ -127,17 +127,29 @@ def _no_summation_producer(program: ir.Program, m: Match, ctx: Context) -> bool:
     return not producer.summation or gathers
 
 
-def _into_compute(program: ir.Program, m: Match, ctx: Context) -> bool:
-    # Split by residue (the phases of a strided transposed convolution) only a scope that sums.
-    scope = program.scope(m["binding"])
-    return bool(scope.summation) or any(
-        isinstance(a.source, ir.Scope) and a.source.summation for a in accesses(scope.body)
+def _computes(program: ir.Program, scope: ir.Scope) -> bool:
+    """Whether ``scope`` sums, or reads a nested scope of its own that sums. A scope that only
+    assembles other bindings (the interleave a residue split leaves) is data movement: converging
+    lays it out."""
+    if scope.summation:
+        return True
+    bound = program.names()
+    return any(
+        isinstance(a.source, ir.Scope) and a.source.summation and a.source not in bound
+        for a in accesses(scope.body)
     )
 
 
+def _split_compute(program: ir.Program, m: Match, ctx: Context) -> bool:
+    return m.target is not None and _computes(program, m.target)
+
+
 def _strided_reads(program: ir.Program, m: Match, ctx: Context) -> bool:
-    # A residue split pays when the scope reads its iterator through // or % (zero insertion).
+    # A residue split pays when a scope that computes reads its iterator through // or % (zero
+    # insertion).
     scope = program.scope(m["binding"])
+    if not _computes(program, scope):
+        return False
     x = scope.traversal[m["axis"]]
     for acc in accesses(scope.body):
         for e in acc.indices:
@@ -145,9 +157,7 @@ def _strided_reads(program: ir.Program, m: Match, ctx: Context) -> bool:
                 not isinstance(atom, ir.Iter) and x in atom.iters() for atom, _ in linear_form(e).atoms
             ):
                 return True
-    return _into_compute(program, m, ctx) and any(
-        isinstance(a.source, ir.Scope) for a in accesses(scope.body)
-    )
+    return any(isinstance(a.source, ir.Scope) for a in accesses(scope.body))
 
 
 def _is_copy(scope: ir.Scope) -> bool:
@@ -204,7 +214,11 @@ RESTRICTIONS: dict[str, tuple[Callable[[ir.Program, Match, Context], bool], str]
         _no_summation_producer,
         "only producers without a summation (layout, zero insertion), or a gather of fewer points",
     ),
-    "strided": (_strided_reads, "only iterators read through // or % (strided, zero-inserted reads)"),
+    "strided": (
+        _strided_reads,
+        "only iterators read through // or % (strided, zero-inserted reads) of a scope that computes",
+    ),
+    "computes": (_split_compute, "only scopes that sum, or read a nested scope of their own that sums"),
 }
 """Named restrictions: ``name -> (predicate(program, match), what it keeps, in words)``."""
 
@@ -273,7 +287,7 @@ DEFAULT_SCHEDULE = Schedule(
         Use("split_summation", restrict="windows_outside"),
         Use("relax_boundary", restrict="window_iterator"),
         Use("substitute_variables", ("split_sum",), restrict="window_blocks"),
-        Use("substitute_variables", ("split",)),
+        Use("substitute_variables", ("split",), restrict="computes"),
         # A flipped tap (X[q - q1 + 1]) read forward: the same window as a Conv rather than a
         # stride-1 ConvTranspose, which is a different kernel (faster or slower by shape, measured).
         Use("substitute_variables", ("reverse_sum",), restrict="flipped_window"),
