@@ -96,6 +96,11 @@ def _shares_input(program: ir.Program, m: Match, ctx: Context) -> bool:
     s1, s2 = labels.get(m["first"]), labels.get(m["second"])
     if s1 is None or s2 is None:
         return False
+    return _partners(s1, s2)
+
+
+def _partners(s1: ir.Scope, s2: ir.Scope) -> bool:
+    """Whether two scopes read a common source and are not pieces of one expression."""
     reads1 = {a.source for a in accesses(s1.body)}
     reads2 = {a.source for a in accesses(s2.body)}
     return bool(reads1 & reads2) and not _pieces_of_one(s1, s2)
@@ -187,13 +192,19 @@ def _traversal_range(program: ir.Program, m: Match, ctx: Context) -> bool:
 
 
 def _constant_source(program: ir.Program, m: Match, ctx: Context) -> bool:
-    # Lay out a weight the way a merge needs it: free, it is folded at compile time.
+    # Lay out a weight the way a merge needs it: free, it is folded at compile time. Only where a
+    # merge can follow: the scope has a partner (another scope reading a common source).
     src = m["access"].source
-    return isinstance(src, ir.Tensor) and ctx.is_constant(src)
+    if not (isinstance(src, ir.Tensor) and ctx.is_constant(src)) or m.target is None:
+        return False
+    return any(s is not m.target and _partners(m.target, s) for s in ProgramFacts.of(program).labels)
 
 
 RESTRICTIONS: dict[str, tuple[Callable[[ir.Program, Match, Context], bool], str]] = {
-    "constant_source": (_constant_source, "only reads of constant tensors (weights; folded at compile time)"),
+    "constant_source": (
+        _constant_source,
+        "only reads of constant tensors (weights; folded at compile time) by a scope a merge can take",
+    ),
     "windows_outside": (
         _windows_outside,
         "only window iterators (read beside a traversal iterator) go outside; every contraction iterator stays in",
