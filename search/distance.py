@@ -168,8 +168,21 @@ def distance(scope: ir.Scope, target: str, ctx: Context) -> int:
 
 
 def nearest(scope: ir.Scope, ctx: Context) -> tuple[int, str]:
-    """The smallest distance of ``scope`` to any target, and that target (first in table order on ties)."""
-    return min((distance(scope, t, ctx), k, t) for k, t in enumerate(TARGETS))[::2]
+    """The smallest distance of ``scope`` to any target, and that target (first in table order on
+    ties): :func:`distance` for each, stopping at the first that accepts, with the mismatches
+    counted once per kind of target (convolutions read windows, the others do not)."""
+    best: tuple[int, str] | None = None
+    counted: dict[bool, int] = {}
+    for t, matcher in TARGETS.items():
+        if isinstance(matcher(scope, ctx), Match):
+            return 0, t
+        conv = t in ("Conv", "ConvTranspose")
+        if conv not in counted:
+            counted[conv] = mismatches(scope, t, ctx)
+        if best is None or 1 + counted[conv] < best[0]:
+            best = (1 + counted[conv], t)
+    assert best is not None
+    return best
 
 
 def _elements(scope: ir.Scope) -> int:

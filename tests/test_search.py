@@ -303,7 +303,8 @@ def _assert_distance_agrees_with_matchers(scope: ir.Scope) -> set[str]:
             zero.add(target)
         else:
             assert d > 0, target
-    assert nearest(scope, ctx)[0] == min(distance(scope, t, ctx) for t in TARGETS)
+    # The nearest target: the smallest distance, the first in table order on ties.
+    assert nearest(scope, ctx) == min((distance(scope, t, ctx), k, t) for k, t in enumerate(TARGETS))[::2]
     return zero
 
 
