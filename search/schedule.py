@@ -162,7 +162,7 @@ def _strided_reads(program: ir.Program, m: Match, ctx: Context) -> bool:
                 not isinstance(atom, ir.Iter) and x in atom.iters() for atom, _ in linear_form(e).atoms
             ):
                 return True
-    return any(isinstance(a.source, ir.Scope) for a in accesses(scope.body))
+    return False
 
 
 def _is_copy(scope: ir.Scope) -> bool:
