@@ -638,7 +638,10 @@ class TightenBoundary(ProgramScopeRule):
 
     def match_in(self, scope: ir.Scope, facts: ProgramFacts, ctx: Context) -> Iterator[Hit | str]:
         label = facts.labels.get(scope, "Y")
+        output = scope in facts.outputs
         for it in scope.traversal + scope.summation:
+            if output and not ctx.reasons and it in scope.traversal:
+                continue  # an output's shape is fixed, and no one asks why (the search's hot path)
             span = nonzero_span(scope, it, finite=ctx.is_finite)
             if isinstance(span, str):
                 if zero_at(scope, it, it.lo, ctx.is_finite) or zero_at(scope, it, it.hi - 1, ctx.is_finite):

@@ -167,6 +167,29 @@ def test_tightening_an_output_traversal_is_refused_but_a_bound_intermediate_is_t
     assert m.where == "T" and after.scope("T").shape == (4,)
 
 
+def test_without_reasons_an_output_traversal_is_not_even_scanned(monkeypatch):
+    """The search runs without reasons: an output's traversal is skipped before its values are
+    scanned, and the matches are the same as with reasons (only the near miss is gone)."""
+    import dataclasses
+
+    import einopt.rules.boundary as boundary
+
+    rule = get("tighten_boundary")
+    program = load(
+        f"Y = {NESTED_PADDED.split(' where')[0]}\nZ = L[z=-1:5] Y[z]\nreturn Y, Z\nwhere A: [4], B: [4, 6]"
+    )
+    quiet = dataclasses.replace(NO_CONTEXT, reasons=False)
+    with_reasons = [str(m) for m in rule.match(program, NO_CONTEXT) if not hasattr(m, "reason")]
+    scanned = []
+    real = boundary.nonzero_span
+    monkeypatch.setattr(
+        boundary, "nonzero_span", lambda s, it, **kw: scanned.append(it.name) or real(s, it, **kw)
+    )
+    without = [str(m) for m in rule.match(program, quiet)]
+    assert without == with_reasons and with_reasons
+    assert "z" not in scanned and "i" not in scanned and "k" in scanned  # Z and Y are outputs
+
+
 def test_scope_without_zero_points_is_not_a_candidate():
     program = load("L[i:3, j:4] Sum[k:5] A[i, k] * B[k, j] where A: [3, 5], B: [5, 4]")
     assert list(get("tighten_boundary").match(program)) == []
