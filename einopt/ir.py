@@ -25,7 +25,6 @@ import dataclasses
 import math
 import weakref
 from collections.abc import Iterable
-from collections.abc import Iterator as PyIterator
 from typing import Any, ClassVar, Union
 
 __all__ = [
@@ -703,47 +702,9 @@ def _children(node: Node) -> Iterable[Node]:
             yield s
 
 
-def _walk(root: Node) -> PyIterator[Node]:
-    """Every value/scope/tensor node reachable from ``root`` once, children before parents."""
-    seen: set[int] = set()
-    stack: list[tuple[Node, bool]] = [(root, False)]
-    while stack:
-        node, done = stack.pop()
-        if done:
-            yield node
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        for child in reversed(list(_children(node))):
-            if id(child) not in seen:
-                stack.append((child, False))
-
-
 def scopes_in(root: Node) -> list[Scope]:
     """All scopes reachable from ``root`` (including itself), producers before consumers."""
-    return list(_scopes_in(root))
-
-
-def _scopes_in(root: Node) -> tuple[Scope, ...]:
-    # Built from the nested scopes' own (memoised) lists, in the order of a depth-first walk,
-    # children first: a rewritten scope reuses what its unchanged parts already know.
-    def compute() -> tuple[Scope, ...]:
-        out: dict[int, Scope] = {}
-        stack = list(reversed(list(_children(root))))
-        while stack:
-            node = stack.pop()
-            if isinstance(node, Scope):
-                for x in _scopes_in(node):
-                    out.setdefault(id(x), x)
-            elif not isinstance(node, Tensor):
-                stack.extend(reversed(list(_children(node))))
-        if isinstance(root, Scope):
-            out.setdefault(id(root), root)
-        return tuple(out.values())
-
-    return _cached(root, "scopes_in", compute)
+    return list(_reachable(root, Scope))
 
 
 def input_tensors(node: Scope | Program) -> list[Tensor]:
@@ -753,22 +714,31 @@ def input_tensors(node: Scope | Program) -> list[Tensor]:
 
 def tensors_in(root: Node) -> list[Tensor]:
     """All input tensors reachable from ``root`` in first-use order (depth first, left to right)."""
-    return list(_cached(root, "tensors_in", lambda: _tensors_in(root)))
+    return list(_reachable(root, Tensor))
 
 
-def _tensors_in(root: Node) -> tuple[Tensor, ...]:
-    # Nested scopes contribute their own (memoised) lists, as in scopes_in.
-    out: dict[int, Tensor] = {}
-    stack: list[Node] = list(reversed(list(_children(root))))
-    while stack:
-        n = stack.pop()
-        if isinstance(n, Tensor):
-            out.setdefault(id(n), n)
-        elif isinstance(n, Scope):
-            for t in tensors_in(n):
-                out.setdefault(id(t), t)
-        else:
-            stack.extend(reversed(list(_children(n))))
-    if isinstance(root, Tensor):
-        out.setdefault(id(root), root)
-    return tuple(out.values())
+def _reachable(root: Node, kind: type[Scope] | type[Tensor]) -> tuple:
+    """The scopes or the tensors reachable from ``root`` (itself included), memoised per node. Built
+    from the nested scopes' own lists in depth-first order, left to right, so a rewritten scope
+    reuses what its unchanged parts already know: tensors come in first-use order, scopes children
+    first (producers before consumers)."""
+
+    def compute() -> tuple:
+        out: dict[int, Node] = {}
+        stack = list(reversed(list(_children(root))))
+        while stack:
+            node = stack.pop()
+            if isinstance(node, Scope):
+                found: Iterable[Node] = _reachable(node, kind)
+            elif isinstance(node, Tensor):
+                found = (node,) if kind is Tensor else ()
+            else:
+                stack.extend(reversed(list(_children(node))))
+                continue
+            for x in found:
+                out.setdefault(id(x), x)
+        if isinstance(root, kind):
+            out.setdefault(id(root), root)
+        return tuple(out.values())
+
+    return _cached(root, "scopes_in" if kind is Scope else "tensors_in", compute)

@@ -4,6 +4,7 @@ import dataclasses
 import pickle
 
 import pytest
+from hypothesis import given, settings
 
 from einopt import L, Sum, iters, program, tensor
 from einopt.ir import (
@@ -20,6 +21,8 @@ from einopt.ir import (
     scopes_in,
     tensors_in,
 )
+
+from strategies import programs
 
 
 def conv(n=8, c=4, f=5):
@@ -133,3 +136,52 @@ def test_free_iterators_of_values():
     e = Access(inner, (x, IConst(1))) + A[x, x]
     assert e.iters() == {x}
     assert inner.iters() == frozenset()
+
+
+def _plain_walk(root):
+    """Every node reachable from ``root`` once, children before parents, left to right."""
+    from einopt.ir import _children
+
+    seen, out = set(), []
+
+    def visit(node):
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        for child in _children(node):
+            visit(child)
+        out.append(node)
+
+    visit(root)
+    return out
+
+
+def _first_use(root):
+    """Tensors in first-use order: a pre-order walk, left to right."""
+    from einopt.ir import Tensor, _children
+
+    seen, out = set(), []
+
+    def visit(node):
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        if isinstance(node, Tensor):
+            out.append(node)
+        for child in _children(node):
+            visit(child)
+
+    visit(root)
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(programs(max_depth=2))
+def test_scopes_and_tensors_in_follow_a_plain_walk(p):
+    """``scopes_in`` and ``tensors_in`` are built from nested scopes' memoised lists: the same
+    nodes in the same order as walking the whole tree."""
+    from einopt.ir import Scope, scopes_in, tensors_in
+
+    for root in [p, *(s for _, s in p.bindings)]:
+        assert scopes_in(root) == [n for n in _plain_walk(root) if isinstance(n, Scope)]
+        assert tensors_in(root) == _first_use(root)
