@@ -13,7 +13,7 @@ from onnx import helper, numpy_helper
 from einopt import ir
 from einopt.frontend.onnx_graph import read_counts, subgraph_reads, unique_name
 from einopt.instantiate import EOP_DOMAIN
-from einopt.instantiate.emit import LIGHT_LIMIT, Instantiated, instantiate
+from einopt.instantiate.emit import Instantiated, instantiate, light_omits
 
 PROGRAM_OPSET = 17
 """Default-domain opset of models built from programs (ONNX Runtime runs it everywhere)."""
@@ -44,7 +44,7 @@ def program_model(
     name : str
         The graph's name.
     light : bool
-        Weights and folded constants over ``LIGHT_LIMIT`` bytes become typed
+        Weights and folded constants over ``emit.LIGHT_LIMIT`` bytes become typed
         graph inputs instead of initializers: a model to cost (same nodes,
         shapes, FLOPs and bytes), not to run. The search costs candidates so.
 
@@ -63,7 +63,7 @@ def program_model(
     used = {i for n in inst.nodes for i in n.input}
     # Without values (``light``): large weights the nodes read are declared like activations.
     declared = {
-        n for n, v in constants.items() if light and n in used and np.asarray(v).size * 4 > LIGHT_LIMIT
+        n for n, v in constants.items() if light and n in used and light_omits(np.float32, np.size(v) * 4)
     }
     graph = helper.make_graph(
         list(inst.nodes),

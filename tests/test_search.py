@@ -441,7 +441,6 @@ def test_a_light_model_costs_what_the_runnable_one_does(monkeypatch):
     from einopt.instantiate import emit
 
     monkeypatch.setattr(emit, "LIGHT_LIMIT", 64)
-    monkeypatch.setattr("einopt.export.LIGHT_LIMIT", 64)
     program = as_program(einopt.parse(PHASE_CONV))
     w = np.random.default_rng(0).standard_normal((4, 2, 4, 4))
     full, _ = program_model(program, {"W": w})
@@ -462,7 +461,6 @@ def test_every_candidate_costs_the_same_light(name, monkeypatch):
     from einopt.instantiate import emit
 
     monkeypatch.setattr(emit, "LIGHT_LIMIT", 64)
-    monkeypatch.setattr("einopt.export.LIGHT_LIMIT", 64)
     case = CASES[name]
     program = case.program("small")
     ctx = case.context(program)

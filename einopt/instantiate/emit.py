@@ -79,10 +79,14 @@ class _Shaped:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
-def _weightlike(arr: np.ndarray | _Shaped) -> bool:
-    """Whether a ``light`` instantiation leaves ``arr``'s values out: floating point and over
+def light_omits(dtype: np.dtype | type, nbytes: int) -> bool:
+    """Whether a ``light`` instantiation leaves a value's contents out: floating point and over
     :data:`LIGHT_LIMIT` bytes (integer shapes, axes and pads always keep theirs)."""
-    return np.dtype(arr.dtype).kind == "f" and arr.nbytes > LIGHT_LIMIT
+    return np.dtype(dtype).kind == "f" and nbytes > LIGHT_LIMIT
+
+
+def _weightlike(arr: np.ndarray | _Shaped) -> bool:
+    return light_omits(arr.dtype, arr.nbytes)
 
 
 class InstantiationError(ValueError):
@@ -187,7 +191,7 @@ def instantiate(
             em.materialise(scope, name, em.fresh(name), required=False, prefer=prefer)
     inits, placeholders = [], []
     for name, arr in em.inits.items():
-        if isinstance(arr, _Shaped) or light and _weightlike(arr):
+        if isinstance(arr, _Shaped):  # light: ``initializer`` kept no values
             dtype = helper.np_dtype_to_tensor_dtype(arr.dtype)
             placeholders.append(helper.make_tensor_value_info(name, dtype, list(arr.shape)))
         else:
