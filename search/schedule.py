@@ -138,7 +138,7 @@ def _computes(program: ir.Program, scope: ir.Scope) -> bool:
     lays it out."""
     if scope.summation:
         return True
-    bound = program.names()
+    bound = ProgramFacts.of(program).bound
     return any(
         isinstance(a.source, ir.Scope) and a.source.summation and a.source not in bound
         for a in accesses(scope.body)
