@@ -156,11 +156,14 @@ def is_unchanged(
     )
 
 
-def judge_parts(pairs: Iterable[PartPair], timer: Timer, band: float = NOISE_BAND) -> dict[str, Verdict]:
-    """Time each part pair; a rewrite is accepted when it is faster than the original beyond ``band``."""
+def judge_parts(
+    pairs: Iterable[PartPair | tuple[str, Comparison]], timer: Timer, band: float = NOISE_BAND
+) -> dict[str, Verdict]:
+    """Time each part pair (or take a ``(name, timing)`` already made); a rewrite is accepted when it
+    is faster than the original beyond ``band``."""
     verdicts: dict[str, Verdict] = {}
     for pair in pairs:
-        t = timer.part(pair)
+        name, t = pair if isinstance(pair, tuple) else (pair.name, timer.part(pair))
         ok = t.faster(band) and not t.unreliable()
         if ok:
             reason = f"measured {t.speedup:.2f}x faster on its own"
@@ -170,8 +173,8 @@ def judge_parts(pairs: Iterable[PartPair], timer: Timer, band: float = NOISE_BAN
             )
         else:
             reason = f"not faster than the original nodes ({t.speedup:.2f}x; needs >= {1 + band:.2f}x)"
-        verdicts[pair.name] = Verdict(pair.name, ok, t, reason)
-        log.info("%s: %s", pair.name, reason)
+        verdicts[name] = Verdict(name, ok, t, reason)
+        log.info("%s: %s", name, reason)
     return verdicts
 
 
@@ -244,10 +247,11 @@ def accept_rewrites(
     feeds: Mapping[str, np.ndarray] | None,
     *,
     mode: str = "measured",
-    cache: bool | str | Path = True,
+    cache: bool | str | Path | MeasurementCache = True,
     noise: float = NOISE_BAND,
     part_budget_s: float = 1.0,
     model_budget_s: float = 10.0,
+    measured: Mapping[str, Comparison] | None = None,
 ) -> Decision:
     """Measured acceptance of verified rewrites that differ from their original nodes.
 
@@ -263,10 +267,14 @@ def accept_rewrites(
         Inputs to time on (None: nothing can be timed, nothing is accepted).
     mode : {"measured", "verified"}
         ``verified`` keeps every rewrite, untimed.
-    cache : bool or path
-        The measurement cache (True: the default file; False: this run only).
+    cache : bool, path or MeasurementCache
+        The measurement cache (True: the default file; False: this run only;
+        an open cache is used as it is and left open).
     noise, part_budget_s, model_budget_s
         See :class:`einopt.pipeline.Options`.
+    measured : mapping, optional
+        Part name -> its rewrite's timing against the original nodes, already
+        made (by selection): those parts are judged on it, not timed again.
     """
     report: dict[str, object] = {"mode": mode, "timed": False, "noise_band": noise}
     if mode == "verified":
@@ -278,11 +286,13 @@ def accept_rewrites(
         note = "no inputs to time the rewrites on: every subprogram keeps its original nodes"
         return Decision(frozenset(), {}, (), (note,), report)
     configure_threads()
-    store = MeasurementCache(resolve_path(cache))
+    own = not isinstance(cache, MeasurementCache)
+    store = MeasurementCache(resolve_path(cache)) if own else cache
     try:
         timer = Timer(store, part_budget_s=part_budget_s, model_budget_s=model_budget_s)
-        pairs = part_pairs(model, [parts[n] for n in emitted], emitted, feeds)
-        verdicts = judge_parts(pairs, timer, noise)
+        made = {n: t for n, t in (measured or {}).items() if n in emitted}
+        pairs = part_pairs(model, [parts[n] for n in emitted if n not in made], emitted, feeds)
+        verdicts = judge_parts([*made.items(), *pairs], timer, noise)
         gains = {n: v.timing.speedup for n, v in verdicts.items() if v.accepted}
 
         def build(names: frozenset[str]) -> onnx.ModelProto:
@@ -290,7 +300,8 @@ def accept_rewrites(
 
         kept, rounds = accept_model(original, feeds, build, gains, timer) if gains else (frozenset(), [])
     finally:
-        store.close()
+        if own:
+            store.close()
     unreliable = [f"{n}: {v.timing.unreliable()}" for n, v in verdicts.items() if v.timing.unreliable()]
     unreliable += [f"whole model: {r.timing.unreliable()}" for r in rounds if r.timing.unreliable()]
     notes = (_disturbed_note(unreliable),) if unreliable else ()

@@ -1,4 +1,5 @@
-"""The measurement cache: side-by-side timings kept in SQLite, so nothing is timed twice.
+"""The measurement cache: side-by-side timings (and search results) kept in SQLite, so nothing is
+timed or searched twice.
 
 A timing is keyed by the canonical content of what was timed (both sides'
 node groups, shapes, attributes and element types: :func:`einopt.graphkey.timing_key`)
@@ -71,6 +72,7 @@ class MeasurementCache:
         self.path = Path(path) if path is not None else None
         self.stats = Stats()
         self._memory: dict[str, Comparison] = {}
+        self._searches: dict[str, dict] = {}
         self._db: sqlite3.Connection | None = None
         if self.path is not None:
             self._db = self._open(self.path)
@@ -90,6 +92,9 @@ class MeasurementCache:
             db.execute(
                 "CREATE TABLE IF NOT EXISTS comparisons ("
                 "key TEXT PRIMARY KEY, what TEXT, value TEXT NOT NULL, created REAL NOT NULL)"
+            )
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS searches (key TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL)"
             )
             db.commit()
             return db
@@ -150,6 +155,28 @@ class MeasurementCache:
         self.stats.measured += 1
         self.put(key, c, what)
         return c
+
+    def found(self, key: str) -> dict | None:
+        """A search's results stored under ``key`` (see :mod:`einopt.partsearch`), or None."""
+        if key in self._searches:
+            return self._searches[key]
+        if self._db is None:
+            return None
+        row = self._db.execute("SELECT value FROM searches WHERE key = ?", (key,)).fetchone()
+        return None if row is None else self._searches.setdefault(key, json.loads(row[0]))
+
+    def keep(self, key: str, value: dict) -> None:
+        """Store a search's results (JSON-serialisable) under ``key``."""
+        self._searches[key] = value
+        if self._db is None:
+            return
+        try:
+            self._db.execute(
+                "INSERT OR REPLACE INTO searches VALUES (?, ?, ?)", (key, json.dumps(value), time.time())
+            )
+            self._db.commit()
+        except sqlite3.Error as e:
+            log.warning("cannot write to the measurement cache %s: %s", self.path, e)
 
     def close(self) -> None:
         if self._db is not None:

@@ -1,10 +1,14 @@
 """The whole product in one screen: load -> prepare -> partition and translate ->
-(search) -> instantiate -> verify -> accept (measured) -> assemble -> verify.
+search -> select (instantiate, verify, time the candidates) -> accept (measured) ->
+assemble -> verify.
 
-A subprogram's new nodes reach the output only when they differ from its
-original nodes, are verified equal, and are measured faster (per part, then
-the whole model against the input, with rollback: :mod:`einopt.accept`).
-When nothing is accepted, the output is the input model itself.
+Every subprogram is searched (:mod:`einopt.partsearch`, identical ones once);
+its best candidates are instantiated, verified and timed against its original
+nodes, and the fastest is chosen (:mod:`einopt.select`). A subprogram's new
+nodes reach the output only when they differ from its original nodes, are
+verified equal, and are measured faster (per part, then the whole model
+against the input, with rollback: :mod:`einopt.accept`). When nothing is
+accepted, the output is the input model itself.
 
 >>> result = optimize("model.onnx", Options(seed=0))   # doctest: +SKIP
 >>> result.save("out.onnx")                             # doctest: +SKIP
@@ -15,38 +19,40 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
 
 from einopt import modelio
-from einopt.accept import Decision, ModelRound, accept_rewrites, is_unchanged
+from einopt.accept import Decision, ModelRound, Timer, accept_rewrites
+from einopt.cache import MeasurementCache, resolve_path
 from einopt.errors import UnsupportedModelError
 from einopt.export import assemble
 from einopt.frontend.fold import prepare
 from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset
 from einopt.frontend.translate import Part, translate_graph
-from einopt.instantiate.emit import Instantiated, instantiate, original_ops
+from einopt.instantiate.emit import Instantiated
+from einopt.partsearch import PartSearch, Progress, Settings, search_parts
 from einopt.report import CHANGED, REPORT_VERSION, STATUSES
+from einopt.select import DEFAULT_TOP_K, Selection, select
 from einopt.syntax import format_expr
-from einopt.timing import NOISE_BAND
+from einopt.timing import NOISE_BAND, configure_threads
 from einopt.timing import Comparison as TimingComparison
 from einopt.verify import (
-    Comparison,
     Tolerance,
     compare_models,
-    first_line,
     verification_inputs,
-    verify_parts,
 )
 
 log = logging.getLogger(__name__)
 
 MIN_OPSET = 7  # numpy-style broadcasting; older models pass through
 ACCEPT_MODES = ("measured", "verified")
-NO_SEARCH = "max_depth > 0 needs the search, which is not in this version of einopt yet (only 0 is accepted)"
+DEFAULT_MAX_DEPTH = 7
+DEFAULT_TIME_BUDGET = 180.0
+DEFAULT_PART_SEARCH = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +62,19 @@ class Options:
     Parameters
     ----------
     max_depth : int
-        Search depth (only 0, translate and re-instantiate, until the search lands).
+        Explorative search depth per subprogram (0: no search, translate and
+        re-instantiate only).
+    time_budget : float
+        Seconds the searches of the whole model may take (a search running
+        when they are spent stops at its own budget; subprograms not searched
+        by then keep their input). Selection and timing come on top.
+    part_search_s : float
+        Seconds one subprogram's search may take.
+    jobs : int
+        Processes searching distinct subprograms side by side (timing stays
+        serial). The output does not depend on it.
+    top_k : int
+        Derived programs instantiated, verified and timed per subprogram.
     input_shapes : mapping
         Concrete shapes for graph inputs with symbolic dims.
     inputs : sequence
@@ -81,7 +99,11 @@ class Options:
         Seconds of timed runs per subprogram and per whole-model comparison.
     """
 
-    max_depth: int = 0
+    max_depth: int = DEFAULT_MAX_DEPTH
+    time_budget: float = DEFAULT_TIME_BUDGET
+    part_search_s: float = DEFAULT_PART_SEARCH
+    jobs: int = 1
+    top_k: int = DEFAULT_TOP_K
     input_shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     inputs: Sequence[Mapping[str, np.ndarray] | str | Path] = ()
     verify: bool = True
@@ -94,10 +116,12 @@ class Options:
     model_budget_s: float = 10.0
 
     def __post_init__(self) -> None:
-        if self.max_depth != 0:
-            raise ValueError(
-                NO_SEARCH if self.max_depth > 0 else f"max_depth must be >= 0, not {self.max_depth}"
-            )
+        for name in ("max_depth", "jobs", "top_k"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < (1 if name == "jobs" else 0):
+                raise ValueError(f"{name} must be an integer >= {1 if name == 'jobs' else 0}, not {value!r}")
+        if not self.time_budget > 0 or not self.part_search_s > 0:
+            raise ValueError("time_budget and part_search_s must be positive seconds")
         if self.accept not in ACCEPT_MODES:
             raise ValueError(f"accept must be one of {', '.join(ACCEPT_MODES)}, not {self.accept!r}")
         if not 0 <= self.noise < 1:
@@ -120,6 +144,7 @@ class PartResult:
     max_error: float | None = None
     trace: str = ""  # the derivation that produced the rewrite ("" when no rule was applied)
     bench: Mapping[str, object] | None = None  # original_ms, optimized_ms, speedup, cached, unreliable
+    search: Mapping[str, object] | None = None  # its search's counts and the candidates tried
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +210,7 @@ class Result:
             "seconds": dict(self.seconds),
             "acceptance": dict(self.acceptance),
             "subprograms": [_part_dict(p) for p in self.parts],
+            "search": search_summary(self.parts),
             "bench": None,
         }
 
@@ -194,14 +220,65 @@ class Result:
         return dataclasses.replace(self, parts=parts)
 
 
+def search_summary(parts: Sequence[PartResult]) -> dict[str, object]:
+    """Totals of a model's searches, and how well predicted speedups ranked the measured ones.
+
+    ``rank_correlation`` is Spearman's over every candidate that was timed
+    (predicted against measured speedup); None with fewer than 3 of them.
+    """
+    own = [p.search for p in parts if p.search and not p.search["same_as"]]
+    timed = [
+        (c["predicted_speedup"], c["measured_speedup"])
+        for p in parts
+        if p.search
+        for c in p.search["candidates"]
+        if c["predicted_speedup"] is not None and c["measured_speedup"] is not None
+    ]
+    return {
+        "searched": sum(1 for s in own if s["stats"].get("searched", True)),
+        "cached": sum(1 for s in own if s["cached"]),
+        "states": sum(int(s["stats"].get("generated", 0)) for s in own),
+        "seconds": round(sum(float(s["seconds"]) for s in own), 3),
+        "incomplete": sum(1 for s in own if s["stats"].get("searched", True) and not s["stats"]["complete"]),
+        "timed_candidates": len(timed),
+        "rank_correlation": _spearman(timed) if len(timed) >= 3 else None,
+    }
+
+
+def _spearman(pairs: Sequence[tuple[float, float]]) -> float | None:
+    a, b = (_ranks([p[k] for p in pairs]) for k in (0, 1))
+    if a.std() == 0 or b.std() == 0:
+        return None
+    return round(float(np.corrcoef(a, b)[0, 1]), 3)
+
+
+def _ranks(values: Sequence[float]) -> np.ndarray:
+    """Ranks from 0, ties sharing their mean rank."""
+    v = np.asarray(values, dtype=float)
+    order = np.argsort(v, kind="stable")
+    ranks = np.empty(len(v))
+    ranks[order] = np.arange(len(v))
+    for x in np.unique(v):
+        ranks[v == x] = ranks[v == x].mean()
+    return ranks
+
+
 def _part_dict(p: PartResult) -> dict:
     d = dataclasses.asdict(p)
     d["bench"] = dict(p.bench) if p.bench is not None else None
+    d["search"] = dict(p.search) if p.search is not None else None
     return d
 
 
-def optimize(source: str | Path | onnx.ModelProto, options: Options = Options()) -> Result:
+def optimize(
+    source: str | Path | onnx.ModelProto,
+    options: Options = Options(),
+    progress: Callable[[Progress], None] | None = None,
+) -> Result:
     """Optimize an ONNX model: verified equal, and measured not slower (unless ``accept="verified"``).
+
+    ``progress`` is called with a :class:`einopt.partsearch.Progress` as the
+    subprograms are searched (for a progress display; it changes nothing).
 
     A model einopt cannot work on (no default-domain opset, too old an opset,
     no inputs ONNX Runtime can run it on, so nothing can be verified) comes
@@ -222,10 +299,10 @@ def optimize(source: str | Path | onnx.ModelProto, options: Options = Options())
     )
     if options.verify and not datasets:
         return _untouched(original, data_note)
-    result = _rewrite(original, options, datasets, references, data_note, clock, fold=True)
+    result = _rewrite(original, options, datasets, references, data_note, clock, progress, fold=True)
     if isinstance(result, str):  # folding broke the model (an ONNX Runtime or folding bug): try without
         log.warning("the folded model differs from the original (%s); retrying without folding", result)
-        result = _rewrite(original, options, datasets, references, data_note, clock, fold=False)
+        result = _rewrite(original, options, datasets, references, data_note, clock, progress, fold=False)
     if isinstance(result, str):
         return _untouched(
             original, f"the prepared model differs from the original ({result}): it passes through"
@@ -254,10 +331,10 @@ def _rewrite(
     references: Sequence[Mapping[str, np.ndarray]],
     data_note: str,
     clock: _Clock,
+    progress: Callable[[Progress], None] | None,
     fold: bool,
 ) -> Result | str:
-    """Prepare, translate, instantiate, verify, accept and assemble; a string says why the prepared model is wrong."""
-    opset = default_opset(original)
+    """Prepare, translate, search, select, accept and assemble; a string says why the prepared model is wrong."""
     prepared = prepare(original, options.input_shapes, fold=fold)
     model = prepared.model
     if options.verify and fold:  # the unchanged parts of an output come from the prepared model
@@ -268,38 +345,45 @@ def _rewrite(
     parts = translate_graph(model)
     by_name = {p.name: p for p in parts}
     clock("translate")
-    # The search (rules + distance-guided exploration) plugs in here; depth 0 keeps the translation.
-    emitted, reasons = _instantiate(model, parts, opset, {f.name for f in original.functions})
-    clock("instantiate")
-
-    checks: dict[str, Comparison] = {}
-    if options.verify and emitted:
-        checks = verify_parts(model, [by_name[n] for n in emitted], emitted, datasets, options.tolerance)
-        for name, c in checks.items():
-            if not c.ok:
-                log.warning("%s: rewrite differs from the original, rolled back: %s", name, c.message)
-                reasons[name] = f"verification failed: {c.message}"
-                del emitted[name]
-    clock("verify parts")
-
-    instantiated = dict(emitted)  # the report shows what every part became, unchanged ones too
-    unchanged = _unchanged(model, by_name, emitted)
-    for name in unchanged:
-        del emitted[name]
-    decided = accept_rewrites(
-        original,
-        model,
-        by_name,
-        emitted,
-        datasets[0] if datasets else _timing_feeds(original, options),
-        mode=options.accept,
-        cache=options.cache,
-        noise=options.noise,
-        part_budget_s=options.part_budget_s,
-        model_budget_s=options.model_budget_s,
-    )
+    feeds = datasets[0] if datasets else _timing_feeds(original, options)
+    store = MeasurementCache(resolve_path(options.cache))
+    try:
+        searches = _search(parts, options, store, progress)
+        clock("search")
+        timed = options.accept == "measured" and feeds is not None
+        if timed:
+            configure_threads()
+        selections = select(
+            model,
+            [p for p in parts if p.translated],
+            searches,
+            datasets=datasets,
+            tolerance=options.tolerance,
+            timer=Timer(store, part_budget_s=options.part_budget_s) if timed else None,
+            feeds=feeds,
+            taken={f.name for f in original.functions},
+            top_k=options.top_k if options.max_depth > 0 else 0,
+        )
+        clock("select")
+        emitted = {n: s.chosen.instantiated for n, s in selections.items() if s.chosen is not None}
+        decided = accept_rewrites(
+            original,
+            model,
+            by_name,
+            emitted,
+            feeds,
+            mode=options.accept,
+            cache=store,
+            noise=options.noise,
+            part_budget_s=options.part_budget_s,
+            model_budget_s=options.model_budget_s,
+            measured={n: s.chosen.measured for n, s in selections.items() if s.chosen and s.chosen.measured},
+        )
+    finally:
+        store.close()
     clock("accept")
     kept = {n: emitted[n] for n in decided.kept}
+    reasons: dict[str, str] = {}
 
     notes = list(prepared.notes) + ([data_note] if data_note else []) + list(decided.notes)
     if not fold:
@@ -326,8 +410,7 @@ def _rewrite(
         notes = [n for n in notes if n not in prepared.changes]
         notes.append("no rewrite was accepted: the output is the input model, unchanged")
     results = tuple(
-        _part_result(model, p, instantiated, kept, unchanged, decided, reasons, checks, options)
-        for p in parts
+        _part_result(model, p, selections.get(p.name), kept, decided, reasons, options) for p in parts
     )
     workspace = Workspace(model, tuple(by_name[n] for n in kept), kept, datasets[0] if datasets else None)
     return Result(
@@ -339,27 +422,6 @@ def _rewrite(
         acceptance=decided.report,
         workspace=workspace,
     )
-
-
-def _unchanged(
-    model: onnx.ModelProto, by_name: Mapping[str, Part], emitted: Mapping[str, Instantiated]
-) -> set[str]:
-    """The parts whose instantiation is their original nodes again."""
-    nodes = list(model.graph.node)
-    inits = {t.name: t for t in model.graph.initializer}
-    return {
-        name
-        for name, inst in emitted.items()
-        if not inst.functions
-        and is_unchanged(
-            [nodes[i] for i in by_name[name].nodes],
-            inst.nodes,
-            inits,
-            inst.initializers,
-            [by_name[name].names[o] for o in by_name[name].program.outputs],
-            default_opset(model),
-        )
-    }
 
 
 def _timing_feeds(model: onnx.ModelProto, options: Options) -> dict[str, np.ndarray] | None:
@@ -376,34 +438,6 @@ def _untouched(model: onnx.ModelProto, reason: str) -> Result:
         for i, n in enumerate(model.graph.node)
     )
     return Result(model, parts, (reason,), False, {}, blocked=reason)
-
-
-def _instantiate(
-    model: onnx.ModelProto, parts: Sequence[Part], opset: int, taken: set[str]
-) -> tuple[dict[str, Instantiated], dict[str, str]]:
-    """Instantiate every translated part (preferring its original operators); a part that fails passes through."""
-    emitted: dict[str, Instantiated] = {}
-    reasons: dict[str, str] = {}
-    for p in parts:
-        if not p.translated:
-            continue
-        try:
-            inst = instantiate(
-                p.program,
-                onnx_names=p.names,
-                constants=p.constants,
-                opset=opset,
-                prefix=p.name + "/",
-                taken_function_names=taken,
-                preferred=original_ops(model, p),
-            )
-        except Exception as e:  # noqa: BLE001 - one bad part must not sink the model; the report says why
-            log.warning("%s: instantiation failed, passing through: %s", p.name, first_line(e))
-            reasons[p.name] = f"instantiation failed: {first_line(e)}"
-            continue
-        taken |= {f.name for f in inst.functions}
-        emitted[p.name] = inst
-    return emitted, reasons
 
 
 def _check_output(original: onnx.ModelProto, out: onnx.ModelProto) -> str:
@@ -423,28 +457,56 @@ def _new_ops(inst: Instantiated) -> tuple[str, ...]:
     return tuple(n.op_type if n.domain in DEFAULT_DOMAINS else f"{n.domain}.{n.op_type}" for n in inst.nodes)
 
 
+def _search(
+    parts: Sequence[Part],
+    options: Options,
+    store: MeasurementCache,
+    progress: Callable[[Progress], None] | None,
+) -> dict[str, PartSearch]:
+    """Every translated part searched (identical ones once; none at depth 0)."""
+    if options.max_depth == 0:
+        return {}
+    settings = Settings(
+        max_depth=options.max_depth,
+        part_budget_s=options.part_search_s,
+        exact=not options.verify,
+    )
+    deadline = time.monotonic() + options.time_budget
+    return search_parts(parts, settings, store, jobs=options.jobs, deadline=deadline, progress=progress)
+
+
 def _part_result(
     model: onnx.ModelProto,
     p: Part,
-    emitted: Mapping[str, Instantiated],
+    selection: Selection | None,
     kept: Mapping[str, Instantiated],
-    unchanged: set[str],
     decided: Decision,
     reasons: Mapping[str, str],
-    checks: Mapping[str, Comparison],
     options: Options,
 ) -> PartResult:
     ops = tuple(model.graph.node[i].op_type for i in p.nodes)
-    if not p.translated:
+    if not p.translated or selection is None:
         return PartResult(p.name, p.kind, ops, "passed through", p.reason or "", (), "", None)
     text = format_expr(p.program)
-    err = checks[p.name].max_abs_error if p.name in checks else None
+    chosen = selection.chosen
     verdict = decided.verdicts.get(p.name)
     bench = part_bench(verdict.timing) if verdict else None
-    new_ops = _new_ops(emitted[p.name]) if p.name in emitted else ()
-    if p.name in unchanged:
-        status, reason = "unchanged", "re-instantiated as the same nodes"
-    elif p.name in kept:
+    search = _search_report(selection)
+    if chosen is None:
+        first = selection.tried[0] if selection.tried else None
+        if first is not None and first.unchanged:
+            status, reason = "unchanged", "re-instantiated as the same nodes"
+            if len(selection.tried) > 1:
+                reason += "; no candidate the search found was verified and timed"
+        else:
+            status = "failed"
+            reason = first.rejected if first is not None else "nothing to instantiate"
+        new_ops = _new_ops(first.instantiated) if first is not None and first.instantiated else ()
+        return PartResult(p.name, p.kind, ops, status, reason, new_ops, text, None, search=search)
+    err = chosen.verified.max_abs_error if chosen.verified is not None else None
+    new_ops = _new_ops(chosen.instantiated)
+    trace = chosen.found.trace_text()
+    if p.name in kept:
         status = "accepted" if options.accept == "measured" else "rewritten"
         reason = verdict.reason if verdict else "verified, not timed"
     elif p.name in reasons:
@@ -455,7 +517,21 @@ def _part_result(
         status, reason = "not faster", verdict.reason
     else:
         status, reason = "not faster", "could not be timed: the original nodes stay"
-    return PartResult(p.name, p.kind, ops, status, reason, new_ops, text, err, bench=bench)
+    return PartResult(p.name, p.kind, ops, status, reason, new_ops, text, err, trace, bench, search)
+
+
+def _search_report(selection: Selection) -> dict[str, object]:
+    """The report's ``search`` entry of a part: the search's counts and every candidate tried."""
+    s = selection.search
+    base = s.input.predicted_s if s.input is not None else None
+    return {
+        "stats": dict(s.stats),
+        "seconds": s.seconds,
+        "cached": s.cached,
+        "same_as": s.same_as,
+        "predicted_speedup": selection.predicted_speedup,
+        "candidates": [c.as_dict(base) for c in selection.tried],
+    }
 
 
 def part_bench(t: TimingComparison) -> dict[str, object]:

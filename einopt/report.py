@@ -451,10 +451,13 @@ def _parts_table(report: Mapping[str, Any]) -> Table | None:
         return None
     shown, _, rest = split_parts(parts)
     timed = any(p.get("bench") for p in parts)
+    searched = any(p.get("search") for p in parts)
     table = Table(title="subprograms", title_style="bold", header_style="bold", caption=rest or None)
     table.add_column("subprogram", overflow="fold", max_width=36)
     table.add_column("ops -> new ops", overflow="fold")
     table.add_column("status")
+    if searched:
+        table.add_column("search", overflow="fold")
     if timed:
         table.add_column("speedup", justify="right")
     table.add_column("max error", justify="right")
@@ -466,6 +469,8 @@ def _parts_table(report: Mapping[str, Any]) -> Table | None:
         if p["status"] in ("not faster", "rolled back", "failed") and p.get("reason"):
             status.append(f" ({p['reason']})", style="dim")
         row: list[Any] = [shorten(p["name"], 36), change, status]
+        if searched:
+            row.append(search_text(p.get("search")))
         if timed:
             row.append(_styled_speedup((p.get("bench") or {}).get("speedup"), tie_note=False))
         row.append(error_text(p.get("max_error")))
@@ -473,8 +478,52 @@ def _parts_table(report: Mapping[str, Any]) -> Table | None:
     return table
 
 
+def search_text(search: Mapping[str, Any] | None) -> str:
+    """A subprogram's search in a few words: states, seconds (or cached / shared), predicted speedup."""
+    if not search or not search["stats"].get("searched", True):
+        return "-"
+    if search.get("same_as"):
+        where = f"as {search['same_as']}"
+    elif search.get("cached"):
+        where = f"{search['stats'].get('generated', 0)} states, cached"
+    else:
+        cut = "" if search["stats"].get("complete", True) else ", cut short"
+        where = f"{search['stats'].get('generated', 0)} states, {search['seconds']:.1f} s{cut}"
+    pred = search.get("predicted_speedup")
+    return where + (f"; {pred:.2f}x predicted" if pred else "")
+
+
+def search_summary_text(report: Mapping[str, Any]) -> str:
+    s = report.get("search")
+    if not s or not (s.get("searched") or s.get("cached")):
+        return ""
+    rho = s.get("rank_correlation")
+    rank = (
+        f"; predicted vs measured speedups of {s['timed_candidates']} timed candidates: rank correlation {rho:.2f}"
+        if rho is not None
+        else ""
+    )
+    cut = f" ({s['incomplete']} cut short by their budget)" if s.get("incomplete") else ""
+    return f"search: {s['searched']} distinct subprograms, {s['cached']} from the cache, {s['states']} states in {s['seconds']:.1f} s{cut}{rank}"
+
+
+def traces_text(parts: Sequence[Mapping[str, Any]], limit: int = 8) -> list[str]:
+    """The derivations of the subprograms whose new nodes are in the output."""
+    out = [
+        f"{p['name']}: {p['trace']}"
+        for p in parts
+        if p["status"] in ("accepted", "rewritten") and p.get("trace")
+    ]
+    return out[:limit] + ([f"... and {len(out) - limit} more derivations"] if len(out) > limit else [])
+
+
 def _footer(report: Mapping[str, Any]) -> list[Text]:
     lines = []
+    summary = search_summary_text(report)
+    if summary:
+        lines.append(Text(summary, style="dim"))
+    for line in traces_text(report.get("subprograms") or []):
+        lines.append(Text(f"derivation {line}", style="dim"))
     if report.get("blocked"):
         lines.append(Text(f"untouched: {report['blocked']}", style="yellow"))
     for text in (acceptance_text(report), passthrough_text(report.get("subprograms") or [])):

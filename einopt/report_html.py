@@ -236,9 +236,23 @@ def _parts(parts: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "max_error": fmt.error_text(p.get("max_error")),
                 "expression": p.get("expression", ""),
                 "trace": p.get("trace", ""),
+                "search": fmt.search_text(p.get("search")) if p.get("search") else "",
+                "candidates": [_candidate(c) for c in (p.get("search") or {}).get("candidates", [])],
             }
         )
     return rows
+
+
+def _candidate(c: Mapping[str, Any]) -> dict[str, str]:
+    """One candidate a subprogram's selection tried, as table cells."""
+    pred, meas = c.get("predicted_speedup"), c.get("measured_speedup")
+    return {
+        "depth": str(c["depth"]),
+        "operators": fmt.ops_text(c["operators"], limit=8),
+        "predicted": f"{pred:.2f}x" if pred else "",
+        "measured": f"{meas:.2f}x" if meas is not None else "",
+        "verdict": c.get("rejected") or "chosen",
+    }
 
 
 def _command(report: Mapping[str, Any]) -> str:
@@ -293,11 +307,20 @@ def render_html(report: dict) -> str:
         "rest": _parts(rest),
         "timed_parts": bool(speedups),
         "rest_line": rest_line,
-        "traces": [p for p in _parts(shown) if p["status"] in fmt.CHANGED and p["trace"]],
+        "traces": [
+            p
+            for p in _parts(shown)
+            if (p["status"] in fmt.CHANGED and p["trace"]) or any(c["depth"] != "0" for c in p["candidates"])
+        ],
+        "searched_parts": any(p.get("search") for p in report.get("subprograms") or []),
         "blocked": report.get("blocked") or "",
         "notes": [
             t
-            for t in (fmt.acceptance_text(report), fmt.passthrough_text(report.get("subprograms") or []))
+            for t in (
+                fmt.search_summary_text(report),
+                fmt.acceptance_text(report),
+                fmt.passthrough_text(report.get("subprograms") or []),
+            )
             if t
         ]
         + list(report.get("notes") or []),

@@ -22,6 +22,7 @@ __all__ = [
     "map_indices",
     "substitute_iters",
     "replace_scopes",
+    "rename_tensors",
     "sort_bindings",
     "prune_bindings",
     "fresh_name",
@@ -118,6 +119,31 @@ def replace_scopes(program: ir.Program, mapping: Mapping[ir.Scope, ir.Scope]) ->
     # reorder stably so that producers still precede readers.
     bindings = sort_bindings((n, scope(s)) for n, s in program.bindings)
     return program.replace(bindings=bindings)
+
+
+def rename_tensors(program: ir.Program, names: Mapping[str, str]) -> ir.Program:
+    """``program`` with its input tensors and bindings renamed by ``names`` (names not in it stay).
+
+    Only names change: the scopes are rebuilt around the renamed tensors, and
+    the program means what it meant (bindings are read by identity, not name).
+    """
+    tensors = {t: t.replace(name=names.get(t.name, t.name)) for t in program.inputs}
+    memo: dict[ir.Scope, ir.Scope] = {}
+
+    def scope(s: ir.Scope) -> ir.Scope:
+        out = memo.get(s)
+        if out is None:
+            out = memo[s] = s.replace(body=map_accesses(s.body, access))
+        return out
+
+    def access(a: ir.Access) -> ir.Access:
+        return a.replace(source=tensors[a.source] if isinstance(a.source, ir.Tensor) else scope(a.source))
+
+    return ir.Program(
+        tuple(tensors.values()),
+        tuple((names.get(n, n), scope(s)) for n, s in program.bindings),
+        tuple(names.get(o, o) for o in program.outputs),
+    )
 
 
 def prune_bindings(program: ir.Program) -> ir.Program:

@@ -76,6 +76,37 @@ def lstm_cell(seed: int = 0, hidden: int = 16) -> onnx.ModelProto:
     )
 
 
+def deconv_block(seed: int = 0, batch: int = 1) -> onnx.ModelProto:
+    """ConvTranspose k4 s2 p1 (DCGAN's up-sampling step) -> Relu, at a small size."""
+    rng = np.random.default_rng(seed)
+    nodes = [
+        helper.make_node(
+            "ConvTranspose",
+            ["x", "W"],
+            ["t"],
+            name="deconv",
+            kernel_shape=[4, 4],
+            strides=[2, 2],
+            pads=[1, 1, 1, 1],
+        ),
+        helper.make_node("Relu", ["t"], ["y"], name="relu"),
+    ]
+    return make(
+        nodes, [("x", [batch, 4, 3, 3])], [("y", [batch, 2, 6, 6])], {"W": _w(rng, 4, 2, 4, 4)}, name="deconv"
+    )
+
+
+def prelu_block(seed: int = 0) -> onnx.ModelProto:
+    """1x1 Conv -> PRelu with per-channel slopes in [0, 1] (FSRCNN's shrinking layer), at a small size."""
+    rng = np.random.default_rng(seed)
+    inits = {"W": _w(rng, 6, 4, 1, 1), "A": rng.uniform(0, 1, (6, 1, 1)).astype(np.float32)}
+    nodes = [
+        helper.make_node("Conv", ["x", "W"], ["c"], name="conv"),
+        helper.make_node("PRelu", ["c", "A"], ["y"], name="prelu"),
+    ]
+    return make(nodes, [("x", [1, 4, 8, 8])], [("y", [1, 6, 8, 8])], inits, name="prelu_block")
+
+
 def tiny_model(nodes, inputs, outputs, inits=(), functions=()) -> onnx.ModelProto:
     """A float32 opset-17 model from ``(name, shape)`` inputs/outputs and ``(name, array)`` initializers."""
     graph = helper.make_graph(
@@ -103,16 +134,16 @@ def disable_operators(monkeypatch) -> None:
 
 
 def append_to_output(monkeypatch, part: str, extra) -> None:
-    """Make ``pipeline.instantiate`` end the instantiation of ``part`` (a name fragment) with more nodes.
+    """Make ``select.instantiate`` end the instantiation of ``part`` (a name fragment) with more nodes.
 
     The instantiated nodes now write ``OUT + "_first"``; ``extra(first, out, prefix)`` returns
     ``(nodes, initializers)`` that compute ``out`` from it (a wrong or a slow rewrite, for tests).
     """
     import dataclasses
 
-    from einopt import pipeline
+    from einopt import select
 
-    real = pipeline.instantiate
+    real = select.instantiate
 
     def patched(program, **kw):
         inst = real(program, **kw)
@@ -128,4 +159,4 @@ def append_to_output(monkeypatch, part: str, extra) -> None:
         more, inits = extra(out + "_first", out, kw["prefix"])
         return dataclasses.replace(inst, nodes=(*nodes, *more), initializers=(*inst.initializers, *inits))
 
-    monkeypatch.setattr(pipeline, "instantiate", patched)
+    monkeypatch.setattr(select, "instantiate", patched)

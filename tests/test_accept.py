@@ -43,7 +43,7 @@ def _fake_time_models(monkeypatch, part_speedup: float, model_speedup):
 
 def test_unchanged_parts_leave_the_input_untouched(tmp_path):
     model = conv_block()
-    result = optimize(model, Options(cache=tmp_path / "c.sqlite"))
+    result = optimize(model, Options(max_depth=0, cache=tmp_path / "c.sqlite"))
     assert {p.status for p in result.parts} == {"unchanged"}
     assert result.counts()["unchanged"] == 4 and result.counts()["rewritten"] == 0
     assert result.model.SerializeToString() == model.SerializeToString()
@@ -71,7 +71,7 @@ def test_a_slowed_rewrite_is_not_accepted_and_the_output_is_the_input(monkeypatc
         return nodes, [big, zero]
 
     append_to_output(monkeypatch, "conv2", slow)
-    result = optimize(model, Options(cache=False))
+    result = optimize(model, Options(max_depth=0, cache=False))
     (slow,) = [p for p in result.parts if p.ops == ("Conv", "Add")]
     # no ratio is asserted: either verdict keeps the original nodes (100x leaves no doubt which it is)
     assert slow.status in ("not faster", "rolled back") and slow.bench["cached"] is False
@@ -84,7 +84,7 @@ def test_a_slow_whole_model_is_rolled_back(monkeypatch, tmp_path):
     disable_operators(monkeypatch)
     calls = _fake_time_models(monkeypatch, 1.5, lambda m: 0.8)
     model = conv_block()
-    result = optimize(model, Options(cache=False))
+    result = optimize(model, Options(max_depth=0, cache=False))
     # the two Relu subprograms are the same node group on the same shapes: timed once
     assert calls["parts"] == 3 and calls["models"] == 4  # one rollback at a time, 4 accepted parts
     assert {p.status for p in result.parts} == {"rolled back"}
@@ -99,7 +99,7 @@ def test_a_fast_whole_model_keeps_its_rewrites(monkeypatch):
     disable_operators(monkeypatch)
     _fake_time_models(monkeypatch, 1.5, lambda m: 1.2)
     model = conv_block()
-    result = optimize(model, Options(cache=False))
+    result = optimize(model, Options(max_depth=0, cache=False))
     assert {p.status for p in result.parts} == {"accepted"}
     assert {n.domain for n in result.model.graph.node} == {"einopt.eop"}
     assert result.acceptance["rounds"][0]["speedup"] == pytest.approx(1.2)
@@ -110,7 +110,7 @@ def test_disturbed_timings_accept_nothing(monkeypatch):
     disable_operators(monkeypatch)
     noisy = Comparison(Timing(2.0, 0.5, 4.0, 0.4, 20), _t(1.0), 3, 0.0)  # p90/p10 = 8
     monkeypatch.setattr(accept.bench, "time_models", lambda *a, **k: noisy)
-    result = optimize(conv_block(), Options(cache=False))
+    result = optimize(conv_block(), Options(max_depth=0, cache=False))
     assert {p.status for p in result.parts} == {"not faster"}
     assert all("disturbed by other work" in p.reason for p in result.parts)
     assert result.model.SerializeToString() == conv_block().SerializeToString()
@@ -123,7 +123,7 @@ def test_disturbed_timings_accept_nothing(monkeypatch):
         return noisy if before.graph.name != "part" else real(before, after, fa, fb, **kw)
 
     monkeypatch.setattr(accept.bench, "time_models", whole_noisy)
-    result = optimize(conv_block(), Options(cache=False))
+    result = optimize(conv_block(), Options(max_depth=0, cache=False))
     assert {p.status for p in result.parts} == {"rolled back"} and calls["parts"] == 3
     assert all("disturbed" in p.reason for p in result.parts)
     assert len(result.acceptance["rounds"]) == 1 and len(result.acceptance["rounds"][0]["rolled_back"]) == 4
@@ -157,11 +157,11 @@ def test_second_run_measures_nothing_new(monkeypatch, tmp_path):
     disable_operators(monkeypatch)
     calls = _fake_time_models(monkeypatch, 1.5, lambda m: 1.2)
     path = tmp_path / "cache.sqlite"
-    first = optimize(conv_block(), Options(cache=path))
+    first = optimize(conv_block(), Options(max_depth=0, cache=path))
     made, hits = first.acceptance["cache"]["measured"], first.acceptance["cache"]["hits"]
     # 3 distinct part pairs (the two Relu parts are one node group: the second is a hit) + the whole model
     assert (made, hits) == (4, 1) and calls == {"parts": 3, "models": 1}
-    second = optimize(conv_block(), Options(cache=path))
+    second = optimize(conv_block(), Options(max_depth=0, cache=path))
     assert calls == {"parts": 3, "models": 1}  # no timing was made
     assert second.acceptance["cache"]["measured"] == 0 and second.acceptance["cache"]["hits"] == made + hits
     assert [p.status for p in second.parts] == [p.status for p in first.parts]
@@ -208,8 +208,8 @@ def test_accept_verified_keeps_rewrites_untimed(monkeypatch):
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"max_depth": 3}, "needs the search"),
-        ({"max_depth": -1}, "max_depth must be >= 0"),
+        ({"max_depth": -1}, "max_depth must be an integer >= 0"),
+        ({"jobs": 0}, "jobs must be an integer >= 1"),
         ({"accept": "fast"}, "accept must be one of"),
         ({"noise": 1.5}, "noise must be in"),
     ],

@@ -88,14 +88,17 @@ def test_old_opset_passes_through(tmp_path):
     assert onnx.load(str(tmp_path / "o.onnx")).graph == model.graph
 
 
-def test_max_depth_needs_the_search_in_cli_and_api_alike(tmp_path):
+def test_search_controls_are_checked_in_cli_and_api_alike(tmp_path):
     from einopt.pipeline import Options
 
     src = _save(conv_block(), tmp_path / "in.onnx")
-    result = run("optimize", src, "-o", tmp_path / "o.onnx", "--max-depth", 2)
-    assert result.exit_code == EXIT_CODES["usage"] and "needs the search" in result.output
-    with pytest.raises(ValueError, match="needs the search"):
-        Options(max_depth=2)
+    for flag, value in (("--max-depth", -1), ("--jobs", 0), ("--time-budget", 0), ("--top-k", -2)):
+        result = run("optimize", src, "-o", tmp_path / "o.onnx", flag, value)
+        assert result.exit_code == EXIT_CODES["usage"], (flag, result.output)
+        assert not (tmp_path / "o.onnx").exists()
+    for bad in ({"max_depth": -1}, {"jobs": 0}, {"time_budget": 0.0}, {"top_k": True}):
+        with pytest.raises(ValueError):
+            Options(**bad)
 
 
 def test_accept_verified_and_cache_flags(tmp_path, monkeypatch):

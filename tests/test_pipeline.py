@@ -11,7 +11,7 @@ import pytest
 from onnx_models import append_to_output, conv_block, disable_operators, lstm_cell
 
 import einopt
-from einopt import pipeline
+from einopt import pipeline, select
 from einopt.pipeline import Options, optimize
 
 # These tests are about the round trip (translate, re-instantiate, verify): every verified
@@ -105,7 +105,7 @@ def test_failed_instantiation_passes_through(monkeypatch):
     def boom(program, **kw):
         raise RuntimeError("no luck")
 
-    monkeypatch.setattr(pipeline, "instantiate", boom)
+    monkeypatch.setattr(select, "instantiate", boom)
     result = optimize(model, VERIFIED)
     assert result.counts()["rewritten"] == 0 and result.counts()["failed"] == 4
     assert result.model.SerializeToString() == model.SerializeToString()  # the input, untouched

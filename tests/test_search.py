@@ -482,3 +482,35 @@ def test_states_refused_before_they_are_built_are_counted():
     gone = stats.restricted + stats.commuted + stats.unguided + stats.pruned
     assert stats.avoided_fraction == pytest.approx(gone / stats.considered)
     assert stats.as_dict()["considered"] == stats.considered
+
+
+def test_a_small_slice_of_a_large_folded_weight_stays_shape_only_when_light():
+    """A layout step of a folded weight without values (light) gives a value without values, even
+    one small enough to be kept with values had it been computed (a merged LSTM gate's weights)."""
+    from einopt.cost import model_cost
+    from einopt.export import program_model
+
+    x = "{L[i0:2, i1:16] x9[i0, i1] + x8[i0, i1-8]}[i0, k]"
+    gates = "{L[i0:16, i1:8] x%d[i0, i1] + x%d[i0-8, i1]}"
+    w = (
+        f"{{L[i0:16, i1:24] {gates % (6, 2)}[i0, i1] + {{L[i0:16, i1:16] {gates % (5, 1)}[i0, i1]"
+        f" + {gates % (7, 3)}[i0, i1-8]}}[i0, i1-8]}}[k, i1]"
+    )
+    text = (
+        f"M1 = L[i0:2, i1:24] Sum[k:16] {x} * {w}\n"
+        f"y2 = L[i0:2, i1:8] Sum[k:16] {x} * {w}\n"
+        f"y5 = L[i0:2, i1:8] Sum[k:16] {x} * {gates % (4, 0)}[k, i1]\n"
+        "y8 = L[i0:2, i1:8] M1[i0, i1+8]\ny11 = L[i0:2, i1:8] M1[i0, i1+16]\n"
+        "return y2, y5, y8, y11\nwhere "
+        + ", ".join(f"x{i}: [8, 8]" for i in range(8))
+        + ", x8: [2, 8], x9: [2, 8]"
+    )
+    program = as_program(einopt.parse(text))
+    rng = np.random.default_rng(0)
+    arrays = {
+        t.name: rng.standard_normal(t.shape).astype(np.float32) for t in program.inputs if t.name < "x8"
+    }
+    full, _ = program_model(program, arrays)
+    light, _ = program_model(program, arrays, light=True)
+    assert [n.op_type for n in light.graph.node] == [n.op_type for n in full.graph.node]
+    assert model_cost(light) == model_cost(full)

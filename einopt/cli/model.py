@@ -6,6 +6,7 @@ Heavy imports (onnx, onnxruntime, the pipeline) happen inside the commands so
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -41,10 +42,39 @@ _shape_option = click.option(
 )
 @click.option(
     "--max-depth",
-    default=0,
+    default=7,
     show_default=True,
     type=click.IntRange(min=0),
-    help="Search depth. The search is not in this version yet: only 0 (translate and re-instantiate) is accepted.",
+    help="Explorative search depth per subprogram (0: no search, translate and re-instantiate only).",
+)
+@click.option(
+    "--time-budget",
+    default=180.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds the searches of the whole model may take (the best found by then is used).",
+)
+@click.option(
+    "--part-budget",
+    "part_search_s",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds one subprogram's search may take.",
+)
+@click.option(
+    "--jobs",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Processes searching subprograms side by side (timing stays serial; same output).",
+)
+@click.option(
+    "--top-k",
+    default=3,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Derived candidates per subprogram instantiated, verified and timed.",
 )
 @_shape_option
 @click.option(
@@ -67,7 +97,9 @@ _shape_option = click.option(
 )
 @click.option("--no-cache", is_flag=True, help="Keep timings for this run only.")
 @click.option("--force", is_flag=True, help="Allow -o to name the input model itself (overwrite it).")
-@click.option("--seed", default=0, show_default=True, help="Seed of the random verification inputs.")
+@click.option(
+    "--seed", default=0, show_default=True, help="Seed of the random verification and timing inputs."
+)
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write a JSON report here.")
 @click.option(
     "--external-data/--no-external-data",
@@ -86,6 +118,10 @@ def optimize(
     source,
     output,
     max_depth,
+    time_budget,
+    part_search_s,
+    jobs,
+    top_k,
     input_shapes,
     npz,
     no_verify,
@@ -124,6 +160,10 @@ def optimize(
     try:
         options = Options(
             max_depth=max_depth,
+            time_budget=time_budget,
+            part_search_s=part_search_s,
+            jobs=jobs,
+            top_k=top_k,
             input_shapes=shapes,
             inputs=extra,
             verify=not no_verify,
@@ -138,7 +178,8 @@ def optimize(
         from einopt.timing import configure_threads
 
         configure_threads(threads)  # every session of the run shares the pool with the timed ones
-    result = run(source, options)
+    with _search_display() as progress:
+        result = run(source, options, progress)
     result.save(output, external_data=external_data)
     if do_bench:
         from einopt.measure import benchmark_result
@@ -163,6 +204,41 @@ def optimize(
         _print_summary(result, output)
 
 
+@contextlib.contextmanager
+def _search_display():
+    """A live display of the subprogram searches on a terminal (None, and silent, elsewhere or with -q)."""
+    out = console()
+    if is_quiet() or not out.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[info]}"),
+        console=out,
+        transient=True,
+    )
+    with bar:
+        tasks: dict[str, object] = {}
+
+        def update(ev) -> None:
+            if "all" not in tasks:
+                tasks["all"] = bar.add_task("searching subprograms", total=ev.total, info="")
+            rate = f"{ev.states / ev.seconds:.0f}/s" if ev.seconds > 0 else "-"
+            best = f"best {ev.best_speedup:.2f}x predicted" if ev.best_speedup else ""
+            info = f"{ev.part}: {ev.states} states ({rate}) {best}"
+            if ev.event == "searching":
+                bar.update(tasks["all"], info=info)
+                return
+            bar.update(tasks["all"], advance=1, info=f"{ev.part}: {ev.event}")
+
+        yield update
+
+
 def _same_file(a: str, b: str) -> bool:
     """Whether two paths name one file: equal once resolved (symlinks, ``./``), or hard links of it."""
     if Path(a).resolve() == Path(b).resolve():
@@ -179,13 +255,21 @@ SUMMARY_ROWS = 12  # above this many subprograms, the summary leaves the unchang
 def _print_summary(result, output: str) -> None:
     from rich.table import Table
 
-    from einopt.report import acceptance_text, counts_text, passthrough_text
+    from einopt.report import (
+        acceptance_text,
+        counts_text,
+        passthrough_text,
+        search_summary_text,
+        search_text,
+        traces_text,
+    )
 
     out = console()
     c = result.counts()
     report = result.report()
     table = Table(title=f"einopt optimize -> {output}", show_lines=False)
-    for col in ("subprogram", "ops", "status", "now"):
+    searched = any(p.search for p in result.parts)
+    for col in ("subprogram", "ops", "status", "now", *(("search",) if searched else ())):
         table.add_column(col)
     quiet_rows = 0
     for p in result.parts:
@@ -196,7 +280,8 @@ def _print_summary(result, output: str) -> None:
             continue
         speed = f" ({p.bench['speedup']:.2f}x)" if p.bench else ""
         now = " ".join(p.new_ops) if p.status in ("accepted", "rewritten") else p.reason
-        table.add_row(p.name, " ".join(p.ops), p.status + speed, now)
+        row = [p.name, " ".join(p.ops), p.status + speed, now]
+        table.add_row(*row, *((search_text(p.search),) if searched else ()))
     if quiet_rows:
         table.caption = f"... and {quiet_rows} subprograms re-instantiated as the same nodes (unchanged)"
     if c["subprograms"]:
@@ -212,9 +297,15 @@ def _print_summary(result, output: str) -> None:
         f"{c['nodes']} nodes, {c['translated']} translated; subprograms {counts_text(c)}; "
         f"{c['passed_through']} nodes passed through; {changed}, {verified}"
     )
-    for line in (acceptance_text(report), passthrough_text(report["subprograms"])):
+    for line in (
+        search_summary_text(report),
+        acceptance_text(report),
+        passthrough_text(report["subprograms"]),
+    ):
         if line:
             click.echo(line)
+    for line in traces_text(report["subprograms"]):
+        click.echo(f"derivation {line}")
     for note in result.notes:
         click.echo(f"note: {note}")
 

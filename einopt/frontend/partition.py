@@ -8,6 +8,13 @@ group when one reads the other's output or both read the same non-constant
 value (so the search can merge expressions that share an input), unless the
 union would make the quotient graph cyclic: a group is replaced as one unit,
 so no path may leave it and come back.
+
+A *tail* activation (:data:`TAILS`: a maximum of linear functions with
+constant slopes, such as PRelu) joins the group of the linear node it reads,
+as that group's last step: the search can then distribute it over the
+linear work (``max(conv(x, W), conv(x, a*W))`` for slopes in [0, 1]). Nothing
+joins a group through a tail: what reads a tail's output starts a group of
+its own, as after any activation.
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ import onnx
 ACTIVATIONS: frozenset[str] = frozenset(
     {"Relu", "Sigmoid", "Tanh", "LeakyRelu", "PRelu", "Clip", "Exp", "Abs", "Sqrt", "Max", "Min"}
 )
+
+TAILS: frozenset[str] = frozenset({"PRelu", "LeakyRelu"})
+"""Activations that join the group of the linear node they read (as its last step)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +86,9 @@ def group_nodes(
     for i in range(n):
         if linear[i]:
             candidates += [(p, i) for p in preds[i] if linear[p]]
+        elif kinds[i] == "activation" and nodes[i].op_type in TAILS:
+            sources = [p for p in preds[i] if linear[p]]
+            candidates += [(sources[0], i)] if len(sources) == 1 else []
     for rs in readers.values():
         lin = [r for r in rs if linear[r]]
         candidates += [(lin[0], r) for r in lin[1:]]

@@ -277,7 +277,9 @@ class _Emitter:
     # ---- values ----------------------------------------------------------
 
     def initializer(self, arr: np.ndarray | _Shaped, base: str) -> str:
-        if self.light and _weightlike(arr):  # costed, never run: no values, no hashing
+        # Costed, never run: no values, no hashing (a value derived from one without values, e.g. a
+        # small slice of a large weight, has none either).
+        if isinstance(arr, _Shaped) or (self.light and _weightlike(arr)):
             name = self.fresh(base)
             self.inits[name] = self.known[name] = _Shaped(tuple(arr.shape), np.dtype(arr.dtype))
             return name

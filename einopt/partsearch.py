@@ -1,0 +1,395 @@
+"""The pipeline's search stage: every translated subprogram searched, once per canonical form.
+
+A subprogram is searched in canonical names (its inputs ``x0, x1, ...`` and
+bindings ``y0, y1, ...`` in order), so two subprograms with the same program,
+shapes and weight facts (:func:`weight_facts`) share one search: ResNet's
+repeated blocks are searched once per shape. What a search found is kept in
+the measurement cache's SQLite file (:class:`einopt.cache.MeasurementCache`),
+so a second run of a model, or another model with the same layers, searches
+nothing it has searched before. Found programs are renamed back to each
+part's own names; every one is verified on that part's own weights before it
+can reach an output, so a derivation that held for the weights it was found
+on and not for these fails verification and never gets further.
+
+``jobs`` processes search distinct subprograms side by side; the results do
+not depend on it (each search is one process's work, merged in part order).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from einopt import ir
+from einopt.cache import MeasurementCache
+from einopt.rewrite import rename_tensors
+
+__all__ = ["Settings", "Step", "Found", "PartSearch", "Progress", "search_parts", "weight_facts"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+"""Version of what is stored per search; bump it when the search's output for a program changes."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What a subprogram's search depends on besides the subprogram.
+
+    Parameters
+    ----------
+    max_depth, converge_depth : int
+        Explorative and converging steps (see :func:`einopt.search.search`).
+    part_budget_s : float
+        Seconds one subprogram's search may take at most (the candidates
+        found by then are kept; the report says the search was cut short).
+    candidates : int
+        Ranked candidates kept per search (one per distinct operator list).
+    exact : bool
+        Share a search only between subprograms whose weights are equal
+        (when nothing is verified, nothing may rest on verification).
+    """
+
+    max_depth: int = 7
+    converge_depth: int = 6
+    part_budget_s: float = 60.0
+    candidates: int = 8
+    exact: bool = False
+
+    def key(self) -> list:
+        return [FORMAT, self.max_depth, self.converge_depth, self.part_budget_s, self.candidates, self.exact]
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One derivation step of a found program: the rule, where it applied, and what it did."""
+
+    rule: str
+    where: str
+    summary: str
+
+    def text(self) -> str:
+        return f"{self.rule} @ {self.where}: {self.summary}" if self.where else f"{self.rule}: {self.summary}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """A program the search found equal to a subprogram, in that subprogram's names."""
+
+    program: ir.Program
+    trace: tuple[Step, ...]
+    operators: tuple[str, ...]
+    predicted_s: float  # the search's analytic estimate
+
+    @property
+    def depth(self) -> int:
+        return len(self.trace)
+
+    def trace_text(self) -> str:
+        return "; ".join(s.text() for s in self.trace)
+
+
+@dataclasses.dataclass(frozen=True)
+class PartSearch:
+    """What one subprogram's search found (ranked by predicted cost, the input among them)."""
+
+    found: tuple[Found, ...]
+    stats: Mapping[str, object]  # generated, pruned, expanded, complete, ... (einopt.search.Stats)
+    seconds: float  # of the search that produced it (0 when it came from the cache in this run)
+    cached: bool  # read from the cache file
+    same_as: str = ""  # the subprogram whose search this one shares ("" : its own)
+
+    @property
+    def input(self) -> Found | None:
+        return next((f for f in self.found if not f.trace), None)
+
+
+def weight_facts(constants: Mapping[str, np.ndarray], names: Sequence[str], exact: bool) -> list:
+    """What a shared search may assume about the weights ``names``: shape, element type, and the
+    facts constant-aware rules read (finite, signs, within [0, 1], zeros, a uniform value); with
+    ``exact``, a digest of the values themselves."""
+    out: list = []
+    for n in names:
+        a = np.asarray(constants[n])
+        if exact:
+            out.append(
+                [list(a.shape), str(a.dtype), hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()]
+            )
+            continue
+        finite = bool(np.isfinite(a).all())
+        lo, hi = (float(a.min()), float(a.max())) if finite and a.size else (0.0, 0.0)
+        out.append(
+            [
+                list(a.shape),
+                str(a.dtype),
+                finite,
+                lo >= 0,
+                hi <= 0,
+                lo >= 0 and hi <= 1,
+                bool((a == 0).any()),
+                lo if lo == hi else None,
+            ]
+        )
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Where the searches of a model are, for a progress display.
+
+    ``event`` is ``"searching"`` (after each frontier step of a search in this
+    process), ``"done"`` (a search finished), ``"cached"`` (read from the
+    cache) or ``"skipped"`` (the whole-model budget was spent first).
+    """
+
+    event: str
+    part: str
+    index: int  # of the distinct searches, from 0
+    total: int  # distinct searches in the model
+    states: int = 0
+    seconds: float = 0.0
+    best_speedup: float | None = None  # predicted: the input's estimate over the best candidate's
+
+
+@dataclasses.dataclass(frozen=True)
+class _Task:
+    """One distinct search: the canonical program (text) and its weights (canonical names)."""
+
+    key: str
+    text: str
+    constants: Mapping[str, np.ndarray]
+
+
+def _canonical_names(program: ir.Program) -> dict[str, str]:
+    return {t.name: f"x{i}" for i, t in enumerate(program.inputs)} | {
+        n: f"y{i}" for i, (n, _) in enumerate(program.bindings)
+    }
+
+
+def search_parts(
+    parts: Sequence,
+    settings: Settings,
+    store: MeasurementCache,
+    *,
+    jobs: int = 1,
+    deadline: float | None = None,
+    progress: Callable[[Progress], None] | None = None,
+) -> dict[str, PartSearch]:
+    """Search every translated part (``einopt.frontend.translate.Part``), sharing identical ones.
+
+    Parameters
+    ----------
+    parts : sequence of Part
+        The subprograms (parts without a program are skipped).
+    settings : Settings
+        Search limits (they are part of the cache key).
+    store : MeasurementCache
+        Where searches are looked up first and stored after.
+    jobs : int
+        Processes searching distinct subprograms side by side.
+    deadline : float, optional
+        ``time.monotonic()`` after which no new search starts (the parts not
+        searched by then keep only their input); a search running then stops
+        at its own budget.
+    progress : callable, optional
+        Called with a :class:`Progress` as the searches go.
+
+    Returns
+    -------
+    dict
+        Part name -> its :class:`PartSearch`, for every translated part.
+    """
+    tasks: dict[str, _Task] = {}
+    owner: dict[str, str] = {}  # task key -> the first part with it
+    of_part: dict[str, tuple[str, dict[str, str]]] = {}  # part -> (task key, canonical names)
+    for p in parts:
+        if p.program is None:
+            continue
+        names = _canonical_names(p.program)
+        program = rename_tensors(p.program, names)
+        weights = [t.name for t in p.program.inputs if t.name in p.constants]
+        text = str(program)
+        k = _key(text, settings, weight_facts(p.constants, weights, settings.exact))
+        of_part[p.name] = (k, names)
+        if k not in tasks:
+            tasks[k] = _Task(k, text, {names[n]: p.constants[n] for n in weights})
+            owner[k] = p.name
+    stored: dict[str, tuple[dict, bool]] = {}
+    todo = []
+    for i, (k, task) in enumerate(tasks.items()):
+        found = store.found(k)
+        if found is None:
+            todo.append(task)
+            continue
+        stored[k] = (found, True)
+        if progress is not None:
+            progress(_finished("cached", owner[k], i, len(tasks), found))
+    order = {k: i for i, k in enumerate(tasks)}
+    for k, value in _run(todo, settings, jobs, deadline, owner, progress, order):
+        stored[k] = (value, False)
+        # A search the whole-model budget cut shorter than its own is not what the key promises.
+        if value["stats"]["complete"] or value["budget_s"] >= settings.part_budget_s:
+            store.keep(k, value)
+    out: dict[str, PartSearch] = {}
+    for name, (k, names) in of_part.items():
+        value, cached = stored.get(k, (None, False))
+        same_as = owner[k] if owner[k] != name else ""
+        out[name] = _part_search(value, {v: n for n, v in names.items()}, cached, same_as)
+    return out
+
+
+def _key(text: str, settings: Settings, facts: list) -> str:
+    return hashlib.sha256(json.dumps([text, settings.key(), facts]).encode()).hexdigest()
+
+
+def _finished(event: str, part: str, index: int, total: int, value: dict | None) -> Progress:
+    if value is None:
+        return Progress(event, part, index, total)
+    found = value["found"]
+    base = next((f["predicted_s"] for f in found if not f["trace"]), None)
+    best = min((f["predicted_s"] for f in found), default=None)
+    speedup = base / best if base and best else None
+    return Progress(event, part, index, total, value["stats"]["generated"], value["seconds"], speedup)
+
+
+def _run(
+    todo: Sequence[_Task],
+    settings: Settings,
+    jobs: int,
+    deadline: float | None,
+    owner: Mapping[str, str],
+    progress: Callable[[Progress], None] | None,
+    order: Mapping[str, int],
+):
+    """(task key, stored value) per search run, in the order of ``todo``."""
+    total = len(order)
+
+    def report(task: _Task, event: str, value: dict | None) -> None:
+        if progress is not None:
+            progress(_finished(event, owner[task.key], order[task.key], total, value))
+
+    if jobs <= 1 or len(todo) < 2:
+        for task in todo:
+            if deadline is not None and time.monotonic() >= deadline:
+                log.info("search budget spent: %s keeps its input", owner[task.key])
+                report(task, "skipped", None)
+                continue
+            hook = None
+            if progress is not None:
+                hook = _hook(progress, owner[task.key], order[task.key], total)
+            value = _search_one(task, settings, _remaining(deadline), hook)
+            report(task, "done", value)
+            yield task.key, value
+        return
+    with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
+        futures = [pool.submit(_search_one, task, settings, _remaining(deadline)) for task in todo]
+        try:
+            for task, future in zip(todo, futures, strict=True):
+                value = future.result()
+                report(task, "done", value)
+                yield task.key, value
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+
+
+def _hook(progress: Callable[[Progress], None], part: str, index: int, total: int):
+    """The search's progress callback as :class:`Progress` events; ``base`` (the input's predicted
+    cost) is filled in before the search starts."""
+    start = time.perf_counter()
+    base: list[float] = []
+
+    def hook(stats, depth: int, best) -> None:
+        speedup = base[0] / best.cost if best is not None and base and best.cost else None
+        elapsed = time.perf_counter() - start
+        progress(Progress("searching", part, index, total, stats.generated, elapsed, speedup))
+
+    hook.base = base
+    return hook
+
+
+def _search_one(task: _Task, settings: Settings, remaining: float | None, hook=None) -> dict:
+    """Search one canonical program; the stored form of what it found (programs as text)."""
+    from einopt.export import as_program
+    from einopt.parser import parse
+    from einopt.rules import Context
+    from einopt.search import search
+
+    program = as_program(parse(task.text))
+    if hook is not None:
+        hook.base.append(_input_cost(program, task.constants))
+    budget = settings.part_budget_s if remaining is None else min(settings.part_budget_s, remaining)
+    t0 = time.perf_counter()
+    result = search(
+        program,
+        ctx=Context(dict(task.constants)),
+        max_depth=settings.max_depth,
+        converge_depth=settings.converge_depth,
+        time_budget=budget,
+        max_candidates=settings.candidates,
+        progress=hook,
+    )
+    stats = result.stats
+    return {
+        "found": [
+            {
+                "program": str(c.program),
+                "trace": [[s.rule, s.where, s.summary] for s in c.trace],
+                "operators": list(c.operators),
+                "predicted_s": c.cost,
+            }
+            for c in result.candidates
+        ],
+        "stats": {
+            "generated": stats.generated,
+            "pruned": stats.pruned,
+            "expanded": stats.expanded,
+            "avoided_fraction": round(stats.avoided_fraction, 4),
+            "complete": stats.complete,
+        },
+        "seconds": round(time.perf_counter() - t0, 3),
+        "budget_s": budget,
+    }
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.1, deadline - time.monotonic())
+
+
+def _input_cost(program: ir.Program, constants: Mapping[str, np.ndarray]) -> float:
+    """The analytic estimate the search gives its input (what progress compares the best with)."""
+    from einopt.cost import estimate_seconds, model_cost
+    from einopt.export import program_model
+
+    try:
+        model, _ = program_model(program, constants, light=True)
+    except ValueError:
+        return 0.0
+    return estimate_seconds(model_cost(model))
+
+
+def _part_search(value: dict | None, names: Mapping[str, str], cached: bool, same_as: str) -> PartSearch:
+    """A stored search renamed into a part's names (``value`` None: not searched)."""
+    if value is None:
+        return PartSearch((), {"complete": False, "searched": False}, 0.0, False, same_as)
+    from einopt.export import as_program
+    from einopt.parser import parse
+
+    found = []
+    for f in value["found"]:
+        try:
+            program = rename_tensors(as_program(parse(f["program"])), names)
+        except (ir.IRError, ValueError) as e:  # a found name that clashes with the part's: skip it
+            log.info("a stored candidate does not rename back: %s", e)
+            continue
+        steps = tuple(Step(*s) for s in f["trace"])
+        found.append(Found(program, steps, tuple(f["operators"]), float(f["predicted_s"])))
+    return PartSearch(tuple(found), dict(value["stats"]), float(value["seconds"]), cached, same_as)

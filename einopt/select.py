@@ -1,0 +1,265 @@
+"""The pipeline's selection stage: which of a subprogram's found programs runs fastest, measured.
+
+Per subprogram, the search's ranked programs become :class:`Candidate` s:
+its input re-instantiated (preferring the original operators) and the best
+``top_k`` derived programs whose predicted cost is within
+:data:`PREDICTED_SLACK` of the input's (the analytic estimate is crude; the
+measurement decides). Each is instantiated, verified on the values that
+really reach the subprogram, and, in measured mode, timed against the
+original nodes side by side (through the measurement cache). The candidate
+measured fastest is chosen; measured acceptance (:mod:`einopt.accept`) then
+decides whether it reaches the output at all. A candidate the search found
+and the measurement rejected stays in the report with its timing: that is
+how the report shows, e.g., a Conv3x3 as MatMul + OffsetReduce losing to
+ONNX Runtime's own convolution.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from einopt.accept import Timer, is_unchanged
+from einopt.frontend.onnx_graph import default_opset
+from einopt.frontend.translate import Part
+from einopt.instantiate.emit import Instantiated, instantiate, original_ops
+from einopt.partsearch import Found, PartSearch
+from einopt.timing import Comparison as Timing
+from einopt.verify import Comparison, Tolerance, first_line, part_pairs, verify_parts
+
+__all__ = ["Candidate", "Selection", "PREDICTED_SLACK", "DEFAULT_TOP_K", "select"]
+
+log = logging.getLogger(__name__)
+
+PREDICTED_SLACK = 2.0
+"""A derived program is timed when its predicted cost is at most this many times the input's."""
+DEFAULT_TOP_K = 3
+"""Derived programs timed per subprogram, at most (best predicted first)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One way to compute a subprogram, from search to selection to assembly."""
+
+    part: str
+    found: Found  # program, derivation trace, operators, predicted cost
+    instantiated: Instantiated | None = None
+    verified: Comparison | None = None
+    measured: Timing | None = None  # against the original nodes, side by side
+    unchanged: bool = False  # instantiated as the original nodes again
+    rejected: str = ""  # why it was not chosen ("" for the chosen one)
+
+    @property
+    def label(self) -> str:
+        return "input" if not self.found.trace else f"depth {self.found.depth}"
+
+    def as_dict(self, input_predicted: float | None) -> dict:
+        t = self.measured
+        return {
+            "depth": self.found.depth,
+            "trace": [dataclasses.asdict(s) for s in self.found.trace],
+            "operators": list(self.found.operators),
+            "predicted_s": self.found.predicted_s,
+            "predicted_speedup": _ratio(input_predicted, self.found.predicted_s),
+            "measured_speedup": t.speedup if t is not None else None,
+            "verified": None if self.verified is None else self.verified.ok,
+            "unchanged": self.unchanged,
+            "rejected": self.rejected,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """What selection made of one subprogram: the chosen candidate and every one it tried."""
+
+    chosen: Candidate | None
+    tried: tuple[Candidate, ...]
+    search: PartSearch
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        base = self.search.input
+        if self.chosen is None or base is None:
+            return None
+        return _ratio(base.predicted_s, self.chosen.found.predicted_s)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def select(
+    model: onnx.ModelProto,
+    parts: Sequence[Part],
+    searches: Mapping[str, PartSearch],
+    *,
+    datasets: Sequence[Mapping[str, np.ndarray]],
+    tolerance: Tolerance,
+    timer: Timer | None,
+    feeds: Mapping[str, np.ndarray] | None,
+    taken: set[str],
+    top_k: int = DEFAULT_TOP_K,
+) -> dict[str, Selection]:
+    """Instantiate, verify and (with a ``timer``) time each part's candidates; choose the fastest.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The prepared model the parts were cut from.
+    parts : sequence of Part
+        The translated subprograms.
+    searches : mapping
+        Part name -> what its search found (a part without one has its input only).
+    datasets : sequence
+        Verification inputs (empty: nothing is verified).
+    tolerance : Tolerance
+        Verification tolerance.
+    timer : Timer or None
+        Times candidates against the original nodes; None: choose the best
+        predicted verified candidate, untimed (``--accept verified``).
+    feeds : mapping or None
+        Graph inputs the timings run on.
+    taken : set of str
+        Function names already in the model; the chosen candidates' are added.
+    top_k : int
+        Derived programs tried per part, at most.
+
+    Returns
+    -------
+    dict
+        Part name -> its :class:`Selection`, for every translated part.
+    """
+    opset = default_opset(model)
+    pending: dict[str, list[Candidate]] = {}
+    for p in parts:
+        search = searches.get(p.name)
+        pending[p.name] = [_instantiated(model, p, f, opset, taken) for f in _worth_trying(p, search, top_k)]
+    by_name = {p.name: p for p in parts}
+    alive = {
+        (name, i): c
+        for name, cs in pending.items()
+        for i, c in enumerate(cs)
+        if c.instantiated is not None and not c.unchanged
+    }
+    pseudo = {
+        _pseudo(name, i): dataclasses.replace(by_name[name], name=_pseudo(name, i)) for name, i in alive
+    }
+    emitted = {_pseudo(name, i): c.instantiated for (name, i), c in alive.items()}
+    if datasets and emitted:
+        checks = verify_parts(model, list(pseudo.values()), emitted, datasets, tolerance)
+        for (name, i), c in list(alive.items()):
+            check = checks[_pseudo(name, i)]
+            c = dataclasses.replace(c, verified=check)
+            pending[name][i] = c
+            if not check.ok:
+                log.warning("%s (%s): candidate differs from the original: %s", name, c.label, check.message)
+                pending[name][i] = dataclasses.replace(c, rejected=f"verification failed: {check.message}")
+                del alive[(name, i)]
+            else:
+                alive[(name, i)] = c
+    if timer is not None and feeds is not None and alive:
+        todo = [pseudo[_pseudo(name, i)] for name, i in alive]
+        for pair in part_pairs(model, todo, {p.name: emitted[p.name] for p in todo}, feeds):
+            name, i = _unpseudo(pair.name)
+            t = timer.part(dataclasses.replace(pair, name=name))
+            pending[name][i] = dataclasses.replace(pending[name][i], measured=t)
+    out = {}
+    for p in parts:
+        if p.program is None:
+            continue
+        chosen, tried = _choose(pending[p.name], timed=timer is not None and feeds is not None)
+        if chosen is not None:
+            taken |= {f.name for f in chosen.instantiated.functions}
+        out[p.name] = Selection(chosen, tuple(tried), searches.get(p.name) or _nothing())
+    return out
+
+
+def _nothing() -> PartSearch:
+    return PartSearch((), {"complete": False, "searched": False}, 0.0, False)
+
+
+def _worth_trying(p: Part, search: PartSearch | None, top_k: int) -> list[Found]:
+    """The input, then the best ``top_k`` derived programs predicted within the slack of it."""
+    if p.program is None:
+        return []
+    base = search.input if search is not None else None
+    if base is None:
+        base = Found(p.program, (), (), 0.0)
+    derived = [
+        f
+        for f in (search.found if search is not None else ())
+        if f.trace and (not base.predicted_s or f.predicted_s <= PREDICTED_SLACK * base.predicted_s)
+    ]
+    return [base, *derived[:top_k]]
+
+
+def _instantiated(model: onnx.ModelProto, p: Part, found: Found, opset: int, taken: set[str]) -> Candidate:
+    cand = Candidate(p.name, found)
+    try:
+        inst = instantiate(
+            found.program,
+            onnx_names=p.names,
+            constants=p.constants,
+            opset=opset,
+            prefix=p.name + "/",
+            taken_function_names=taken,
+            preferred=original_ops(model, p) if not found.trace else None,
+        )
+    except Exception as e:  # noqa: BLE001 - one bad candidate must not sink the part; the report says why
+        log.warning("%s (%s): instantiation failed: %s", p.name, cand.label, first_line(e))
+        return dataclasses.replace(cand, rejected=f"instantiation failed: {first_line(e)}")
+    unchanged = not inst.functions and _same_nodes(model, p, inst, opset)
+    return dataclasses.replace(
+        cand,
+        instantiated=inst,
+        unchanged=unchanged,
+        rejected="re-instantiated as the same nodes" if unchanged else "",
+    )
+
+
+def _same_nodes(model: onnx.ModelProto, p: Part, inst: Instantiated, opset: int) -> bool:
+    nodes = list(model.graph.node)
+    inits = {t.name: t for t in model.graph.initializer}
+    return is_unchanged(
+        [nodes[i] for i in p.nodes],
+        inst.nodes,
+        inits,
+        inst.initializers,
+        [p.names[o] for o in p.program.outputs],
+        opset,
+    )
+
+
+def _choose(cands: list[Candidate], timed: bool) -> tuple[Candidate | None, list[Candidate]]:
+    """The fastest measured candidate (untimed: the best predicted) among those verified and changed;
+    the others marked with why they lost."""
+    ok = [c for c in cands if c.instantiated is not None and not c.unchanged and not c.rejected]
+    if timed:
+        ok = [c for c in ok if c.measured is not None]
+        best = max(ok, key=lambda c: (c.measured.speedup, -c.found.depth), default=None)
+    else:
+        best = min(ok, key=lambda c: (c.found.predicted_s, c.found.depth), default=None)
+    tried = []
+    for c in cands:
+        if c is best or c.rejected:
+            tried.append(c)
+        elif timed and c.measured is not None:
+            tried.append(
+                dataclasses.replace(c, rejected=f"measured {c.measured.speedup:.2f}x, slower than the chosen")
+            )
+        else:
+            tried.append(dataclasses.replace(c, rejected="predicted slower than the chosen"))
+    return best, tried
+
+
+def _pseudo(name: str, i: int) -> str:
+    return f"{name}#{i}"
+
+
+def _unpseudo(name: str) -> tuple[str, int]:
+    base, _, i = name.rpartition("#")
+    return base, int(i)

@@ -1,0 +1,198 @@
+"""``optimize`` with the search: rewrites found by derivation, verified, never slower, cached, repeatable.
+
+Ratios are never asserted here (timed tests on a shared machine are coin
+flips): the benchmarks in ``scripts/`` assert them. What is asserted is that
+the search's rewrite is chosen and verified (``accept="verified"``), that the
+output computes what the input does in ONNX Runtime, and what the cache and
+the controls do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx_models import deconv_block, lstm_cell, prelu_block
+
+from einopt.pipeline import Options, optimize
+
+SMALL = {"part_search_s": 30.0, "time_budget": 60.0}
+
+
+def _run(model, feeds):
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def _feeds(model, seed=1):
+    rng = np.random.default_rng(seed)
+    return {
+        i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+        for i in model.graph.input
+    }
+
+
+def _assert_same(a, b):
+    feeds = _feeds(a)
+    for x, y in zip(_run(a, feeds), _run(b, feeds), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-4)
+
+
+def _rewritten(result, op):
+    (part,) = [p for p in result.parts if op in p.ops]
+    return part
+
+
+@pytest.mark.parametrize(
+    "build, op, new",
+    [
+        pytest.param(
+            deconv_block,
+            "ConvTranspose",
+            lambda ops: "ConvTranspose" not in ops,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="the search does not find the sub-pixel phases for ONNX's ConvTranspose k4 s2 p1 "
+                "(it reads the zero-inserted input at (o - r + 1) // 2; the rediscovery case reads "
+                "(o - r + 2) // 2, a shifted operator, and is found): issue 14's open item",
+            ),
+        ),
+        (prelu_block, "PRelu", lambda ops: "PRelu" not in ops and "Max" in ops),
+        (lambda: lstm_cell(hidden=4), "MatMul", lambda ops: sum(o in ("MatMul", "Gemm") for o in ops) < 8),
+    ],
+    ids=["convtranspose", "prelu", "lstm"],
+)
+def test_the_search_rewrites_a_subprogram_and_the_output_is_verified(build, op, new, tmp_path):
+    model = build()
+    result = optimize(model, Options(accept="verified", cache=tmp_path / "c.sqlite", **SMALL))
+    part = _rewritten(result, op)
+    assert part.status == "rewritten" and part.trace, part.reason
+    chosen = [c for c in part.search["candidates"] if not c["rejected"]]
+    assert len(chosen) == 1 and chosen[0]["depth"] > 0 and chosen[0]["verified"]
+    # the transformation itself is among the candidates tried, and verified (measured mode would time it)
+    assert any(c["verified"] and new(c["operators"]) for c in part.search["candidates"]), part.search
+    _assert_same(model, result.model)
+
+
+def test_measured_mode_keeps_a_rewrite_only_when_measured_faster(tmp_path):
+    """Whatever the timings say, the output is the input or verified equal; a rewrite the search found
+    is timed against the original nodes and its measured speedup reported."""
+    model = prelu_block()
+    result = optimize(model, Options(cache=tmp_path / "c.sqlite", **SMALL))
+    part = _rewritten(result, "PRelu")
+    timed = [c for c in part.search["candidates"] if c["measured_speedup"] is not None]
+    assert timed and all(c["depth"] > 0 for c in timed)
+    assert part.status in ("accepted", "not faster", "rolled back")
+    if part.status == "accepted":
+        assert part.bench["speedup"] >= 1.05
+    else:
+        assert result.model.SerializeToString() == model.SerializeToString()
+    _assert_same(model, result.model)
+
+
+def test_a_second_run_searches_and_times_nothing(tmp_path, monkeypatch):
+    from einopt import partsearch
+
+    cache = tmp_path / "c.sqlite"
+    first = optimize(prelu_block(), Options(cache=cache, **SMALL))
+    calls = []
+    real = partsearch._search_one
+    monkeypatch.setattr(partsearch, "_search_one", lambda *a, **k: calls.append(a) or real(*a, **k))
+    second = optimize(prelu_block(), Options(cache=cache, **SMALL))
+    assert calls == []
+    assert second.acceptance["cache"]["measured"] == 0
+    assert second.model.SerializeToString() == first.model.SerializeToString()
+    assert all(p.search["cached"] for p in second.parts if p.search)
+
+
+def test_identical_subprograms_share_one_search(tmp_path):
+    """Two Conv + PRelu blocks with the same shapes and other weights: one search, both rewritten."""
+    model = _two_prelu_blocks()
+    result = optimize(model, Options(accept="verified", cache=tmp_path / "c.sqlite", **SMALL))
+    parts = [p for p in result.parts if "PRelu" in p.ops]
+    assert len(parts) == 2 and all(p.status == "rewritten" for p in parts)
+    assert parts[1].search["same_as"] == parts[0].name and not parts[0].search["same_as"]
+    _assert_same(model, result.model)
+
+
+def _two_prelu_blocks():
+    from onnx import helper
+    from onnx_models import make
+
+    rng = np.random.default_rng(0)
+    inits, nodes, x = {}, [], "x"
+    for k in range(2):
+        inits[f"W{k}"] = (0.3 * rng.standard_normal((4, 4, 1, 1))).astype(np.float32)
+        inits[f"A{k}"] = rng.uniform(0, 1, (4, 1, 1)).astype(np.float32)
+        nodes += [
+            helper.make_node("Conv", [x, f"W{k}"], [f"c{k}"], name=f"conv{k}"),
+            helper.make_node("PRelu", [f"c{k}", f"A{k}"], [f"y{k}"], name=f"prelu{k}"),
+        ]
+        x = f"y{k}"
+    return make(nodes, [("x", [1, 4, 8, 8])], [("y1", [1, 4, 8, 8])], inits, name="two_prelu")
+
+
+def test_jobs_two_gives_the_model_jobs_one_gives(tmp_path):
+    model = _two_prelu_blocks()
+    options = {"accept": "verified", "cache": False, **SMALL}
+    one = optimize(model, Options(jobs=1, **options))
+    two = optimize(model, Options(jobs=2, **options))
+    assert one.model.SerializeToString() == two.model.SerializeToString()
+
+
+def test_depth_zero_searches_nothing(tmp_path):
+    result = optimize(prelu_block(), Options(max_depth=0, accept="verified", cache=False))
+    part = _rewritten(result, "PRelu")
+    assert part.status == "unchanged" and not part.trace
+    assert part.search["stats"] == {"complete": False, "searched": False}
+
+
+def test_progress_reports_every_distinct_search(tmp_path):
+    events = []
+    optimize(_two_prelu_blocks(), Options(accept="verified", cache=False, **SMALL), progress=events.append)
+    done = [e for e in events if e.event in ("done", "cached")]
+    assert len(done) == 1 and done[0].total == 1 and done[0].states > 0
+    assert any(e.event == "searching" for e in events)
+
+
+def test_ctrl_c_during_the_search_leaves_no_output_and_a_usable_cache(tmp_path):
+    import signal
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+
+    import onnx
+
+    src, out, cache = tmp_path / "in.onnx", tmp_path / "out.onnx", tmp_path / "c.sqlite"
+    onnx.save(lstm_cell(hidden=8), src)
+    cmd = [
+        sys.executable,
+        "-m",
+        "einopt",
+        "optimize",
+        src,
+        "-o",
+        out,
+        "--cache",
+        cache,
+        "--part-budget",
+        "120",
+    ]
+    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not cache.exists() and time.monotonic() < deadline:  # the cache opens before the search starts
+        time.sleep(0.1)
+    time.sleep(2.0)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert not out.exists() and not list(tmp_path.glob("out.onnx*"))
+    with sqlite3.connect(cache) as db:  # still a database, and the next run uses it
+        db.execute("SELECT count(*) FROM comparisons").fetchone()
+    result = optimize(prelu_block(), Options(cache=cache, **SMALL))
+    assert result.acceptance["cache"]["path"] == str(cache)
