@@ -18,6 +18,7 @@ not depend on it (each search is one process's work, merged in part order).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -31,7 +32,16 @@ from einopt import ir
 from einopt.cache import MeasurementCache
 from einopt.rewrite import rename_tensors
 
-__all__ = ["Settings", "Step", "Found", "PartSearch", "Progress", "search_parts", "weight_facts"]
+__all__ = [
+    "Settings",
+    "Step",
+    "Found",
+    "PartSearch",
+    "Progress",
+    "RayUnavailable",
+    "search_parts",
+    "weight_facts",
+]
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +156,8 @@ class Progress:
 
     ``event`` is ``"searching"`` (after each frontier step of a search in this
     process), ``"done"`` (a search finished), ``"cached"`` (read from the
-    cache) or ``"skipped"`` (the whole-model budget was spent first).
+    cache), ``"skipped"`` (the whole-model budget was spent first) or
+    ``"deeper"`` (a second, longer search of one the first pass cut short).
     """
 
     event: str
@@ -181,6 +192,7 @@ def search_parts(
     jobs: int = 1,
     deadline: float | None = None,
     progress: Callable[[Progress], None] | None = None,
+    ray_address: str | None = None,
 ) -> dict[str, PartSearch]:
     """Search every translated part (``einopt.frontend.translate.Part``), sharing identical ones.
 
@@ -200,6 +212,10 @@ def search_parts(
         at its own budget.
     progress : callable, optional
         Called with a :class:`Progress` as the searches go.
+    ray_address : str, optional
+        Run the searches as Ray tasks on the cluster at this address
+        (``"auto"``, ``"ray://host:10001"``, ...) instead of local processes.
+        The results do not depend on where they ran.
 
     Returns
     -------
@@ -232,10 +248,32 @@ def search_parts(
         if progress is not None:
             progress(_finished("cached", owner[k], i, len(tasks), found))
     order = {k: i for i, k in enumerate(tasks)}
-    for k, value in _run(todo, settings, jobs, deadline, owner, progress, order):
+    # Two passes when the whole-model budget is tight: every search first gets an equal share of half
+    # of it (so none is starved by the ones before it), then the searches that share cut short go
+    # again, with their own budget, the costliest subprograms (by the input's estimate) first.
+    first = _first_share(len(todo), deadline, settings.part_budget_s)
+    ran = dict(_run(todo, first, settings, jobs, deadline, owner, progress, order, "done", ray_address))
+    again = [t for t in todo if t.key in ran and not _finished_search(ran[t.key], settings)]
+    again.sort(key=lambda t: -_input_estimate(ran[t.key]))
+    if again and first < settings.part_budget_s:
+        for k, value in _run(
+            again,
+            settings.part_budget_s,
+            settings,
+            jobs,
+            deadline,
+            owner,
+            progress,
+            order,
+            "deeper",
+            ray_address,
+        ):
+            if value["stats"]["complete"] or value["budget_s"] > ran[k]["budget_s"]:
+                ran[k] = value
+    for k, value in ran.items():
         stored[k] = (value, False)
-        # A search the whole-model budget cut shorter than its own is not what the key promises.
-        if value["stats"]["complete"] or value["budget_s"] >= settings.part_budget_s:
+        # A search cut shorter than its own budget (by the whole model's) is not what the key promises.
+        if _finished_search(value, settings):
             store.keep(k, value)
     out: dict[str, PartSearch] = {}
     for name, (k, names) in of_part.items():
@@ -243,6 +281,27 @@ def search_parts(
         same_as = owner[k] if owner[k] != name else ""
         out[name] = _part_search(value, {v: n for n, v in names.items()}, cached, same_as)
     return out
+
+
+def _first_share(searches: int, deadline: float | None, part_budget_s: float) -> float:
+    """Seconds each search gets in the first pass: an equal share of half the time left (at least
+    :data:`MIN_SHARE`, at most its own budget)."""
+    if deadline is None or searches == 0:
+        return part_budget_s
+    left = deadline - time.monotonic()
+    return min(part_budget_s, max(MIN_SHARE, 0.5 * left / searches))
+
+
+MIN_SHARE = 2.0
+"""Seconds a subprogram's search gets at least in the first pass."""
+
+
+def _finished_search(value: dict, settings: Settings) -> bool:
+    return bool(value["stats"]["complete"]) or value["budget_s"] >= settings.part_budget_s
+
+
+def _input_estimate(value: dict) -> float:
+    return next((f["predicted_s"] for f in value["found"] if not f["trace"]), 0.0)
 
 
 def _key(text: str, settings: Settings, facts: list) -> str:
@@ -261,21 +320,25 @@ def _finished(event: str, part: str, index: int, total: int, value: dict | None)
 
 def _run(
     todo: Sequence[_Task],
+    budget: float,
     settings: Settings,
     jobs: int,
     deadline: float | None,
     owner: Mapping[str, str],
     progress: Callable[[Progress], None] | None,
     order: Mapping[str, int],
+    event: str,
+    ray_address: str | None,
 ):
-    """(task key, stored value) per search run, in the order of ``todo``."""
+    """(task key, stored value) per search run (``budget`` seconds each, at most), in the order of
+    ``todo``; ``event`` is what progress calls a finished one."""
     total = len(order)
 
     def report(task: _Task, event: str, value: dict | None) -> None:
         if progress is not None:
             progress(_finished(event, owner[task.key], order[task.key], total, value))
 
-    if jobs <= 1 or len(todo) < 2:
+    if ray_address is None and (jobs <= 1 or len(todo) < 2):
         for task in todo:
             if deadline is not None and time.monotonic() >= deadline:
                 log.info("search budget spent: %s keeps its input", owner[task.key])
@@ -284,21 +347,86 @@ def _run(
             hook = None
             if progress is not None:
                 hook = _hook(progress, owner[task.key], order[task.key], total)
-            value = _search_one(task, settings, _remaining(deadline), hook)
-            report(task, "done", value)
+            value = _search_one(task, settings, _bounded(budget, deadline), hook)
+            report(task, event, value)
             yield task.key, value
         return
-    with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
-        futures = [pool.submit(_search_one, task, settings, _remaining(deadline)) for task in todo]
+    # In other processes (or on a Ray cluster) the whole-model deadline travels as wall-clock time.
+    wall = None if deadline is None else time.time() + (deadline - time.monotonic())
+    with _workers(jobs, ray_address) as submit:
+        results = [submit(_search_until, task, settings, budget, wall) for task in todo]
+        for task, result in zip(todo, results, strict=True):
+            value = result()
+            if value is None:
+                report(task, "skipped", None)
+                continue
+            report(task, event, value)
+            yield task.key, value
+
+
+@contextlib.contextmanager
+def _workers(jobs: int, ray_address: str | None):
+    """``submit(fn, *args) -> result()``: on a Ray cluster when an address is given, else in ``jobs``
+    local processes. Leaving early (an error, Ctrl-C) cancels what has not started."""
+    if ray_address is not None:
+        ray = _ray(ray_address)
+        remote = ray.remote(_search_until)
+        refs: list = []
+
+        def submit_ray(fn, *args):
+            ref = remote.remote(*args)
+            refs.append(ref)
+            return lambda: ray.get(ref)
+
         try:
-            for task, future in zip(todo, futures, strict=True):
-                value = future.result()
-                report(task, "done", value)
-                yield task.key, value
+            yield submit_ray
+        except BaseException:
+            for ref in refs:
+                ray.cancel(ref)
+            raise
+        return
+    with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
+        futures: list = []
+
+        def submit_local(fn, *args):
+            future = pool.submit(fn, *args)
+            futures.append(future)
+            return future.result
+
+        try:
+            yield submit_local
         except BaseException:
             for f in futures:
                 f.cancel()
             raise
+
+
+def _ray(address: str):
+    """The ``ray`` module, connected to the cluster at ``address`` (a clear error without it)."""
+    try:
+        import ray
+    except ImportError:
+        raise RayUnavailable("--ray needs Ray: pip install 'einopt[ray]'") from None
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        except Exception as e:  # noqa: BLE001 - Ray raises several kinds for an unreachable cluster
+            raise RayUnavailable(f"cannot connect to the Ray cluster at {address}: {e}") from None
+    return ray
+
+
+class RayUnavailable(RuntimeError):
+    """``--ray`` was given but Ray is not installed or its cluster cannot be reached."""
+
+
+def _search_until(task: _Task, settings: Settings, budget: float, wall_deadline: float | None) -> dict | None:
+    """:func:`_search_one` in a worker: the budget left at its start (None when none is)."""
+    if wall_deadline is not None:
+        left = wall_deadline - time.time()
+        if left <= 0:
+            return None
+        budget = min(budget, left)
+    return _search_one(task, settings, budget)
 
 
 def _hook(progress: Callable[[Progress], None], part: str, index: int, total: int):
@@ -316,7 +444,7 @@ def _hook(progress: Callable[[Progress], None], part: str, index: int, total: in
     return hook
 
 
-def _search_one(task: _Task, settings: Settings, remaining: float | None, hook=None) -> dict:
+def _search_one(task: _Task, settings: Settings, budget: float, hook=None) -> dict:
     """Search one canonical program; the stored form of what it found (programs as text)."""
     from einopt.export import as_program
     from einopt.parser import parse
@@ -326,7 +454,6 @@ def _search_one(task: _Task, settings: Settings, remaining: float | None, hook=N
     program = as_program(parse(task.text))
     if hook is not None:
         hook.base.append(_input_cost(program, task.constants))
-    budget = settings.part_budget_s if remaining is None else min(settings.part_budget_s, remaining)
     t0 = time.perf_counter()
     result = search(
         program,
@@ -360,8 +487,9 @@ def _search_one(task: _Task, settings: Settings, remaining: float | None, hook=N
     }
 
 
-def _remaining(deadline: float | None) -> float | None:
-    return None if deadline is None else max(0.1, deadline - time.monotonic())
+def _bounded(budget: float, deadline: float | None) -> float:
+    """``budget`` seconds, or what is left before ``deadline`` if that is less (at least 0.1)."""
+    return budget if deadline is None else max(0.1, min(budget, deadline - time.monotonic()))
 
 
 def _input_cost(program: ir.Program, constants: Mapping[str, np.ndarray]) -> float:

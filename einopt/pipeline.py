@@ -75,6 +75,10 @@ class Options:
         serial). The output does not depend on it.
     top_k : int
         Derived programs instantiated, verified and timed per subprogram.
+    ray : str, optional
+        Address of a Ray cluster to run the subprogram searches on (``"auto"``,
+        ``"ray://host:10001"``); needs ``pip install 'einopt[ray]'``. The
+        output does not depend on it.
     input_shapes : mapping
         Concrete shapes for graph inputs with symbolic dims.
     inputs : sequence
@@ -104,6 +108,7 @@ class Options:
     part_search_s: float = DEFAULT_PART_SEARCH
     jobs: int = 1
     top_k: int = DEFAULT_TOP_K
+    ray: str | None = None
     input_shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     inputs: Sequence[Mapping[str, np.ndarray] | str | Path] = ()
     verify: bool = True
@@ -472,7 +477,15 @@ def _search(
         exact=not options.verify,
     )
     deadline = time.monotonic() + options.time_budget
-    return search_parts(parts, settings, store, jobs=options.jobs, deadline=deadline, progress=progress)
+    return search_parts(
+        parts,
+        settings,
+        store,
+        jobs=options.jobs,
+        deadline=deadline,
+        progress=progress,
+        ray_address=options.ray,
+    )
 
 
 def _part_result(

@@ -39,6 +39,10 @@ PREDICTED_SLACK = 2.0
 """A derived program is timed when its predicted cost is at most this many times the input's."""
 DEFAULT_TOP_K = 3
 """Derived programs timed per subprogram, at most (best predicted first)."""
+SLOW_RUN = 4.0
+"""A candidate whose one verification run took this many times the original's (and over
+:data:`SLOW_RUN_S`) is not timed: no noise hides a loss that large, and timing it would cost minutes."""
+SLOW_RUN_S = 0.2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,9 +159,13 @@ def select(
             check = checks[_pseudo(name, i)]
             c = dataclasses.replace(c, verified=check)
             pending[name][i] = c
+            slow = _slow(check.run_seconds)
             if not check.ok:
                 log.warning("%s (%s): candidate differs from the original: %s", name, c.label, check.message)
                 pending[name][i] = dataclasses.replace(c, rejected=f"verification failed: {check.message}")
+                del alive[(name, i)]
+            elif slow:
+                pending[name][i] = dataclasses.replace(c, rejected=slow)
                 del alive[(name, i)]
             else:
                 alive[(name, i)] = c
@@ -176,6 +184,16 @@ def select(
             taken |= {f.name for f in chosen.instantiated.functions}
         out[p.name] = Selection(chosen, tuple(tried), searches.get(p.name) or _nothing())
     return out
+
+
+def _slow(run_seconds: tuple[float, float] | None) -> str:
+    """Why a candidate is too slow to be worth timing ("" if it may be)."""
+    if run_seconds is None:
+        return ""
+    before, after = run_seconds
+    if after > SLOW_RUN_S and after > SLOW_RUN * before:
+        return f"one run took {after:.2g} s against the original's {before:.2g} s: not timed"
+    return ""
 
 
 def _nothing() -> PartSearch:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,6 +47,9 @@ class Comparison:
     ok: bool
     max_abs_error: float
     message: str = ""
+    # verify_parts: wall seconds of one run of the original and of the new nodes (session creation
+    # included) on the first data set; a rough screen, never a timing
+    run_seconds: tuple[float, float] | None = None
 
 
 def compare(
@@ -346,8 +350,11 @@ def verify_parts(
         todo = [p for p in parts if p.name not in checks or checks[p.name].ok]
         for pair in part_pairs(model, todo, emitted, feeds):
             try:
+                t0 = time.perf_counter()
                 ref = modelio.run(pair.original, pair.original_feeds)
+                t1 = time.perf_counter()
                 got = modelio.run(pair.rewritten, pair.rewritten_feeds)
+                t2 = time.perf_counter()
             except Exception as e:  # noqa: BLE001 - a rewrite ORT cannot run is a failed rewrite
                 checks[pair.name] = Comparison(
                     False, float("inf"), f"ONNX Runtime failed: {type(e).__name__}: {e}"
@@ -355,9 +362,12 @@ def verify_parts(
                 continue
             c = compare(ref, got, tol)
             prev = checks.get(pair.name)
-            checks[pair.name] = (
-                c if prev is None else Comparison(c.ok, max(c.max_abs_error, prev.max_abs_error), c.message)
-            )
+            if prev is None:
+                checks[pair.name] = dataclasses.replace(c, run_seconds=(t1 - t0, t2 - t1))
+            else:
+                checks[pair.name] = dataclasses.replace(
+                    prev, ok=c.ok, max_abs_error=max(c.max_abs_error, prev.max_abs_error), message=c.message
+                )
     return checks
 
 

@@ -196,3 +196,39 @@ def test_ctrl_c_during_the_search_leaves_no_output_and_a_usable_cache(tmp_path):
         db.execute("SELECT count(*) FROM comparisons").fetchone()
     result = optimize(prelu_block(), Options(cache=cache, **SMALL))
     assert result.acceptance["cache"]["path"] == str(cache)
+
+
+def test_searches_on_a_local_ray_give_the_local_model(tmp_path):
+    ray = pytest.importorskip("ray")
+    model = _two_prelu_blocks()
+    options = {"accept": "verified", "cache": False, **SMALL}
+    local = optimize(model, Options(**options))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = optimize(model, Options(ray="auto", **options))
+    finally:
+        ray.shutdown()
+    assert remote.model.SerializeToString() == local.model.SerializeToString()
+    assert any(p.trace for p in remote.parts)
+
+
+def test_ray_without_a_cluster_is_a_clear_error(tmp_path):
+    from click.testing import CliRunner
+
+    from einopt.cli import main
+
+    pytest.importorskip("ray")
+    import onnx
+
+    onnx.save(prelu_block(), tmp_path / "in.onnx")
+    args = [
+        "optimize",
+        str(tmp_path / "in.onnx"),
+        "-o",
+        str(tmp_path / "o.onnx"),
+        "--ray",
+        "ray://127.0.0.1:1",
+    ]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 5, result.output
+    assert "Ray cluster" in result.output and not (tmp_path / "o.onnx").exists()

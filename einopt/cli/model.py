@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from pathlib import Path
 
 import click
@@ -70,6 +71,12 @@ _shape_option = click.option(
     help="Processes searching subprograms side by side (timing stays serial; same output).",
 )
 @click.option(
+    "--ray",
+    "ray_address",
+    metavar="ADDRESS",
+    help="Run the subprogram searches as Ray tasks on the cluster at ADDRESS (needs einopt[ray]).",
+)
+@click.option(
     "--top-k",
     default=3,
     show_default=True,
@@ -121,6 +128,7 @@ def optimize(
     time_budget,
     part_search_s,
     jobs,
+    ray_address,
     top_k,
     input_shapes,
     npz,
@@ -163,6 +171,7 @@ def optimize(
             time_budget=time_budget,
             part_search_s=part_search_s,
             jobs=jobs,
+            ray=ray_address,
             top_k=top_k,
             input_shapes=shapes,
             inputs=extra,
@@ -178,8 +187,22 @@ def optimize(
         from einopt.timing import configure_threads
 
         configure_threads(threads)  # every session of the run shares the pool with the timed ones
-    with _search_display() as progress:
-        result = run(source, options, progress)
+    from einopt.partsearch import RayUnavailable
+
+    try:
+        with _search_display() as display, _interrupts() as interrupted:
+
+            def progress(event) -> None:
+                if interrupted:  # a Ctrl-C swallowed where Python ignores exceptions (a __del__)
+                    raise KeyboardInterrupt
+                if display is not None:
+                    display(event)
+
+            result = run(source, options, progress)
+            if interrupted:
+                raise KeyboardInterrupt
+    except RayUnavailable as e:
+        raise CliError(str(e), "unavailable") from None
     result.save(output, external_data=external_data)
     if do_bench:
         from einopt.measure import benchmark_result
@@ -202,6 +225,31 @@ def optimize(
         show_report(report)
     elif not is_quiet():
         _print_summary(result, output)
+
+
+@contextlib.contextmanager
+def _interrupts():
+    """A list that becomes non-empty on Ctrl-C (which still raises KeyboardInterrupt as usual).
+
+    Python drops an exception raised inside a finalizer or a weakref callback,
+    so a Ctrl-C landing there would be lost and the run would finish and write
+    its output; the caller checks the list at safe points instead.
+    """
+    hit: list[bool] = []
+
+    def handler(signum, frame) -> None:
+        hit.append(True)
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread (an embedding application): leave signals alone
+        yield hit
+        return
+    try:
+        yield hit
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 @contextlib.contextmanager
@@ -234,7 +282,7 @@ def _search_display():
             if ev.event == "searching":
                 bar.update(tasks["all"], info=info)
                 return
-            bar.update(tasks["all"], advance=1, info=f"{ev.part}: {ev.event}")
+            bar.update(tasks["all"], advance=0 if ev.event == "deeper" else 1, info=f"{ev.part}: {ev.event}")
 
         yield update
 
