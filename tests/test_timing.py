@@ -8,7 +8,8 @@ from einopt import timing
 from einopt.timing import Comparison, Timing
 
 
-def test_time_interleaved_rotates_and_respects_run_limits():
+def test_time_interleaved_rotates_and_respects_run_limits(monkeypatch):
+    monkeypatch.setattr(timing, "MIN_SAMPLE_S", 0.0)  # one call per sample
     calls = []
     fns = {k: (lambda k=k: calls.append(k)) for k in "abc"}
     t, rounds = timing.time_interleaved(fns, warmup=1, max_warmup=1, min_runs=5, max_runs=5, budget_s=100)
@@ -20,6 +21,28 @@ def test_time_interleaved_rotates_and_respects_run_limits():
     assert rounds == 0 and all(v.runs == 2 for v in t.values())
     with pytest.raises(ValueError):
         timing.time_interleaved(fns, min_runs=3, max_runs=2)
+
+
+def test_a_sample_of_a_fast_call_averages_back_to_back_calls():
+    """Sub-millisecond calls are repeated within a sample, slower ones are not, and a sample is the
+    time of one call."""
+    import time
+
+    calls = {"fast": 0, "slow": 0}
+
+    def fast():
+        calls["fast"] += 1
+
+    def slow():
+        calls["slow"] += 1
+        time.sleep(0.002)
+
+    t, rounds = timing.time_interleaved(
+        {"fast": fast, "slow": slow}, warmup=1, max_warmup=1, min_runs=4, max_runs=4, budget_s=100
+    )
+    repeat = (calls["fast"] - rounds) // 4
+    assert repeat > 1 and calls == {"fast": rounds + 4 * repeat, "slow": rounds + 4}
+    assert t["slow"].median_ms >= 2.0 and t["fast"].median_ms < 1.0 and t["slow"].runs == 4
 
 
 def test_warmup_goes_on_until_calls_are_steady():
