@@ -164,8 +164,14 @@ def judge_parts(
     verdicts: dict[str, Verdict] = {}
     for pair in pairs:
         name, t = pair if isinstance(pair, tuple) else (pair.name, timer.part(pair))
-        ok = t.faster(band) and not t.unreliable()
-        if ok:
+        # A disturbed timing is trusted only when even its spread cannot close the gap.
+        ok = t.faster(band) and (not t.unreliable() or t.separated(band))
+        if ok and t.unreliable():
+            reason = (
+                f"measured {t.speedup:.2f}x faster on its own (a disturbed timing, {t.unreliable()}, "
+                "but its slowest runs beat the original's fastest)"
+            )
+        elif ok:
             reason = f"measured {t.speedup:.2f}x faster on its own"
         elif t.unreliable():
             reason = (
@@ -188,8 +194,9 @@ def accept_model(
     """Roll back accepted rewrites until the assembled model is not slower than the input.
 
     A whole-model timing that stays disturbed after a second try (see
-    :meth:`Timer.model`) rolls back everything: a rewrite is kept only when
-    the model is measured not slower.
+    :meth:`Timer.model`) rolls back everything, unless even its slowest runs
+    of the output beat the input's fastest: a rewrite is kept only when the
+    model is measured not slower.
 
     Parameters
     ----------
@@ -214,7 +221,7 @@ def accept_model(
     rounds: list[ModelRound] = []
     while kept:
         t = timer.model(original, build(frozenset(kept)), feeds)
-        if t.speedup >= 1.0 and not t.unreliable():
+        if t.speedup >= 1.0 and (not t.unreliable() or t.separated(0.0)):
             rounds.append(ModelRound(tuple(sorted(kept)), t, ()))
             return frozenset(kept), rounds
         if t.unreliable():  # what cannot be measured is not kept

@@ -228,6 +228,11 @@ class Comparison:
         """``after`` is faster than ``before`` beyond the noise band."""
         return self.speedup >= 1.0 + band
 
+    def separated(self, band: float = NOISE_BAND) -> bool:
+        """``after`` is faster beyond the noise band even at its slow end: its 90th percentile beats
+        ``before``'s 10th. Spread cannot explain such a gap away (a disturbed timing still proves it)."""
+        return self.after.p90_ms * (1.0 + band) <= self.before.p10_ms
+
     def unreliable(self) -> str:
         """Why this measurement should not be trusted ("" when nothing is wrong)."""
         return reliability({"before": self.before, "after": self.after}, self.load_average)

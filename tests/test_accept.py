@@ -226,3 +226,14 @@ def test_timer_goes_through_the_cache(monkeypatch, tmp_path):
     x = {"x": np.zeros((1, 8, 6, 6), np.float32)}
     assert timer.model(m, m, x).speedup == 2.0 and timer.model(m, m, x).cached
     assert calls["models"] == 1 and timer.cache.stats.hits == 1
+
+
+def test_a_disturbed_timing_is_trusted_only_when_its_runs_do_not_overlap():
+    """Spread makes a timing unreliable, but when the new nodes' slowest runs beat the original's
+    fastest (beyond the noise band), no spread explains the gap away."""
+    apart = Comparison(Timing(4.0, 3.0, 8.0, 2.9, 20), _t(1.0), 3, 0.0)  # before p90/p10 = 2.7
+    close = Comparison(Timing(4.0, 1.0, 8.0, 0.9, 20), _t(1.0), 3, 0.0)  # before p10 = after p90
+    assert apart.unreliable() and close.unreliable()
+    verdicts = accept.judge_parts([("apart", apart), ("close", close)], timer=None)
+    assert verdicts["apart"].accepted and "slowest runs beat" in verdicts["apart"].reason
+    assert not verdicts["close"].accepted and "disturbed" in verdicts["close"].reason
