@@ -7,6 +7,7 @@ deterministic; set HYPOTHESIS_PROFILE=explore to search with fresh seeds.
 import os
 import resource
 import sys
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -25,6 +26,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # process that wants its own threads fail; tests share processes, so they use
 # per-session pools (test_bench checks the global pool in a subprocess).
 os.environ.setdefault("EINOPT_THREAD_POOL", "per-session")
+
+# The measurement cache (timings and searches) of a test run starts empty and is the run's own:
+# outcomes must not depend on what the user's cache holds from earlier runs.
+os.environ["EINOPT_CACHE_DIR"] = tempfile.mkdtemp(prefix="einopt-test-cache-")
 
 
 # ----------------------------------------------------------------------------- memory

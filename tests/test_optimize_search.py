@@ -181,7 +181,10 @@ def test_ctrl_c_during_the_search_leaves_no_output_and_a_usable_cache(tmp_path):
         "--part-budget",
         "120",
     ]
-    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # from tmp_path: in a source checkout, the working directory's einopt/ is not the installed package
+    proc = subprocess.Popen(
+        [str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path
+    )
     deadline = time.monotonic() + 60
     while not cache.exists() and time.monotonic() < deadline:  # the cache opens before the search starts
         time.sleep(0.1)
@@ -198,8 +201,9 @@ def test_ctrl_c_during_the_search_leaves_no_output_and_a_usable_cache(tmp_path):
     assert result.acceptance["cache"]["path"] == str(cache)
 
 
-def test_searches_on_a_local_ray_give_the_local_model(tmp_path):
+def test_searches_on_a_local_ray_give_the_local_model(tmp_path, monkeypatch):
     ray = pytest.importorskip("ray")
+    monkeypatch.chdir(tmp_path)  # Ray's workers start where the driver is: not in a source checkout
     model = _two_prelu_blocks()
     options = {"accept": "verified", "cache": False, **SMALL}
     local = optimize(model, Options(**options))

@@ -16,7 +16,9 @@ from einopt.pipeline import Options, optimize
 
 # These tests are about the round trip (translate, re-instantiate, verify): every verified
 # rewrite is kept untimed. Measured acceptance has its own tests (test_accept.py).
-VERIFIED = Options(accept="verified")
+# Depth 0: these tests are about the round trip (translate, instantiate, verify, assemble); the
+# search's rewrites are tests/test_optimize_search.py's.
+VERIFIED = Options(max_depth=0, accept="verified")
 
 
 def _round_tripped(result) -> bool:
@@ -124,7 +126,7 @@ def test_symbolic_shapes_pass_through_unless_pinned():
     assert any("symbolic" in p.reason for p in result.parts)
     assert any("symbolic" in n for n in result.notes)
 
-    pinned = optimize(model, Options(accept="verified", input_shapes={"x": (2, 8, 6, 6)}))
+    pinned = optimize(model, Options(max_depth=0, accept="verified", input_shapes={"x": (2, 8, 6, 6)}))
     assert _round_tripped(pinned)
     dims = [d.dim_value or d.dim_param for d in pinned.model.graph.input[0].type.tensor_type.shape.dim]
     if pinned.changed():  # rewrites are instantiated for the pinned shapes, and the output says so
@@ -135,7 +137,9 @@ def test_symbolic_shapes_pass_through_unless_pinned():
 
 def test_pinned_shapes_stay_in_the_output_of_a_rewrite(monkeypatch):
     disable_operators(monkeypatch)
-    pinned = optimize(conv_block(batch="N"), Options(accept="verified", input_shapes={"x": (2, 8, 6, 6)}))
+    pinned = optimize(
+        conv_block(batch="N"), Options(max_depth=0, accept="verified", input_shapes={"x": (2, 8, 6, 6)})
+    )
     assert pinned.changed()
     dims = [d.dim_value for d in pinned.model.graph.input[0].type.tensor_type.shape.dim]
     assert dims == [2, 8, 6, 6] and any("pinned input shapes" in n for n in pinned.notes)
@@ -152,7 +156,7 @@ def test_old_opset_is_blocked_with_a_reason():
 def test_given_inputs_are_used_for_verification():
     model = conv_block()
     feeds = _random_feeds(model, seed=9)
-    result = optimize(model, Options(inputs=[feeds], seed=4, accept="verified"))
+    result = optimize(model, Options(max_depth=0, inputs=[feeds], seed=4, accept="verified"))
     assert result.verified and _round_tripped(result)
 
 
@@ -235,7 +239,7 @@ def test_pointwise_conv_stays_a_conv_at_any_batch(batch):
     node = onnx.helper.make_node("Conv", ["x", "w", "b"], ["y"], name="pw")
     inits = {"w": w, "b": np.ones(6, np.float32)}
     model = make([node], [("x", [batch, 5, 7, 7])], [("y", [batch, 6, 7, 7])], inits)
-    result = optimize(model, Options(seed=0, accept="verified"))
+    result = optimize(model, Options(max_depth=0, seed=0, accept="verified"))
     (part,) = result.parts
     assert result.verified and part.status in ("rewritten", "unchanged"), part
     assert "Transpose" not in part.new_ops, part.new_ops
