@@ -31,6 +31,7 @@ import numpy as np
 from einopt import ir
 from einopt.cache import MeasurementCache
 from einopt.rewrite import rename_tensors
+from einopt.search.engine import DEFAULT_CONVERGE_DEPTH, DEFAULT_MAX_DEPTH
 
 __all__ = [
     "Settings",
@@ -67,8 +68,8 @@ class Settings:
         (when nothing is verified, nothing may rest on verification).
     """
 
-    max_depth: int = 7
-    converge_depth: int = 6
+    max_depth: int = DEFAULT_MAX_DEPTH
+    converge_depth: int = DEFAULT_CONVERGE_DEPTH
     part_budget_s: float = 60.0
     candidates: int = 8
     exact: bool = False
@@ -119,6 +120,11 @@ class PartSearch:
     @property
     def input(self) -> Found | None:
         return next((f for f in self.found if not f.trace), None)
+
+    @classmethod
+    def not_searched(cls, same_as: str = "") -> PartSearch:
+        """What a part that was not searched has (depth 0, or the whole-model budget ran out)."""
+        return cls((), {"complete": False, "searched": False}, 0.0, False, same_as)
 
 
 def weight_facts(constants: Mapping[str, np.ndarray], names: Sequence[str], exact: bool) -> list:
@@ -507,7 +513,7 @@ def _input_cost(program: ir.Program, constants: Mapping[str, np.ndarray]) -> flo
 def _part_search(value: dict | None, names: Mapping[str, str], cached: bool, same_as: str) -> PartSearch:
     """A stored search renamed into a part's names (``value`` None: not searched)."""
     if value is None:
-        return PartSearch((), {"complete": False, "searched": False}, 0.0, False, same_as)
+        return PartSearch.not_searched(same_as)
     from einopt.export import as_program
     from einopt.parser import parse
 

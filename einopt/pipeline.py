@@ -36,6 +36,7 @@ from einopt.frontend.translate import Part, translate_graph
 from einopt.instantiate.emit import Instantiated
 from einopt.partsearch import PartSearch, Progress, Settings, search_parts
 from einopt.report import CHANGED, REPORT_VERSION, STATUSES
+from einopt.search.engine import DEFAULT_MAX_DEPTH
 from einopt.select import DEFAULT_TOP_K, Selection, select
 from einopt.syntax import format_expr
 from einopt.timing import NOISE_BAND, configure_threads
@@ -50,7 +51,6 @@ log = logging.getLogger(__name__)
 
 MIN_OPSET = 7  # numpy-style broadcasting; older models pass through
 ACCEPT_MODES = ("measured", "verified")
-DEFAULT_MAX_DEPTH = 7
 DEFAULT_TIME_BUDGET = 180.0
 DEFAULT_PART_SEARCH = 60.0
 

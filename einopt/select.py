@@ -182,7 +182,7 @@ def select(
         chosen, tried = _choose(pending[p.name], timed=timer is not None and feeds is not None)
         if chosen is not None:
             taken |= {f.name for f in chosen.instantiated.functions}
-        out[p.name] = Selection(chosen, tuple(tried), searches.get(p.name) or _nothing())
+        out[p.name] = Selection(chosen, tuple(tried), searches.get(p.name) or PartSearch.not_searched())
     return out
 
 
@@ -194,10 +194,6 @@ def _slow(run_seconds: tuple[float, float] | None) -> str:
     if after > SLOW_RUN_S and after > SLOW_RUN * before:
         return f"one run took {after:.2g} s against the original's {before:.2g} s: not timed"
     return ""
-
-
-def _nothing() -> PartSearch:
-    return PartSearch((), {"complete": False, "searched": False}, 0.0, False)
 
 
 def _worth_trying(p: Part, search: PartSearch | None, top_k: int) -> list[Found]:

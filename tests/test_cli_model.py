@@ -221,3 +221,19 @@ def test_force_overwrites_the_input_with_the_verified_model(tmp_path):
     want = ort.InferenceSession(original.SerializeToString(), providers=cpu).run(None, {"x": x})[0]
     got = ort.InferenceSession(optimized.SerializeToString(), providers=cpu).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_search_flag_defaults_are_the_api_defaults():
+    """The CLI writes its defaults out (einopt --help stays fast without the pipeline): they must be
+    Options' own."""
+    from einopt.cli.model import optimize as command
+    from einopt.pipeline import Options
+
+    defaults = {p.name: p.default for p in command.params}
+    o = Options()
+    assert (defaults["max_depth"], defaults["time_budget"], defaults["part_search_s"]) == (
+        o.max_depth,
+        o.time_budget,
+        o.part_search_s,
+    )
+    assert (defaults["jobs"], defaults["top_k"]) == (o.jobs, o.top_k) and o.ray is None
