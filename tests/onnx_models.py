@@ -160,3 +160,30 @@ def append_to_output(monkeypatch, part: str, extra) -> None:
         return dataclasses.replace(inst, nodes=(*nodes, *more), initializers=(*inst.initializers, *inits))
 
     monkeypatch.setattr(select, "instantiate", patched)
+
+
+def run_ort(model: onnx.ModelProto, feeds) -> list:
+    """All outputs of one quiet ONNX Runtime CPU run."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def random_feeds(model: onnx.ModelProto, seed: int = 3) -> dict[str, np.ndarray]:
+    """Seeded float32 normal values for every graph input (symbolic dims as 1)."""
+    rng = np.random.default_rng(seed)
+    return {
+        i.name: rng.standard_normal([d.dim_value or 1 for d in i.type.tensor_type.shape.dim]).astype(
+            np.float32
+        )
+        for i in model.graph.input
+    }
+
+
+def assert_same_outputs(a: onnx.ModelProto, b: onnx.ModelProto, feeds, rtol=1e-4, atol=1e-5) -> None:
+    """Both models compute the same outputs on ``feeds`` in ONNX Runtime."""
+    for x, y in zip(run_ort(a, feeds), run_ort(b, feeds), strict=True):
+        np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)

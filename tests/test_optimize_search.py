@@ -10,34 +10,16 @@ the controls do.
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
-from onnx_models import deconv_block, lstm_cell, prelu_block
+from onnx_models import assert_same_outputs, deconv_block, lstm_cell, prelu_block, random_feeds
 
 from einopt.pipeline import Options, optimize
 
 SMALL = {"part_search_s": 30.0, "time_budget": 60.0}
 
 
-def _run(model, feeds):
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
-
-
-def _feeds(model, seed=1):
-    rng = np.random.default_rng(seed)
-    return {
-        i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
-        for i in model.graph.input
-    }
-
-
 def _assert_same(a, b):
-    feeds = _feeds(a)
-    for x, y in zip(_run(a, feeds), _run(b, feeds), strict=True):
-        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-4)
+    assert_same_outputs(a, b, random_feeds(a, seed=1), rtol=1e-4, atol=1e-4)
 
 
 def _rewritten(result, op):

@@ -6,9 +6,10 @@ import logging
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx_models import append_to_output, conv_block, disable_operators, lstm_cell
+from onnx_models import assert_same_outputs as _assert_same
+from onnx_models import random_feeds as _random_feeds
 
 import einopt
 from einopt import pipeline, select
@@ -25,28 +26,6 @@ def _round_tripped(result) -> bool:
     """Every translated subprogram came back verified (rewritten or as the same nodes)."""
     c = result.counts()
     return c["subprograms"] > 0 and c["rewritten"] + c["unchanged"] == c["subprograms"]
-
-
-def _run(model, feeds):
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
-
-
-def _random_feeds(model, seed=3):
-    rng = np.random.default_rng(seed)
-    return {
-        i.name: rng.standard_normal([d.dim_value or 1 for d in i.type.tensor_type.shape.dim]).astype(
-            np.float32
-        )
-        for i in model.graph.input
-    }
-
-
-def _assert_same(a, b, feeds, rtol=1e-4, atol=1e-5):
-    for x, y in zip(_run(a, feeds), _run(b, feeds), strict=True):
-        np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
 
 
 def test_conv_block_round_trip():
