@@ -73,6 +73,7 @@ class MeasurementCache:
         self.stats = Stats()
         self._memory: dict[str, Comparison] = {}
         self._searches: dict[str, dict] = {}
+        self._values: dict[str, dict] = {}
         self._db: sqlite3.Connection | None = None
         if self.path is not None:
             self._db = self._open(self.path)
@@ -95,6 +96,10 @@ class MeasurementCache:
             )
             db.execute(
                 "CREATE TABLE IF NOT EXISTS searches (key TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL)"
+            )
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS measured ("
+                "key TEXT PRIMARY KEY, what TEXT, value TEXT NOT NULL, created REAL NOT NULL)"
             )
             db.commit()
             return db
@@ -173,6 +178,29 @@ class MeasurementCache:
         try:
             self._db.execute(
                 "INSERT OR REPLACE INTO searches VALUES (?, ?, ?)", (key, json.dumps(value), time.time())
+            )
+            self._db.commit()
+        except sqlite3.Error as e:
+            log.warning("cannot write to the measurement cache %s: %s", self.path, e)
+
+    def value(self, key: str) -> dict | None:
+        """A measurement other than a comparison (a node's time, the calibration) stored under ``key``."""
+        if key in self._values:
+            return self._values[key]
+        if self._db is None:
+            return None
+        row = self._db.execute("SELECT value FROM measured WHERE key = ?", (key,)).fetchone()
+        return None if row is None else self._values.setdefault(key, json.loads(row[0]))
+
+    def remember(self, key: str, what: str, value: dict) -> None:
+        """Store a measurement (JSON-serialisable) under ``key`` (see :meth:`key`)."""
+        self._values[key] = value
+        if self._db is None:
+            return
+        try:
+            self._db.execute(
+                "INSERT OR REPLACE INTO measured VALUES (?, ?, ?, ?)",
+                (key, what, json.dumps(value), time.time()),
             )
             self._db.commit()
         except sqlite3.Error as e:

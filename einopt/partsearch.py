@@ -62,7 +62,9 @@ class Settings:
         Seconds one subprogram's search may take at most (the candidates
         found by then are kept; the report says the search was cut short).
     candidates : int
-        Ranked candidates kept per search (one per distinct operator list).
+        Ranked candidates kept per search (one per distinct work: the multiset
+        of its nodes' operators and shapes). The analytic ranking is crude, so
+        many are kept: the measured cost stage (:mod:`einopt.predict`) re-ranks them.
     exact : bool
         Share a search only between subprograms whose weights are equal
         (when nothing is verified, nothing may rest on verification).
@@ -71,7 +73,7 @@ class Settings:
     max_depth: int = DEFAULT_MAX_DEPTH
     converge_depth: int = DEFAULT_CONVERGE_DEPTH
     part_budget_s: float = 60.0
-    candidates: int = 8
+    candidates: int = 32
     exact: bool = False
 
     def key(self) -> list:
@@ -97,7 +99,8 @@ class Found:
     program: ir.Program
     trace: tuple[Step, ...]
     operators: tuple[str, ...]
-    predicted_s: float  # the search's analytic estimate
+    predicted_s: float  # seconds: the search's analytic estimate, or measured operators' (einopt.predict)
+    estimated_s: float | None = None  # the search's analytic estimate, once predicted_s is measured
 
     @property
     def depth(self) -> int:

@@ -1,10 +1,11 @@
 """The whole product in one screen: load -> prepare -> partition and translate ->
-search -> select (instantiate, verify, time the candidates) -> accept (measured) ->
-assemble -> verify.
+search -> cost -> select (instantiate, verify, time the candidates) -> accept
+(measured) -> assemble -> verify.
 
 Every subprogram is searched (:mod:`einopt.partsearch`, identical ones once);
-its best candidates are instantiated, verified and timed against its original
-nodes, and the fastest is chosen (:mod:`einopt.select`). A subprogram's new
+what it found is costed by its operators' measured times (:mod:`einopt.predict`);
+its best predicted candidates are instantiated, verified and timed against its
+original nodes, and the fastest is chosen (:mod:`einopt.select`). A subprogram's new
 nodes reach the output only when they differ from its original nodes, are
 verified equal, and are measured faster (per part, then the whole model
 against the input, with rollback: :mod:`einopt.accept`). When nothing is
@@ -34,7 +35,9 @@ from einopt.frontend.fold import prepare
 from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset
 from einopt.frontend.translate import Part, translate_graph
 from einopt.instantiate.emit import Instantiated
+from einopt.opcost import OpCosts
 from einopt.partsearch import PartSearch, Progress, Settings, search_parts
+from einopt.predict import predict
 from einopt.report import CHANGED, REPORT_VERSION, STATUSES
 from einopt.search.engine import DEFAULT_MAX_DEPTH
 from einopt.select import DEFAULT_TOP_K, Selection, select
@@ -358,6 +361,8 @@ def _rewrite(
         timed = options.accept == "measured" and feeds is not None
         if timed:
             configure_threads()
+            searches = predict(model, [p for p in parts if p.translated], searches, OpCosts(store))
+            clock("cost")
         selections = select(
             model,
             [p for p in parts if p.translated],

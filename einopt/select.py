@@ -36,7 +36,8 @@ __all__ = ["Candidate", "Selection", "PREDICTED_SLACK", "DEFAULT_TOP_K", "select
 log = logging.getLogger(__name__)
 
 PREDICTED_SLACK = 2.0
-"""A derived program is timed when its predicted cost is at most this many times the input's."""
+"""A derived program is timed when its predicted cost is at most this many times the input's
+(:data:`einopt.predict.SLACK` costs nothing beyond that)."""
 DEFAULT_TOP_K = 3
 """Derived programs timed per subprogram, at most (best predicted first)."""
 SLOW_RUN = 4.0
@@ -68,6 +69,7 @@ class Candidate:
             "trace": [dataclasses.asdict(s) for s in self.found.trace],
             "operators": list(self.found.operators),
             "predicted_s": self.found.predicted_s,
+            "estimated_s": self.found.estimated_s,
             "predicted_speedup": _ratio(input_predicted, self.found.predicted_s),
             "measured_speedup": t.speedup if t is not None else None,
             "verified": None if self.verified is None else self.verified.ok,

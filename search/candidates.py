@@ -3,9 +3,11 @@
 A state becomes a candidate when every compute scope matches an operator
 (distance 0); the input always is one. Each is instantiated once per key
 (:func:`einopt.export.program_model`) into its operator list and a cost in
-seconds: :func:`einopt.cost.estimate_seconds` of its ONNX model unless the
-caller passes a ``cost`` callable. The cheapest candidate per operator list is
-kept; the ranking is by cost, then depth, then key.
+seconds: FLOPs and bytes of its ONNX model's nodes at a nominal rate (nodes
+reading only weights are folded) unless the caller passes a ``cost``
+callable. The cheapest candidate per work done (its nodes' operators and
+input shapes as a multiset: the order of independent nodes changes nothing)
+is kept; the ranking is by cost, then depth, then key.
 """
 
 from __future__ import annotations
@@ -84,10 +86,19 @@ def _ops(e: ir.ValueExpr) -> int:
     return 0
 
 
-def _analytic(model) -> float:
-    from einopt.cost import estimate_seconds, model_cost
+def _analytic(model, weights: frozenset[str]) -> tuple[float, tuple[str, ...]]:
+    """The analytic estimate of a (light) model, nodes reading only weights left out (folded when the
+    session is created), and what identifies the work it does: its nodes (operator and input shapes)
+    as a multiset. Two candidates that only order the same nodes differently are one candidate."""
+    from einopt.cost import BANDWIDTH, PEAK_FLOPS
+    from einopt.opcost import node_costs
 
-    return estimate_seconds(model_cost(model))
+    nodes = [n.cost for n in node_costs(model, weights)]
+    flops = sum(c.flops for c in nodes)
+    nbytes = sum(c.bytes for c in nodes if c.kind != "view")
+    return flops / PEAK_FLOPS + nbytes / BANDWIDTH, tuple(
+        sorted(c.what or c.op for c in nodes if c.kind != "folded")
+    )
 
 
 def _operators(model) -> tuple[str, ...]:
@@ -95,7 +106,8 @@ def _operators(model) -> tuple[str, ...]:
 
 
 class Costing:
-    """Instantiates and costs candidate programs, once per key; keeps the best per operator list."""
+    """Instantiates and costs candidate programs, once per key; keeps the best per work done (the
+    multiset of its nodes' operators and input shapes)."""
 
     def __init__(
         self,
@@ -113,7 +125,7 @@ class Costing:
         self.constants = constants
         self.stats = stats
         self.done: dict[str, Candidate | None] = {}
-        self.by_ops: dict[tuple[str, ...], Candidate] = {}
+        self.by_work: dict[tuple[str, ...], Candidate] = {}
         self.best_estimate: float | None = None
         self.best_flops: int | None = None
         self.input: Candidate | None = None
@@ -148,16 +160,21 @@ class Costing:
             log.info("candidate %s not instantiable: %s", k[:8], e)
             return
         self.stats.candidates_costed += 1
-        seconds = float(self.cost(program, model, inst) if self.cost else _analytic(model))
+        weights = frozenset(self.constants) | {v.name for v in inst.placeholders}
+        seconds, work = _analytic(model, weights)
+        if self.cost:
+            seconds = self.cost(program, model, inst)
         found = time.perf_counter() - self.started
-        cand = Candidate(program, trace, _operators(model), seconds, k, flops, found, self.stats.generated)
+        cand = Candidate(
+            program, trace, _operators(model), float(seconds), k, flops, found, self.stats.generated
+        )
         self.done[k] = cand
         if is_input:
             self.input = cand
             return
-        old = self.by_ops.get(cand.operators)
+        old = self.by_work.get(work)
         if old is None or rank(cand) < rank(old):
-            self.by_ops[cand.operators] = cand
+            self.by_work[work] = cand
 
     def hopeless(self, program: ir.Program) -> bool:
         """Whether ``program``'s FLOPs are more than ``slack`` times the best candidate's, or its
@@ -178,7 +195,7 @@ class Costing:
         return min(self._all(), key=rank, default=None)
 
     def _all(self) -> list[Candidate]:
-        return [*self.by_ops.values(), *([self.input] if self.input else [])]
+        return [*self.by_work.values(), *([self.input] if self.input else [])]
 
     def ranked(self, limit: int) -> tuple[Candidate, ...]:
         """The best ``limit`` candidates, best first, and the input after them when it is not among them."""

@@ -1,0 +1,537 @@
+"""Cost on the target: what each operator of a candidate takes in ONNX Runtime on this machine.
+
+A candidate program's predicted time is the sum over its nodes (eOperators
+inlined into the standard operators ONNX Runtime runs them as) of:
+
+- nothing for a node that reads only weights (ONNX Runtime folds it when the
+  session is created), and a kernel's bookkeeping for a view (Reshape,
+  Squeeze, ... alias their input);
+- otherwise the node's own time, measured once as a single-operator session
+  in the process's global thread pool, interleaved with the other new nodes,
+  and kept in the measurement cache (SQLite) under its signature: operator,
+  attributes, input shapes and element types, which inputs are weights, and
+  the values of integer weights (shapes, axes, pads). A second run of a
+  model, or another model with the same layers, measures nothing;
+- for a node no session can run, its bytes over the machine's measured
+  bandwidth plus its FLOPs at the measured MatMul rate.
+
+The calibration (bandwidth, FLOP rate, what one run of a session and one
+kernel inside a session cost) is measured once per machine and cached with
+the timings. A single-operator session's run costs more than the node does
+inside a model (Python's call, feeding inputs, allocating outputs): that
+overhead is measured on a one-element Relu and taken off every node's time,
+down to the in-model cost of a kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import onnx
+import onnx.inliner
+import onnx.shape_inference
+from onnx import helper, numpy_helper
+
+from einopt.cost import FLOPS, VIEWS
+
+__all__ = ["Calibration", "NodeCost", "Prediction", "OpCosts", "node_costs", "calibrate"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = 2
+"""Bumped when what a stored node time means changes."""
+GROUP = 16
+"""New nodes timed together (interleaved) at a time."""
+RUNS = (8, 30)
+"""Timed samples per node, at least and at most."""
+GROUP_BUDGET_S = 0.25
+"""Seconds of timed samples per group, after which no new round starts."""
+SLOW_S = 0.02
+"""A node whose first run alone takes longer is timed twice only."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """What this machine does per second and per kernel, measured once (see :func:`calibrate`)."""
+
+    bandwidth: float  # bytes/s through an element-wise Add on tensors far beyond the caches
+    flops: float  # FLOP/s of a 512^3 MatMul
+    run_s: float  # one run of a one-node session from Python, beyond the node's own work
+    kernel_s: float  # one more tiny kernel inside a session
+
+    def analytic(self, flops: int, nbytes: int) -> float:
+        """Seconds of a node no session could time: its FLOPs and bytes at the measured rates."""
+        return self.kernel_s + flops / self.flops + nbytes / self.bandwidth
+
+    def bound(self, flops: int, nbytes: int) -> float:
+        """Seconds a node takes at least: the slower of its FLOPs and its bytes at the measured rates."""
+        return max(self.kernel_s, flops / self.flops, nbytes / self.bandwidth)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeCost:
+    """One node of a candidate as costed: ``kind`` is "folded", "view", "timed" or "analytic"."""
+
+    op: str
+    kind: str
+    key: str = ""  # the signature's digest (timed nodes)
+    what: str = ""  # e.g. "MatMul 1x512 512x1024"
+    flops: int = 0
+    bytes: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """A candidate's predicted seconds and what they are made of."""
+
+    seconds: float
+    nodes: tuple[tuple[NodeCost, float], ...]
+
+    @property
+    def timed_fraction(self) -> float:
+        """The share of the prediction that comes from timed nodes (the rest is estimated)."""
+        timed = sum(s for n, s in self.nodes if n.kind == "timed")
+        return timed / self.seconds if self.seconds > 0 else 1.0
+
+
+# --------------------------------------------------------------------------
+# Signatures
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Value:
+    shape: tuple[int, ...]
+    dtype: int
+    data: np.ndarray | None  # weights with known values (None: an activation, or a weight by shape only)
+    weight: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class _Node:
+    cost: NodeCost
+    node: onnx.NodeProto | None = None
+    inputs: tuple[_Value | None, ...] = ()
+    outputs: tuple[tuple[str, int], ...] = ()  # (name, element type)
+    opset: int = 17
+
+
+def node_costs(model: onnx.ModelProto, weights: Iterable[str] = ()) -> list[_Node]:
+    """The nodes of ``model`` as ONNX Runtime runs them (local functions inlined), each with what
+    decides its cost. ``weights`` names graph inputs that are weights declared by shape only (a light
+    instantiation's large constants): nodes reading only weights are folded."""
+    m = onnx.inliner.inline_local_functions(model) if model.functions else model
+    try:
+        m = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    except Exception:  # noqa: BLE001 - what inference cannot type is costed analytically below
+        pass
+    g = m.graph
+    opset = next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), 17)
+    values: dict[str, _Value] = {}
+    for vi in [*g.input, *g.value_info, *g.output]:
+        t = vi.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
+        if t.HasField("shape") and all(d >= 0 for d in dims):
+            values[vi.name] = _Value(tuple(dims), t.elem_type, None, vi.name in weights)
+    for init in g.initializer:
+        values[init.name] = _Value(tuple(init.dims), init.data_type, _array(init), True)
+    out: list[_Node] = []
+    for node in g.node:
+        if node.op_type == "Constant":
+            t = next((a.t for a in node.attribute if a.name == "value"), None)
+            if t is not None:
+                values[node.output[0]] = _Value(tuple(t.dims), t.data_type, _array(t), True)
+            continue
+        ins = tuple(values.get(n) if n else None for n in node.input)
+        known = all(v is not None for v, n in zip(ins, node.input, strict=True) if n)
+        outs = [values.get(n) for n in node.output if n]
+        if known and all(v.weight for v in ins if v is not None):
+            for n in node.output:  # folded at session creation: its results are weights too
+                if n in values:
+                    values[n] = dataclasses.replace(values[n], weight=True, data=None)
+            out.append(_Node(NodeCost(node.op_type, "folded")))
+            continue
+        flops, nbytes = _flops_bytes(node, ins, outs) if known else (0, 0)
+        if node.op_type in VIEWS:
+            out.append(_Node(NodeCost(node.op_type, "view")))
+            continue
+        if not known or node.domain not in ("", "ai.onnx") or any(v is None for v in outs):
+            out.append(_Node(NodeCost(node.op_type, "analytic", flops=flops, bytes=nbytes)))
+            continue
+        form = [
+            FORMAT,
+            node.op_type,
+            opset,
+            sorted((a.name, _attribute(a)) for a in node.attribute),
+            [_value_form(v) for v in ins],
+            len(node.output),
+        ]
+        digest = hashlib.sha256(json.dumps(form, separators=(",", ":")).encode()).hexdigest()
+        what = f"{node.op_type} " + " ".join("x".join(map(str, v.shape)) or "scalar" for v in ins if v)
+        out.append(
+            _Node(
+                NodeCost(node.op_type, "timed", digest, what, flops, nbytes),
+                node,
+                ins,
+                tuple((n, values[n].dtype) for n in node.output if n),
+                opset,
+            )
+        )
+    return out
+
+
+def _array(t: onnx.TensorProto) -> np.ndarray | None:
+    """A tensor's values, or None when it is declared by shape only (a light instantiation's)."""
+    if not (t.raw_data or t.float_data or t.int64_data or t.int32_data or t.double_data):
+        return (
+            None
+            if math.prod(t.dims) > 0
+            else np.zeros(tuple(t.dims), helper.tensor_dtype_to_np_dtype(t.data_type))
+        )
+    return numpy_helper.to_array(t)
+
+
+def _attribute(a: onnx.AttributeProto) -> object:
+    v = helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        return v.decode(errors="replace")
+    if isinstance(v, list):
+        return [x.decode(errors="replace") if isinstance(x, bytes) else x for x in v]
+    if isinstance(v, int | float | str):
+        return v
+    return hashlib.sha256(a.SerializeToString()).hexdigest()  # tensors and graphs: their bytes
+
+
+def _value_form(v: _Value | None) -> list | None:
+    """Shape, element type, weight or not; integer weights' values (they say what the node does)."""
+    if v is None:
+        return None
+    form: list = [list(v.shape), v.dtype, v.weight]
+    if v.weight and v.data is not None and v.data.dtype.kind in "iub":
+        form.append(
+            v.data.ravel().tolist() if v.data.size <= 64 else hashlib.sha256(v.data.tobytes()).hexdigest()
+        )
+    return form
+
+
+def _flops_bytes(
+    node: onnx.NodeProto, ins: Sequence[_Value | None], outs: Sequence[_Value | None]
+) -> tuple[int, int]:
+    if any(v is None for v in outs) or not outs:
+        return 0, 0
+    shapes = [v.shape for v in ins if v is not None]
+    flops = FLOPS[node.op_type](shapes, outs[0].shape, node) if node.op_type in FLOPS else 0
+    nbytes = sum(math.prod(v.shape) * _itemsize(v.dtype) for v in [*ins, *outs] if v is not None)
+    return int(flops), int(nbytes)
+
+
+def _itemsize(dtype: int) -> int:
+    try:
+        return helper.tensor_dtype_to_np_dtype(dtype).itemsize
+    except (KeyError, ValueError, TypeError):
+        return 4
+
+
+# --------------------------------------------------------------------------
+# Single-operator sessions
+# --------------------------------------------------------------------------
+
+
+def _single(n: _Node, rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A model of node ``n`` alone: activations are graph inputs (fed random values), weights are
+    initializers (so ONNX Runtime pre-packs them as it does in the model)."""
+    node = onnx.NodeProto()
+    node.CopyFrom(n.node)
+    node.ClearField("name")
+    inputs, inits, feeds = [], [], {}
+    for i, (name, v) in enumerate(zip(node.input, n.inputs, strict=True)):
+        if not name:
+            continue
+        local = f"in{i}"
+        node.input[i] = local
+        if local in feeds or any(t.name == local for t in inits):
+            continue
+        data = v.data if v.data is not None else _fill(n.node, i, v, n.inputs, rng)
+        if v.weight:
+            inits.append(numpy_helper.from_array(data, local))
+        else:
+            inputs.append(helper.make_tensor_value_info(local, v.dtype, v.shape))
+            feeds[local] = data
+    outputs = []
+    for j, (name, dtype) in enumerate(n.outputs):
+        local = f"out{j}"
+        for k, o in enumerate(node.output):
+            if o == name:
+                node.output[k] = local
+        outputs.append(helper.make_tensor_value_info(local, dtype, None))
+    graph = helper.make_graph([node], "op", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", n.opset)])
+    model.ir_version = 8
+    return model, feeds
+
+
+def _fill(node: onnx.NodeProto, i: int, v: _Value, ins: Sequence[_Value | None], rng) -> np.ndarray:
+    """Values for an input known by shape only: random floats; gather indices that stay in range and
+    walk the axis in order (as layout gathers do); zeros for other integers."""
+    dtype = helper.tensor_dtype_to_np_dtype(v.dtype)
+    if np.dtype(dtype).kind == "f":
+        return rng.random(v.shape, dtype=np.float32).astype(dtype, copy=False) - 0.5
+    if node.op_type in ("Gather", "GatherElements") and i == 1 and ins[0] is not None:
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        extent = max(1, ins[0].shape[axis])
+        return (np.arange(math.prod(v.shape)) % extent).reshape(v.shape).astype(dtype)
+    return np.zeros(v.shape, dtype)
+
+
+def _runner(sess, feeds: Mapping[str, np.ndarray]):
+    names = [o.name for o in sess.get_outputs()]
+    feeds = dict(feeds)
+    return lambda: sess.run(names, feeds)
+
+
+FLUSH_BYTES = 8 << 20
+"""Bytes an untimed run between two timed ones moves, on every core of the pool: more than the L2
+caches hold, so a node's weights are not left there by its own previous run (in a model, the
+other nodes' data has evicted them)."""
+
+
+def _flusher():
+    """An Add session over :data:`FLUSH_BYTES` in the global pool (every core's caches get touched)."""
+    from einopt.modelio import session
+
+    n = FLUSH_BYTES // 12
+    f = onnx.TensorProto.FLOAT
+    g = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["c"])],
+        "flush",
+        [helper.make_tensor_value_info("a", f, [n]), helper.make_tensor_value_info("b", f, [n])],
+        [helper.make_tensor_value_info("c", f, [n])],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    x = np.ones(n, np.float32)
+    return _runner(session(m), {"a": x, "b": x})
+
+
+def _time_cold(fns: Mapping[str, object], flush, budget_s: float = GROUP_BUDGET_S) -> dict[str, float | None]:
+    """Median seconds of one call of each of ``fns``, each call timed alone after ``flush()``.
+
+    A first untimed round runs each callable once; one that took over
+    :data:`SLOW_S` is timed once more and keeps the faster of its two runs (at
+    that length, noise is small against the node, and a model holding it is
+    far too slow anyway). The others go round-robin (one more untimed round)
+    until :data:`RUNS` and ``budget_s`` are met. A callable that raises gets None.
+    """
+    import time
+
+    out: dict[str, float | None] = {}
+    first: dict[str, float] = {}
+    for k, fn in fns.items():
+        flush()
+        t = time.perf_counter()
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - a node that fails on random values: analytic
+            log.info("a node failed to run alone: %s", e)
+            out[k] = None
+            continue
+        first[k] = time.perf_counter() - t
+    for k in [k for k, dt in first.items() if dt > SLOW_S]:
+        flush()
+        t = time.perf_counter()
+        fns[k]()
+        out[k] = min(first.pop(k), time.perf_counter() - t)
+    alive = {k: fns[k] for k in first}
+    samples: dict[str, list[float]] = {k: [] for k in alive}
+    spent = 0.0
+    for r in range(1 + RUNS[1]):
+        if r >= 1 + RUNS[0] and spent >= budget_s:
+            break
+        for k, fn in alive.items():
+            flush()
+            t = time.perf_counter()
+            fn()
+            dt = time.perf_counter() - t
+            if r >= 1:
+                samples[k].append(dt)
+                spent += dt
+    out.update({k: float(np.median(v)) for k, v in samples.items()})
+    return out
+
+
+def calibrate() -> Calibration:
+    """Measure this machine's bandwidth, MatMul rate and per-run and per-kernel overheads."""
+    from einopt.modelio import session
+    from einopt.timing import configure_threads, time_interleaved
+
+    configure_threads()
+    f = onnx.TensorProto.FLOAT
+    rng = np.random.default_rng(0)
+
+    def chain(op: str, k: int, shape: tuple[int, ...]) -> tuple[onnx.ModelProto, dict]:
+        nodes = [helper.make_node(op, [f"v{i}"], [f"v{i + 1}"]) for i in range(k)]
+        g = helper.make_graph(
+            nodes,
+            "calibrate",
+            [helper.make_tensor_value_info("v0", f, shape)],
+            [helper.make_tensor_value_info(f"v{k}", f, shape)],
+        )
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        return m, {"v0": rng.standard_normal(shape).astype(np.float32)}
+
+    def binary(
+        op: str, a: tuple[int, ...], b: tuple[int, ...], out: tuple[int, ...]
+    ) -> tuple[onnx.ModelProto, dict]:
+        g = helper.make_graph(
+            [helper.make_node(op, ["a", "b"], ["c"])],
+            "calibrate",
+            [helper.make_tensor_value_info("a", f, a), helper.make_tensor_value_info("b", f, b)],
+            [helper.make_tensor_value_info("c", f, out)],
+        )
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        return m, {
+            "a": rng.standard_normal(a).astype(np.float32),
+            "b": rng.standard_normal(b).astype(np.float32),
+        }
+
+    big = (1 << 23,)  # 32 MB per tensor: far beyond any cache
+    mm = 512
+    cases = {
+        "one": chain("Relu", 1, (1,)),
+        "chain": chain("Relu", 33, (1,)),
+        "add": binary("Add", big, big, big),
+        "matmul": binary("MatMul", (mm, mm), (mm, mm), (mm, mm)),
+    }
+    fns = {name: _runner(session(m), feeds) for name, (m, feeds) in cases.items()}
+    quiet = {k: fns[k] for k in ("add", "matmul")}
+    t, _ = time_interleaved(quiet, min_runs=10, max_runs=40, budget_s=1.0)
+    med = {k: v.median_ms / 1e3 for k, v in t.items()}
+    med |= _time_cold({k: fns[k] for k in ("one", "chain")}, _flusher(), budget_s=0.2)
+    kernel = max((med["chain"] - med["one"]) / 32, 1e-7)
+    return Calibration(
+        bandwidth=3 * big[0] * 4 / med["add"],
+        flops=2 * mm**3 / med["matmul"],
+        run_s=max(med["one"] - kernel, 0.0),
+        kernel_s=kernel,
+    )
+
+
+# --------------------------------------------------------------------------
+# The cost model
+# --------------------------------------------------------------------------
+
+
+class OpCosts:
+    """Predicts candidates' seconds from their nodes' measured times (see the module's docstring).
+
+    Parameters
+    ----------
+    cache : MeasurementCache
+        Where node times and the calibration are kept.
+    seed : int
+        Seeds the random values single-operator sessions run on.
+    """
+
+    def __init__(self, cache, seed: int = 0) -> None:
+        self.cache = cache
+        self.seed = seed
+        self.measured = 0  # nodes timed by this object
+        self._calibration: Calibration | None = None
+
+    @property
+    def calibration(self) -> Calibration:
+        if self._calibration is None:
+            key = self.cache.key("calibration", str(FORMAT))
+            found = self.cache.value(key)
+            if found is None:
+                found = dataclasses.asdict(calibrate())
+                self.cache.remember(key, "calibration", found)
+            self._calibration = Calibration(**found)
+        return self._calibration
+
+    def predict(self, models: Sequence[tuple[onnx.ModelProto, Iterable[str]]]) -> list[Prediction]:
+        """Predicted seconds of each ``(model, weights)``, timing the nodes not timed before (together).
+
+        ``weights`` names the graph inputs that are weights (see :func:`node_costs`).
+        """
+        nodes = [node_costs(m, w) for m, w in models]
+        self.measure(n for ns in nodes for n in ns)
+        return [self.prediction(ns) for ns in nodes]
+
+    def measure(self, nodes: Iterable[_Node], deadline: float | None = None) -> None:
+        """Time the nodes whose signature has no stored time yet (each signature once), biggest
+        first; those left when the ``time.monotonic()`` deadline passes stay unmeasured."""
+        import time
+
+        todo: dict[str, _Node] = {}
+        for n in nodes:
+            if n.cost.kind == "timed" and n.cost.key not in todo and self._stored(n.cost.key) is None:
+                todo[n.cost.key] = n
+        if not todo:
+            return
+        cal = self.calibration
+        from einopt.modelio import session
+        from einopt.timing import configure_threads
+
+        configure_threads()
+        rng = np.random.default_rng(self.seed)
+        flush = _flusher()
+        # Nodes of similar size are timed together (a group runs as long as its slowest node).
+        items = sorted(todo.items(), key=lambda kv: -cal.bound(kv[1].cost.flops, kv[1].cost.bytes))
+        for start in range(0, len(items), GROUP):
+            if deadline is not None and time.monotonic() > deadline:
+                log.info("cost stage out of time: %d nodes left unmeasured", len(items) - start)
+                break
+            fns, whats = {}, {}
+            for key, n in items[start : start + GROUP]:
+                try:
+                    model, feeds = _single(n, rng)
+                    fns[key] = _runner(session(model), feeds)
+                    whats[key] = n.cost.what
+                except Exception as e:  # noqa: BLE001 - a node no session runs is costed analytically
+                    log.info("cannot time %s alone: %s", n.cost.what, e)
+                    self._store(key, n.cost.what, None)
+            t = _time_cold(fns, flush)
+            for key, median in t.items():
+                if median is not None and median > SLOW_S:
+                    log.info("%s: %.3g s alone", whats[key], median)
+                if median is None:
+                    self._store(key, whats[key], None)
+                    continue
+                seconds = max(median - cal.run_s, cal.kernel_s)
+                self._store(key, whats[key], seconds)
+                self.measured += 1
+
+    def _stored(self, key: str) -> dict | None:
+        return self.cache.value(self.cache.key("op", key))
+
+    def _store(self, key: str, what: str, seconds: float | None) -> None:
+        self.cache.remember(self.cache.key("op", key), what, {"seconds": seconds})
+
+    def prediction(self, nodes: Sequence[_Node], bound: bool = False) -> Prediction:
+        """The sum of ``nodes``' stored times; a node without one is estimated from its FLOPs and bytes
+        (``bound``: by what it takes at least, see :meth:`Calibration.bound`)."""
+        cal = self.calibration
+        parts = []
+        for n in nodes:
+            c = n.cost
+            if c.kind == "folded":
+                s = 0.0
+            elif c.kind == "view":
+                s = cal.kernel_s
+            else:
+                stored = self._stored(c.key) if c.kind == "timed" else None
+                s = stored["seconds"] if stored and stored["seconds"] is not None else None
+                if s is None:
+                    c = dataclasses.replace(c, kind="analytic")
+                    s = cal.bound(c.flops, c.bytes) if bound else cal.analytic(c.flops, c.bytes)
+            parts.append((c, float(s)))
+        return Prediction(sum(s for _, s in parts), tuple(parts))

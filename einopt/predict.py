@@ -1,0 +1,128 @@
+"""The pipeline's cost stage: every program a search found, costed on this machine.
+
+The search ranks what it finds by an analytic estimate (FLOPs and bytes at
+nominal rates), which cannot tell one MatMul on a concatenated weight from
+four on its slices: the bytes are the same, the kernels are not. Here every
+found program of every subprogram (and the subprogram's original nodes) is
+costed by :class:`einopt.opcost.OpCosts`: the sum of its nodes' times in ONNX
+Runtime, each node timed once as a single-operator session and cached. The
+programs are re-ranked by that prediction, and selection times the best of
+them against the original nodes: the prediction chooses what to time, the
+timing decides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping, Sequence
+
+import onnx
+from onnx import helper
+
+from einopt.export import program_model
+from einopt.frontend.translate import Part, value_types
+from einopt.opcost import OpCosts, node_costs
+from einopt.partsearch import Found, PartSearch
+
+__all__ = ["predict", "SLACK", "BUDGET_S"]
+
+log = logging.getLogger(__name__)
+
+SLACK = 2.0
+"""A found program whose nodes take at least this many times its input's predicted time is not
+costed further (selection would not time it either)."""
+BUDGET_S = 60.0
+"""Seconds the cost stage may spend timing nodes for one model."""
+
+
+def predict(
+    model: onnx.ModelProto,
+    parts: Sequence[Part],
+    searches: Mapping[str, PartSearch],
+    costs: OpCosts,
+    budget_s: float = BUDGET_S,
+) -> dict[str, PartSearch]:
+    """Each part's found programs with measured-operator predictions, best predicted first.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The prepared model the parts were cut from (the input of each part is
+        costed as its original nodes).
+    parts : sequence of Part
+        The translated subprograms.
+    searches : mapping
+        Part name -> what its search found.
+    costs : OpCosts
+        Times the nodes not timed before (all together) and predicts.
+    budget_s : float
+        Seconds of node timing at most; nodes not timed by then are estimated.
+
+    Returns
+    -------
+    dict
+        Part name -> its search, each :class:`Found` with ``predicted_s`` measured
+        and ``estimated_s`` the search's analytic estimate.
+    """
+    deadline = time.monotonic() + budget_s
+    types = value_types(model)
+    nodes: dict[tuple[str, int], list] = {}
+    for p in parts:
+        search = searches.get(p.name)
+        if p.program is None or search is None or not search.found:
+            continue
+        for i, f in enumerate(search.found):
+            try:
+                m, weights = _original(model, p, types) if not f.trace else _light(f, p)
+                nodes[(p.name, i)] = node_costs(m, weights)
+            except Exception as e:  # noqa: BLE001 - what cannot be built keeps its analytic estimate
+                log.info("%s: cannot cost a found program: %s", p.name, e)
+    # The inputs first: a program that takes at least SLACK times its input's time (its unmeasured
+    # nodes at the machine's peak rates) is never timed, so its nodes are not measured either.
+    inputs = {name: k for name, k in nodes if not searches[name].found[k].trace}
+    costs.measure((n for name, k in inputs.items() for n in nodes[(name, k)]), deadline)
+    base = {name: costs.prediction(nodes[(name, k)]).seconds for name, k in inputs.items()}
+    hopeless = {
+        key
+        for key, ns in nodes.items()
+        if key[0] in base and costs.prediction(ns, bound=True).seconds > SLACK * base[key[0]]
+    }
+    costs.measure((n for key, ns in nodes.items() if key not in hopeless for n in ns), deadline)
+    new: dict[str, list[Found]] = {n: list(s.found) for n, s in searches.items()}
+    for (name, i), ns in nodes.items():
+        f = new[name][i]
+        pr = costs.prediction(ns, bound=(name, i) in hopeless)
+        new[name][i] = dataclasses.replace(f, predicted_s=pr.seconds, estimated_s=f.predicted_s)
+    out = dict(searches)
+    for name, found in new.items():
+        ranked = sorted(found, key=lambda f: (f.predicted_s, f.depth))
+        out[name] = dataclasses.replace(searches[name], found=tuple(ranked))
+    return out
+
+
+def _light(f: Found, p: Part) -> tuple[onnx.ModelProto, frozenset[str]]:
+    m, inst = program_model(f.program, dict(p.constants), light=True)
+    return m, frozenset(p.constants) | {v.name for v in inst.placeholders}
+
+
+def _original(model: onnx.ModelProto, p: Part, types) -> tuple[onnx.ModelProto, frozenset[str]]:
+    """The part's original nodes as a model (weights as the model's initializers)."""
+    nodes = [model.graph.node[i] for i in p.nodes]
+    made = {o for n in nodes for o in n.output}
+    inits = {t.name: t for t in model.graph.initializer}
+    read = list(dict.fromkeys(i for n in nodes for i in n.input if i and i not in made))
+    inputs = []
+    for name in read:
+        if name in inits:
+            continue
+        t = types.get(name)
+        if t is None or t.shape is None:
+            raise ValueError(f"no shape for {name}")
+        inputs.append(helper.make_tensor_value_info(name, t.elem_type, t.shape))
+    outputs = [onnx.ValueInfoProto(name=p.names[o]) for o in p.program.outputs]
+    graph = helper.make_graph(nodes, "part", inputs, outputs, [inits[n] for n in read if n in inits])
+    m = helper.make_model(graph, opset_imports=list(model.opset_import), functions=list(model.functions))
+    m.ir_version = model.ir_version
+    return m, frozenset(n for n in read if n in inits)

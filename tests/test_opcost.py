@@ -1,0 +1,213 @@
+"""The measured cost model: node signatures, single-operator timings in the cache, the cost stage.
+
+No timing is asserted against another (timed tests on a shared machine are
+coin flips); what is asserted is what gets timed, what is folded or
+estimated, that a second run times nothing, and how the cost stage ranks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+from onnx_models import lstm_cell
+
+from einopt.cache import MeasurementCache
+from einopt.frontend.fold import prepare
+from einopt.frontend.translate import translate_graph
+from einopt.opcost import Calibration, OpCosts, node_costs
+from einopt.partsearch import PartSearch, Settings, search_parts
+from einopt.predict import predict
+
+F = onnx.TensorProto.FLOAT
+
+
+def make(nodes, inputs, outputs, inits) -> onnx.ModelProto:
+    """A model from value infos and initializer protos (any element type)."""
+    m = helper.make_model(
+        helper.make_graph(nodes, "g", inputs, outputs, inits), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    m.ir_version = 8
+    return m
+
+
+def _matmul_model(m: int, k: int, n: int, name: str = "x", weight_input: bool = False) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    inputs = [helper.make_tensor_value_info(name, F, [m, k])]
+    inits = [numpy_helper.from_array(w, "w")]
+    if weight_input:  # a light instantiation declares big weights as inputs
+        inputs.append(helper.make_tensor_value_info("w", F, [k, n]))
+        inits = []
+    nodes = [
+        helper.make_node("MatMul", [name, "w"], ["y"]),
+        helper.make_node("Reshape", ["y", "shape"], ["z"]),
+        helper.make_node("Transpose", ["w"], ["wt"]),  # weights only: folded
+        helper.make_node("MatMul", ["z", "wt"], ["out"]),
+    ]
+    inits.append(numpy_helper.from_array(np.array([m, n], np.int64), "shape"))
+    return make(nodes, inputs, [helper.make_tensor_value_info("out", F, [m, k])], inits)
+
+
+def test_nodes_are_folded_viewed_or_timed_by_signature():
+    nodes = node_costs(_matmul_model(2, 8, 4))
+    assert [(n.cost.op, n.cost.kind) for n in nodes] == [
+        ("MatMul", "timed"),
+        ("Reshape", "view"),
+        ("Transpose", "folded"),
+        ("MatMul", "timed"),
+    ]
+    first, last = nodes[0].cost, nodes[3].cost
+    assert first.what == "MatMul 2x8 8x4" and first.flops == 2 * 2 * 8 * 4
+    assert first.bytes == 4 * (2 * 8 + 8 * 4 + 2 * 4)
+    assert last.what == "MatMul 2x4 4x8" and last.key != first.key
+
+
+def test_a_signature_ignores_names_and_reads_shapes_and_weights():
+    a = node_costs(_matmul_model(2, 8, 4))[0].cost.key
+    assert node_costs(_matmul_model(2, 8, 4, name="other"))[0].cost.key == a
+    assert node_costs(_matmul_model(3, 8, 4))[0].cost.key != a
+    # a weight declared as an input (by shape) is a weight all the same: same node, same time
+    assert node_costs(_matmul_model(2, 8, 4, weight_input=True), weights={"w"})[0].cost.key == a
+    # ...but an activation in its place is another node (ONNX Runtime cannot pre-pack it)
+    assert node_costs(_matmul_model(2, 8, 4, weight_input=True))[0].cost.key != a
+
+
+def test_integer_weights_are_part_of_the_signature():
+    def reshape(target):
+        return make(
+            [helper.make_node("Reshape", ["x", "s"], ["y"]), helper.make_node("Relu", ["y"], ["z"])],
+            [helper.make_tensor_value_info("x", F, [4, 6])],
+            [helper.make_tensor_value_info("z", F, None)],
+            [numpy_helper.from_array(np.array(target, np.int64), "s")],
+        )
+
+    def slice_(end):
+        consts = [np.array([0], np.int64), np.array([end], np.int64), np.array([1], np.int64)]
+        return make(
+            [helper.make_node("Slice", ["x", "b", "e", "a"], ["y"])],
+            [helper.make_tensor_value_info("x", F, [4, 6])],
+            [helper.make_tensor_value_info("y", F, None)],
+            [numpy_helper.from_array(c, n) for c, n in zip(consts, "bea", strict=True)],
+        )
+
+    assert node_costs(slice_(2))[0].cost.key != node_costs(slice_(3))[0].cost.key
+    assert [n.cost.what for n in node_costs(reshape([6, 4]))] == ["", "Relu 6x4"]
+
+
+@pytest.fixture
+def costs(tmp_path):
+    store = MeasurementCache(tmp_path / "m.sqlite")
+    yield OpCosts(store)
+    store.close()
+
+
+def test_nodes_are_timed_once_and_kept_in_the_cache(costs, tmp_path):
+    model = _matmul_model(4, 64, 32)
+    (p,) = costs.predict([(model, ())])
+    assert costs.measured == 2  # two MatMuls; the Transpose is folded, the Reshape a view
+    assert p.seconds > 0 and p.timed_fraction > 0.5
+    kinds = [n.kind for n, _ in p.nodes]
+    assert kinds == ["timed", "view", "folded", "timed"]
+    assert dict(zip(kinds, [s for _, s in p.nodes], strict=True))["folded"] == 0.0
+    assert costs.predict([(model, ())])[0].seconds == p.seconds and costs.measured == 2
+    costs.cache.close()
+    again = OpCosts(MeasurementCache(tmp_path / "m.sqlite"))
+    assert again.predict([(model, ())])[0].seconds == p.seconds
+    assert again.measured == 0
+    assert again.calibration == costs.calibration
+    again.cache.close()
+
+
+def test_calibration_is_plausible(costs):
+    cal = costs.calibration
+    assert isinstance(cal, Calibration)
+    assert 1e8 < cal.bandwidth < 1e13 and 1e8 < cal.flops < 1e14
+    assert 0 < cal.kernel_s < 1e-3 and 0 <= cal.run_s < 1e-2
+    assert cal.bound(0, 0) == cal.kernel_s
+    assert cal.analytic(10**9, 0) > cal.bound(10**9, 0) > 0
+
+
+def test_a_node_that_cannot_run_alone_is_estimated(costs):
+    # Gather with indices out of range for random values is fine (they are made in range); a node whose
+    # shapes inference cannot know is estimated from nothing: kernel time only
+    model = make(
+        [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("NonZero", ["y"], ["z"])],
+        [helper.make_tensor_value_info("x", F, [4, 6])],
+        [helper.make_tensor_value_info("z", onnx.TensorProto.INT64, None)],
+        [],
+    )
+    (p,) = costs.predict([(model, ())])
+    assert [n.kind for n, _ in p.nodes] == ["timed", "analytic"]
+    assert p.nodes[1][1] == costs.calibration.analytic(0, 0)
+
+
+def test_a_gather_is_timed_on_indices_in_range(costs):
+    idx = onnx.TensorProto(name="i", data_type=onnx.TensorProto.INT64, dims=[5, 3])  # by shape only
+    model = make(
+        [
+            helper.make_node("Constant", [], ["i"], value=idx),
+            helper.make_node("Gather", ["x", "i"], ["y"], axis=1),
+        ],
+        [helper.make_tensor_value_info("x", F, [4, 6])],
+        [helper.make_tensor_value_info("y", F, [4, 5, 3])],
+        [],
+    )
+    (p,) = costs.predict([(model, ())])
+    assert [n.kind for n, _ in p.nodes] == ["timed"] and costs.measured == 1
+
+
+def test_the_cost_stage_ranks_found_programs_by_measured_operators(tmp_path):
+    model = prepare(lstm_cell(hidden=16), {}, fold=True).model
+    parts = [p for p in translate_graph(model) if p.translated]
+    store = MeasurementCache(tmp_path / "m.sqlite")
+    searches = search_parts(parts, Settings(part_budget_s=30.0), store)
+    (gates,) = [p for p in parts if len(searches[p.name].found) > 3]
+    costs = OpCosts(store)
+    out = predict(model, parts, searches, costs)
+    ranked = out[gates.name].found
+    assert len(ranked) == len(searches[gates.name].found)
+    assert [f.predicted_s for f in ranked] == sorted(f.predicted_s for f in ranked)
+    assert all(f.estimated_s is not None for f in ranked)
+    assert {f.estimated_s for f in ranked} == {f.predicted_s for f in searches[gates.name].found}
+    measured = costs.measured
+    assert measured > 0
+    # a second stage over the same searches times nothing
+    predict(model, parts, searches, costs)
+    assert costs.measured == measured
+    store.close()
+
+
+def test_programs_bound_beyond_the_slack_are_not_timed(tmp_path, monkeypatch):
+    import einopt.predict
+
+    model = prepare(lstm_cell(hidden=16), {}, fold=True).model
+    parts = [p for p in translate_graph(model) if p.translated]
+    store = MeasurementCache(tmp_path / "m.sqlite")
+    searches = search_parts(parts, Settings(part_budget_s=30.0), store)
+    monkeypatch.setattr(einopt.predict, "SLACK", 0.0)  # every derived program is hopeless
+    costs = OpCosts(store)
+    out = predict(model, parts, searches, costs)
+    inputs = {n.cost.key for p in parts for n in _input_nodes(model, p) if n.cost.kind == "timed"}
+    assert costs.measured == len(inputs)
+    for p in parts:
+        for f in out[p.name].found:
+            if f.trace:  # bounded: its unmeasured nodes at the peak rates
+                assert f.predicted_s > 0
+    store.close()
+
+
+def _input_nodes(model, p):
+    from einopt.frontend.translate import value_types
+    from einopt.predict import _original
+
+    return node_costs(*_original(model, p, value_types(model)))
+
+
+def test_the_cost_stage_leaves_parts_without_a_search_alone(costs):
+    model = prepare(lstm_cell(hidden=4), {}, fold=True).model
+    parts = [p for p in translate_graph(model) if p.translated]
+    searches = {p.name: PartSearch.not_searched() for p in parts}
+    assert predict(model, parts, searches, costs) == searches
+    assert costs.measured == 0
