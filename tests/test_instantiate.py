@@ -423,6 +423,34 @@ def test_multi_binding_program_names_and_sharing():
     assert [c.binding for c in inst.choices] == ["T", "Z", "V"]
 
 
+@pytest.mark.parametrize(
+    ("pieces", "ops"),
+    [
+        # consecutive pieces covering the axis: one Split (one kernel instead of one per piece)
+        ("A = L[i:2, j:3] M[i, j]\nB = L[i:2, j:5] M[i, j + 3]", ["MatMul", "Split"]),
+        (
+            "A = L[i:2, j:3] M[i, j] + 1.0\nB = L[i:2, j:5] M[i, j + 3] * 2.0",
+            ["MatMul", "Split", "Add", "Mul"],
+        ),
+        # a gap, or an overlap: the Slices stay
+        ("A = L[i:2, j:3] M[i, j]\nB = L[i:2, j:4] M[i, j + 4]", ["MatMul", "Slice", "Slice"]),
+        ("A = L[i:2, j:4] M[i, j]\nB = L[i:2, j:5] M[i, j + 3]", ["MatMul", "Slice", "Slice"]),
+    ],
+    ids=["split", "split_then_compute", "gap", "overlap"],
+)
+def test_pieces_that_tile_a_value_are_one_split(pieces, ops):
+    prog = as_program(
+        f"""M = L[i:2, j:8] Sum[k:3] X[i, k] * W[k, j]
+        {pieces}
+        return A, B
+        where X: [2, 3], W: [3, 8]"""
+    )
+    _, got = run_onnx(prog)
+    assert got == ops
+    _, got = run_onnx(prog, opset=12)  # Split takes its sizes as an input from opset 13 on
+    assert "Split" not in got
+
+
 def test_intermediate_binding_gets_a_prefixed_name():
     prog = as_program(
         """T = L[i:3, j:4] X[i, j] * 2.0

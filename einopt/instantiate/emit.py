@@ -189,6 +189,7 @@ def instantiate(
             em.materialise(scope, name, onnx_names[name], prefer=prefer)
         elif scope not in em.scopes:
             em.materialise(scope, name, em.fresh(name), required=False, prefer=prefer)
+    _split_tilings(em, program)
     inits, placeholders = [], []
     for name, arr in em.inits.items():
         if isinstance(arr, _Shaped):  # light: ``initializer`` kept no values
@@ -199,6 +200,59 @@ def instantiate(
     return Instantiated(
         tuple(em.nodes), tuple(inits), tuple(em.functions), tuple(em.choices), tuple(placeholders)
     )
+
+
+def _split_tilings(em: _Emitter, program: ir.Program) -> None:
+    """Slices that cut one value into consecutive pieces along one axis, covering it, become one Split
+    (one kernel instead of one per piece: the bindings a merged contraction feeds read such pieces)."""
+    if em.opset < 13:  # the split sizes as an input
+        return
+    shapes = {name: scope.shape for scope, name in em.scopes.items()}
+    shapes |= {em.tensors[t.name]: t.shape for t in program.inputs if t.name in em.tensors}
+    tiles: dict[tuple[str, int], list[tuple[int, int, onnx.NodeProto]]] = {}
+    for node in em.nodes:
+        cut = _tile(em, node, shapes)
+        if cut is not None:
+            x, axis, start, end = cut
+            tiles.setdefault((x, axis), []).append((start, end, node))
+    for (x, axis), pieces in tiles.items():
+        pieces.sort(key=lambda p: p[0])
+        bounds = [0] + [end for _, end, _ in pieces]
+        if len(pieces) < 2 or [s for s, _, _ in pieces] != bounds[:-1] or bounds[-1] != shapes[x][axis]:
+            continue
+        sizes = em.int64s([end - start for start, end, _ in pieces])
+        split = helper.make_node(
+            "Split",
+            [x, sizes],
+            [node.output[0] for _, _, node in pieces],
+            name=em.node_name("split"),
+            axis=axis,
+        )
+        dropped = {id(node) for _, _, node in pieces}
+        first = min(i for i, n in enumerate(em.nodes) if id(n) in dropped)
+        em.nodes = (
+            [n for n in em.nodes[:first] if id(n) not in dropped]
+            + [split]
+            + [n for n in em.nodes[first:] if id(n) not in dropped]
+        )
+    read = {i for n in em.nodes for i in n.input}
+    for name in [n for n, v in em.inits.items() if n not in read and np.dtype(v.dtype).kind == "i"]:
+        del em.inits[name]
+
+
+def _tile(em: _Emitter, node: onnx.NodeProto, shapes) -> tuple[str, int, int, int] | None:
+    """``(x, axis, start, end)`` of a Slice of ``x`` along one axis with step 1 (None otherwise)."""
+    if node.op_type != "Slice" or len(node.input) < 4 or node.input[0] not in shapes:
+        return None
+    values = [em.known.get(n) for n in node.input[1:]]
+    if any(not isinstance(v, np.ndarray) or v.size != 1 for v in values):
+        return None
+    start, end, axis, *step = (int(v.reshape(-1)[0]) for v in values)
+    extent = shapes[node.input[0]]
+    axis = axis + len(extent) if axis < 0 else axis
+    if step not in ([], [1]) or not 0 <= axis < len(extent) or start < 0:
+        return None
+    return node.input[0], axis, start, min(end, extent[axis]) if end >= 0 else extent[axis] + end
 
 
 def original_ops(model: onnx.ModelProto, part: Part) -> dict[str, str]:
