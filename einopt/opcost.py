@@ -54,6 +54,9 @@ GROUP_BUDGET_S = 0.25
 """Seconds of timed samples per group, after which no new round starts."""
 SLOW_S = 0.02
 """A node whose first run alone takes longer is timed twice only."""
+CALL_S = 1e-7
+"""Seconds one GEMM call of a batched MatMul takes at least (ONNX Runtime loops over the batch: a
+broadcast product of 36M one-row matrices takes 10 s however few its FLOPs)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,13 +68,14 @@ class Calibration:
     run_s: float  # one run of a one-node session from Python, beyond the node's own work
     kernel_s: float  # one more tiny kernel inside a session
 
-    def analytic(self, flops: int, nbytes: int) -> float:
+    def analytic(self, flops: int, nbytes: int, calls: int = 1) -> float:
         """Seconds of a node no session could time: its FLOPs and bytes at the measured rates."""
-        return self.kernel_s + flops / self.flops + nbytes / self.bandwidth
+        return self.kernel_s + flops / self.flops + nbytes / self.bandwidth + (calls - 1) * CALL_S
 
-    def bound(self, flops: int, nbytes: int) -> float:
-        """Seconds a node takes at least: the slower of its FLOPs and its bytes at the measured rates."""
-        return max(self.kernel_s, flops / self.flops, nbytes / self.bandwidth)
+    def bound(self, flops: int, nbytes: int, calls: int = 1) -> float:
+        """Seconds a node takes at least: the slower of its FLOPs and its bytes at the measured rates,
+        and its GEMM calls (a batched MatMul's batch) at :data:`CALL_S` each."""
+        return max(self.kernel_s, flops / self.flops, nbytes / self.bandwidth, calls * CALL_S)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +88,7 @@ class NodeCost:
     what: str = ""  # e.g. "MatMul 1x512 512x1024"
     flops: int = 0
     bytes: int = 0
+    calls: int = 1  # GEMM calls (the batch of a MatMul)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,7 +181,7 @@ def node_costs(model: onnx.ModelProto, weights: Iterable[str] = ()) -> list[_Nod
         what = f"{node.op_type} " + " ".join("x".join(map(str, v.shape)) or "scalar" for v in ins if v)
         out.append(
             _Node(
-                NodeCost(node.op_type, "timed", digest, what, flops, nbytes),
+                NodeCost(node.op_type, "timed", digest, what, flops, nbytes, _calls(node, outs)),
                 node,
                 ins,
                 tuple((n, values[n].dtype) for n in node.output if n),
@@ -229,6 +234,13 @@ def _flops_bytes(
     flops = FLOPS[node.op_type](shapes, outs[0].shape, node) if node.op_type in FLOPS else 0
     nbytes = sum(math.prod(v.shape) * _itemsize(v.dtype) for v in [*ins, *outs] if v is not None)
     return int(flops), int(nbytes)
+
+
+def _calls(node: onnx.NodeProto, outs: Sequence[_Value | None]) -> int:
+    """GEMM calls a node makes: a MatMul's output batch (all but its last two dimensions)."""
+    if node.op_type != "MatMul" or not outs or outs[0] is None:
+        return 1
+    return math.prod(outs[0].shape[:-2])
 
 
 def _itemsize(dtype: int) -> int:
@@ -485,7 +497,9 @@ class OpCosts:
         rng = np.random.default_rng(self.seed)
         flush = _flusher()
         # Nodes of similar size are timed together (a group runs as long as its slowest node).
-        items = sorted(todo.items(), key=lambda kv: -cal.bound(kv[1].cost.flops, kv[1].cost.bytes))
+        items = sorted(
+            todo.items(), key=lambda kv: -cal.bound(kv[1].cost.flops, kv[1].cost.bytes, kv[1].cost.calls)
+        )
         for start in range(0, len(items), GROUP):
             if deadline is not None and time.monotonic() > deadline:
                 log.info("cost stage out of time: %d nodes left unmeasured", len(items) - start)
@@ -532,6 +546,10 @@ class OpCosts:
                 s = stored["seconds"] if stored and stored["seconds"] is not None else None
                 if s is None:
                     c = dataclasses.replace(c, kind="analytic")
-                    s = cal.bound(c.flops, c.bytes) if bound else cal.analytic(c.flops, c.bytes)
+                    s = (
+                        cal.bound(c.flops, c.bytes, c.calls)
+                        if bound
+                        else cal.analytic(c.flops, c.bytes, c.calls)
+                    )
             parts.append((c, float(s)))
         return Prediction(sum(s for _, s in parts), tuple(parts))

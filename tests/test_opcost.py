@@ -211,3 +211,19 @@ def test_the_cost_stage_leaves_parts_without_a_search_alone(costs):
     searches = {p.name: PartSearch.not_searched() for p in parts}
     assert predict(model, parts, searches, costs) == searches
     assert costs.measured == 0
+
+
+def test_a_batched_matmul_is_bounded_by_its_gemm_calls():
+    model = make(
+        [helper.make_node("MatMul", ["a", "b"], ["c"])],
+        [
+            helper.make_tensor_value_info("a", F, [6, 1, 3, 1, 8]),
+            helper.make_tensor_value_info("b", F, [6, 5, 1, 8, 1]),
+        ],
+        [helper.make_tensor_value_info("c", F, None)],
+        [],
+    )
+    (n,) = node_costs(model)
+    assert n.cost.calls == 6 * 5 * 3
+    cal = Calibration(bandwidth=1e10, flops=1e11, run_s=0.0, kernel_s=1e-9)
+    assert cal.bound(n.cost.flops, n.cost.bytes, n.cost.calls) >= 90 * 1e-7
