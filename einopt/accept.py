@@ -29,6 +29,7 @@ from einopt import bench
 from einopt.cache import MeasurementCache, resolve_path
 from einopt.export import assemble
 from einopt.graphkey import content_key, timing_key
+from einopt.postopt import postoptimize
 from einopt.timing import NOISE_BAND, Comparison, configure_threads
 from einopt.verify import PartPair, part_pairs
 
@@ -303,7 +304,7 @@ def accept_rewrites(
         gains = {n: v.timing.speedup for n, v in verdicts.items() if v.accepted}
 
         def build(names: frozenset[str]) -> onnx.ModelProto:
-            return assemble(model, {parts[n].nodes: emitted[n] for n in names})
+            return postoptimize(assemble(model, {parts[n].nodes: emitted[n] for n in names}))
 
         kept, rounds = accept_model(original, feeds, build, gains, timer) if gains else (frozenset(), [])
     finally:

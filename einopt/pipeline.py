@@ -37,6 +37,7 @@ from einopt.frontend.translate import Part, translate_graph
 from einopt.instantiate.emit import Instantiated
 from einopt.opcost import OpCosts
 from einopt.partsearch import PartSearch, Progress, Settings, search_parts
+from einopt.postopt import postoptimize
 from einopt.predict import predict
 from einopt.report import CHANGED, REPORT_VERSION, STATUSES
 from einopt.search.engine import DEFAULT_MAX_DEPTH
@@ -400,7 +401,11 @@ def _rewrite(
         notes.append(
             "constant and BatchNormalization folding skipped: the folded model differed from the original"
         )
-    out = assemble(model, {by_name[n].nodes: inst for n, inst in kept.items()}) if kept else original
+    out = (
+        postoptimize(assemble(model, {by_name[n].nodes: inst for n, inst in kept.items()}))
+        if kept
+        else original
+    )
     if options.verify and kept:  # the input itself needs no check against its own outputs
         final = compare_models(references, out, datasets, options.tolerance)
         if not final.ok:
