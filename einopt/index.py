@@ -173,7 +173,8 @@ def simplify(e: IndexExpr) -> IndexExpr:
 
     * ``x // 1 -> x``, ``x % 1 -> 0``
     * ``(k*q + r) // k -> q + r // k`` and ``(k*q + r) % k -> r % k``
-    * ``r // k -> 0`` and ``r % k -> r`` when ``0 <= r < k``
+    * ``r // k -> c`` and ``r % k -> r - k*c`` when ``k*c <= r < k*c + k`` (``c = 0``: ``0 <= r < k``;
+      a residue iterator fixed to one value by a residue split)
     * ``k*(x // k) + x % k -> x``
     """
     return _cached(e, "simplified", lambda: from_linear_form(_simplified_form(e)))
@@ -208,16 +209,14 @@ def _simplify_atom(atom: IndexExpr) -> LinearForm:
     r = LinearForm(r_coeffs, r_atoms, inner.const % k)
     r_expr = from_linear_form(r)
     lo, hi = bounds(r_expr)
+    # r in one block [k*c, k*c + k) (r constant, or r in [0, k) with c = 0): r // k = c, r % k = r - k*c.
+    c = lo // k
     if isinstance(atom, IFloorDiv):
-        if 0 <= lo and hi < k:
-            return q
-        if r.is_constant:
-            return _combine((q, 1), (LinearForm((), (), r.const // k), 1))
+        if c == hi // k:
+            return _combine((q, 1), (LinearForm((), (), c), 1))
         return _combine((q, 1), (LinearForm((), ((IFloorDiv(r_expr, k), 1),), 0), 1))
-    if 0 <= lo and hi < k:
-        return r
-    if r.is_constant:
-        return LinearForm((), (), r.const % k)
+    if c == hi // k:
+        return _combine((r, 1), (LinearForm((), (), -k * c), 1))
     return LinearForm((), ((IMod(r_expr, k), 1),), 0)
 
 

@@ -546,11 +546,11 @@ def _diagonal_needs(scope: ir.Scope, b: ir.Iter, ctx: Context) -> str | None:
         rest = [u for u in needed if u is not t]
         if diagonal(scope, b, lambda u, rest=rest: ctx.is_finite(u) or u in rest) is not None:
             needed = rest
-    x, a, c = diagonal(scope, b, lambda u: ctx.is_finite(u) or u in needed)
+    _, g = diagonal(scope, b, lambda u: ctx.is_finite(u) or u in needed)
     names = ", ".join(t.name for t in needed)
     verb = "is" if len(needed) == 1 else "are"
     return (
-        f"Sum over {b.name} is nonzero only at {b.name} = {index_text(simplify(a * x + c))} only if "
+        f"Sum over {b.name} is nonzero only at {b.name} = {index_text(g)} only if "
         f"{names} {verb} finite; {names} {verb} not known to be finite"
     )
 
@@ -569,11 +569,15 @@ def _divmod_partners(scope: ir.Scope, b: ir.Iter) -> list[ir.Iter]:
     return [x for x in found if x in mine and 1 < x.extent <= DIAGONAL_LIMIT]
 
 
-def diagonal(scope: ir.Scope, b: ir.Iter, finite: Finite = nothing_finite) -> tuple[ir.Iter, int, int] | None:
-    """``(x, a, c)`` when, for every value of another iterator ``x``, the body is provably 0 at every
-    value of summation iterator ``b`` except ``b = a*x + c`` (in ``b``'s range, ``a != 0``): then
-    ``Sum_b f = f[b := a*x + c]``. Both extents are at most :data:`DIAGONAL_LIMIT` (their pairs are
-    enumerated); ``None`` when there is no such ``x``."""
+def diagonal(
+    scope: ir.Scope, b: ir.Iter, finite: Finite = nothing_finite
+) -> tuple[ir.Iter, ir.IndexExpr] | None:
+    """``(x, g)`` when, for every value of another iterator ``x``, the body is provably 0 at every
+    value of summation iterator ``b`` except ``b = g(x)``: then ``Sum_b f = f[b := g(x)]``. ``g`` is
+    affine, ``a*x + c`` (``a != 0``, in ``b``'s range), or a residue, ``(a*x + c) % m + b.lo`` with
+    ``m`` the extent of ``b`` (a tap residue paired with an output position that was not split:
+    ``r = h % 2``). Both extents are at most :data:`DIAGONAL_LIMIT` (their pairs are enumerated);
+    ``None`` when there is no such ``x``."""
     if not 1 < b.extent <= DIAGONAL_LIMIT or not may_vanish(scope):
         return None
     for x in _divmod_partners(scope, b):
@@ -586,15 +590,35 @@ def diagonal(scope: ir.Scope, b: ir.Iter, finite: Finite = nothing_finite) -> tu
         else:
             if len(points) < 2:
                 continue
-            (x0, b0), (x1, b1) = points[0], points[1]
-            if (b1 - b0) % (x1 - x0) or b1 == b0:
-                continue
-            a = (b1 - b0) // (x1 - x0)
-            c = b0 - a * x0
-            if all(bv == a * xv + c for xv, bv in points) and all(
-                b.lo <= a * xv + c < b.hi for xv in range(x.lo, x.hi)
-            ):
-                return x, a, c
+            found = _affine(points, x, b)
+            if found is None:
+                found = _residue(points, x, b)
+            if found is not None:
+                return x, found
+    return None
+
+
+def _affine(points: list[tuple[int, int]], x: ir.Iter, b: ir.Iter) -> ir.IndexExpr | None:
+    """``a*x + c`` through every ``(x, b)`` point, inside ``b``'s range for every ``x``; None if none."""
+    (x0, b0), (x1, b1) = points[0], points[1]
+    if (b1 - b0) % (x1 - x0) or b1 == b0:
+        return None
+    a = (b1 - b0) // (x1 - x0)
+    c = b0 - a * x0
+    if all(bv == a * xv + c for xv, bv in points) and all(
+        b.lo <= a * xv + c < b.hi for xv in range(x.lo, x.hi)
+    ):
+        return simplify(a * x + c)
+    return None
+
+
+def _residue(points: list[tuple[int, int]], x: ir.Iter, b: ir.Iter) -> ir.IndexExpr | None:
+    """``(a*x + c) % m + b.lo`` (``m`` = ``b``'s extent) through every ``(x, b)`` point; None if none."""
+    m = b.extent
+    for a in range(1, m):
+        for c in range(m):
+            if all(bv == (a * xv + c) % m + b.lo for xv, bv in points):
+                return simplify(ir.IMod(simplify(a * x + c), m) + b.lo)
     return None
 
 
@@ -672,8 +696,7 @@ class TightenBoundary(ProgramScopeRule):
                 if why:
                     yield why
             if found is not None:
-                x, a, c = found
-                g = simplify(a * x + c)
+                x, g = found
                 yield hit(
                     f"Sum over {b.name} is nonzero only at {b.name} = {g}: substitute it (diagonal)",
                     way="diagonal",

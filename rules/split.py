@@ -8,6 +8,7 @@ cover the space is their concatenation, exactly.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from types import MappingProxyType
@@ -140,23 +141,40 @@ def range_parts(scope: ir.Scope, axis: int, at: int) -> list[tuple[ir.Scope, tup
     return out
 
 
-def residue_parts(scope: ir.Scope, axis: int, k: int) -> list[tuple[ir.Scope, tuple[ir.IndexExpr, ...]]]:
-    """One part per residue ``p`` of ``x = k*x' + q``: traversal ``(.., q:[p, p+1), x', ..)``, read at
-    ``(.., x % k, x // k, ..)``. The body is simplified for ``q`` in ``[0, k)`` (valid for every part),
-    so all parts have the same index functions and merge back by ``merge_expressions``."""
-    x = scope.traversal[axis]
-    taken = iter_names(scope)
-    q_name = fresh_name(f"{x.name}r", taken)
-    x_name = fresh_name(f"{x.name}q", taken | {q_name})
-    xq = ir.Iter(x_name, x.lo // k, (x.hi - 1) // k + 1)
-    q_all = ir.Iter(q_name, 0, k)
-    body = substitute_iters(scope.body, {x: ir.IAdd(ir.IMul(ir.IConst(k), xq), q_all)})
-    read = scope.traversal[:axis] + (ir.IMod(x, k), ir.IFloorDiv(x, k)) + scope.traversal[axis + 1 :]
+def residue_parts(
+    scope: ir.Scope, axes: int | tuple[int, ...], k: int
+) -> list[tuple[ir.Scope, tuple[ir.IndexExpr, ...]]]:
+    """One part per residue ``p`` of ``x = k*x' + q`` (per combination of residues when several axes
+    are split at once): traversal ``(.., q:[p, p+1), x', ..)``, read at ``(.., x % k, x // k, ..)``,
+    body ``f(k*x' + p)``: the residue is a constant in each part, so a phase's index functions
+    fold to plain offsets (``(2*x' + 1 + 1 - r) // 2`` is ``x' + 1`` for ``r`` in ``[0, 2)``), which is
+    what lets an operator take it."""
+    axes = (axes,) if isinstance(axes, int) else axes
+    taken = set(iter_names(scope))
+    split: dict[int, tuple[ir.Iter, ir.Iter]] = {}  # axis -> (q over [0, k), x')
+    for axis in axes:
+        x = scope.traversal[axis]
+        q_name = fresh_name(f"{x.name}r", taken)
+        x_name = fresh_name(f"{x.name}q", taken | {q_name})
+        taken |= {q_name, x_name}
+        split[axis] = (ir.Iter(q_name, 0, k), ir.Iter(x_name, x.lo // k, (x.hi - 1) // k + 1))
+    body = substitute_iters(
+        scope.body,
+        {scope.traversal[a]: ir.IAdd(ir.IMul(ir.IConst(k), xq), q_all) for a, (q_all, xq) in split.items()},
+    )
+    read: list[ir.IndexExpr] = []
+    for axis, x in enumerate(scope.traversal):
+        read += [ir.IMod(x, k), ir.IFloorDiv(x, k)] if axis in split else [x]
     out = []
-    for p in range(k):
-        q = ir.Iter(q_name, p, p + 1)
-        traversal = scope.traversal[:axis] + (q, xq) + scope.traversal[axis + 1 :]
-        out.append((ir.Scope(traversal, scope.summation, rename_iter(body, q_all, q)), read))
+    for residues in itertools.product(range(k), repeat=len(axes)):
+        fixed = {a: ir.Iter(split[a][0].name, p, p + 1) for a, p in zip(axes, residues, strict=True)}
+        traversal: list[ir.Iter] = []
+        for axis, x in enumerate(scope.traversal):
+            traversal += [fixed[axis], split[axis][1]] if axis in split else [x]
+        part_body = substitute_iters(
+            body, {split[a][0]: ir.IConst(p) for a, p in zip(axes, residues, strict=True)}
+        )
+        out.append((ir.Scope(tuple(traversal), scope.summation, part_body), tuple(read)))
     return out
 
 
@@ -174,14 +192,16 @@ class SplitExpression(Rule):
     ``// k`` or ``% k``, or beside an iterator with coefficient k); ``x'``
     covers ``x // k`` for every ``x`` in range in every part (points outside
     are computed and never read). Splitting a strided ConvTranspose's output
-    by residue gives its phase convolutions. Only bound scopes are split;
-    readers keep reading ``Y``.
+    by residue gives its phase convolutions. The ``residues`` variant splits
+    every axis with residue ``k`` at once (``k**n`` parts: the phases of an
+    ``n``-dimensional one in one step). Only bound scopes are split; readers
+    keep reading ``Y``.
     """
 
     name = "split_expression"
     phase = "explore"
     undoes = ("merge_expressions",)
-    variants = ("range", "residue")
+    variants = ("range", "residue", "residues")
     variant_param = "mode"
     family = "inter"
     math = (
@@ -219,9 +239,32 @@ class SplitExpression(Rule):
                         name,
                         f"split {x.name} of {name} by residue {k} into {', '.join(names)}",
                         MappingProxyType(
-                            {"binding": name, "axis": axis, "mode": "residue", "k": k, "names": names}
+                            {"binding": name, "axes": (axis,), "mode": "residue", "k": k, "names": names}
                         ),
                     )
+            yield from self._all_residues(scope, name, taken)
+
+    def _all_residues(self, scope: ir.Scope, name: str, taken: set[str]) -> Iterator[Match]:
+        """Every axis with residue ``k`` split at once (the ``k**n`` phases of a strided
+        ConvTranspose in ``n`` dimensions), where two or more axes have it."""
+        by_k: dict[int, list[int]] = {}
+        for axis, x in enumerate(scope.traversal):
+            for k in _residues(scope, x) if x.extent > 1 else ():
+                if x.extent >= k:
+                    by_k.setdefault(k, []).append(axis)
+        for k, axes in sorted(by_k.items()):
+            if len(axes) < 2:
+                continue
+            names = _part_names(name, k ** len(axes), taken)
+            its = ", ".join(scope.traversal[a].name for a in axes)
+            yield Match(
+                self.name,
+                name,
+                f"split {its} of {name} by residue {k} into {', '.join(names)}",
+                MappingProxyType(
+                    {"binding": name, "axes": tuple(axes), "mode": "residues", "k": k, "names": names}
+                ),
+            )
 
     def apply(self, program: ir.Program, match: Match, ctx: Context = NO_CONTEXT) -> ir.Program:
         p = match.params
@@ -229,7 +272,7 @@ class SplitExpression(Rule):
         if p["mode"] == "range":
             parts = range_parts(scope, p["axis"], p["at"])
         else:
-            parts = residue_parts(scope, p["axis"], p["k"])
+            parts = residue_parts(scope, p["axes"], p["k"])
         body: ir.ValueExpr | None = None
         for part, read in parts:
             term = ir.Access(part, read)

@@ -18,7 +18,7 @@ from typing import Any
 
 from einopt import ir
 from einopt.index import LinearForm, bounds, from_linear_form, linear_form, simplify, substitute
-from einopt.rewrite import accesses, fresh_name, iter_names, substitute_iters
+from einopt.rewrite import accesses, fresh_name, index_text, iter_names, substitute_iters
 from einopt.rules.base import Context, Hit, Rule, ScopeRule, hit
 from einopt.rules.boundary import Finite, finiteness_reason, is_zero, zero_only_if_finite
 
@@ -248,11 +248,19 @@ def _split(scope: ir.Scope, z: ir.Iter, k: int) -> Hit:
     )
 
 
-def _split_sum(scope: ir.Scope, k: ir.Iter, K: int, finite: Finite) -> Hit | str:
-    """``Sum k -> Sum q, r`` with ``k = K*q + r``; the terms outside ``k``'s range must vanish."""
+def _split_sum(scope: ir.Scope, k: ir.Iter, K: int, finite: Finite, flipped: bool = False) -> Hit | str:
+    """``Sum k -> Sum q, r`` with ``k = K*q + r`` (``flipped``: ``k = lo + hi - 1 - (K*q + r)``, the
+    blocks counted from the other end); the terms outside ``k``'s range must vanish."""
     q, r, forward, inverse = _split_iters(scope, k, K)
     start, end = K * q.lo, K * q.hi
+    last = k.lo + k.hi - 1
+    if flipped:
+        mirror = {k: last - k}
+        forward = {it: substitute(e, mirror) for it, e in forward.items()}
+        inverse = {k: simplify(last - inverse[k])}
     for lo, hi in ((start, k.lo), (k.hi, end)):
+        if flipped:  # k' = last - k in [lo, hi)
+            lo, hi = last - hi + 1, last - lo + 1
         # The extra terms must be provably 0 (a factor read outside its source, the others
         # finite: 0 * inf is NaN); no scope is entered.
         extra = {k: (lo, hi)}
@@ -265,14 +273,26 @@ def _split_sum(scope: ir.Scope, k: ir.Iter, K: int, finite: Finite) -> Hit | str
             )
     if not (_undoes((k,), forward, inverse) and _undoes((q, r), inverse, forward)):
         return f"splitting Sum {k.name} by {K} is not a bijection"
+    way = "split_sum_flipped" if flipped else "split_sum"
+    order = f" from its end ({k.name} = {index_text(inverse[k])})" if flipped else ""
     return _plan(
-        "split_sum",
-        f"split Sum {k.name} by {K} into {q.name}, {r.name}",
+        way,
+        f"split Sum {k.name} by {K} into {q.name}, {r.name}{order}",
         None,
         _replace(scope.summation, k, (q, r)),
         forward,
         inverse,
     )
+
+
+def _read_flipped(scope: ir.Scope) -> set[ir.Iter]:
+    """Summation iterators read with a negative coefficient in an index or in the dividend of a
+    ``//`` or ``%`` in one (``kh`` of ``(h + 1 - kh) // 2``: a flipped tap of a zero-inserted read)."""
+    found: set[ir.Iter] = set()
+    for e in _indices(scope):
+        for form in (linear_form(e), *(linear_form(a.a) for a in _divmod_atoms(e))):
+            found |= {it for it, c in form.coeffs if c < 0}
+    return found & set(scope.summation)
 
 
 def _reversible(scope: ir.Scope) -> list[ir.Iter]:
@@ -295,6 +315,9 @@ def _reverse_sum(scope: ir.Scope, k: ir.Iter) -> Hit:
 # --------------------------------------------------------------------------
 # The rule
 # --------------------------------------------------------------------------
+
+# Ways that rewrite the summation in place (no new scope): checked by their planning function.
+_IN_PLACE = ("split_sum", "split_sum_flipped", "reverse_sum")
 
 
 class SubstituteVariables(ScopeRule):
@@ -322,6 +345,10 @@ class SubstituteVariables(ScopeRule):
       ``k`` or the body must be provably 0 there: a factor reads outside its
       source and the other factors are provably finite (a weight must be a
       constant known to be finite: ``0 * inf`` is NaN).
+    * split a summation iterator read flipped (a negative coefficient, also inside ``//`` or ``%``)
+      into blocks counted from its end, in place: ``k = lo + hi - 1 - (k*q + r)``, so the blocks
+      are read forward (reverse and split in one step: a stride-2 ConvTranspose's taps become
+      correlation taps of its phases). The same extra terms must be zero.
     * reverse a summation iterator read with a negative coefficient, in place:
       ``k -> lo + hi - 1 - k`` (a flipped kernel becomes a correlation, so a
       stride-1 ConvTranspose form reads like a Conv).
@@ -330,7 +357,7 @@ class SubstituteVariables(ScopeRule):
     name = "substitute_variables"
     phase = "converge"
     undoes = ("merge_traversal",)
-    variants = ("fuse", "merge", "split", "split_sum", "reverse_sum")
+    variants = ("fuse", "merge", "split", "split_sum", "split_sum_flipped", "reverse_sum")
     family = "intra"
     math = "L_x f(T[tau(x)]) -> L_x {L_y f(T[tau(Phi^-1(y))])}[Phi(x)]"
 
@@ -345,7 +372,7 @@ class SubstituteVariables(ScopeRule):
             seen.add(key)
             if isinstance(found, str):
                 yield found
-            elif found.params["way"] in ("split_sum", "reverse_sum") or self._legal(scope, found.params):
+            elif found.params["way"] in _IN_PLACE or self._legal(scope, found.params):
                 yield found
 
     def _candidates(self, scope: ir.Scope, ctx: Context) -> Iterator[Hit | str]:
@@ -374,11 +401,14 @@ class SubstituteVariables(ScopeRule):
                     yield f"coefficient {c} of {x.name} in {e}: not a bijection onto a box"
         for x, y in _merge_pairs(scope):
             yield _merge(scope, x, y)
+        flipped = _read_flipped(scope)
         for z, k in _split_factors(scope) + _block_factors(scope):
             if z in trav:
                 yield _split(scope, z, k)
             elif z in sums:
                 yield _split_sum(scope, z, k, ctx.is_finite)
+                if z in flipped:
+                    yield _split_sum(scope, z, k, ctx.is_finite, flipped=True)
         for k in _reversible(scope):
             yield _reverse_sum(scope, k)
 

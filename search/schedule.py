@@ -150,12 +150,15 @@ def _split_compute(program: ir.Program, m: Match, ctx: Context) -> bool:
 
 
 def _strided_reads(program: ir.Program, m: Match, ctx: Context) -> bool:
-    # A residue split pays when a scope that computes reads its iterator through // or % (zero
+    # A residue split pays when a scope that computes reads its iterators through // or % (zero
     # insertion).
     scope = program.scope(m["binding"])
     if not _computes(program, scope):
         return False
-    x = scope.traversal[m["axis"]]
+    return all(_read_strided(scope, scope.traversal[axis]) for axis in m["axes"])
+
+
+def _read_strided(scope: ir.Scope, x: ir.Iter) -> bool:
     for acc in accesses(scope.body):
         for e in acc.indices:
             if x in e.iters() and any(
@@ -185,10 +188,24 @@ def _read_through(program: ir.Program, m: Match, ctx: Context) -> bool:
     return isinstance(body.source, ir.Scope) or _is_copy(inner)
 
 
+def _unit_copy(program: ir.Program, m: Match, ctx: Context) -> bool:
+    # A producer that only copies an input with unit dimensions added (a stride-s zero-insertion
+    # scope once every reader reads it at its real positions, as the phases of a ConvTranspose do)
+    # is inlined: its readers then read the input itself.
+    producer = program.scope(m["producer"])
+    body = producer.body
+    if producer.summation or not isinstance(body, ir.Access) or not isinstance(body.source, ir.Tensor):
+        return False
+    return _is_copy(producer) and all(it.extent == 1 for it in producer.traversal if it not in body.indices)
+
+
 def _traversal_range(program: ir.Program, m: Match, ctx: Context) -> bool:
     # Slack traversal ranges (left by substitution) are tightened; a summation range is left as it is,
-    # or the normal form would undo every relaxation.
-    return m.target is not None and m["iterator"] in m.target.traversal
+    # or the normal form would undo every relaxation, unless one term is all that is nonzero: the sum
+    # is that term (a tap residue a phase of a strided transposed convolution never reads).
+    if m.target is None:
+        return False
+    return m["iterator"] in m.target.traversal or m["hi"] - m["lo"] == 1
 
 
 def _constant_source(program: ir.Program, m: Match, ctx: Context) -> bool:
@@ -212,7 +229,8 @@ RESTRICTIONS: dict[str, tuple[Callable[[ir.Program, Match, Context], bool], str]
     "window_iterator": (_window_iterator, "only a window iterator (read beside a traversal iterator)"),
     "window_blocks": (_reads_window, "only a window iterator, into blocks"),
     "read_through": (_read_through, "only scopes that re-index another scope, and plain copies"),
-    "traversal_range": (_traversal_range, "only traversal ranges"),
+    "unit_copy": (_unit_copy, "only producers that copy an input with unit dimensions added"),
+    "traversal_range": (_traversal_range, "only traversal ranges, and sums with a single nonzero term"),
     "shares_input": (
         _shares_input,
         "only expressions that read a common source, and not pieces of one expression (what a split left)",
@@ -297,12 +315,12 @@ DEFAULT_SCHEDULE = Schedule(
     explore=(
         Use("split_summation", restrict="windows_outside"),
         Use("relax_boundary", restrict="window_iterator"),
-        Use("substitute_variables", ("split_sum",), restrict="window_blocks"),
+        Use("substitute_variables", ("split_sum", "split_sum_flipped"), restrict="window_blocks"),
         Use("substitute_variables", ("split",), restrict="computes"),
         # A flipped tap (X[q - q1 + 1]) read forward: the same window as a Conv rather than a
         # stride-1 ConvTranspose, which is a different kernel (faster or slower by shape, measured).
         Use("substitute_variables", ("reverse_sum",), restrict="flipped_window"),
-        Use("split_expression", ("residue",), restrict="strided"),
+        Use("split_expression", ("residue", "residues"), restrict="strided"),
         Use("merge_summations"),
         Use("merge_expressions", ("concat", "join"), restrict="shares_input"),
         Use("fuse_expressions", restrict="data_movement"),
@@ -324,6 +342,7 @@ DEFAULT_SCHEDULE = Schedule(
     ),
     cleanup=(
         Use("merge_traversal", restrict="read_through"),
+        Use("fuse_expressions", restrict="unit_copy"),
         Use("tighten_boundary", ("range",), restrict="traversal_range"),
         Use("tighten_boundary", ("diagonal",)),
     ),

@@ -105,3 +105,16 @@ def test_substitute_replaces_only_mapped_iterators():
     e = (h * 3 + w) // 2 + h % 2
     assert substitute(e, {h: t // 3}) is (t // 3 * 3 + w) // 2 + (t // 3) % 2
     assert substitute(e, {}) is e
+
+
+def test_floor_and_mod_of_an_index_in_one_block_fold():
+    """``r // k`` and ``r % k`` for ``r`` within one block ``[k*c, k*c + k)``: ``c`` and ``r - k*c``."""
+    hr, q, r = Iter("hr", 1, 2), Iter("q", 0, 3), Iter("r", 0, 2)
+    assert simplify(IFloorDiv(hr + 1, 2)) is IConst(1)
+    assert str(simplify(IMod(hr + 1, 2))) == "hr-1"
+    assert str(simplify(IFloorDiv(2 * q + hr + 1, 2))) == "q+1"
+    for e in (IMod(hr + 1, 2), IFloorDiv(2 * q + hr + 1, 2)):
+        for env in ({hr: 1, q: v} for v in range(3)):
+            assert value(simplify(e), env) == value(e, env)
+    # Across two blocks nothing folds.
+    assert str(simplify(IFloorDiv(r + 1, 2))) == "(r+1)//2"

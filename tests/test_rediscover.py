@@ -23,6 +23,7 @@ SETTINGS = {
     "g2bmm": {"max_depth": 3, "beam": 32},
     "lstm": {"beam": 128},
     "convtranspose_phases": {"max_depth": 5},
+    "convtranspose_onnx": {"max_depth": 3},
     "convtranspose": {"max_depth": 3},
 }
 

@@ -442,3 +442,33 @@ def test_diagonal_needs_one_live_value_per_partner_value():
     program = load("L[q:3] Sum[k:2] {L[i:3, p:1] X[i]}[q+k-1, 0] * W[k] where X: [3], W: [2]")
     ctx = context(weights("L[q:3] Sum[k:2] X[q+k-1] * W[k] where X: [3], W: [2]", "W"))
     assert not [m for m in get("tighten_boundary").matches(program, ctx) if m.params["way"] == "diagonal"]
+
+
+# A stride-2 ConvTranspose's tap split from its end with the output not split: only r = h % 2
+# reads the zero-insertion scope in range (a residue diagonal).
+PHASE_RESIDUE = (
+    "U = L[i:3, p:1] X[i]\n"
+    "Y = L[h:6] Sum[q:2, r:2] U[q+(h+r)//2-1, (h+r)%2] * W[-2*q-r+3]\n"
+    "return Y\nwhere X: [3], W: [4]"
+)
+
+
+def test_diagonal_by_residue_collapses_the_tap_residue_onto_the_output_parity():
+    ctx = context(weights(PHASE_RESIDUE, "W"))
+    program = load(PHASE_RESIDUE)
+    found = [(m, p) for m, p in apply_all("tighten_boundary", program, ctx) if m.params["way"] == "diagonal"]
+    [(m, after)] = found
+    assert m.params["iterator"].name == "r" and str(m.params["value"]) == "h%2"
+    y = after.scope("Y")
+    assert [it.name for it in y.summation] == ["q"] and "W[-2*q-h%2+3]" in str(y.body)
+
+
+def test_diagonal_by_residue_needs_a_finite_weight():
+    assert_needs_finite(
+        "tighten_boundary",
+        PHASE_RESIDUE,
+        "W",
+        (3,),
+        "nonzero only at r = h%2",
+        "nonzero only at r = h%2 only if W is finite",
+    )

@@ -50,8 +50,27 @@ def test_split_by_residue_gives_phase_parts_and_a_strided_recombination():
         part = after.scope(name)
         assert [(it.name, it.lo, it.hi) for it in part.traversal[2:4]] == [("hr", p, p + 1), ("hq", 0, 4)]
     assert "Y = L[n:1, f:2, h:8, w:8] Y0[n, f, h%2, h//2, w] + Y1[n, f, h%2, h//2, w]" in str(after)
-    # Both parts share one body up to hr's range, so they join back.
-    assert "(hr-kh+1)//2" in str(after.scope("Y0").body)
+    # The residue is a constant in each part: h = 2*hq + p.
+    assert "hq+(-kh+1)//2" in str(after.scope("Y0").body)
+    assert "hq+(-kh//2)+1, -kh%2" in str(after.scope("Y1").body)
+
+
+def test_split_by_every_residue_at_once_gives_the_four_phases():
+    after = _split(CONV_TRANSPOSE, "split h, w of Y by residue 2")
+    assert [n for n, _ in after.bindings] == ["Y0", "Y1", "Y2", "Y3", "Y"]
+    ranges = [
+        [(it.name, it.lo, it.hi) for it in after.scope(n).traversal if it.name in ("hr", "wr")]
+        for n in ("Y0", "Y1", "Y2", "Y3")
+    ]
+    assert ranges == [[("hr", ph, ph + 1), ("wr", pw, pw + 1)] for ph in (0, 1) for pw in (0, 1)]
+    assert "Y3[n, f, h%2, h//2, w%2, w//2]" in str(after)
+
+
+def test_every_residue_at_once_needs_two_axes():
+    program = load("L[h:6, f:2] Sum[r:3, c:2] A[(h+r)//2, c] * K[r, f, c] where A: [4, 2], K: [3, 2, 2]")
+    summaries = [m.summary for m in get("split_expression").matches(program)]
+    assert "split h of Y by residue 2 into Y0, Y1" in summaries
+    assert not any(", f of Y by residue" in s or "h, " in s for s in summaries)
 
 
 def test_split_at_padding_boundaries_and_middle():

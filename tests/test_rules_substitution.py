@@ -260,3 +260,35 @@ def test_splitting_a_sum_past_its_end_needs_a_finite_weight():
         "split Sum k by 2 into q, r",
         "the extra terms k in [5, 6) would not be zero (they are 0 only if W is finite",
     )
+
+
+def test_a_flipped_tap_splits_into_blocks_read_forward():
+    """``kh = 3 - (2*q + r)``: ONNX's ConvTranspose reads ``(h + 1 - kh) // 2``; the blocks read forward."""
+    before = load(conv_transpose(4))
+    [(m, after)] = [
+        (m, p)
+        for m, p in apply_all(RULE, before)
+        if m.summary == "split Sum kh by 2 into q, r from its end (kh = -2*q-r+3)"
+    ]
+    assert get(RULE).variant(m) == "split_sum_flipped"
+    y = after.scope("Y")
+    assert [(it.name, it.lo, it.hi) for it in y.summation] == [("c", 0, 2), ("q", 0, 2), ("r", 0, 2)]
+    assert "[n, c, q+(h+r)//2-1, (h+r)%2]" in str(y.body) and "W[c, f, -2*q-r+3]" in str(y.body)
+
+
+def test_a_flipped_split_is_offered_only_for_a_flipped_tap():
+    program = load("L[o:4] Sum[k:4] X[(o+k)//2] * W[k] where X: [4], W: [4]")
+    assert not [m for m in get(RULE).matches(program) if "from its end" in m.summary]
+
+
+def test_a_flipped_split_past_its_end_needs_a_finite_weight():
+    # k = 6 - (2*q + r) for k in [1, 6): the block q = 0, r = 0 is k = 6, where X is read out of range
+    # but W[6 // 2] = W[3] (read by no other term) is not.
+    assert_needs_finite(
+        RULE,
+        "L[i:2] Sum[k=1:6] X[i, 5-k] * W[k//2] where X: [2, 5], W: [5]",
+        "W",
+        (3,),
+        "split Sum k by 2 into q, r from its end",
+        "the extra terms k in [6, 7) would not be zero (they are 0 only if W is finite",
+    )

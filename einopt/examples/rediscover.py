@@ -130,6 +130,10 @@ Y = L[n:{n}, f:{f}, h:{o}, w:{o}] Sum[c:{c}, kh:4, kw:4] U[n, c, (h+2-kh)//2, (h
 return Y
 where X: [{n}, {c}, {i}, {i}], W: [{c}, {f}, 4, 4]"""
 
+# ONNX's own ConvTranspose k4 s2 p1, as the importer writes it: the output reads the zero-inserted
+# input at (h + 1 - kh) // 2, so the phases read the input at different offsets (each its own pads).
+_CT_ONNX = _CT.replace("h+2-kh", "h+1-kh").replace("w+2-kw", "w+1-kw")
+
 _CONV5 = "L[n:{n}, f:1, h:{h}, w:{h}] Sum[c:{c}, r:5, s:5] X[n, c, h+r-2, w+s-2] * W[f, c, r, s] where X: [{n}, {c}, {h}, {h}], W: [1, {c}, 5, 5]"
 
 _G2BMM = "L[b:{b}, m:{m}, w:{w}] Sum[k:{k}] A[b, m, k] * B[b, m + {d}*(w - {half}), k] where A: [{b}, {m}, {k}], B: [{b}, {m}, {k}]"
@@ -232,6 +236,15 @@ CASES: dict[str, Case] = {
             "ConvTranspose k4 s2 p1 (DCGAN) -> 4 sub-pixel phase convolutions (+ DepthToSpace)",
             _CT.format(n=16, c=512, i=4, f=256, o=8),
             _CT.format(n=1, c=4, i=3, f=2, o=6),
+            ("W",),
+            _phases,
+            "four Convs or one Conv + DepthToSpace, no ConvTranspose",
+        ),
+        Case(
+            "convtranspose_onnx",
+            "ONNX's ConvTranspose k4 s2 p1 (DCGAN) -> 4 phase Conv 2x2, each with its own pads",
+            _CT_ONNX.format(n=16, c=512, i=4, f=256, o=8),
+            _CT_ONNX.format(n=1, c=4, i=3, f=2, o=6),
             ("W",),
             _phases,
             "four Convs or one Conv + DepthToSpace, no ConvTranspose",
