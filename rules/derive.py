@@ -117,7 +117,8 @@ def check_equivalent(
 @dataclasses.dataclass(frozen=True)
 class Step:
     """One step of a derivation: apply ``rule`` at ``at`` (a scope label), taking the
-    match whose summary contains ``choose``; each may be omitted when only one match is left."""
+    match whose summary contains ``choose`` (the one whose summary *is* ``choose`` when several
+    contain it); each may be omitted when only one match is left."""
 
     rule: str
     at: str | None = None
@@ -146,6 +147,9 @@ def apply_rule(program: ir.Program, step: Step | str, ctx: Context = NO_CONTEXT)
         and (step.at is None or m.where == step.at)
         and (step.choose is None or step.choose in m.summary)
     ]
+    exact = [m for m in candidates if m.summary == step.choose]
+    if len(candidates) > 1 and len(exact) == 1:
+        candidates = exact
     if len(candidates) != 1:
         lines = [f"  {m}" for m in found if isinstance(m, Match)]
         lines += [f"  {f}" for f in found if isinstance(f, Failure)]

@@ -101,8 +101,8 @@ where X: [1, 3, 5, 5], W: [4, 3, 1, 1], A: [4, 1, 1]"""
 def _phase_steps(part: str) -> tuple[Step, ...]:
     """Turn one residue part of a stride-2 ConvTranspose into a stride-1 2x2 convolution."""
     return (
-        _s("substitute_variables", "split Sum kh by 2", at=part),
-        _s("substitute_variables", "split Sum kw by 2", at=part),
+        _s("substitute_variables", "split Sum kh by 2 into q, r", at=part),
+        _s("substitute_variables", "split Sum kw by 2 into q1, r1", at=part),
         _s("tighten_boundary", "Sum over r becomes", at=part),
         _s("tighten_boundary", "Sum over r1 becomes", at=part),
         _s("fuse_expressions", "inline U", at=part),
