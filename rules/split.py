@@ -26,6 +26,7 @@ from einopt.rewrite import (
     substitute_iters,
 )
 from einopt.rules.base import NO_CONTEXT, Context, Failure, Match, Rule
+from einopt.rules.fusion import bind_scope, bound_name, nested_sums
 
 __all__ = ["SplitExpression", "RULES", "bound_scopes", "taken_names", "add_bindings"]
 
@@ -194,8 +195,10 @@ class SplitExpression(Rule):
     are computed and never read). Splitting a strided ConvTranspose's output
     by residue gives its phase convolutions. The ``residues`` variant splits
     every axis with residue ``k`` at once (``k**n`` parts: the phases of an
-    ``n``-dimensional one in one step). Only bound scopes are split; readers
-    keep reading ``Y``.
+    ``n``-dimensional one in one step). Bound scopes are split, and summing
+    scopes nested in a binding's body (a ConvTranspose written inside its bias
+    epilogue), which are bound first (``bind_scope``, then the split, in one
+    step); readers keep reading ``Y``.
     """
 
     name = "split_expression"
@@ -211,40 +214,60 @@ class SplitExpression(Rule):
     def match(self, program: ir.Program, ctx: Context = NO_CONTEXT) -> Iterator[Match | Failure]:
         taken = taken_names(program)
         for _, name, scope in bound_scopes(program):
-            if all(it.extent == 1 for it in scope.traversal):
-                yield Failure(self.name, name, f"every traversal iterator of {name} has a single value")
-                continue
-            for axis, x in enumerate(scope.traversal):
-                if x.extent == 1:
-                    continue
-                for at in _range_points(scope, x):
-                    names = _part_names(name, 2, taken)
-                    yield Match(
-                        self.name,
-                        name,
-                        f"split {x.name} of {name} at {at} into {', '.join(names)}",
-                        MappingProxyType(
-                            {"binding": name, "axis": axis, "mode": "range", "at": at, "names": names}
-                        ),
-                    )
-                for k in _residues(scope, x):
-                    if x.extent < k:
-                        yield Failure(
-                            self.name, name, f"{x.name} has {x.extent} values, fewer than the residue {k}"
-                        )
-                        continue
-                    names = _part_names(name, k, taken)
-                    yield Match(
-                        self.name,
-                        name,
-                        f"split {x.name} of {name} by residue {k} into {', '.join(names)}",
-                        MappingProxyType(
-                            {"binding": name, "axes": (axis,), "mode": "residue", "k": k, "names": names}
-                        ),
-                    )
-            yield from self._all_residues(scope, name, taken)
+            yield from self._scope_matches(scope, name, taken, {})
+        for binding, scope in nested_sums(program):
+            name = bound_name(program, binding)
+            nested = {"nested_in": binding, "scope": scope}
+            yield from self._scope_matches(scope, name, taken | {name}, nested)
 
-    def _all_residues(self, scope: ir.Scope, name: str, taken: set[str]) -> Iterator[Match]:
+    def _scope_matches(
+        self, scope: ir.Scope, name: str, taken: set[str], nested: dict
+    ) -> Iterator[Match | Failure]:
+        """The splits of one scope, bound as ``name`` (``nested`` says where a nested one is read:
+        it is bound as ``name`` first)."""
+        where = nested.get("nested_in", name)
+        what = f"{name} (nested in {where})" if nested else name
+        if all(it.extent == 1 for it in scope.traversal):
+            yield Failure(self.name, where, f"every traversal iterator of {what} has a single value")
+            return
+        for axis, x in enumerate(scope.traversal):
+            if x.extent == 1:
+                continue
+            for at in _range_points(scope, x):
+                names = _part_names(name, 2, taken)
+                yield Match(
+                    self.name,
+                    where,
+                    f"split {x.name} of {what} at {at} into {', '.join(names)}",
+                    MappingProxyType(
+                        {"binding": name, "axis": axis, "mode": "range", "at": at, "names": names, **nested}
+                    ),
+                )
+            for k in _residues(scope, x):
+                if x.extent < k:
+                    yield Failure(
+                        self.name, where, f"{x.name} has {x.extent} values, fewer than the residue {k}"
+                    )
+                    continue
+                names = _part_names(name, k, taken)
+                yield Match(
+                    self.name,
+                    where,
+                    f"split {x.name} of {what} by residue {k} into {', '.join(names)}",
+                    MappingProxyType(
+                        {
+                            "binding": name,
+                            "axes": (axis,),
+                            "mode": "residue",
+                            "k": k,
+                            "names": names,
+                            **nested,
+                        }
+                    ),
+                )
+        yield from self._all_residues(scope, name, taken, nested)
+
+    def _all_residues(self, scope: ir.Scope, name: str, taken: set[str], nested: dict) -> Iterator[Match]:
         """Every axis with residue ``k`` split at once (the ``k**n`` phases of a strided
         ConvTranspose in ``n`` dimensions), where two or more axes have it."""
         by_k: dict[int, list[int]] = {}
@@ -257,17 +280,28 @@ class SplitExpression(Rule):
                 continue
             names = _part_names(name, k ** len(axes), taken)
             its = ", ".join(scope.traversal[a].name for a in axes)
+            where = nested.get("nested_in", name)
+            what = f"{name} (nested in {where})" if nested else name
             yield Match(
                 self.name,
-                name,
-                f"split {its} of {name} by residue {k} into {', '.join(names)}",
+                where,
+                f"split {its} of {what} by residue {k} into {', '.join(names)}",
                 MappingProxyType(
-                    {"binding": name, "axes": tuple(axes), "mode": "residues", "k": k, "names": names}
+                    {
+                        "binding": name,
+                        "axes": tuple(axes),
+                        "mode": "residues",
+                        "k": k,
+                        "names": names,
+                        **nested,
+                    }
                 ),
             )
 
     def apply(self, program: ir.Program, match: Match, ctx: Context = NO_CONTEXT) -> ir.Program:
         p = match.params
+        if "nested_in" in p:
+            program = bind_scope(program, p["nested_in"], p["scope"], p["binding"])
         scope = program.scope(p["binding"])
         if p["mode"] == "range":
             parts = range_parts(scope, p["axis"], p["at"])

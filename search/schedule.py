@@ -151,8 +151,8 @@ def _split_compute(program: ir.Program, m: Match, ctx: Context) -> bool:
 
 def _strided_reads(program: ir.Program, m: Match, ctx: Context) -> bool:
     # A residue split pays when a scope that computes reads its iterators through // or % (zero
-    # insertion).
-    scope = program.scope(m["binding"])
+    # insertion); a nested one (a ConvTranspose inside its bias epilogue) is bound by the split.
+    scope = m["scope"] if "nested_in" in m.params else program.scope(m["binding"])
     if not _computes(program, scope):
         return False
     return all(_read_strided(scope, scope.traversal[axis]) for axis in m["axes"])
