@@ -204,7 +204,7 @@ class SplitExpression(Rule):
     name = "split_expression"
     phase = "explore"
     undoes = ("merge_expressions",)
-    variants = ("range", "residue", "residues")
+    variants = ("range", "residue", "residues", "stacked")
     variant_param = "mode"
     family = "inter"
     math = (
@@ -297,12 +297,34 @@ class SplitExpression(Rule):
                     }
                 ),
             )
+            stack = axes[0] - 1
+            if _stackable(scope, axes, stack):
+                stacked = (*names, fresh_name(f"{name}c", taken | set(names)))
+                yield Match(
+                    self.name,
+                    where,
+                    f"split {its} of {what} by residue {k} into {', '.join(names)}, stacked along "
+                    f"{scope.traversal[stack].name} as {stacked[-1]}",
+                    MappingProxyType(
+                        {
+                            "binding": name,
+                            "axes": tuple(axes),
+                            "mode": "stacked",
+                            "k": k,
+                            "stack": stack,
+                            "names": stacked,
+                            **nested,
+                        }
+                    ),
+                )
 
     def apply(self, program: ir.Program, match: Match, ctx: Context = NO_CONTEXT) -> ir.Program:
         p = match.params
         if "nested_in" in p:
             program = bind_scope(program, p["nested_in"], p["scope"], p["binding"])
         scope = program.scope(p["binding"])
+        if p["mode"] == "stacked":
+            return _apply_stacked(program, scope, p)
         if p["mode"] == "range":
             parts = range_parts(scope, p["axis"], p["at"])
         else:
@@ -315,6 +337,72 @@ class SplitExpression(Rule):
         program = replace_scopes(program, {scope: rebound})
         new = [(n, part) for n, (part, _) in zip(p["names"], parts, strict=True)]
         return program.replace(bindings=add_bindings(program, p["binding"], new))
+
+
+def _stackable(scope: ir.Scope, axes: list[int], stack: int) -> bool:
+    """Whether the split axes are consecutive and follow an axis ``stack`` from 0 with several values
+    (the channel axis of DepthToSpace's layout)."""
+    consecutive = list(axes) == list(range(axes[0], axes[0] + len(axes)))
+    if not consecutive or stack < 0:
+        return False
+    x = scope.traversal[stack]
+    return x.lo == 0 and x.extent > 1
+
+
+def stacked_residue_parts(
+    scope: ir.Scope, axes: tuple[int, ...], k: int, stack: int, parts: list[tuple[ir.Scope, tuple]]
+) -> tuple[ir.Scope, tuple[ir.IndexExpr, ...]]:
+    """The residue parts of ``scope`` concatenated along axis ``stack`` (phase ``p`` at
+    ``[p*F, (p+1)*F)``), and where the scope reads that concatenation: ``C[.., (sum_a (x_a % k)
+    * k**(n-1-a)) * F + f, .., x_a // k, ..]`` (DepthToSpace, DCR, in two dimensions)."""
+    x_stack = scope.traversal[stack]
+    size = x_stack.extent
+    first = parts[0][0]
+    g = ir.Iter(x_stack.name, 0, size * len(parts))
+    traversal: list[ir.Iter] = []
+    fixed: set[int] = set()  # positions of the residue iterators in a part's traversal
+    at = 0
+    for axis, _ in enumerate(scope.traversal):
+        if axis in axes:
+            fixed.add(at)
+            traversal.append(first.traversal[at + 1])
+            at += 2
+        else:
+            traversal.append(g if axis == stack else first.traversal[at])
+            at += 1
+    body: ir.ValueExpr | None = None
+    for p, (part, _) in enumerate(parts):
+        read: list[ir.IndexExpr] = []
+        it = iter(traversal)
+        for j, x in enumerate(part.traversal):
+            if j in fixed:
+                read.append(ir.IConst(x.lo))
+                continue
+            x_c = next(it)
+            read.append(ir.ISub(g, ir.IConst(p * size)) if x_c is g and p else x_c)
+        term = ir.Access(part, tuple(read))
+        body = term if body is None else ir.Binary("+", body, term)
+    concat = ir.Scope(tuple(traversal), (), body)
+    phase: ir.IndexExpr = ir.IMod(scope.traversal[axes[0]], k)
+    for a in axes[1:]:
+        phase = ir.IAdd(ir.IMul(phase, ir.IConst(k)), ir.IMod(scope.traversal[a], k))
+    outer: list[ir.IndexExpr] = []
+    for axis, x in enumerate(scope.traversal):
+        if axis == stack:
+            outer.append(ir.IAdd(ir.IMul(phase, ir.IConst(size)), x))
+        else:
+            outer.append(ir.IFloorDiv(x, k) if axis in axes else x)
+    return concat, tuple(outer)
+
+
+def _apply_stacked(program: ir.Program, scope: ir.Scope, p) -> ir.Program:
+    parts = residue_parts(scope, p["axes"], p["k"])
+    concat, read = stacked_residue_parts(scope, p["axes"], p["k"], p["stack"], parts)
+    rebound = ir.Scope(scope.traversal, (), ir.Access(concat, read), scope.pad)
+    program = replace_scopes(program, {scope: rebound})
+    new = [(n, part) for n, (part, _) in zip(p["names"], parts, strict=False)]
+    new.append((p["names"][-1], concat))
+    return program.replace(bindings=add_bindings(program, p["binding"], new))
 
 
 def _part_names(name: str, count: int, taken: set[str]) -> tuple[str, ...]:
