@@ -3,7 +3,9 @@
 Vertical fusion uses the inlining of traversal merging
 (:func:`einopt.rules.traversal.inline`) on a bound producer: every read of
 the producer in the consumer's body is replaced by the producer's body, and
-the producer's binding is dropped when nothing reads it any more.
+the producer's binding is dropped when nothing reads it any more. Its inverse,
+:func:`bind_scope`, gives a nested scope a binding of its own, so that the
+rules over bindings (expression splitting) can take it.
 """
 
 from __future__ import annotations
@@ -12,12 +14,12 @@ import types
 from collections.abc import Iterator
 
 from einopt import ir
-from einopt.rewrite import accesses, replace_scopes
+from einopt.rewrite import accesses, fresh_name, replace_scopes, sort_bindings
 from einopt.rules.base import NO_CONTEXT, Context, Failure, Match, Rule
 from einopt.rules.boundary import Finite, nothing_finite
 from einopt.rules.traversal import inline
 
-__all__ = ["fuse", "FuseExpressions", "RULES"]
+__all__ = ["fuse", "bind_scope", "nested_sums", "FuseExpressions", "BindScope", "RULES"]
 
 
 def fuse(
@@ -98,4 +100,83 @@ class FuseExpressions(Rule):
         return found
 
 
-RULES: tuple[Rule, ...] = (FuseExpressions(),)
+def nested_sums(program: ir.Program) -> list[tuple[str, ir.Scope]]:
+    """Each nested summing scope read directly by a binding's body, once: (binding name, scope).
+
+    Only scopes that are not bound themselves and that sum (a contraction
+    written inside its epilogue, ``L_x {L_z Sum_w g}[x] + B``); data-movement
+    scopes are left to the normal form.
+    """
+    bound = {s for _, s in program.bindings}
+    seen: set[ir.Scope] = set()
+    out = []
+    for name, scope in program.bindings:
+        for a in accesses(scope.body):
+            s = a.source
+            if isinstance(s, ir.Scope) and s.summation and s not in bound and s not in seen:
+                seen.add(s)
+                out.append((name, s))
+    return out
+
+
+def bind_scope(program: ir.Program, binding: str, nested: ir.Scope, name: str) -> ir.Program:
+    """``program`` with the nested scope ``nested`` of binding ``binding`` bound as ``name``.
+
+    Nodes are interned, so every read of ``nested`` (in ``binding`` and
+    elsewhere) becomes a read of the new binding; no body changes. ``name``
+    must be free and ``nested`` must not be bound already.
+    """
+    if any(n == name for n, _ in program.bindings) or any(t.name == name for t in program.inputs):
+        raise ValueError(f"cannot bind a scope as {name}: the name is taken")
+    if any(s is nested for _, s in program.bindings):
+        raise ValueError(f"the scope is bound already as {program.names()[nested]}")
+    if not any(s is nested for s in ir.scopes_in(program.scope(binding))):
+        raise ValueError(f"{binding} does not read the scope to bind")
+    bindings = list(program.bindings)
+    at = next(k for k, (n, _) in enumerate(bindings) if n == binding)
+    return program.replace(bindings=sort_bindings([*bindings[:at], (name, nested), *bindings[at:]]))
+
+
+def bound_name(program: ir.Program, binding: str) -> str:
+    """A free name for a scope nested in ``binding``: ``binding`` + ``s`` (``Zs``, ``Zs1``, ...)."""
+    taken = {t.name for t in program.inputs} | {n for n, _ in program.bindings}
+    return fresh_name(f"{binding}s", taken)
+
+
+class BindScope(Rule):
+    """Give a nested summing scope a binding of its own (the inverse of ``fuse_expressions``)::
+
+        Y = L_x f({L_z Sum_w g(z, w)}[Phi(x)])  ->  P = L_z Sum_w g(z, w);  Y = L_x f(P[Phi(x)])
+
+    Always exact: the scope is the same node, only named (nodes are interned, so
+    every read of it becomes a read of ``P``). Only nested scopes that sum and
+    are read directly by a binding's body (a contraction written inside its
+    bias epilogue); the rules over bindings (``split_expression``) then take it.
+    """
+
+    name = "bind_scope"
+    phase = "explore"
+    family = "inter"
+    undoes = ("fuse_expressions",)
+    math = "Y = L_x f({L_z g(z)}[Phi(x)]) -> P = L_z g(z); Y = L_x f(P[Phi(x)])"
+
+    def match(self, program: ir.Program, ctx: Context = NO_CONTEXT) -> Iterator[Match | Failure]:
+        found = nested_sums(program)
+        if not found:
+            yield Failure(self.name, "program", "no binding reads a nested scope that sums")
+        for binding, scope in found:
+            name = bound_name(program, binding)
+            yield Match(
+                self.name,
+                binding,
+                f"bind a summing scope nested in {binding} as {name}",
+                types.MappingProxyType({"binding": binding, "scope": scope, "name": name}),
+            )
+
+    def apply(self, program: ir.Program, match: Match, ctx: Context = NO_CONTEXT) -> ir.Program:
+        if match.rule != self.name:
+            raise ValueError(f"{self.name} cannot apply a match of {match.rule}")
+        return bind_scope(program, match["binding"], match["scope"], match["name"])
+
+
+RULES: tuple[Rule, ...] = (FuseExpressions(), BindScope())

@@ -26,6 +26,7 @@ from einopt.rewrite import (
     substitute_iters,
 )
 from einopt.rules.base import NO_CONTEXT, Context, Failure, Match, Rule
+from einopt.rules.fusion import bind_scope, bound_name, nested_sums
 
 __all__ = ["SplitExpression", "RULES", "bound_scopes", "taken_names", "add_bindings"]
 
@@ -194,14 +195,16 @@ class SplitExpression(Rule):
     are computed and never read). Splitting a strided ConvTranspose's output
     by residue gives its phase convolutions. The ``residues`` variant splits
     every axis with residue ``k`` at once (``k**n`` parts: the phases of an
-    ``n``-dimensional one in one step). Only bound scopes are split; readers
-    keep reading ``Y``.
+    ``n``-dimensional one in one step). Bound scopes are split, and summing
+    scopes nested in a binding's body (a ConvTranspose written inside its bias
+    epilogue), which are bound first (``bind_scope``, then the split, in one
+    step); readers keep reading ``Y``.
     """
 
     name = "split_expression"
     phase = "explore"
     undoes = ("merge_expressions",)
-    variants = ("range", "residue", "residues")
+    variants = ("range", "residue", "residues", "stacked")
     variant_param = "mode"
     family = "inter"
     math = (
@@ -211,40 +214,60 @@ class SplitExpression(Rule):
     def match(self, program: ir.Program, ctx: Context = NO_CONTEXT) -> Iterator[Match | Failure]:
         taken = taken_names(program)
         for _, name, scope in bound_scopes(program):
-            if all(it.extent == 1 for it in scope.traversal):
-                yield Failure(self.name, name, f"every traversal iterator of {name} has a single value")
-                continue
-            for axis, x in enumerate(scope.traversal):
-                if x.extent == 1:
-                    continue
-                for at in _range_points(scope, x):
-                    names = _part_names(name, 2, taken)
-                    yield Match(
-                        self.name,
-                        name,
-                        f"split {x.name} of {name} at {at} into {', '.join(names)}",
-                        MappingProxyType(
-                            {"binding": name, "axis": axis, "mode": "range", "at": at, "names": names}
-                        ),
-                    )
-                for k in _residues(scope, x):
-                    if x.extent < k:
-                        yield Failure(
-                            self.name, name, f"{x.name} has {x.extent} values, fewer than the residue {k}"
-                        )
-                        continue
-                    names = _part_names(name, k, taken)
-                    yield Match(
-                        self.name,
-                        name,
-                        f"split {x.name} of {name} by residue {k} into {', '.join(names)}",
-                        MappingProxyType(
-                            {"binding": name, "axes": (axis,), "mode": "residue", "k": k, "names": names}
-                        ),
-                    )
-            yield from self._all_residues(scope, name, taken)
+            yield from self._scope_matches(scope, name, taken, {})
+        for binding, scope in nested_sums(program):
+            name = bound_name(program, binding)
+            nested = {"nested_in": binding, "scope": scope}
+            yield from self._scope_matches(scope, name, taken | {name}, nested)
 
-    def _all_residues(self, scope: ir.Scope, name: str, taken: set[str]) -> Iterator[Match]:
+    def _scope_matches(
+        self, scope: ir.Scope, name: str, taken: set[str], nested: dict
+    ) -> Iterator[Match | Failure]:
+        """The splits of one scope, bound as ``name`` (``nested`` says where a nested one is read:
+        it is bound as ``name`` first)."""
+        where = nested.get("nested_in", name)
+        what = f"{name} (nested in {where})" if nested else name
+        if all(it.extent == 1 for it in scope.traversal):
+            yield Failure(self.name, where, f"every traversal iterator of {what} has a single value")
+            return
+        for axis, x in enumerate(scope.traversal):
+            if x.extent == 1:
+                continue
+            for at in _range_points(scope, x):
+                names = _part_names(name, 2, taken)
+                yield Match(
+                    self.name,
+                    where,
+                    f"split {x.name} of {what} at {at} into {', '.join(names)}",
+                    MappingProxyType(
+                        {"binding": name, "axis": axis, "mode": "range", "at": at, "names": names, **nested}
+                    ),
+                )
+            for k in _residues(scope, x):
+                if x.extent < k:
+                    yield Failure(
+                        self.name, where, f"{x.name} has {x.extent} values, fewer than the residue {k}"
+                    )
+                    continue
+                names = _part_names(name, k, taken)
+                yield Match(
+                    self.name,
+                    where,
+                    f"split {x.name} of {what} by residue {k} into {', '.join(names)}",
+                    MappingProxyType(
+                        {
+                            "binding": name,
+                            "axes": (axis,),
+                            "mode": "residue",
+                            "k": k,
+                            "names": names,
+                            **nested,
+                        }
+                    ),
+                )
+        yield from self._all_residues(scope, name, taken, nested)
+
+    def _all_residues(self, scope: ir.Scope, name: str, taken: set[str], nested: dict) -> Iterator[Match]:
         """Every axis with residue ``k`` split at once (the ``k**n`` phases of a strided
         ConvTranspose in ``n`` dimensions), where two or more axes have it."""
         by_k: dict[int, list[int]] = {}
@@ -257,18 +280,51 @@ class SplitExpression(Rule):
                 continue
             names = _part_names(name, k ** len(axes), taken)
             its = ", ".join(scope.traversal[a].name for a in axes)
+            where = nested.get("nested_in", name)
+            what = f"{name} (nested in {where})" if nested else name
             yield Match(
                 self.name,
-                name,
-                f"split {its} of {name} by residue {k} into {', '.join(names)}",
+                where,
+                f"split {its} of {what} by residue {k} into {', '.join(names)}",
                 MappingProxyType(
-                    {"binding": name, "axes": tuple(axes), "mode": "residues", "k": k, "names": names}
+                    {
+                        "binding": name,
+                        "axes": tuple(axes),
+                        "mode": "residues",
+                        "k": k,
+                        "names": names,
+                        **nested,
+                    }
                 ),
             )
+            stack = axes[0] - 1
+            if _stackable(scope, axes, stack):
+                stacked = (*names, fresh_name(f"{name}c", taken | set(names)))
+                yield Match(
+                    self.name,
+                    where,
+                    f"split {its} of {what} by residue {k} into {', '.join(names)}, stacked along "
+                    f"{scope.traversal[stack].name} as {stacked[-1]}",
+                    MappingProxyType(
+                        {
+                            "binding": name,
+                            "axes": tuple(axes),
+                            "mode": "stacked",
+                            "k": k,
+                            "stack": stack,
+                            "names": stacked,
+                            **nested,
+                        }
+                    ),
+                )
 
     def apply(self, program: ir.Program, match: Match, ctx: Context = NO_CONTEXT) -> ir.Program:
         p = match.params
+        if "nested_in" in p:
+            program = bind_scope(program, p["nested_in"], p["scope"], p["binding"])
         scope = program.scope(p["binding"])
+        if p["mode"] == "stacked":
+            return _apply_stacked(program, scope, p)
         if p["mode"] == "range":
             parts = range_parts(scope, p["axis"], p["at"])
         else:
@@ -281,6 +337,72 @@ class SplitExpression(Rule):
         program = replace_scopes(program, {scope: rebound})
         new = [(n, part) for n, (part, _) in zip(p["names"], parts, strict=True)]
         return program.replace(bindings=add_bindings(program, p["binding"], new))
+
+
+def _stackable(scope: ir.Scope, axes: list[int], stack: int) -> bool:
+    """Whether the split axes are consecutive and follow an axis ``stack`` from 0 with several values
+    (the channel axis of DepthToSpace's layout)."""
+    consecutive = list(axes) == list(range(axes[0], axes[0] + len(axes)))
+    if not consecutive or stack < 0:
+        return False
+    x = scope.traversal[stack]
+    return x.lo == 0 and x.extent > 1
+
+
+def stacked_residue_parts(
+    scope: ir.Scope, axes: tuple[int, ...], k: int, stack: int, parts: list[tuple[ir.Scope, tuple]]
+) -> tuple[ir.Scope, tuple[ir.IndexExpr, ...]]:
+    """The residue parts of ``scope`` concatenated along axis ``stack`` (phase ``p`` at
+    ``[p*F, (p+1)*F)``), and where the scope reads that concatenation: ``C[.., (sum_a (x_a % k)
+    * k**(n-1-a)) * F + f, .., x_a // k, ..]`` (DepthToSpace, DCR, in two dimensions)."""
+    x_stack = scope.traversal[stack]
+    size = x_stack.extent
+    first = parts[0][0]
+    g = ir.Iter(x_stack.name, 0, size * len(parts))
+    traversal: list[ir.Iter] = []
+    fixed: set[int] = set()  # positions of the residue iterators in a part's traversal
+    at = 0
+    for axis, _ in enumerate(scope.traversal):
+        if axis in axes:
+            fixed.add(at)
+            traversal.append(first.traversal[at + 1])
+            at += 2
+        else:
+            traversal.append(g if axis == stack else first.traversal[at])
+            at += 1
+    body: ir.ValueExpr | None = None
+    for p, (part, _) in enumerate(parts):
+        read: list[ir.IndexExpr] = []
+        it = iter(traversal)
+        for j, x in enumerate(part.traversal):
+            if j in fixed:
+                read.append(ir.IConst(x.lo))
+                continue
+            x_c = next(it)
+            read.append(ir.ISub(g, ir.IConst(p * size)) if x_c is g and p else x_c)
+        term = ir.Access(part, tuple(read))
+        body = term if body is None else ir.Binary("+", body, term)
+    concat = ir.Scope(tuple(traversal), (), body)
+    phase: ir.IndexExpr = ir.IMod(scope.traversal[axes[0]], k)
+    for a in axes[1:]:
+        phase = ir.IAdd(ir.IMul(phase, ir.IConst(k)), ir.IMod(scope.traversal[a], k))
+    outer: list[ir.IndexExpr] = []
+    for axis, x in enumerate(scope.traversal):
+        if axis == stack:
+            outer.append(ir.IAdd(ir.IMul(phase, ir.IConst(size)), x))
+        else:
+            outer.append(ir.IFloorDiv(x, k) if axis in axes else x)
+    return concat, tuple(outer)
+
+
+def _apply_stacked(program: ir.Program, scope: ir.Scope, p) -> ir.Program:
+    parts = residue_parts(scope, p["axes"], p["k"])
+    concat, read = stacked_residue_parts(scope, p["axes"], p["k"], p["stack"], parts)
+    rebound = ir.Scope(scope.traversal, (), ir.Access(concat, read), scope.pad)
+    program = replace_scopes(program, {scope: rebound})
+    new = [(n, part) for n, (part, _) in zip(p["names"], parts, strict=False)]
+    new.append((p["names"][-1], concat))
+    return program.replace(bindings=add_bindings(program, p["binding"], new))
 
 
 def _part_names(name: str, count: int, taken: set[str]) -> tuple[str, ...]:

@@ -151,8 +151,8 @@ def _split_compute(program: ir.Program, m: Match, ctx: Context) -> bool:
 
 def _strided_reads(program: ir.Program, m: Match, ctx: Context) -> bool:
     # A residue split pays when a scope that computes reads its iterators through // or % (zero
-    # insertion).
-    scope = program.scope(m["binding"])
+    # insertion); a nested one (a ConvTranspose inside its bias epilogue) is bound by the split.
+    scope = m["scope"] if "nested_in" in m.params else program.scope(m["binding"])
     if not _computes(program, scope):
         return False
     return all(_read_strided(scope, scope.traversal[axis]) for axis in m["axes"])
@@ -320,7 +320,9 @@ DEFAULT_SCHEDULE = Schedule(
         # A flipped tap (X[q - q1 + 1]) read forward: the same window as a Conv rather than a
         # stride-1 ConvTranspose, which is a different kernel (faster or slower by shape, measured).
         Use("substitute_variables", ("reverse_sum",), restrict="flipped_window"),
-        Use("split_expression", ("residue", "residues"), restrict="strided"),
+        # "stacked": the phases concatenated along the channel axis and read back as DepthToSpace (DCR),
+        # not added up by an interleaving eOperator.
+        Use("split_expression", ("residue", "residues", "stacked"), restrict="strided"),
         Use("merge_summations"),
         Use("merge_expressions", ("concat", "join"), restrict="shares_input"),
         Use("fuse_expressions", restrict="data_movement"),

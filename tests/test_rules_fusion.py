@@ -1,7 +1,9 @@
-"""fuse_expressions: vertical fusion of a bound producer into its consumer (rules.fusion)."""
+"""fuse_expressions: vertical fusion of a bound producer into its consumer; bind_scope, its
+inverse (rules.fusion)."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rules_support import (
@@ -18,6 +20,7 @@ from rules_support import (
 
 from einopt import ir
 from einopt.rules import get
+from einopt.rules.fusion import bind_scope
 
 OFFSET_REDUCE = "Y = L[h:6, w:6, f:2] Sum[r:3, s:3] T[r, s, f, h+r-1, w+s-1]"
 WHERE_T = "where T: [3, 3, 2, 6, 6], S: [2]"
@@ -32,7 +35,19 @@ SHIFT = "P = L[i:4] X[i] * 3\nZ = L[m:6] P[m-1] + P[m]\nreturn Z, P\nwhere X: [4
 # Read past P's box, where X is out of range but W is not: 0 there only for a finite W.
 PAST_BOX = "P = L[j:4] X[j] * W[j]\nY = L[i:6] P[i-1]\nreturn Y\nwhere X: [4], W: [6]"
 
+# A contraction written inside its bias epilogue (how the translator writes Conv/ConvTranspose + bias).
+NESTED_BIAS = (
+    "Z = L[i:3, j:4] {L[i:3, j:4] Sum[k:5] A[i, k] * B[k, j]}[i, j] + C[j]\nreturn Z\n"
+    "where A: [3, 5], B: [5, 4], C: [4]"
+)
+# Two nested sums, one read shifted and under relu, one read twice (interned: bound once).
+NESTED_TWO = (
+    "Z = L[i:4] relu({L[m:4] Sum[k:3] A[m, k]}[3-i]) + {L[m:4] Sum[k:2] B[m, k]}[i] * "
+    "{L[m:4] Sum[k:2] B[m, k]}[i]\nreturn Z\nwhere A: [4, 3], B: [4, 2]"
+)
+
 EXAMPLES = {
+    "bind_scope": [Example(NESTED_BIAS), Example(NESTED_TWO, min_matches=2)],
     "fuse_expressions": [
         Example(SCALE_AFTER),
         Example(LAYOUT_CHAIN, min_matches=2),
@@ -45,6 +60,16 @@ EXAMPLES = {
 }
 
 NEAR_MISSES = {
+    "bind_scope": [
+        NearMiss(
+            "Z = L[i:4] {L[m:4] X[m] * 2}[i] + 1\nreturn Z\nwhere X: [4]",
+            "no binding reads a nested scope that sums",
+        ),
+        NearMiss(
+            "P = L[i:3] Sum[k:5] A[i, k]\nZ = L[i:3] P[i] + 1\nreturn Z\nwhere A: [3, 5]",
+            "no binding reads a nested scope that sums",
+        ),
+    ],
     "fuse_expressions": [
         NearMiss(
             RELU_AFTER,
@@ -91,6 +116,31 @@ def test_a_producer_read_elsewhere_is_kept():
     found = {m.where: p for m, p in apply_all("fuse_expressions", load(text))}
     assert [n for n, _ in found["Z"].bindings] == ["P", "Z", "V"]
     assert [n for n, _ in found["V"].bindings] == ["P", "Z", "V"]
+
+
+def test_bind_scope_names_the_nested_contraction():
+    program = load(NESTED_BIAS)
+    [(m, after)] = apply_all("bind_scope", program)
+    assert m.summary == "bind a summing scope nested in Z as Zs"
+    assert [n for n, _ in after.bindings] == ["Zs", "Z"]
+    assert "Z = L[i:3, j:4] Zs[i, j] + C[j]" in str(after)
+    assert [it.name for it in after.scope("Zs").summation] == ["k"]
+    # A summing producer under "+" is not inlined back (fusion only takes it as a factor).
+    assert not apply_all("fuse_expressions", after)
+
+
+def test_bind_scope_binds_a_scope_read_twice_once():
+    found = {str(m.params["scope"].body): after for m, after in apply_all("bind_scope", load(NESTED_TWO))}
+    after = found["B[m, k]"]
+    assert [n for n, _ in after.bindings] == ["Zs", "Z"]
+    assert "Zs[i] * Zs[i]" in str(after)
+
+
+def test_bind_scope_refuses_a_taken_name():
+    program = load(NESTED_BIAS)
+    [m] = get("bind_scope").matches(program)
+    with pytest.raises(ValueError, match="taken"):
+        bind_scope(program, "Z", m["scope"], "A")
 
 
 # --------------------------------------------------------------------------

@@ -18,8 +18,16 @@ CONV_TRANSPOSE = (
     " * W[c, f, kh, kw] where X: [1, 3, 4, 4], W: [3, 2, 4, 4]"
 )
 
+# The same ConvTranspose inside its bias epilogue, as the translator writes DCGAN's layers.
+NESTED_CONV_TRANSPOSE = (
+    f"Z = L[n:1, f:2, h:8, w:8] {{L[n:1, f:2, h:8, w:8] Sum[c:3, kh:4, kw:4] "
+    f"{U}[n, c, (h+1-kh)//2, (h+1-kh)%2, (w+1-kw)//2, (w+1-kw)%2] * W[c, f, kh, kw]}}[n, f, h, w] + B[f]"
+    "\nreturn Z\nwhere X: [1, 3, 4, 4], W: [3, 2, 4, 4], B: [2]"
+)
+
 EXAMPLES = {
     "split_expression": [
+        Example(NESTED_CONV_TRANSPOSE, min_matches=3),
         Example(CONV3X3, min_matches=7),
         Example(CONV_TRANSPOSE, min_matches=2),
         # Dilation 2: residue 2 on h; an odd range starting below 0.
@@ -39,7 +47,11 @@ NEAR_MISSES = {
 
 def _split(text: str, summary: str) -> ir.Program:
     program = load(text)
-    (after,) = [a for m, a in apply_all("split_expression", program) if summary in m.summary]
+    (after,) = [
+        a
+        for m, a in apply_all("split_expression", program)
+        if summary in m.summary and ("stacked" in summary) == ("stacked" in m.summary)
+    ]
     return after
 
 
@@ -64,6 +76,37 @@ def test_split_by_every_residue_at_once_gives_the_four_phases():
     ]
     assert ranges == [[("hr", ph, ph + 1), ("wr", pw, pw + 1)] for ph in (0, 1) for pw in (0, 1)]
     assert "Y3[n, f, h%2, h//2, w%2, w//2]" in str(after)
+
+
+def test_a_nested_contraction_is_bound_then_split_into_its_phases():
+    after = _split(NESTED_CONV_TRANSPOSE, "split h, w of Zs (nested in Z) by residue 2")
+    assert [n for n, _ in after.bindings] == ["Zs0", "Zs1", "Zs2", "Zs3", "Zs", "Z"]
+    assert "Z = L[n:1, f:2, h:8, w:8] Zs[n, f, h, w] + B[f]" in str(after)
+    assert "Zs3[n, f, h%2, h//2, w%2, w//2]" in str(after)
+
+
+def test_stacked_phases_are_a_channel_concat_read_as_depth_to_space():
+    after = _split(CONV_TRANSPOSE, "stacked along f as Yc")
+    assert [n for n, _ in after.bindings] == ["Y0", "Y1", "Y2", "Y3", "Yc", "Y"]
+    assert (
+        "Yc = L[n:1, f:8, hq:4, wq:4] Y0[n, f, 0, hq, 0, wq] + Y1[n, f-2, 0, hq, 1, wq]"
+        " + Y2[n, f-4, 1, hq, 0, wq] + Y3[n, f-6, 1, hq, 1, wq]"
+    ) in str(after)
+    # DepthToSpace, DCR: channel (h%2*2 + w%2)*F + f of the concatenation.
+    assert "Y = L[n:1, f:2, h:8, w:8] Yc[n, (h%2*2+w%2)*2+f, h//2, w//2]" in str(after)
+
+
+def test_stacking_needs_a_channel_axis_before_the_split_axes():
+    program = load("L[h:6, w:6] Sum[r:3] A[(h+r)//2, (w+r)//2] where A: [4, 4]")
+    summaries = [m.summary for m, _ in apply_all("split_expression", program)]
+    assert any("split h, w of Y by residue 2" in s for s in summaries)
+    assert not [s for s in summaries if "stacked" in s]
+
+
+def test_a_nested_scope_without_a_summation_is_not_split():
+    program = load("Z = L[i:8] {L[i:8] X[i//2]}[i] + 1\nreturn Z\nwhere X: [4]")
+    summaries = [m.summary for m, _ in apply_all("split_expression", program)]
+    assert summaries and not [s for s in summaries if "nested" in s]
 
 
 def test_every_residue_at_once_needs_two_axes():
