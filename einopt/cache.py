@@ -139,14 +139,10 @@ class MeasurementCache:
             "warmup_rounds": c.warmup_rounds,
             "load_average": c.load_average,
         }
-        try:
-            self._db.execute(
-                "INSERT OR REPLACE INTO comparisons VALUES (?, ?, ?, ?)",
-                (key, what, json.dumps(value), time.time()),
-            )
-            self._db.commit()
-        except sqlite3.Error as e:  # a full disk or a locked file must not sink the run
-            log.warning("cannot write to the measurement cache %s: %s", self.path, e)
+        self._write(
+            "INSERT OR REPLACE INTO comparisons VALUES (?, ?, ?, ?)",
+            (key, what, json.dumps(value), time.time()),
+        )
 
     def measure(
         self, key: str, what: str, timer: Callable[[], Comparison], fresh: bool = False
@@ -163,45 +159,39 @@ class MeasurementCache:
 
     def found(self, key: str) -> dict | None:
         """A search's results stored under ``key`` (see :mod:`einopt.partsearch`), or None."""
-        if key in self._searches:
-            return self._searches[key]
-        if self._db is None:
-            return None
-        row = self._db.execute("SELECT value FROM searches WHERE key = ?", (key,)).fetchone()
-        return None if row is None else self._searches.setdefault(key, json.loads(row[0]))
+        return self._lookup("searches", self._searches, key)
 
     def keep(self, key: str, value: dict) -> None:
         """Store a search's results (JSON-serialisable) under ``key``."""
         self._searches[key] = value
-        if self._db is None:
-            return
-        try:
-            self._db.execute(
-                "INSERT OR REPLACE INTO searches VALUES (?, ?, ?)", (key, json.dumps(value), time.time())
-            )
-            self._db.commit()
-        except sqlite3.Error as e:
-            log.warning("cannot write to the measurement cache %s: %s", self.path, e)
+        self._write("INSERT OR REPLACE INTO searches VALUES (?, ?, ?)", (key, json.dumps(value), time.time()))
 
     def value(self, key: str) -> dict | None:
         """A measurement other than a comparison (a node's time, the calibration) stored under ``key``."""
-        if key in self._values:
-            return self._values[key]
-        if self._db is None:
-            return None
-        row = self._db.execute("SELECT value FROM measured WHERE key = ?", (key,)).fetchone()
-        return None if row is None else self._values.setdefault(key, json.loads(row[0]))
+        return self._lookup("measured", self._values, key)
 
     def remember(self, key: str, what: str, value: dict) -> None:
         """Store a measurement (JSON-serialisable) under ``key`` (see :meth:`key`)."""
         self._values[key] = value
+        self._write(
+            "INSERT OR REPLACE INTO measured VALUES (?, ?, ?, ?)", (key, what, json.dumps(value), time.time())
+        )
+
+    def _lookup(self, table: str, memo: dict[str, dict], key: str) -> dict | None:
+        """The JSON value under ``key`` in ``table`` (``searches`` or ``measured``), memoised."""
+        if key in memo:
+            return memo[key]
+        if self._db is None:
+            return None
+        row = self._db.execute(f"SELECT value FROM {table} WHERE key = ?", (key,)).fetchone()
+        return None if row is None else memo.setdefault(key, json.loads(row[0]))
+
+    def _write(self, sql: str, params: tuple) -> None:
+        """Run one insert and commit; a full disk or a locked file must not sink the run."""
         if self._db is None:
             return
         try:
-            self._db.execute(
-                "INSERT OR REPLACE INTO measured VALUES (?, ?, ?, ?)",
-                (key, what, json.dumps(value), time.time()),
-            )
+            self._db.execute(sql, params)
             self._db.commit()
         except sqlite3.Error as e:
             log.warning("cannot write to the measurement cache %s: %s", self.path, e)
