@@ -117,7 +117,7 @@ VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
 """Ops that ONNX Runtime can run without moving data: no bytes."""
 
 
-def _itemsize(dtype: int) -> int:
+def itemsize(dtype: int) -> int:
     """Bytes per element of an ONNX element type (4 for types numpy cannot represent)."""
     try:
         return onnx.helper.tensor_dtype_to_np_dtype(dtype).itemsize
@@ -146,7 +146,7 @@ def _value_types(model: onnx.ModelProto) -> dict[str, tuple[Shape, int]]:
 
 def value_bytes(model: onnx.ModelProto) -> dict[str, int]:
     """Bytes of every value of ``model`` whose shape is fully known (inputs, initializers, intermediates)."""
-    return {name: _size(shape) * _itemsize(dtype) for name, (shape, dtype) in _value_types(model).items()}
+    return {name: _size(shape) * itemsize(dtype) for name, (shape, dtype) in _value_types(model).items()}
 
 
 def model_cost(model: onnx.ModelProto) -> Cost:

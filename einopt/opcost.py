@@ -38,7 +38,7 @@ import onnx.inliner
 import onnx.shape_inference
 from onnx import helper, numpy_helper
 
-from einopt.cost import FLOPS, VIEWS
+from einopt.cost import FLOPS, VIEWS, itemsize
 
 __all__ = ["Calibration", "NodeCost", "Prediction", "OpCosts", "node_costs", "calibrate"]
 
@@ -232,7 +232,7 @@ def _flops_bytes(
         return 0, 0
     shapes = [v.shape for v in ins if v is not None]
     flops = FLOPS[node.op_type](shapes, outs[0].shape, node) if node.op_type in FLOPS else 0
-    nbytes = sum(math.prod(v.shape) * _itemsize(v.dtype) for v in [*ins, *outs] if v is not None)
+    nbytes = sum(math.prod(v.shape) * itemsize(v.dtype) for v in [*ins, *outs] if v is not None)
     return int(flops), int(nbytes)
 
 
@@ -241,13 +241,6 @@ def _calls(node: onnx.NodeProto, outs: Sequence[_Value | None]) -> int:
     if node.op_type != "MatMul" or not outs or outs[0] is None:
         return 1
     return math.prod(outs[0].shape[:-2])
-
-
-def _itemsize(dtype: int) -> int:
-    try:
-        return helper.tensor_dtype_to_np_dtype(dtype).itemsize
-    except (KeyError, ValueError, TypeError):
-        return 4
 
 
 # --------------------------------------------------------------------------
@@ -282,10 +275,30 @@ def _single(n: _Node, rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[s
             if o == name:
                 node.output[k] = local
         outputs.append(helper.make_tensor_value_info(local, dtype, None))
-    graph = helper.make_graph([node], "op", inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", n.opset)])
-    model.ir_version = 8
-    return model, feeds
+    return _model([node], inputs, outputs, inits, n.opset), feeds
+
+
+def _model(nodes, inputs, outputs, inits=(), opset: int = 17) -> onnx.ModelProto:
+    """A default-domain model of ``nodes`` (value infos and initializer protos given)."""
+    m = helper.make_model(
+        helper.make_graph(nodes, "op", inputs, outputs, list(inits)),
+        opset_imports=[helper.make_opsetid("", opset)],
+    )
+    m.ir_version = 8
+    return m
+
+
+def _binary(
+    op: str, a: tuple[int, ...], b: tuple[int, ...], out: tuple[int, ...], rng: np.random.Generator
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``c = op(a, b)`` on float32 inputs of the given shapes, with random feeds."""
+    f = onnx.TensorProto.FLOAT
+    m = _model(
+        [helper.make_node(op, ["a", "b"], ["c"])],
+        [helper.make_tensor_value_info("a", f, a), helper.make_tensor_value_info("b", f, b)],
+        [helper.make_tensor_value_info("c", f, out)],
+    )
+    return m, {"a": rng.standard_normal(a).astype(np.float32), "b": rng.standard_normal(b).astype(np.float32)}
 
 
 def _fill(node: onnx.NodeProto, i: int, v: _Value, ins: Sequence[_Value | None], rng) -> np.ndarray:
@@ -318,17 +331,8 @@ def _flusher():
     from einopt.modelio import session
 
     n = FLUSH_BYTES // 12
-    f = onnx.TensorProto.FLOAT
-    g = helper.make_graph(
-        [helper.make_node("Add", ["a", "b"], ["c"])],
-        "flush",
-        [helper.make_tensor_value_info("a", f, [n]), helper.make_tensor_value_info("b", f, [n])],
-        [helper.make_tensor_value_info("c", f, [n])],
-    )
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    x = np.ones(n, np.float32)
-    return _runner(session(m), {"a": x, "b": x})
+    m, feeds = _binary("Add", (n,), (n,), (n,), np.random.default_rng(0))
+    return _runner(session(m), feeds)
 
 
 def _time_cold(fns: Mapping[str, object], flush, budget_s: float = GROUP_BUDGET_S) -> dict[str, float | None]:
@@ -388,39 +392,20 @@ def calibrate() -> Calibration:
 
     def chain(op: str, k: int, shape: tuple[int, ...]) -> tuple[onnx.ModelProto, dict]:
         nodes = [helper.make_node(op, [f"v{i}"], [f"v{i + 1}"]) for i in range(k)]
-        g = helper.make_graph(
+        m = _model(
             nodes,
-            "calibrate",
             [helper.make_tensor_value_info("v0", f, shape)],
             [helper.make_tensor_value_info(f"v{k}", f, shape)],
         )
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-        m.ir_version = 8
         return m, {"v0": rng.standard_normal(shape).astype(np.float32)}
-
-    def binary(
-        op: str, a: tuple[int, ...], b: tuple[int, ...], out: tuple[int, ...]
-    ) -> tuple[onnx.ModelProto, dict]:
-        g = helper.make_graph(
-            [helper.make_node(op, ["a", "b"], ["c"])],
-            "calibrate",
-            [helper.make_tensor_value_info("a", f, a), helper.make_tensor_value_info("b", f, b)],
-            [helper.make_tensor_value_info("c", f, out)],
-        )
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-        m.ir_version = 8
-        return m, {
-            "a": rng.standard_normal(a).astype(np.float32),
-            "b": rng.standard_normal(b).astype(np.float32),
-        }
 
     big = (1 << 23,)  # 32 MB per tensor: far beyond any cache
     mm = 512
     cases = {
         "one": chain("Relu", 1, (1,)),
         "chain": chain("Relu", 33, (1,)),
-        "add": binary("Add", big, big, big),
-        "matmul": binary("MatMul", (mm, mm), (mm, mm), (mm, mm)),
+        "add": _binary("Add", big, big, big, rng),
+        "matmul": _binary("MatMul", (mm, mm), (mm, mm), (mm, mm), rng),
     }
     fns = {name: _runner(session(m), feeds) for name, (m, feeds) in cases.items()}
     quiet = {k: fns[k] for k in ("add", "matmul")}
