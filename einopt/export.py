@@ -95,6 +95,12 @@ def program_model(
     return model, inst
 
 
+def weight_names(constants: Mapping[str, np.ndarray], inst: Instantiated) -> frozenset[str]:
+    """The names in a :func:`program_model` model that hold weights: the constants and, in a ``light``
+    one, the folded constants declared by shape (what :func:`einopt.opcost.node_costs` folds)."""
+    return frozenset(constants) | {v.name for v in inst.placeholders}
+
+
 def as_program(node: ir.Scope | ir.Program) -> ir.Program:
     """``node`` as a program: a program as it is, a scope as the program computing it as ``Y``
     (``Y_1``, ... when an input is named ``Y``)."""

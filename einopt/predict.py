@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 import onnx
 from onnx import helper
 
-from einopt.export import program_model
+from einopt.export import program_model, weight_names
 from einopt.frontend.translate import Part, value_types
 from einopt.opcost import OpCosts, node_costs
 from einopt.partsearch import Found, PartSearch
@@ -104,7 +104,7 @@ def predict(
 
 def _light(f: Found, p: Part) -> tuple[onnx.ModelProto, frozenset[str]]:
     m, inst = program_model(f.program, dict(p.constants), light=True)
-    return m, frozenset(p.constants) | {v.name for v in inst.placeholders}
+    return m, weight_names(p.constants, inst)
 
 
 def _original(model: onnx.ModelProto, p: Part, types) -> tuple[onnx.ModelProto, frozenset[str]]:

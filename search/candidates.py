@@ -133,7 +133,7 @@ class Costing:
     def add(
         self, program: ir.Program, trace: tuple[TraceStep, ...], k: str | None = None, is_input: bool = False
     ) -> None:
-        from einopt.export import program_model
+        from einopt.export import program_model, weight_names
         from einopt.instantiate.emit import InstantiationError
 
         k = k or self.env.key(program)
@@ -160,8 +160,7 @@ class Costing:
             log.info("candidate %s not instantiable: %s", k[:8], e)
             return
         self.stats.candidates_costed += 1
-        weights = frozenset(self.constants) | {v.name for v in inst.placeholders}
-        seconds, work = _analytic(model, weights)
+        seconds, work = _analytic(model, weight_names(self.constants, inst))
         if self.cost:
             seconds = self.cost(program, model, inst)
         found = time.perf_counter() - self.started
