@@ -352,6 +352,7 @@ def _rewrite(
             return folded.message
     clock("prepare")
     parts = translate_graph(model)
+    translated = [p for p in parts if p.translated]
     by_name = {p.name: p for p in parts}
     clock("translate")
     feeds = datasets[0] if datasets else _timing_feeds(original, options)
@@ -362,11 +363,11 @@ def _rewrite(
         timed = options.accept == "measured" and feeds is not None
         if timed:
             configure_threads()
-            searches = predict(model, [p for p in parts if p.translated], searches, OpCosts(store))
+            searches = predict(model, translated, searches, OpCosts(store))
             clock("cost")
         selections = select(
             model,
-            [p for p in parts if p.translated],
+            translated,
             searches,
             datasets=datasets,
             tolerance=options.tolerance,
