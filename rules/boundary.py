@@ -532,7 +532,11 @@ def _shown(lo: int, hi: int) -> str:
 
 
 DIAGONAL_LIMIT = 16
-"""Largest extent of either iterator a diagonal is looked for on (their pairs are enumerated)."""
+"""Largest extent of the summation iterator a diagonal is looked for on (a kernel tap)."""
+
+PARTNER_LIMIT = 128
+"""Largest extent of the iterator a diagonal pairs it with (an output position: DCGAN's last
+ConvTranspose has 64). Their pairs are enumerated, at most 16 * 128 points per partner."""
 
 
 def _diagonal_needs(scope: ir.Scope, b: ir.Iter, ctx: Context) -> str | None:
@@ -566,7 +570,7 @@ def _divmod_partners(scope: ir.Scope, b: ir.Iter) -> list[ir.Iter]:
                 if b in its:
                     found.update(dict.fromkeys(sorted(its - {b}, key=lambda x: x.name)))
     mine = set(scope.traversal + scope.summation)
-    return [x for x in found if x in mine and 1 < x.extent <= DIAGONAL_LIMIT]
+    return [x for x in found if x in mine and 1 < x.extent <= PARTNER_LIMIT]
 
 
 def diagonal(
@@ -576,7 +580,8 @@ def diagonal(
     value of summation iterator ``b`` except ``b = g(x)``: then ``Sum_b f = f[b := g(x)]``. ``g`` is
     affine, ``a*x + c`` (``a != 0``, in ``b``'s range), or a residue, ``(a*x + c) % m + b.lo`` with
     ``m`` the extent of ``b`` (a tap residue paired with an output position that was not split:
-    ``r = h % 2``). Both extents are at most :data:`DIAGONAL_LIMIT` (their pairs are enumerated);
+    ``r = h % 2``). ``b`` has at most :data:`DIAGONAL_LIMIT` values and ``x`` at most
+    :data:`PARTNER_LIMIT` (their pairs are enumerated);
     ``None`` when there is no such ``x``."""
     if not 1 < b.extent <= DIAGONAL_LIMIT or not may_vanish(scope):
         return None
