@@ -46,7 +46,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2
 """Version of what is stored per search; bump it when the search's output for a program changes."""
 
 

@@ -19,6 +19,7 @@ from einopt.rewrite import (
     accesses,
     fresh_name,
     iter_names,
+    map_accesses,
     map_indices,
     replace_scopes,
     sort_bindings,
@@ -142,14 +143,25 @@ def range_parts(scope: ir.Scope, axis: int, at: int) -> list[tuple[ir.Scope, tup
     return out
 
 
+UNITS = ("before", "after", "none")
+"""Where a residue part keeps its unit residue axis: before the quotient ``(.., q, x', ..)``, after it
+``(.., x', q, ..)`` (the layout of ``x`` itself: ``x = k*x' + q``), or nowhere."""
+
+
 def residue_parts(
-    scope: ir.Scope, axes: int | tuple[int, ...], k: int
+    scope: ir.Scope, axes: int | tuple[int, ...], k: int, units: str = "before"
 ) -> list[tuple[ir.Scope, tuple[ir.IndexExpr, ...]]]:
     """One part per residue ``p`` of ``x = k*x' + q`` (per combination of residues when several axes
     are split at once): traversal ``(.., q:[p, p+1), x', ..)``, read at ``(.., x % k, x // k, ..)``,
     body ``f(k*x' + p)``: the residue is a constant in each part, so a phase's index functions
     fold to plain offsets (``(2*x' + 1 + 1 - r) // 2`` is ``x' + 1`` for ``r`` in ``[0, 2)``), which is
-    what lets an operator take it."""
+    what lets an operator take it. ``units`` (one of :data:`UNITS`) places the unit residue axis
+    after the quotient instead (read at ``(.., x // k, x % k, ..)``), or drops it (traversal
+    ``(.., x', ..)``, read at ``(.., x // k, ..)``: only right where another read tells the phases
+    apart, as the stacked concatenation does). Parts come in the order of
+    ``itertools.product(range(k), repeat=len(axes))``."""
+    if units not in UNITS:
+        raise ValueError(f"units must be one of {UNITS}, not {units!r}")
     axes = (axes,) if isinstance(axes, int) else axes
     taken = set(iter_names(scope))
     split: dict[int, tuple[ir.Iter, ir.Iter]] = {}  # axis -> (q over [0, k), x')
@@ -165,18 +177,22 @@ def residue_parts(
     )
     read: list[ir.IndexExpr] = []
     for axis, x in enumerate(scope.traversal):
-        read += [ir.IMod(x, k), ir.IFloorDiv(x, k)] if axis in split else [x]
+        read += _arrange(units, ir.IMod(x, k), ir.IFloorDiv(x, k)) if axis in split else [x]
     out = []
     for residues in itertools.product(range(k), repeat=len(axes)):
         fixed = {a: ir.Iter(split[a][0].name, p, p + 1) for a, p in zip(axes, residues, strict=True)}
         traversal: list[ir.Iter] = []
         for axis, x in enumerate(scope.traversal):
-            traversal += [fixed[axis], split[axis][1]] if axis in split else [x]
+            traversal += _arrange(units, fixed[axis], split[axis][1]) if axis in split else [x]
         part_body = substitute_iters(
             body, {split[a][0]: ir.IConst(p) for a, p in zip(axes, residues, strict=True)}
         )
         out.append((ir.Scope(tuple(traversal), scope.summation, part_body), tuple(read)))
     return out
+
+
+def _arrange(units: str, residue, quotient) -> list:
+    return {"before": [residue, quotient], "after": [quotient, residue], "none": [quotient]}[units]
 
 
 class SplitExpression(Rule):
@@ -204,7 +220,7 @@ class SplitExpression(Rule):
     name = "split_expression"
     phase = "explore"
     undoes = ("merge_expressions",)
-    variants = ("range", "residue", "residues", "stacked")
+    variants = ("range", "residue", "residues", "stacked", "interleaved")
     variant_param = "mode"
     family = "inter"
     math = (
@@ -218,13 +234,15 @@ class SplitExpression(Rule):
         for binding, scope in nested_sums(program):
             name = bound_name(program, binding)
             nested = {"nested_in": binding, "scope": scope}
-            yield from self._scope_matches(scope, name, taken | {name}, nested)
+            epilogue = epilogue_read(program.scope(binding), scope)
+            yield from self._scope_matches(scope, name, taken | {name}, nested, epilogue)
 
     def _scope_matches(
-        self, scope: ir.Scope, name: str, taken: set[str], nested: dict
+        self, scope: ir.Scope, name: str, taken: set[str], nested: dict, epilogue: bool = False
     ) -> Iterator[Match | Failure]:
         """The splits of one scope, bound as ``name`` (``nested`` says where a nested one is read:
-        it is bound as ``name`` first)."""
+        it is bound as ``name`` first; with ``epilogue``, the stacked split takes the binding's
+        epilogue into its parts instead)."""
         where = nested.get("nested_in", name)
         what = f"{name} (nested in {where})" if nested else name
         if all(it.extent == 1 for it in scope.traversal):
@@ -265,9 +283,11 @@ class SplitExpression(Rule):
                         }
                     ),
                 )
-        yield from self._all_residues(scope, name, taken, nested)
+        yield from self._all_residues(scope, name, taken, nested, epilogue)
 
-    def _all_residues(self, scope: ir.Scope, name: str, taken: set[str], nested: dict) -> Iterator[Match]:
+    def _all_residues(
+        self, scope: ir.Scope, name: str, taken: set[str], nested: dict, epilogue: bool
+    ) -> Iterator[Match]:
         """Every axis with residue ``k`` split at once (the ``k**n`` phases of a strided
         ConvTranspose in ``n`` dimensions), where two or more axes have it."""
         by_k: dict[int, list[int]] = {}
@@ -297,14 +317,33 @@ class SplitExpression(Rule):
                     }
                 ),
             )
+            joined = (*names, fresh_name(f"{name}c", taken | set(names)))
+            with_epilogue = f", each with {where}'s epilogue" if epilogue else ""
+            yield Match(
+                self.name,
+                where,
+                f"split {its} of {what} by residue {k} into {', '.join(names)}, interleaved as "
+                f"{joined[-1]}{with_epilogue}",
+                MappingProxyType(
+                    {
+                        "binding": name,
+                        "axes": tuple(axes),
+                        "mode": "interleaved",
+                        "k": k,
+                        "names": joined,
+                        "epilogue": epilogue,
+                        **nested,
+                    }
+                ),
+            )
             stack = axes[0] - 1
             if _stackable(scope, axes, stack):
-                stacked = (*names, fresh_name(f"{name}c", taken | set(names)))
+                stacked = joined
                 yield Match(
                     self.name,
                     where,
                     f"split {its} of {what} by residue {k} into {', '.join(names)}, stacked along "
-                    f"{scope.traversal[stack].name} as {stacked[-1]}",
+                    f"{scope.traversal[stack].name} as {stacked[-1]}{with_epilogue}",
                     MappingProxyType(
                         {
                             "binding": name,
@@ -313,6 +352,7 @@ class SplitExpression(Rule):
                             "k": k,
                             "stack": stack,
                             "names": stacked,
+                            "epilogue": epilogue,
                             **nested,
                         }
                     ),
@@ -320,11 +360,11 @@ class SplitExpression(Rule):
 
     def apply(self, program: ir.Program, match: Match, ctx: Context = NO_CONTEXT) -> ir.Program:
         p = match.params
+        if p["mode"] in ("stacked", "interleaved"):
+            return _apply_joined(program, p)
         if "nested_in" in p:
             program = bind_scope(program, p["nested_in"], p["scope"], p["binding"])
         scope = program.scope(p["binding"])
-        if p["mode"] == "stacked":
-            return _apply_stacked(program, scope, p)
         if p["mode"] == "range":
             parts = range_parts(scope, p["axis"], p["at"])
         else:
@@ -350,39 +390,22 @@ def _stackable(scope: ir.Scope, axes: list[int], stack: int) -> bool:
 
 
 def stacked_residue_parts(
-    scope: ir.Scope, axes: tuple[int, ...], k: int, stack: int, parts: list[tuple[ir.Scope, tuple]]
+    scope: ir.Scope, axes: tuple[int, ...], k: int, stack: int, parts: list[ir.Scope]
 ) -> tuple[ir.Scope, tuple[ir.IndexExpr, ...]]:
-    """The residue parts of ``scope`` concatenated along axis ``stack`` (phase ``p`` at
-    ``[p*F, (p+1)*F)``), and where the scope reads that concatenation: ``C[.., (sum_a (x_a % k)
-    * k**(n-1-a)) * F + f, .., x_a // k, ..]`` (DepthToSpace, DCR, in two dimensions)."""
+    """The residue parts of ``scope`` (without their residue axes) concatenated along axis ``stack``
+    (phase ``p`` at ``[p*F, (p+1)*F)``), and where the scope reads that concatenation: ``C[..,
+    (sum_a (x_a % k) * k**(n-1-a)) * F + f, .., x_a // k, ..]`` (DepthToSpace, DCR, in two
+    dimensions)."""
     x_stack = scope.traversal[stack]
     size = x_stack.extent
-    first = parts[0][0]
     g = ir.Iter(x_stack.name, 0, size * len(parts))
-    traversal: list[ir.Iter] = []
-    fixed: set[int] = set()  # positions of the residue iterators in a part's traversal
-    at = 0
-    for axis, _ in enumerate(scope.traversal):
-        if axis in axes:
-            fixed.add(at)
-            traversal.append(first.traversal[at + 1])
-            at += 2
-        else:
-            traversal.append(g if axis == stack else first.traversal[at])
-            at += 1
+    traversal = tuple(g if axis == stack else x for axis, x in enumerate(parts[0].traversal))
     body: ir.ValueExpr | None = None
-    for p, (part, _) in enumerate(parts):
-        read: list[ir.IndexExpr] = []
-        it = iter(traversal)
-        for j, x in enumerate(part.traversal):
-            if j in fixed:
-                read.append(ir.IConst(x.lo))
-                continue
-            x_c = next(it)
-            read.append(ir.ISub(g, ir.IConst(p * size)) if x_c is g and p else x_c)
-        term = ir.Access(part, tuple(read))
+    for p, part in enumerate(parts):
+        read = tuple(ir.ISub(g, ir.IConst(p * size)) if x is g and p else x for x in traversal)
+        term = ir.Access(part, read)
         body = term if body is None else ir.Binary("+", body, term)
-    concat = ir.Scope(tuple(traversal), (), body)
+    concat = ir.Scope(traversal, (), body)
     phase: ir.IndexExpr = ir.IMod(scope.traversal[axes[0]], k)
     for a in axes[1:]:
         phase = ir.IAdd(ir.IMul(phase, ir.IConst(k)), ir.IMod(scope.traversal[a], k))
@@ -395,14 +418,87 @@ def stacked_residue_parts(
     return concat, tuple(outer)
 
 
-def _apply_stacked(program: ir.Program, scope: ir.Scope, p) -> ir.Program:
-    parts = residue_parts(scope, p["axes"], p["k"])
-    concat, read = stacked_residue_parts(scope, p["axes"], p["k"], p["stack"], parts)
+def epilogue_read(outer: ir.Scope, nested: ir.Scope) -> bool:
+    """Whether ``outer`` is an elementwise epilogue of ``nested``: it sums nothing, has no padding,
+    and reads ``nested`` once, at its own traversal, over the same ranges (a contraction written
+    inside its bias epilogue). Such an epilogue can follow the contraction into its parts."""
+    if outer.summation or outer.pad or outer.traversal != nested.traversal:
+        return False
+    reads = [a for a in accesses(outer.body) if a.source is nested]
+    return len(reads) == 1 and reads[0].indices == outer.traversal
+
+
+def _epilogue_parts(
+    outer: ir.Scope, nested: ir.Scope, axes: tuple[int, ...], k: int, units: str
+) -> list[ir.Scope]:
+    """The residue parts of ``outer`` (their residue axes placed by ``units``), each reading the
+    matching residue part of ``nested`` (without residue axes) at its quotients: the epilogue
+    (``+ B[f]``) applied per phase."""
+    out = []
+    residues = itertools.product(range(k), repeat=len(axes))
+    laid_out = residue_parts(nested, axes, k, units)
+    for phase, (part, _), (shape, _) in zip(
+        residues, residue_parts(nested, axes, k, "none"), laid_out, strict=True
+    ):
+        split = {
+            outer.traversal[a]: ir.IAdd(ir.IMul(ir.IConst(k), part.traversal[a]), ir.IConst(r))
+            for a, r in zip(axes, phase, strict=True)
+        }
+        body = substitute_iters(outer.body, split)
+        body = map_accesses(
+            body, lambda a, part=part: ir.Access(part, part.traversal) if a.source is nested else a
+        )
+        out.append(ir.Scope(shape.traversal, (), body))
+    return out
+
+
+def interleaved_residue_parts(parts: list[ir.Scope], axes: tuple[int, ...], k: int) -> ir.Scope:
+    """Residue parts laid out as ``(.., x', q:[p, p+1), ..)`` added over the full residue ranges
+    ``[0, k)``: each fills its own residue slots, so the sum is their concatenation along every
+    residue axis, and the scope they were split from reads it at ``(.., x // k, x % k, ..)``, a
+    reshape."""
+    residue_at = {a + n + 1 for n, a in enumerate(sorted(axes))}
+    traversal = tuple(
+        ir.Iter(x.name, 0, k) if d in residue_at else x for d, x in enumerate(parts[0].traversal)
+    )
+    body: ir.ValueExpr | None = None
+    for part in parts:
+        term = ir.Access(part, traversal)
+        body = term if body is None else ir.Binary("+", body, term)
+    return ir.Scope(traversal, (), body)
+
+
+def _interleaved_read(scope: ir.Scope, axes: tuple[int, ...], k: int) -> tuple[ir.IndexExpr, ...]:
+    read: list[ir.IndexExpr] = []
+    for axis, x in enumerate(scope.traversal):
+        read += [ir.IFloorDiv(x, k), ir.IMod(x, k)] if axis in axes else [x]
+    return tuple(read)
+
+
+def _apply_joined(program: ir.Program, p) -> ir.Program:
+    """The stacked or interleaved split: the parts, their concatenation, and the binding rebound to
+    read it (with ``epilogue``, the binding's epilogue goes into the parts of the nested
+    contraction)."""
+    units = "none" if p["mode"] == "stacked" else "after"
+    if p.get("epilogue"):
+        scope = program.scope(p["nested_in"])
+        parts = _epilogue_parts(scope, p["scope"], p["axes"], p["k"], units)
+        binding = p["nested_in"]
+    else:
+        if "nested_in" in p:
+            program = bind_scope(program, p["nested_in"], p["scope"], p["binding"])
+        scope = program.scope(p["binding"])
+        parts = [part for part, _ in residue_parts(scope, p["axes"], p["k"], units)]
+        binding = p["binding"]
+    if p["mode"] == "stacked":
+        concat, read = stacked_residue_parts(scope, p["axes"], p["k"], p["stack"], parts)
+    else:
+        concat = interleaved_residue_parts(parts, p["axes"], p["k"])
+        read = _interleaved_read(scope, p["axes"], p["k"])
     rebound = ir.Scope(scope.traversal, (), ir.Access(concat, read), scope.pad)
     program = replace_scopes(program, {scope: rebound})
-    new = [(n, part) for n, (part, _) in zip(p["names"], parts, strict=False)]
-    new.append((p["names"][-1], concat))
-    return program.replace(bindings=add_bindings(program, p["binding"], new))
+    new = [*zip(p["names"], parts, strict=False), (p["names"][-1], concat)]
+    return program.replace(bindings=add_bindings(program, binding, new))
 
 
 def _part_names(name: str, count: int, taken: set[str]) -> tuple[str, ...]:

@@ -50,7 +50,8 @@ def _split(text: str, summary: str) -> ir.Program:
     (after,) = [
         a
         for m, a in apply_all("split_expression", program)
-        if summary in m.summary and ("stacked" in summary) == ("stacked" in m.summary)
+        if summary in m.summary
+        and all((mode in summary) == (mode in m.summary) for mode in ("stacked", "interleaved"))
     ]
     return after
 
@@ -89,11 +90,37 @@ def test_stacked_phases_are_a_channel_concat_read_as_depth_to_space():
     after = _split(CONV_TRANSPOSE, "stacked along f as Yc")
     assert [n for n, _ in after.bindings] == ["Y0", "Y1", "Y2", "Y3", "Yc", "Y"]
     assert (
-        "Yc = L[n:1, f:8, hq:4, wq:4] Y0[n, f, 0, hq, 0, wq] + Y1[n, f-2, 0, hq, 1, wq]"
-        " + Y2[n, f-4, 1, hq, 0, wq] + Y3[n, f-6, 1, hq, 1, wq]"
+        "Yc = L[n:1, f:8, hq:4, wq:4] Y0[n, f, hq, wq] + Y1[n, f-2, hq, wq]"
+        " + Y2[n, f-4, hq, wq] + Y3[n, f-6, hq, wq]"
     ) in str(after)
     # DepthToSpace, DCR: channel (h%2*2 + w%2)*F + f of the concatenation.
     assert "Y = L[n:1, f:2, h:8, w:8] Yc[n, (h%2*2+w%2)*2+f, h//2, w//2]" in str(after)
+
+
+def test_stacked_phases_of_a_nested_contraction_carry_its_epilogue():
+    after = _split(NESTED_CONV_TRANSPOSE, "stacked along f as Zsc, each with Z's epilogue")
+    assert [n for n, _ in after.bindings] == ["Zs0", "Zs1", "Zs2", "Zs3", "Zsc", "Z"]
+    # Each phase is a 4-D contraction with the bias added: a Conv with a bias, no residue axes.
+    for name in ("Zs0", "Zs1", "Zs2", "Zs3"):
+        part = after.scope(name)
+        assert [(it.name, it.extent) for it in part.traversal] == [("n", 1), ("f", 2), ("hq", 4), ("wq", 4)]
+        assert "}[n, f, hq, wq] + B[f] where" in str(part)
+    assert "Z = L[n:1, f:2, h:8, w:8] Zsc[n, (h%2*2+w%2)*2+f, h//2, w//2]" in str(after)
+
+
+def test_interleaved_phases_fill_unit_residue_slots_read_back_as_a_reshape():
+    after = _split(NESTED_CONV_TRANSPOSE, "interleaved as Zsc, each with Z's epilogue")
+    assert [n for n, _ in after.bindings] == ["Zs0", "Zs1", "Zs2", "Zs3", "Zsc", "Z"]
+    # Phase (1, 0): rows 2*hq + 1, columns 2*wq; its residue axes hold that one slot each.
+    part = after.scope("Zs2")
+    slots = [(it.name, it.lo, it.hi) for it in part.traversal]
+    assert slots == [("n", 0, 1), ("f", 0, 2), ("hq", 0, 4), ("hr", 1, 2), ("wq", 0, 4), ("wr", 0, 1)]
+    assert "}[n, f, hq, wq] + B[f] where" in str(part)
+    assert (
+        "Zsc = L[n:1, f:2, hq:4, hr:2, wq:4, wr:2] Zs0[n, f, hq, hr, wq, wr] + Zs1[n, f, hq, hr, wq, wr]"
+    ) in str(after)
+    # h = 2*hq + hr: the [.., hq, hr, wq, wr] layout is the output's own, so the read is a reshape.
+    assert "Z = L[n:1, f:2, h:8, w:8] Zsc[n, f, h//2, h%2, w//2, w%2]" in str(after)
 
 
 def test_stacking_needs_a_channel_axis_before_the_split_axes():
