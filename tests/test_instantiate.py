@@ -150,6 +150,14 @@ CASES = [
         ["Conv"],
     ),
     (
+        # A phase of a split ConvTranspose: the result keeps a unit residue axis the conv does not read.
+        "conv_bias_fused_unit_axis",
+        "L[n:1, f:4, h:5, u=1:2] {L[n2:1, f2:4, h2:5] Sum[c:3, r:3] X[n2, c, h2+r-1]*W[f2,c,r]}[n, f, h] + B[f]"
+        " where X:[1,3,5], W:[4,3,3], B:[4]",
+        ("W", "B"),
+        ["Conv", "Reshape"],
+    ),
+    (
         "conv_1x1_strided_is_one_conv",  # ResNet's downsample: no Slice in front of the Conv
         "L[n:2, f:4, o0:4, o1:4] {L[n2:2, f2:4, h:4, w:4] Sum[c:3, r0:1, r1:1]"
         " X[n2, c, 2*h+r0, 2*w+r1]*W[f2,c,r0,r1]}[n, f, o0, o1] + B[f]"
@@ -299,6 +307,25 @@ CASES = [
     ),
     ("concat", "L[i:3, j:14] A[i, j] + B[i, j - 6] where A:[3,6], B:[3,8]", (), ["Concat"]),
     ("concat_with_gap", "L[i:12] A[i] + B[i-6] where A:[4], B:[6]", (), ["Concat"]),
+    (
+        "concat_grid",
+        "L[i:4, j:5] A[i, j] + B[i, j-2] + C[i-1, j] + D[i-1, j-2] where A:[1,2], B:[1,3], C:[3,2], D:[3,3]",
+        (),
+        ["Concat", "Concat", "Concat"],
+    ),
+    (
+        "concat_grid_with_a_hole",
+        "L[i:4, j:5] A[i, j] + B[i, j-2] + D[i-1, j-2] where A:[1,2], B:[1,3], D:[3,3]",
+        (),
+        ["Concat", "Concat", "Concat"],
+    ),
+    (
+        "interleave_of_unit_slots",
+        "L[h:2, r:2, w:3, q:2] A[h, r, w, q] + B[h, r-1, w, q] + C[h, r, w, q-1] + D[h, r-1, w, q-1]"
+        " where A:[2,1,3,1], B:[2,1,3,1], C:[2,1,3,1], D:[2,1,3,1]",
+        (),
+        ["Concat", "Concat", "Concat"],
+    ),
     ("reduce_sum", "L[i:4, j:3] Sum[k:5] X[i,k,j] where X:[4,5,3]", (), ["ReduceSum"]),
     (
         "reduce_sum_transposed",

@@ -245,34 +245,75 @@ def match_concat(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
     partial = sorted({d for box in boxes for d, t in enumerate(trav) if box[d] != (0, t.extent)})
     if not partial:
         return Failure("every term covers the whole output: a sum, not a concatenation")
-    if len(partial) > 1:
-        names = ", ".join(trav[d].name for d in partial)
-        return Failure(f"terms are cut along several axes ({names}): not a concatenation")
-    (axis,) = partial
-    t = trav[axis]
-    order = sorted(range(len(terms)), key=lambda k: boxes[k][axis])
+    segments: dict[int, list[tuple[int, int]]] = {}
+    for d in partial:
+        found = _segments(sorted({box[d] for box in boxes}), trav[d].extent)
+        if isinstance(found, str):
+            return Failure(f"terms {found} along {trav[d].name}")
+        segments[d] = found
+    cells: dict[tuple[tuple[int, int], ...], int] = {}
+    for k, box in enumerate(boxes):
+        cell = tuple(box[d] for d in partial)
+        if cell in cells:
+            return Failure(f"terms {cells[cell] + 1} and {k + 1} cover the same slab")
+        cells[cell] = k
     operands: list[Operand] = []
-    at = 0
-    for k in order:
-        a, b = boxes[k][axis]
-        if a < at:
-            return Failure(f"terms overlap along {t.name} (positions {a}..{at - 1})")
-        if a > at:
-            operands.append(_zeros(trav, axis, a - at))
-        cut = ir.Iter(t.name, t.lo + a, t.lo + b)
-        sub = {t: cut}
-        acc = ir.Access(terms[k].source, tuple(substitute(i, sub) for i in terms[k].indices))
-        steps = layout_plan(tuple(cut if x is t else x for x in trav), acc)
+    ops: list[OpNode] = []
+
+    def leaf(cell: tuple[tuple[int, int], ...]) -> int | Failure:
+        """The operand of one cell of the grid (zeros where no term reads)."""
+        at = dict(zip(partial, cell, strict=True))
+        k = cells.get(cell)
+        if k is None:
+            shape = tuple(at[d][1] - at[d][0] if d in at else t.extent for d, t in enumerate(trav))
+            operands.append(Operand(Literal(np.zeros(shape, dtype=np.float32))))
+            return len(operands) - 1
+        cuts = {trav[d]: ir.Iter(trav[d].name, trav[d].lo + a, trav[d].lo + b) for d, (a, b) in at.items()}
+        acc = ir.Access(terms[k].source, tuple(substitute(i, cuts) for i in terms[k].indices))
+        steps = layout_plan(tuple(cuts.get(x, x) for x in trav), acc)
         if isinstance(steps, Failure):
             return Failure(f"term {k + 1}: {steps.reason}")
         operands.append(Operand(acc.source, steps))
+        return len(operands) - 1
+
+    def joined(prefix: tuple[tuple[int, int], ...]) -> int | Failure:
+        """The concatenation of every cell under ``prefix`` (innermost cut axis first)."""
+        if len(prefix) == len(partial):
+            return leaf(prefix)
+        axis = partial[len(prefix)]
+        pieces = []
+        for seg in segments[axis]:
+            v = joined((*prefix, seg))
+            if isinstance(v, Failure):
+                return v
+            pieces.append(v)
+        if len(pieces) == 1:
+            return pieces[0]
+        ops.append(OpNode("Concat", tuple(pieces), (("axis", axis),)))
+        return -len(ops)  # resolved below: ops are numbered after every operand
+
+    top = joined(())
+    if isinstance(top, Failure):
+        return top
+    if not ops:
+        return Failure("a single term: not a concatenation")
+    n = len(operands)
+    ops = [OpNode(o.op_type, tuple(n - i - 1 if i < 0 else i for i in o.inputs), o.attrs) for o in ops]
+    return Match("Concat", tuple(operands), tuple(ops))
+
+
+def _segments(intervals: list[tuple[int, int]], extent: int) -> list[tuple[int, int]] | str:
+    """The intervals along one axis with the gaps between them (zero fills) covering ``[0, extent)``,
+    or why they cannot be concatenated."""
+    out: list[tuple[int, int]] = []
+    at = 0
+    for a, b in intervals:
+        if a < at:
+            return f"overlap (positions {a}..{at - 1})"
+        if a > at:
+            out.append((at, a))
+        out.append((a, b))
         at = b
-    if at < t.extent:
-        operands.append(_zeros(trav, axis, t.extent - at))
-    op = OpNode("Concat", tuple(range(len(operands))), (("axis", axis),))
-    return Match("Concat", tuple(operands), (op,))
-
-
-def _zeros(trav: Sequence[ir.Iter], axis: int, n: int) -> Operand:
-    shape = tuple(n if d == axis else t.extent for d, t in enumerate(trav))
-    return Operand(Literal(np.zeros(shape, dtype=np.float32)))
+    if at < extent:
+        out.append((at, extent))
+    return out

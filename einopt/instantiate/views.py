@@ -554,7 +554,7 @@ def split_bias(scope: ir.Scope, ctx: Context) -> BiasForm | Failure:
             beta, bias = c, a
         if isinstance(bias, ir.Const):  # a one-element bias the importer turned into a constant
             scalar = Literal(np.asarray(bias.value, dtype=np.float32))
-            traversal = tuple(to_inner[t] for t in scope.traversal)
+            traversal = tuple(to_inner.get(t, t) for t in scope.traversal)
             return BiasForm(s, traversal, View(scalar, (), (), ()), beta)
         if not isinstance(bias, ir.Access):
             reasons.append("the bias term is not an access (or a constant times an access)")
@@ -563,10 +563,10 @@ def split_bias(scope: ir.Scope, ctx: Context) -> BiasForm | Failure:
         if isinstance(view, Failure):
             reasons.append(f"bias: {view.reason}")
             continue
-        labels = tuple(to_inner[it] for it in view.labels)
+        labels = tuple(to_inner.get(it, it) for it in view.labels)
         return BiasForm(
             s,
-            tuple(to_inner[t] for t in scope.traversal),
+            tuple(to_inner.get(t, t) for t in scope.traversal),
             dataclasses.replace(view, labels=labels),
             beta,
         )
@@ -583,11 +583,14 @@ def _pairs_const(e: ir.ValueExpr) -> list[tuple[float, ir.ValueExpr]]:
 
 
 def _identity_positions(traversal: Sequence[ir.Iter], acc: ir.Access) -> dict[ir.Iter, ir.Iter] | None:
-    """Outer -> inner iterator map when ``acc`` reads its scope at exactly the outer positions."""
+    """Outer -> inner iterator map when ``acc`` reads its scope at exactly the outer positions (outer
+    iterators with one value may go unread: the result gets a unit dimension there)."""
     s = acc.source
     out: dict[ir.Iter, ir.Iter] = {}
     for idx, it in zip(acc.indices, s.traversal, strict=True):
         if not isinstance(idx, ir.Iter) or idx.lo != it.lo or idx.hi != it.hi or idx in out:
             return None
         out[idx] = it
-    return out if set(out) == set(traversal) else None
+    unread = set(traversal) - set(out)
+    clash = unread & set(out.values())  # an unread one must not pass for an inner iterator
+    return out if set(out) <= set(traversal) and all(t.extent == 1 for t in unread) and not clash else None
