@@ -113,6 +113,21 @@ FLOPS: dict[str, Callable[[Sequence[Shape], Shape, onnx.NodeProto], int]] = {
 }
 """FLOPs of a node from its input shapes, output shape and attributes; ops not listed (data movement) have 0."""
 
+
+def _col_buffer(ins: Sequence[Shape], out: Shape, node: onnx.NodeProto) -> int:
+    """ConvTranspose runs as a GEMM into a column buffer, then col2im adds the columns into the
+    output: ``F * prod(k)`` values per input position, written once and read once."""
+    x, w = ins[0], ins[1]
+    group = next((at.i for at in node.attribute if at.name == "group"), 1)
+    return 2 * x[0] * group * _size(w[1:]) * _size(x[2:])
+
+
+WORKSPACE: dict[str, Callable[[Sequence[Shape], Shape, onnx.NodeProto], int]] = {
+    "ConvTranspose": _col_buffer,
+}
+"""Elements a node moves through a scratch buffer besides its inputs and outputs (as ONNX Runtime's
+CPU kernels run it), counted in its bytes."""
+
 VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
 """Ops that ONNX Runtime can run without moving data: no bytes."""
 
@@ -182,6 +197,8 @@ def model_cost(model: onnx.ModelProto) -> Cost:
         out = types[node.output[0]][0]
         f = FLOPS[node.op_type](ins, out, node) if node.op_type in FLOPS else 0
         b = 0 if node.op_type in VIEWS else sum(sizes[n] for n in names)
+        if node.op_type in WORKSPACE:
+            b += WORKSPACE[node.op_type](ins, out, node) * itemsize(types[node.output[0]][1])
         flops += f
         nbytes += b
         acc = by_op.setdefault(node.op_type, [0, 0])

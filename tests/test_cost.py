@@ -68,6 +68,9 @@ def test_cost_of_conv_and_conv_transpose():
         [("w", wt)],
     )
     assert model_cost(ct).flops == 2 * 8 * 36 * 4 * 16
+    # inputs and output, plus the column buffer (F * k*k values per input position) written and read
+    col = 4 * 16 * 36
+    assert model_cost(ct).bytes == 4 * (8 * 36 + 8 * 4 * 16 + 4 * 144 + 2 * col)
 
 
 def test_cost_of_views_and_eoperator_functions():
