@@ -320,9 +320,10 @@ DEFAULT_SCHEDULE = Schedule(
         # A flipped tap (X[q - q1 + 1]) read forward: the same window as a Conv rather than a
         # stride-1 ConvTranspose, which is a different kernel (faster or slower by shape, measured).
         Use("substitute_variables", ("reverse_sum",), restrict="flipped_window"),
-        # "stacked": the phases concatenated along the channel axis and read back as DepthToSpace (DCR),
-        # not added up by an interleaving eOperator.
-        Use("split_expression", ("residue", "residues", "stacked"), restrict="strided"),
+        # "stacked": the phases concatenated along the channel axis and read back as DepthToSpace (DCR);
+        # "interleaved": each phase in its own slot of a [.., x', k, ..] layout (Concats along the unit
+        # residue axes, then a Reshape). Neither adds the phases up with an interleaving eOperator.
+        Use("split_expression", ("residue", "residues", "stacked", "interleaved"), restrict="strided"),
         Use("merge_summations"),
         Use("merge_expressions", ("concat", "join"), restrict="shares_input"),
         Use("fuse_expressions", restrict="data_movement"),

@@ -92,7 +92,7 @@ def deconv_block(seed: int = 0, batch: int = 1) -> onnx.ModelProto:
         helper.make_node("Relu", ["t"], ["y"], name="relu"),
     ]
     return make(
-        nodes, [("x", [batch, 4, 3, 3])], [("y", [batch, 2, 6, 6])], {"W": _w(rng, 4, 2, 4, 4)}, name="deconv"
+        nodes, [("x", [batch, 8, 4, 4])], [("y", [batch, 4, 8, 8])], {"W": _w(rng, 8, 4, 4, 4)}, name="deconv"
     )
 
 
