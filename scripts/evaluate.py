@@ -212,6 +212,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     args.build.mkdir(parents=True, exist_ok=True)
     command = "python scripts/evaluate.py" + (" --size small" if args.size == "small" else "")
+    command += f" --jobs {args.jobs}" if args.jobs > 1 else ""
+    command += f" --max-depth {args.max_depth}" if args.max_depth is not None else ""
     rows = []
     for name in args.models:
         for batch in batches:
