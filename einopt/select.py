@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -31,7 +32,7 @@ from einopt.partsearch import Found, PartSearch
 from einopt.timing import Comparison as Timing
 from einopt.verify import Comparison, Tolerance, first_line, part_pairs, verify_parts
 
-__all__ = ["Candidate", "Selection", "PREDICTED_SLACK", "DEFAULT_TOP_K", "select"]
+__all__ = ["Candidate", "Selection", "PREDICTED_SLACK", "DEFAULT_TOP_K", "BUDGET_S", "select"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,9 @@ SLOW_RUN = 4.0
 """A candidate whose one verification run took this many times the original's (and over
 :data:`SLOW_RUN_S`) is not timed: no noise hides a loss that large, and timing it would cost minutes."""
 SLOW_RUN_S = 0.2
+BUDGET_S = 60.0
+"""Seconds the stage may spend timing candidates for one model: the candidates predicted to save the
+most time go first, and those not timed by then are not chosen (their parts keep the original)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +113,7 @@ def select(
     feeds: Mapping[str, np.ndarray] | None,
     taken: set[str],
     top_k: int = DEFAULT_TOP_K,
+    budget_s: float | None = None,
 ) -> dict[str, Selection]:
     """Instantiate, verify and (with a ``timer``) time each part's candidates; choose the fastest.
 
@@ -133,6 +138,9 @@ def select(
         Function names already in the model; the chosen candidates' are added.
     top_k : int
         Derived programs tried per part, at most.
+    budget_s : float, optional
+        Seconds of timing at most (default :data:`BUDGET_S`; the verification before it is not
+        counted).
 
     Returns
     -------
@@ -172,9 +180,16 @@ def select(
             else:
                 alive[(name, i)] = c
     if timer is not None and feeds is not None and alive:
-        todo = [pseudo[_pseudo(name, i)] for name, i in alive]
+        budget_s = BUDGET_S if budget_s is None else budget_s
+        deadline = time.monotonic() + budget_s
+        order = sorted(alive, key=lambda key: -_predicted_saving(pending[key[0]], alive[key]))
+        todo = [pseudo[_pseudo(name, i)] for name, i in order]
         for pair in part_pairs(model, todo, {p.name: emitted[p.name] for p in todo}, feeds):
             name, i = _unpseudo(pair.name)
+            if time.monotonic() > deadline:
+                why = f"not timed: the selection's {budget_s:g} s of timing ran out"
+                pending[name][i] = dataclasses.replace(pending[name][i], rejected=why)
+                continue
             t = timer.part(dataclasses.replace(pair, name=name))
             pending[name][i] = dataclasses.replace(pending[name][i], measured=t)
     out = {}
@@ -186,6 +201,12 @@ def select(
             taken |= {f.name for f in chosen.instantiated.functions}
         out[p.name] = Selection(chosen, tuple(tried), searches.get(p.name) or PartSearch.not_searched())
     return out
+
+
+def _predicted_saving(cands: list[Candidate], c: Candidate) -> float:
+    """Seconds ``c`` is predicted to save against its part's input (the first candidate)."""
+    base = cands[0].found.predicted_s if cands else 0.0
+    return (base or 0.0) - (c.found.predicted_s or 0.0)
 
 
 def _slow(run_seconds: tuple[float, float] | None) -> str:

@@ -66,6 +66,19 @@ def test_measured_mode_keeps_a_rewrite_only_when_measured_faster(tmp_path):
     _assert_same(model, result.model)
 
 
+def test_candidates_past_the_selection_budget_are_not_timed_or_chosen(tmp_path, monkeypatch):
+    from einopt import select
+
+    monkeypatch.setattr(select, "BUDGET_S", 0.0)
+    model = prelu_block()
+    result = optimize(model, Options(cache=tmp_path / "c.sqlite", **SMALL))
+    part = _rewritten(result, "PRelu")
+    derived = [c for c in part.search["candidates"] if c["depth"] > 0]
+    assert derived and all(c["measured_speedup"] is None for c in derived)
+    assert all("timing ran out" in c["rejected"] for c in derived if c["verified"])
+    assert result.model.SerializeToString() == model.SerializeToString()
+
+
 def test_a_second_run_searches_and_times_nothing(tmp_path, monkeypatch):
     from einopt import partsearch
 
