@@ -171,16 +171,6 @@ def _stats(model: onnx.ModelProto, timing: Timing | None, profile: dict) -> dict
     }
 
 
-def _available_bytes() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def _footprint(model: onnx.ModelProto) -> int:
     """An upper bound of a session's memory: every tensor and every value of known shape at once."""
     return modelio.total_tensor_bytes(model) + sum(value_bytes(model).values())
@@ -246,7 +236,7 @@ def time_models(
     fa = dict(before_feeds)
     fb = dict(after_feeds) if after_feeds is not None else fa
     load = load_average()
-    available = _available_bytes()
+    available = modelio.available_bytes()
     if available is not None and _footprint(before) + _footprint(after) > available // 2:
         log.info("timing in blocks, one session at a time (the two models do not fit in memory together)")
 

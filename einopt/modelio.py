@@ -125,6 +125,17 @@ def all_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
     return _graph_tensors(model.graph)
 
 
+def available_bytes() -> int | None:
+    """Memory the system can still give this process (``MemAvailable``), or None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def total_tensor_bytes(model: onnx.ModelProto) -> int:
     """Bytes of tensor data in the model (computed from dims; nothing is serialised)."""
     return sum(tensor_nbytes(t) or 0 for t in all_tensors(model))

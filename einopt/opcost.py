@@ -39,8 +39,18 @@ import onnx.shape_inference
 from onnx import helper, numpy_helper
 
 from einopt.cost import FLOPS, VIEWS, itemsize
+from einopt.modelio import available_bytes
 
-__all__ = ["Calibration", "NodeCost", "Prediction", "OpCosts", "node_costs", "calibrate"]
+__all__ = [
+    "Calibration",
+    "NodeCost",
+    "Prediction",
+    "OpCosts",
+    "node_costs",
+    "calibrate",
+    "footprint",
+    "memory_limit",
+]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +63,9 @@ RUNS = (8, 30)
 GROUP_BUDGET_S = 0.25
 """Seconds of timed samples per group, after which no new round starts."""
 SLOW_S = 0.02
+MEMORY_SHARE = 0.25
+"""The share of the available memory the nodes timed together may need (inputs and outputs, twice
+over for ONNX Runtime's own buffers); a node needing more alone is costed analytically."""
 """A node whose first run alone takes longer is timed twice only."""
 CALL_S = 1e-7
 """Seconds one GEMM call of a batched MatMul takes at least (ONNX Runtime loops over the batch: a
@@ -125,6 +138,18 @@ class _Node:
     inputs: tuple[_Value | None, ...] = ()
     outputs: tuple[tuple[str, int], ...] = ()  # (name, element type)
     opset: int = 17
+
+
+def memory_limit() -> int:
+    """Bytes the nodes timed together may need: :data:`MEMORY_SHARE` of the available memory (4 GB
+    where that is unknown)."""
+    available = available_bytes()
+    return int(MEMORY_SHARE * (available if available is not None else 16e9))
+
+
+def footprint(cost: NodeCost) -> int:
+    """Bytes a node's single-operator session needs, about: its inputs and outputs, twice."""
+    return 2 * cost.bytes
 
 
 def node_costs(model: onnx.ModelProto, weights: Iterable[str] = ()) -> list[_Node]:
@@ -485,12 +510,14 @@ class OpCosts:
         items = sorted(
             todo.items(), key=lambda kv: -cal.bound(kv[1].cost.flops, kv[1].cost.bytes, kv[1].cost.calls)
         )
-        for start in range(0, len(items), GROUP):
+        groups = self._groups(items, memory_limit())
+        for g, group in enumerate(groups):
             if deadline is not None and time.monotonic() > deadline:
-                log.info("cost stage out of time: %d nodes left unmeasured", len(items) - start)
+                left = sum(len(later) for later in groups[g:])
+                log.info("cost stage out of time: %d nodes left unmeasured", left)
                 break
             fns, whats = {}, {}
-            for key, n in items[start : start + GROUP]:
+            for key, n in group:
                 try:
                     model, feeds = _single(n, rng)
                     fns[key] = _runner(session(model), feeds)
@@ -514,6 +541,26 @@ class OpCosts:
 
     def _store(self, key: str, what: str, seconds: float | None) -> None:
         self.cache.remember(self.cache.key("op", key), what, {"seconds": seconds})
+
+    def _groups(self, items: list[tuple[str, _Node]], limit: int) -> list[list[tuple[str, _Node]]]:
+        """``items`` (biggest first) in groups of at most :data:`GROUP` that fit in ``limit`` bytes
+        together; a node that alone does not is stored as not timed (costed analytically)."""
+        groups: list[list[tuple[str, _Node]]] = []
+        used = limit + 1
+        for key, n in items:
+            need = footprint(n.cost)
+            if need > limit:
+                log.info(
+                    "%s needs %.1f GB: too big to time alone, costed analytically", n.cost.what, need / 1e9
+                )
+                self._store(key, n.cost.what, None)
+                continue
+            if used + need > limit or len(groups[-1]) >= GROUP:
+                groups.append([])
+                used = 0
+            groups[-1].append((key, n))
+            used += need
+        return groups
 
     def prediction(self, nodes: Sequence[_Node], bound: bool = False) -> Prediction:
         """The sum of ``nodes``' stored times; a node without one is estimated from its FLOPs and bytes

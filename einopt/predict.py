@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 
@@ -23,7 +24,7 @@ from onnx import helper
 
 from einopt.export import program_model, weight_names
 from einopt.frontend.translate import Part, value_types
-from einopt.opcost import OpCosts, node_costs
+from einopt.opcost import OpCosts, footprint, memory_limit, node_costs
 from einopt.partsearch import Found, PartSearch
 
 __all__ = ["predict", "SLACK", "BUDGET_S"]
@@ -90,10 +91,18 @@ def predict(
         for key, ns in nodes.items()
         if key[0] in base and costs.prediction(ns, bound=True).seconds > SLACK * base[key[0]]
     }
-    costs.measure((n for key, ns in nodes.items() if key not in hopeless for n in ns), deadline)
+    # A derived program with a node too big to time alone would not fit its verification either.
+    limit = memory_limit()
+    too_big = {key for key, ns in nodes.items() if key not in inputs.items() and _largest(ns) > limit}
+    skip = hopeless | too_big
+    costs.measure((n for key, ns in nodes.items() if key not in skip for n in ns), deadline)
     new: dict[str, list[Found]] = {n: list(s.found) for n, s in searches.items()}
     for (name, i), ns in nodes.items():
         f = new[name][i]
+        if (name, i) in too_big:
+            log.info("%s: a found program needs more memory than this machine has to spare", name)
+            new[name][i] = dataclasses.replace(f, predicted_s=math.inf, estimated_s=f.predicted_s)
+            continue
         pr = costs.prediction(ns, bound=(name, i) in hopeless)
         new[name][i] = dataclasses.replace(f, predicted_s=pr.seconds, estimated_s=f.predicted_s)
     out = dict(searches)
@@ -101,6 +110,10 @@ def predict(
         ranked = sorted(found, key=lambda f: (f.predicted_s, f.depth))
         out[name] = dataclasses.replace(searches[name], found=tuple(ranked))
     return out
+
+
+def _largest(nodes) -> int:
+    return max((footprint(n.cost) for n in nodes), default=0)
 
 
 def _light(f: Found, p: Part) -> tuple[onnx.ModelProto, frozenset[str]]:

@@ -109,7 +109,7 @@ def test_global_thread_pool_in_a_fresh_process(tmp_path):
 
 def test_time_models_in_blocks_when_both_do_not_fit(monkeypatch):
     """Big models are timed one session at a time, in alternating blocks, with the same result shape."""
-    monkeypatch.setattr(bench, "_available_bytes", lambda: 1)
+    monkeypatch.setattr(bench.modelio, "available_bytes", lambda: 1)
     x = {"x": np.ones((4, 32), np.float32)}
     c = bench.time_models(matmul_model(), transposed_matmul_model(), x, min_runs=5, max_runs=6, budget_s=0.05)
     assert c.before.runs >= 5 and c.after.runs >= 5 and c.speedup > 0

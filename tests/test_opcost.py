@@ -198,6 +198,32 @@ def test_programs_bound_beyond_the_slack_are_not_timed(tmp_path, monkeypatch):
     store.close()
 
 
+def test_nodes_too_big_for_memory_are_estimated_not_timed(costs, monkeypatch):
+    import einopt.opcost
+
+    model = _matmul_model(4, 64, 32)
+    monkeypatch.setattr(einopt.opcost, "memory_limit", lambda: 0)  # no node fits
+    (p,) = costs.predict([(model, ())])
+    assert costs.measured == 0
+    assert [n.kind for n, _ in p.nodes] == ["analytic", "view", "folded", "analytic"]
+    assert p.seconds > 0
+
+
+def test_found_programs_too_big_for_memory_are_not_tried(tmp_path, monkeypatch):
+    import einopt.predict
+
+    model = prepare(lstm_cell(hidden=16), {}, fold=True).model
+    parts = [p for p in translate_graph(model) if p.translated]
+    store = MeasurementCache(tmp_path / "m.sqlite")
+    searches = search_parts(parts, Settings(part_budget_s=30.0), store)
+    monkeypatch.setattr(einopt.predict, "memory_limit", lambda: 0)  # nothing fits
+    out = predict(model, parts, searches, OpCosts(store))
+    derived = [f for p in parts for f in out[p.name].found if f.trace]
+    assert derived and all(f.predicted_s == float("inf") for f in derived)
+    assert all(f.predicted_s < float("inf") for p in parts for f in out[p.name].found if not f.trace)
+    store.close()
+
+
 def _input_nodes(model, p):
     from einopt.frontend.translate import value_types
     from einopt.predict import _original
