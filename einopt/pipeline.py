@@ -41,7 +41,7 @@ from einopt.postopt import postoptimize
 from einopt.predict import predict
 from einopt.report import CHANGED, REPORT_VERSION, STATUSES
 from einopt.search.engine import DEFAULT_MAX_DEPTH
-from einopt.select import DEFAULT_TOP_K, Selection, select
+from einopt.select import DEFAULT_TOP_K, NOT_TIMED, Selection, select
 from einopt.syntax import format_expr
 from einopt.timing import NOISE_BAND, configure_threads
 from einopt.timing import Comparison as TimingComparison
@@ -522,6 +522,8 @@ def _part_result(
             status, reason = "unchanged", "re-instantiated as the same nodes"
             if len(selection.tried) > 1:
                 reason += "; no candidate the search found was verified and timed"
+        elif first is not None and first.rejected.startswith(NOT_TIMED):
+            status, reason = "not faster", f"could not be timed ({first.rejected}): the original nodes stay"
         else:
             status = "failed"
             reason = first.rejected if first is not None else "nothing to instantiate"

@@ -97,10 +97,12 @@ def predict(
     skip = hopeless | too_big
     costs.measure((n for key, ns in nodes.items() if key not in skip for n in ns), deadline)
     new: dict[str, list[Found]] = {n: list(s.found) for n, s in searches.items()}
+    for name in sorted({name for name, _ in too_big}):
+        count = sum(1 for n, _ in too_big if n == name)
+        log.info("%s: %d found programs need more memory than this machine has to spare", name, count)
     for (name, i), ns in nodes.items():
         f = new[name][i]
         if (name, i) in too_big:
-            log.info("%s: a found program needs more memory than this machine has to spare", name)
             new[name][i] = dataclasses.replace(f, predicted_s=math.inf, estimated_s=f.predicted_s)
             continue
         pr = costs.prediction(ns, bound=(name, i) in hopeless)

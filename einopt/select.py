@@ -32,7 +32,7 @@ from einopt.partsearch import Found, PartSearch
 from einopt.timing import Comparison as Timing
 from einopt.verify import Comparison, Tolerance, first_line, part_pairs, verify_parts
 
-__all__ = ["Candidate", "Selection", "PREDICTED_SLACK", "DEFAULT_TOP_K", "BUDGET_S", "select"]
+__all__ = ["Candidate", "Selection", "PREDICTED_SLACK", "DEFAULT_TOP_K", "BUDGET_S", "NOT_TIMED", "select"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,8 @@ SLOW_RUN = 4.0
 """A candidate whose one verification run took this many times the original's (and over
 :data:`SLOW_RUN_S`) is not timed: no noise hides a loss that large, and timing it would cost minutes."""
 SLOW_RUN_S = 0.2
+NOT_TIMED = "not timed"
+"""How the reason of a candidate the selection had no time left for starts."""
 BUDGET_S = 60.0
 """Seconds the stage may spend timing candidates for one model: the candidates predicted to save the
 most time go first, and those not timed by then are not chosen (their parts keep the original)."""
@@ -187,7 +189,7 @@ def select(
         for pair in part_pairs(model, todo, {p.name: emitted[p.name] for p in todo}, feeds):
             name, i = _unpseudo(pair.name)
             if time.monotonic() > deadline:
-                why = f"not timed: the selection's {budget_s:g} s of timing ran out"
+                why = f"{NOT_TIMED}: the selection's {budget_s:g} s of timing ran out"
                 pending[name][i] = dataclasses.replace(pending[name][i], rejected=why)
                 continue
             t = timer.part(dataclasses.replace(pair, name=name))
