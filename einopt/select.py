@@ -48,8 +48,9 @@ SLOW_RUN_S = 0.2
 NOT_TIMED = "not timed"
 """How the reason of a candidate the selection had no time left for starts."""
 BUDGET_S = 60.0
-"""Seconds the stage may spend timing candidates for one model: the candidates predicted to save the
-most time go first, and those not timed by then are not chosen (their parts keep the original)."""
+"""Seconds the stage may take for one model, verification included, before it stops timing: the
+candidates predicted to save the most time go first, and those not timed by then are not chosen
+(their parts keep the original)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,14 +142,16 @@ def select(
     top_k : int
         Derived programs tried per part, at most.
     budget_s : float, optional
-        Seconds of timing at most (default :data:`BUDGET_S`; the verification before it is not
-        counted).
+        Seconds the stage may take before it stops timing (default :data:`BUDGET_S`; the
+        verification counts).
 
     Returns
     -------
     dict
         Part name -> its :class:`Selection`, for every translated part.
     """
+    budget_s = BUDGET_S if budget_s is None else budget_s
+    deadline = time.monotonic() + budget_s
     opset = default_opset(model)
     pending: dict[str, list[Candidate]] = {}
     for p in parts:
@@ -182,14 +185,12 @@ def select(
             else:
                 alive[(name, i)] = c
     if timer is not None and feeds is not None and alive:
-        budget_s = BUDGET_S if budget_s is None else budget_s
-        deadline = time.monotonic() + budget_s
         order = sorted(alive, key=lambda key: -_predicted_saving(pending[key[0]], alive[key]))
         todo = [pseudo[_pseudo(name, i)] for name, i in order]
         for pair in part_pairs(model, todo, {p.name: emitted[p.name] for p in todo}, feeds):
             name, i = _unpseudo(pair.name)
             if time.monotonic() > deadline:
-                why = f"{NOT_TIMED}: the selection's {budget_s:g} s of timing ran out"
+                why = f"{NOT_TIMED}: the selection's {budget_s:g} s ran out"
                 pending[name][i] = dataclasses.replace(pending[name][i], rejected=why)
                 continue
             t = timer.part(dataclasses.replace(pair, name=name))
