@@ -63,10 +63,10 @@ RUNS = (8, 30)
 GROUP_BUDGET_S = 0.25
 """Seconds of timed samples per group, after which no new round starts."""
 SLOW_S = 0.02
+"""A node whose first run alone takes longer is timed twice only."""
 MEMORY_SHARE = 0.25
 """The share of the available memory the nodes timed together may need (inputs and outputs, twice
 over for ONNX Runtime's own buffers); a node needing more alone is costed analytically."""
-"""A node whose first run alone takes longer is timed twice only."""
 CALL_S = 1e-7
 """Seconds one GEMM call of a batched MatMul takes at least (ONNX Runtime loops over the batch: a
 broadcast product of 36M one-row matrices takes 10 s however few its FLOPs)."""
