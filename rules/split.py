@@ -338,12 +338,11 @@ class SplitExpression(Rule):
             )
             stack = axes[0] - 1
             if _stackable(scope, axes, stack):
-                stacked = joined
                 yield Match(
                     self.name,
                     where,
                     f"split {its} of {what} by residue {k} into {', '.join(names)}, stacked along "
-                    f"{scope.traversal[stack].name} as {stacked[-1]}{with_epilogue}",
+                    f"{scope.traversal[stack].name} as {joined[-1]}{with_epilogue}",
                     MappingProxyType(
                         {
                             "binding": name,
@@ -351,7 +350,7 @@ class SplitExpression(Rule):
                             "mode": "stacked",
                             "k": k,
                             "stack": stack,
-                            "names": stacked,
+                            "names": joined,
                             "epilogue": epilogue,
                             **nested,
                         }
@@ -430,16 +429,16 @@ def epilogue_read(outer: ir.Scope, nested: ir.Scope) -> bool:
 
 def _epilogue_parts(
     outer: ir.Scope, nested: ir.Scope, axes: tuple[int, ...], k: int, units: str
-) -> list[ir.Scope]:
+) -> list[tuple[ir.Scope, tuple[ir.IndexExpr, ...]]]:
     """The residue parts of ``outer`` (their residue axes placed by ``units``), each reading the
     matching residue part of ``nested`` (without residue axes) at its quotients: the epilogue
-    (``+ B[f]``) applied per phase."""
+    (``+ B[f]``) applied per phase. Each comes with where ``outer`` reads it, as
+    :func:`residue_parts` gives (``outer`` and ``nested`` have one traversal)."""
     out = []
     residues = itertools.product(range(k), repeat=len(axes))
-    laid_out = residue_parts(nested, axes, k, units)
-    for phase, (part, _), (shape, _) in zip(
-        residues, residue_parts(nested, axes, k, "none"), laid_out, strict=True
-    ):
+    flat = residue_parts(nested, axes, k, "none")
+    laid_out = flat if units == "none" else residue_parts(nested, axes, k, units)
+    for phase, (part, _), (shape, read) in zip(residues, flat, laid_out, strict=True):
         split = {
             outer.traversal[a]: ir.IAdd(ir.IMul(ir.IConst(k), part.traversal[a]), ir.IConst(r))
             for a, r in zip(axes, phase, strict=True)
@@ -448,7 +447,7 @@ def _epilogue_parts(
         body = map_accesses(
             body, lambda a, part=part: ir.Access(part, part.traversal) if a.source is nested else a
         )
-        out.append(ir.Scope(shape.traversal, (), body))
+        out.append((ir.Scope(shape.traversal, (), body), read))
     return out
 
 
@@ -468,13 +467,6 @@ def interleaved_residue_parts(parts: list[ir.Scope], axes: tuple[int, ...], k: i
     return ir.Scope(traversal, (), body)
 
 
-def _interleaved_read(scope: ir.Scope, axes: tuple[int, ...], k: int) -> tuple[ir.IndexExpr, ...]:
-    read: list[ir.IndexExpr] = []
-    for axis, x in enumerate(scope.traversal):
-        read += [ir.IFloorDiv(x, k), ir.IMod(x, k)] if axis in axes else [x]
-    return tuple(read)
-
-
 def _apply_joined(program: ir.Program, p) -> ir.Program:
     """The stacked or interleaved split: the parts, their concatenation, and the binding rebound to
     read it (with ``epilogue``, the binding's epilogue goes into the parts of the nested
@@ -482,19 +474,19 @@ def _apply_joined(program: ir.Program, p) -> ir.Program:
     units = "none" if p["mode"] == "stacked" else "after"
     if p.get("epilogue"):
         scope = program.scope(p["nested_in"])
-        parts = _epilogue_parts(scope, p["scope"], p["axes"], p["k"], units)
+        pieces = _epilogue_parts(scope, p["scope"], p["axes"], p["k"], units)
         binding = p["nested_in"]
     else:
         if "nested_in" in p:
             program = bind_scope(program, p["nested_in"], p["scope"], p["binding"])
         scope = program.scope(p["binding"])
-        parts = [part for part, _ in residue_parts(scope, p["axes"], p["k"], units)]
+        pieces = residue_parts(scope, p["axes"], p["k"], units)
         binding = p["binding"]
+    parts = [part for part, _ in pieces]
     if p["mode"] == "stacked":
         concat, read = stacked_residue_parts(scope, p["axes"], p["k"], p["stack"], parts)
-    else:
-        concat = interleaved_residue_parts(parts, p["axes"], p["k"])
-        read = _interleaved_read(scope, p["axes"], p["k"])
+    else:  # interleaved: the parts' own read, (.., x // k, x % k, ..), of their concatenation
+        concat, read = interleaved_residue_parts(parts, p["axes"], p["k"]), pieces[0][1]
     rebound = ir.Scope(scope.traversal, (), ir.Access(concat, read), scope.pad)
     program = replace_scopes(program, {scope: rebound})
     new = [*zip(p["names"], parts, strict=False), (p["names"][-1], concat)]
