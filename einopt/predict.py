@@ -44,7 +44,7 @@ def predict(
     parts: Sequence[Part],
     searches: Mapping[str, PartSearch],
     costs: OpCosts,
-    budget_s: float = BUDGET_S,
+    budget_s: float | None = None,
 ) -> dict[str, PartSearch]:
     """Each part's found programs with measured-operator predictions, best predicted first.
 
@@ -59,8 +59,9 @@ def predict(
         Part name -> what its search found.
     costs : OpCosts
         Times the nodes not timed before (all together) and predicts.
-    budget_s : float
-        Seconds of node timing at most; nodes not timed by then are estimated.
+    budget_s : float, optional
+        Seconds of node timing at most (default :data:`BUDGET_S`); nodes not
+        timed by then are estimated.
 
     Returns
     -------
@@ -68,7 +69,7 @@ def predict(
         Part name -> its search, each :class:`Found` with ``predicted_s`` measured
         and ``estimated_s`` the search's analytic estimate.
     """
-    deadline = time.monotonic() + budget_s
+    deadline = time.monotonic() + (BUDGET_S if budget_s is None else budget_s)
     types = value_types(model)
     nodes: dict[tuple[str, int], list] = {}
     for p in parts:

@@ -40,7 +40,12 @@ def _rewritten(result, op):
 )
 def test_the_search_rewrites_a_subprogram_and_the_output_is_verified(build, op, new, tmp_path):
     model = build()
-    result = optimize(model, Options(accept="verified", cache=tmp_path / "c.sqlite", **SMALL))
+    # The phases come from converging the depth-3 states (about 27 s alone for the deconv block):
+    # that search runs to depth 3 complete, so a loaded machine slows it but cannot cut it short.
+    limits = (
+        {"max_depth": 3, "part_search_s": 120.0, "time_budget": 240.0} if op == "ConvTranspose" else SMALL
+    )
+    result = optimize(model, Options(accept="verified", cache=tmp_path / "c.sqlite", **limits))
     part = _rewritten(result, op)
     assert part.status == "rewritten" and part.trace, part.reason
     chosen = [c for c in part.search["candidates"] if not c["rejected"]]
@@ -80,8 +85,12 @@ def test_candidates_past_the_selection_budget_are_not_timed_or_chosen(tmp_path, 
 
 
 def test_a_second_run_searches_and_times_nothing(tmp_path, monkeypatch):
-    from einopt import partsearch
+    from einopt import partsearch, predict, select
 
+    # What a first run cut short by a stage's budget (a loaded machine) a second run measures: that is
+    # right, and not what this test is about.
+    monkeypatch.setattr(predict, "BUDGET_S", 600.0)
+    monkeypatch.setattr(select, "BUDGET_S", 600.0)
     cache = tmp_path / "c.sqlite"
     first = optimize(prelu_block(), Options(cache=cache, **SMALL))
     calls = []
@@ -89,7 +98,7 @@ def test_a_second_run_searches_and_times_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(partsearch, "_search_one", lambda *a, **k: calls.append(a) or real(*a, **k))
     second = optimize(prelu_block(), Options(cache=cache, **SMALL))
     assert calls == []
-    assert second.acceptance["cache"]["measured"] == 0
+    assert second.acceptance["cache"]["measured"] == 0, (first.acceptance, second.acceptance)
     assert second.model.SerializeToString() == first.model.SerializeToString()
     assert all(p.search["cached"] for p in second.parts if p.search)
 
