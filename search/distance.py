@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from einopt import ir
 from einopt.index import linear_form
 from einopt.instantiate.match import match_gemm, match_matmul
+from einopt.instantiate.match_band import band_form
 from einopt.instantiate.match_conv import match_conv, match_conv_transpose
 from einopt.instantiate.match_elementwise import match_elementwise
 from einopt.instantiate.plan import NO_CONTEXT, Context, Failure, Match
@@ -52,47 +53,23 @@ INTENSITY_THRESHOLD = 3.0
 
 
 def _band(scope: ir.Scope, kind: str) -> Match | Failure:
-    """A banded product with dilation 1, batch iterators ``b`` read alike by both operands:
-    G2BMM ``C[b, i, w] = Sum_k A[b, i, k] * B[b, i + w + c, k]``, or
-    GBMM ``C[b, i, j] = Sum_w A[b, i, w] * B[b, i + w + c, j]``."""
-    body = scope.body
-    if len(scope.summation) != 1 or not (isinstance(body, ir.Binary) and body.op == "*"):
-        return Failure(f"{kind}: not a product of two reads summed over one iterator")
-    if not (isinstance(body.a, ir.Access) and isinstance(body.b, ir.Access)):
-        return Failure(f"{kind}: not a product of two reads")
-    trav, (k,) = set(scope.traversal), scope.summation
-    for x, y in ((body.a, body.b), (body.b, body.a)):
-        band = [e for e in y.indices if not isinstance(e, ir.Iter | ir.IConst)]
-        if len(band) != 1 or not all(isinstance(e, ir.Iter | ir.IConst) for e in x.indices):
-            continue
-        lf = linear_form(band[0])
-        if not lf.is_affine or len(lf.coeffs) != 2:
-            continue
-        if any(abs(c) != 1 for _, c in lf.coeffs):
-            return Failure(f"{kind}: band index {band[0]} is dilated or strided")
-        xs = {e for e in x.indices if isinstance(e, ir.Iter)}
-        ys = {e for e in y.indices if isinstance(e, ir.Iter)}
-        for i, w in (tuple(it for it, _ in lf.coeffs), tuple(it for it, _ in lf.coeffs)[::-1]):
-            if i not in xs or i not in trav or i in ys:
-                continue
-            batch = xs & ys
-            if kind == "G2BMM" and k in batch and w in trav and w not in xs | ys:
-                if trav == (batch - {k}) | {i, w}:
-                    return Match("G2BMM", ())
-            if kind == "GBMM" and w is k and k in xs and k not in ys:
-                j = ys - xs
-                if len(j) == 1 and trav == batch | {i} | j:
-                    return Match("GBMM", ())
-    return Failure(f"not a {kind} band product")
+    """A band product of ``kind`` (:func:`einopt.instantiate.match_band.band_form`: G2BMM
+    ``C[b, i, w] = Sum_k A[b, i, k] * B[b, i + d*w + c, k]`` or GBMM
+    ``C[b, i, n] = Sum_w A[b, i, w] * B[b, i + d*w + c, n]``), which instantiation runs as blocked
+    batched MatMuls."""
+    form = band_form(scope)
+    if isinstance(form, Failure):
+        return form
+    return Match(kind, ()) if form.kind == kind else Failure(f"a {form.kind}, not a {kind}")
 
 
 def match_g2bmm(scope: ir.Scope, ctx: Context) -> Match | Failure:
-    """General-to-band matmul (Longformer's band of ``Q K^T``); run as an eOperator on the CPU."""
+    """General-to-band matmul (Longformer's band of ``Q K^T``)."""
     return _band(scope, "G2BMM")
 
 
 def match_gbmm(scope: ir.Scope, ctx: Context) -> Match | Failure:
-    """General band matmul (the band of scores times ``V``); run as an eOperator on the CPU."""
+    """General band matmul (the band of scores times ``V``)."""
     return _band(scope, "GBMM")
 
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from einopt import ir
 from einopt.instantiate import BINARY_OPS, EINSUM_OPSET, UNARY_OPS
+from einopt.instantiate.match_band import match_band
 from einopt.instantiate.match_conv import match_conv, match_conv_transpose
 from einopt.instantiate.match_elementwise import PATTERNS, match_elementwise
 from einopt.instantiate.match_layout import match_concat, match_flatten, match_layout
@@ -433,6 +434,7 @@ MATCHERS: dict[str, Matcher] = {
     "MatMul": match_matmul,
     "ReduceSum": match_reduce_sum,
     "Elementwise": match_elementwise,
+    "Band": match_band,
     "Einsum": match_einsum,
 }
 
