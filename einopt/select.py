@@ -185,7 +185,7 @@ def select(
             else:
                 alive[(name, i)] = c
     if timer is not None and feeds is not None and alive:
-        order = sorted(alive, key=lambda key: -_predicted_saving(pending[key[0]], alive[key]))
+        order = _timing_order(alive, pending)
         todo = [pseudo[_pseudo(name, i)] for name, i in order]
         for pair in part_pairs(model, todo, {p.name: emitted[p.name] for p in todo}, feeds):
             name, i = _unpseudo(pair.name)
@@ -204,6 +204,20 @@ def select(
             taken |= {f.name for f in chosen.instantiated.functions}
         out[p.name] = Selection(chosen, tuple(tried), searches.get(p.name) or PartSearch.not_searched())
     return out
+
+
+def _timing_order(
+    alive: dict[tuple[str, int], Candidate], pending: dict[str, list[Candidate]]
+) -> list[tuple[str, int]]:
+    """Candidates in the order they are timed: every part's best predicted one first (the parts
+    predicted to save the most first), then every part's second, and so on; so one part's
+    runners-up cannot use up the budget before another part's best is timed."""
+    saving = {key: _predicted_saving(pending[key[0]], c) for key, c in alive.items()}
+    rank: dict[tuple[str, int], int] = {}
+    for name in {name for name, _ in alive}:
+        mine = sorted((key for key in alive if key[0] == name), key=lambda key: -saving[key])
+        rank.update({key: r for r, key in enumerate(mine)})
+    return sorted(alive, key=lambda key: (rank[key], -saving[key], key))
 
 
 def _predicted_saving(cands: list[Candidate], c: Candidate) -> float:

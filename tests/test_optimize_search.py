@@ -232,3 +232,18 @@ def test_ray_without_a_cluster_is_a_clear_error(tmp_path):
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 5, result.output
     assert "Ray cluster" in result.output and not (tmp_path / "o.onnx").exists()
+
+
+def test_every_parts_best_candidate_is_timed_before_any_runner_up():
+    """One part's runners-up must not use up the selection's budget before another part's best."""
+    from types import SimpleNamespace
+
+    from einopt.select import _timing_order
+
+    def cand(predicted_s):
+        return SimpleNamespace(found=SimpleNamespace(predicted_s=predicted_s))
+
+    # part a: input 10 s, candidates saving 8 and 7 s; part b: input 3 s, candidates saving 1 and 2 s
+    pending = {"a": [cand(10.0), cand(2.0), cand(3.0)], "b": [cand(3.0), cand(2.0), cand(1.0)]}
+    alive = {(name, i): pending[name][i] for name in pending for i in (1, 2)}
+    assert _timing_order(alive, pending) == [("a", 1), ("b", 2), ("a", 2), ("b", 1)]
