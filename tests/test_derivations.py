@@ -49,7 +49,7 @@ INSTANTIATED = {
         ("M2", "MatMul"),
         *[(f"pre_{g}", "Add") for g in "ifgo"],
     ],
-    "g2bmm_dilated": [("Y/1/1", "Reshape"), ("Y/1/2", "Reshape"), ("Y/1", "eop:"), ("Y", "Reshape")],
+    "g2bmm_dilated": [("Y/1/1", "Reshape"), ("Y/1/2", "Reshape"), ("Y/1", "G2BMM"), ("Y", "Reshape")],
     "im2col": [("Y/1", "eop:"), ("Y", "MatMul")],
     "grouped_conv": [("Y/1/1", "Reshape+Expand"), ("Y/1", "Reshape"), ("Y", "Conv")],
     "prelu_max": [("Y", "MatMul"), ("Z/1/1", "constant"), ("Z/1", "MatMul"), ("Z", "Max")],
