@@ -168,25 +168,23 @@ def select(
         _pseudo(name, i): dataclasses.replace(by_name[name], name=_pseudo(name, i)) for name, i in alive
     }
     emitted = {_pseudo(name, i): c.instantiated for (name, i), c in alive.items()}
-    if datasets and emitted:
-        checks = verify_parts(model, list(pseudo.values()), emitted, datasets, tolerance)
-        for (name, i), c in list(alive.items()):
-            check = checks[_pseudo(name, i)]
-            c = dataclasses.replace(c, verified=check)
-            pending[name][i] = c
-            slow = _slow(check.run_seconds)
-            if not check.ok:
-                log.warning("%s (%s): candidate differs from the original: %s", name, c.label, check.message)
-                pending[name][i] = dataclasses.replace(c, rejected=f"verification failed: {check.message}")
-                del alive[(name, i)]
-            elif slow:
-                pending[name][i] = dataclasses.replace(c, rejected=slow)
-                del alive[(name, i)]
-            else:
-                alive[(name, i)] = c
-    if timer is not None and feeds is not None and alive:
-        order = _timing_order(alive, pending)
-        todo = [pseudo[_pseudo(name, i)] for name, i in order]
+    timing = timer is not None and feeds is not None
+    # Untimed, every candidate is verified. Timed, candidates go in rounds (every part's best predicted
+    # one first, see _timing_order), each verified then timed, until the budget runs out: a slow
+    # verification of runners-up (Longformer at batch 16) cannot leave every part's best untimed.
+    rounds = _rounds(_timing_order(alive, pending)) if timing else [list(alive)]
+    for keys in rounds:
+        if not keys:
+            continue
+        if timing and time.monotonic() > deadline:
+            for name, i in keys:
+                why = f"{NOT_TIMED}: the selection's {budget_s:g} s ran out"
+                pending[name][i] = dataclasses.replace(pending[name][i], rejected=why)
+            continue
+        ok = _verified(model, keys, pseudo, emitted, pending, datasets, tolerance)
+        if not timing or not ok:
+            continue
+        todo = [pseudo[_pseudo(name, i)] for name, i in ok]
         for pair in part_pairs(model, todo, {p.name: emitted[p.name] for p in todo}, feeds):
             name, i = _unpseudo(pair.name)
             if time.monotonic() > deadline:
@@ -203,6 +201,46 @@ def select(
         if chosen is not None:
             taken |= {f.name for f in chosen.instantiated.functions}
         out[p.name] = Selection(chosen, tuple(tried), searches.get(p.name) or PartSearch.not_searched())
+    return out
+
+
+def _verified(
+    model: onnx.ModelProto,
+    keys: list[tuple[str, int]],
+    pseudo: dict[str, Part],
+    emitted: dict[str, Instantiated],
+    pending: dict[str, list[Candidate]],
+    datasets: Sequence[Mapping[str, np.ndarray]],
+    tolerance: Tolerance,
+) -> list[tuple[str, int]]:
+    """Verify the candidates ``keys`` on the values that reach their parts (recorded in ``pending``;
+    one that differs, or runs too slowly to time, is rejected); the keys that passed, in order."""
+    if not datasets:
+        return list(keys)
+    checks = verify_parts(model, [pseudo[_pseudo(n, i)] for n, i in keys], emitted, datasets, tolerance)
+    ok = []
+    for name, i in keys:
+        check = checks[_pseudo(name, i)]
+        c = dataclasses.replace(pending[name][i], verified=check)
+        slow = _slow(check.run_seconds)
+        if not check.ok:
+            log.warning("%s (%s): candidate differs from the original: %s", name, c.label, check.message)
+            c = dataclasses.replace(c, rejected=f"verification failed: {check.message}")
+        elif slow:
+            c = dataclasses.replace(c, rejected=slow)
+        else:
+            ok.append((name, i))
+        pending[name][i] = c
+    return ok
+
+
+def _rounds(order: list[tuple[str, int]]) -> list[list[tuple[str, int]]]:
+    """``order`` cut where a part comes again: each round holds at most one candidate per part."""
+    out: list[list[tuple[str, int]]] = []
+    for key in order:
+        if not out or any(name == key[0] for name, _ in out[-1]):
+            out.append([])
+        out[-1].append(key)
     return out
 
 

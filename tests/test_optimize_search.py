@@ -80,7 +80,7 @@ def test_candidates_past_the_selection_budget_are_not_timed_or_chosen(tmp_path, 
     part = _rewritten(result, "PRelu")
     derived = [c for c in part.search["candidates"] if c["depth"] > 0]
     assert derived and all(c["measured_speedup"] is None for c in derived)
-    assert all("s ran out" in c["rejected"] for c in derived if c["verified"])
+    assert all("s ran out" in c["rejected"] for c in derived)
     assert result.model.SerializeToString() == model.SerializeToString()
 
 
