@@ -478,6 +478,35 @@ def test_pieces_that_tile_a_value_are_one_split(pieces, ops):
     assert "Split" not in got
 
 
+@pytest.mark.parametrize(
+    ("pieces", "ops"),
+    [
+        # each piece plus its own bias (the LSTM's gates): one Add of the joined biases, then the Split
+        ("A = L[i:2, j:3] M[i, j] + b1[j]\nB = L[i:2, j:5] b2[j] + M[i, j + 3]", ["MatMul", "Add", "Split"]),
+        # a bias over the rows, not the split axis, or one that is not a constant: the Adds stay
+        (
+            "A = L[i:2, j:3] M[i, j] + r[i]\nB = L[i:2, j:5] M[i, j + 3] + b2[j]",
+            ["MatMul", "Split", "Add", "Add"],
+        ),
+        (
+            "A = L[i:2, j:3] M[i, j] + v[j]\nB = L[i:2, j:5] M[i, j + 3] + b2[j]",
+            ["MatMul", "Split", "Add", "Add"],
+        ),
+    ],
+    ids=["biases", "row_bias", "not_constant"],
+)
+def test_biases_of_the_pieces_of_a_split_are_added_before_it(pieces, ops):
+    prog = as_program(
+        f"""M = L[i:2, j:8] Sum[k:3] X[i, k] * W[k, j]
+        {pieces}
+        return A, B
+        where X: [2, 3], W: [3, 8], b1: [3], b2: [5], r: [2], v: [3]"""
+    )
+    names = {t.name for t in prog.inputs} & {"W", "b1", "b2", "r"}
+    _, got = run_onnx(prog, constants=sorted(names))
+    assert got == ops
+
+
 def test_intermediate_binding_gets_a_prefixed_name():
     prog = as_program(
         """T = L[i:3, j:4] X[i, j] * 2.0

@@ -229,15 +229,66 @@ def _split_tilings(em: _Emitter, program: ir.Program) -> None:
             axis=axis,
         )
         dropped = {id(node) for _, _, node in pieces}
+        new = [split]
+        cuts = [(node.output[0], end - start) for start, end, node in pieces]
+        biased = _biases_first(em, x, axis, cuts, shapes)
+        if biased is not None:
+            add, adds = biased
+            split.input[0] = add.output[0]
+            del split.output[:]
+            split.output.extend(n.output[0] for n in adds)
+            dropped |= {id(n) for n in adds}
+            new = [add, split]
         first = min(i for i, n in enumerate(em.nodes) if id(n) in dropped)
         em.nodes = (
             [n for n in em.nodes[:first] if id(n) not in dropped]
-            + [split]
+            + new
             + [n for n in em.nodes[first:] if id(n) not in dropped]
         )
     read = {i for n in em.nodes for i in n.input}
     for name in [n for n, v in em.inits.items() if n not in read and np.dtype(v.dtype).kind == "i"]:
         del em.inits[name]
+
+
+def _biases_first(
+    em: _Emitter, x: str, axis: int, pieces: list[tuple[str, int]], shapes
+) -> tuple[onnx.NodeProto, list[onnx.NodeProto]] | None:
+    """When each piece ``(name, size)`` of ``x`` split along ``axis`` is read only by an ``Add`` of a
+    constant over that piece (the gate biases after a merged LSTM MatMul): one ``Add`` of the
+    constants joined along ``axis``, to run before the Split, and the ``Add`` nodes it replaces
+    (None otherwise). One kernel instead of one per piece, which ONNX Runtime fuses into the MatMul
+    before it (a Gemm)."""
+    outputs = set(em.onnx_names.values())
+    full = shapes[x]
+    rank = len(full)
+    adds, values = [], []
+    for piece, size in pieces:
+        readers = [n for n in em.nodes if piece in n.input]
+        if piece in outputs or len(readers) != 1 or readers[0].op_type != "Add":
+            return None
+        (add,) = readers
+        if list(add.input).count(piece) != 1:
+            return None
+        value = em.known.get(add.input[1] if add.input[0] == piece else add.input[0])
+        if value is None or np.dtype(value.dtype) != np.float32 or len(value.shape) > rank:
+            return None
+        shape = (1,) * (rank - len(value.shape)) + tuple(value.shape)
+        if shape[axis] != size or any(d not in (1, full[i]) for i, d in enumerate(shape) if i != axis):
+            return None
+        adds.append(add)
+        values.append((value, shape))
+    if len({sh[:axis] + sh[axis + 1 :] for _, sh in values}) != 1:
+        return None
+    if any(isinstance(v, _Shaped) for v, _ in values):
+        shape = values[0][1]
+        joined: np.ndarray | _Shaped = _Shaped(
+            shape[:axis] + (full[axis],) + shape[axis + 1 :], np.dtype(np.float32)
+        )
+    else:
+        joined = np.concatenate([np.asarray(v, np.float32).reshape(sh) for v, sh in values], axis=axis)
+    name = em.initializer(joined, "bias")
+    out = em.fresh("biased")
+    return helper.make_node("Add", [x, name], [out], name=em.node_name("add")), adds
 
 
 def _tile(em: _Emitter, node: onnx.NodeProto, shapes) -> tuple[str, int, int, int] | None:
