@@ -534,9 +534,10 @@ def _shown(lo: int, hi: int) -> str:
 DIAGONAL_LIMIT = 16
 """Largest extent of the summation iterator a diagonal is looked for on (a kernel tap)."""
 
-PARTNER_LIMIT = 128
+PARTNER_LIMIT = 256
 """Largest extent of the iterator a diagonal pairs it with (an output position: DCGAN's last
-ConvTranspose has 64). Their pairs are enumerated, at most 16 * 128 points per partner."""
+ConvTranspose has 64, GCN's last upsampling 224). Their pairs are enumerated, at most 16 * 256
+points per partner."""
 
 
 def _diagonal_needs(scope: ir.Scope, b: ir.Iter, ctx: Context) -> str | None:
