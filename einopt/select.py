@@ -173,13 +173,13 @@ def select(
     # one first, see _timing_order), each verified then timed, until the budget runs out: a slow
     # verification of runners-up (Longformer at batch 16) cannot leave every part's best untimed.
     rounds = _rounds(_timing_order(alive, pending)) if timing else [list(alive)]
+    ran_out = f"{NOT_TIMED}: the selection's {budget_s:g} s ran out"
     for keys in rounds:
         if not keys:
             continue
         if timing and time.monotonic() > deadline:
             for name, i in keys:
-                why = f"{NOT_TIMED}: the selection's {budget_s:g} s ran out"
-                pending[name][i] = dataclasses.replace(pending[name][i], rejected=why)
+                pending[name][i] = dataclasses.replace(pending[name][i], rejected=ran_out)
             continue
         ok = _verified(model, keys, pseudo, emitted, pending, datasets, tolerance)
         if not timing or not ok:
@@ -188,8 +188,7 @@ def select(
         for pair in part_pairs(model, todo, {p.name: emitted[p.name] for p in todo}, feeds):
             name, i = _unpseudo(pair.name)
             if time.monotonic() > deadline:
-                why = f"{NOT_TIMED}: the selection's {budget_s:g} s ran out"
-                pending[name][i] = dataclasses.replace(pending[name][i], rejected=why)
+                pending[name][i] = dataclasses.replace(pending[name][i], rejected=ran_out)
                 continue
             t = timer.part(dataclasses.replace(pair, name=name))
             pending[name][i] = dataclasses.replace(pending[name][i], measured=t)

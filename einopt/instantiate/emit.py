@@ -221,24 +221,17 @@ def _split_tilings(em: _Emitter, program: ir.Program) -> None:
         if len(pieces) < 2 or [s for s, _, _ in pieces] != bounds[:-1] or bounds[-1] != shapes[x][axis]:
             continue
         sizes = em.int64s([end - start for start, end, _ in pieces])
-        split = helper.make_node(
-            "Split",
-            [x, sizes],
-            [node.output[0] for _, _, node in pieces],
-            name=em.node_name("split"),
-            axis=axis,
-        )
         dropped = {id(node) for _, _, node in pieces}
-        new = [split]
-        cuts = [(node.output[0], end - start) for start, end, node in pieces]
-        biased = _biases_first(em, x, axis, cuts, shapes)
-        if biased is not None:
+        source, outputs = x, [node.output[0] for _, _, node in pieces]
+        biased = _biases_first(
+            em, x, axis, [(node.output[0], end - start) for start, end, node in pieces], shapes
+        )
+        new: list[onnx.NodeProto] = []
+        if biased is not None:  # the Split cuts the biased value into what the Adds computed
             add, adds = biased
-            split.input[0] = add.output[0]
-            del split.output[:]
-            split.output.extend(n.output[0] for n in adds)
+            source, outputs, new = add.output[0], [n.output[0] for n in adds], [add]
             dropped |= {id(n) for n in adds}
-            new = [add, split]
+        new.append(helper.make_node("Split", [source, sizes], outputs, name=em.node_name("split"), axis=axis))
         first = min(i for i, n in enumerate(em.nodes) if id(n) in dropped)
         em.nodes = (
             [n for n in em.nodes[:first] if id(n) not in dropped]

@@ -77,7 +77,12 @@ class Band:
 
 
 def band_form(scope: ir.Scope) -> Band | Failure:
-    """``scope`` as a band product, or why it is not one."""
+    """``scope`` as a band product, or why it is not one (memoised on the interned scope: the
+    search's distance asks for G2BMM and GBMM, and instantiation again)."""
+    return ir._cached(scope, "band_form", lambda: _band_form(scope))
+
+
+def _band_form(scope: ir.Scope) -> Band | Failure:
     if len(scope.summation) != 1:
         return Failure("band product: not summed over exactly one iterator")
     found = as_product(scope.body)
@@ -147,10 +152,9 @@ def block_rows(window: int, rows: int) -> int:
 
 def match_band(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
     """A band product as blocked batched MatMuls (see the module docstring)."""
-    form = band_form(scope)
-    if isinstance(form, Failure):
-        return form
-    f = form
+    f = band_form(scope)
+    if isinstance(f, Failure):
+        return f
     d, W, L = f.dilation, f.w.extent, f.i.extent
     Bt = math.prod(it.extent for it in f.batch)
     m = -(-L // d)  # rows per residue
@@ -214,12 +218,7 @@ def match_band(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
 
 
 def _residues(Bt: int, n: int, padded: int, d: int, X: int, out: tuple[int, ...]) -> list[Step]:
-    """``[Bt, n, X]`` with rows ``d*a + r`` zero-padded to ``padded`` rows, residues ``r`` moved
-    into the batch: ``out`` (``[Bt*d, ..., X]``, rows ``a`` in order)."""
-    steps: list[Step] = []
-    if padded > n:
-        steps.append(Pad((0, 0, 0, 0, padded - n, 0)))
-    elif padded < n:
-        steps.append(Slice((0,), (padded,), (1,), (1,)))
-    steps += [Reshape((Bt, padded // d, d, X)), Transpose((0, 2, 1, 3)), Reshape(out)]
-    return steps
+    """``[Bt, n, X]`` with rows ``d*a + r`` zero-padded to ``padded >= n`` rows, residues ``r``
+    moved into the batch: ``out`` (``[Bt*d, ..., X]``, rows ``a`` in order)."""
+    pad = [Pad((0, 0, 0, 0, padded - n, 0))] if padded > n else []
+    return [*pad, Reshape((Bt, padded // d, d, X)), Transpose((0, 2, 1, 3)), Reshape(out)]
