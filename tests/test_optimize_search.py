@@ -75,6 +75,9 @@ def test_candidates_past_the_selection_budget_are_not_timed_or_chosen(tmp_path, 
     from einopt import select
 
     monkeypatch.setattr(select, "BUDGET_S", 0.0)
+    # Every derived candidate goes to selection, whatever noisy node timings predict for it on a
+    # loaded machine (a prediction over 2x the input's leaves none, and nothing to test).
+    monkeypatch.setattr(select, "PREDICTED_SLACK", float("inf"))
     model = prelu_block()
     result = optimize(model, Options(cache=tmp_path / "c.sqlite", **SMALL))
     part = _rewritten(result, "PRelu")
