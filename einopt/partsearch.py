@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -30,7 +31,7 @@ import numpy as np
 
 from einopt import ir
 from einopt.cache import MeasurementCache
-from einopt.rewrite import rename_tensors
+from einopt.rewrite import binding_program, put_binding, rename_tensors
 from einopt.search.engine import DEFAULT_CONVERGE_DEPTH, DEFAULT_MAX_DEPTH
 
 __all__ = [
@@ -46,7 +47,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2
+FORMAT = 3
 """Version of what is stored per search; bump it when the search's output for a program changes."""
 
 
@@ -101,6 +102,7 @@ class Found:
     operators: tuple[str, ...]
     predicted_s: float  # seconds: the search's analytic estimate, or measured operators' (einopt.predict)
     estimated_s: float | None = None  # the search's analytic estimate, once predicted_s is measured
+    work: tuple[str, ...] = ()  # its nodes (operator and input shapes), sorted: one work, one candidate
 
     @property
     def depth(self) -> int:
@@ -232,20 +234,18 @@ def search_parts(
         Part name -> its :class:`PartSearch`, for every translated part.
     """
     tasks: dict[str, _Task] = {}
-    owner: dict[str, str] = {}  # task key -> the first part with it
+    owner: dict[str, str] = {}  # task key -> the first part (or part/binding) with it
     of_part: dict[str, tuple[str, dict[str, str]]] = {}  # part -> (task key, canonical names)
+    pieces: dict[str, list[tuple[str, str, dict[str, str]]]] = {}  # part -> (binding, key, names)
     for p in parts:
         if p.program is None:
             continue
-        names = _canonical_names(p.program)
-        program = rename_tensors(p.program, names)
-        weights = [t.name for t in p.program.inputs if t.name in p.constants]
-        text = str(program)
-        k = _key(text, settings, weight_facts(p.constants, weights, settings.exact))
-        of_part[p.name] = (k, names)
-        if k not in tasks:
-            tasks[k] = _Task(k, text, {names[n]: p.constants[n] for n in weights})
-            owner[k] = p.name
+        of_part[p.name] = _task(p.program, p.constants, settings, tasks, owner, p.name)
+        if len(p.program.bindings) > 1:
+            pieces[p.name] = [
+                (name, *_task(sub, p.constants, settings, tasks, owner, f"{p.name}/{name}"))
+                for name, sub in _pieces(p.program)
+            ]
     stored: dict[str, tuple[dict, bool]] = {}
     todo = []
     for i, (k, task) in enumerate(tasks.items()):
@@ -263,7 +263,11 @@ def search_parts(
     first = _first_share(len(todo), deadline, settings.part_budget_s)
     ran = dict(_run(todo, first, settings, jobs, deadline, owner, progress, order, "done", ray_address))
     again = [t for t in todo if t.key in ran and not _finished_search(ran[t.key], settings)]
-    again.sort(key=lambda t: -_input_estimate(ran[t.key]))
+    # One expression's search goes deeper before a whole subprogram's: the latter explores the same
+    # rewrites of each of its expressions, combined (what only it finds are the merges of expressions,
+    # a few steps deep). Then the costliest (by the input's estimate) first.
+    whole = {k for k, _ in of_part.values()} - {k for ps in pieces.values() for _, k, _ in ps}
+    again.sort(key=lambda t: (t.key in whole, -_input_estimate(ran[t.key])))
     if again and first < settings.part_budget_s:
         for k, value in _run(
             again,
@@ -285,11 +289,131 @@ def search_parts(
         if _finished_search(value, settings):
             store.keep(k, value)
     out: dict[str, PartSearch] = {}
+    by_name = {p.name: p for p in parts}
     for name, (k, names) in of_part.items():
         value, cached = stored.get(k, (None, False))
         same_as = owner[k] if owner[k] != name else ""
-        out[name] = _part_search(value, {v: n for n, v in names.items()}, cached, same_as)
+        found = _part_search(value, {v: n for n, v in names.items()}, cached, same_as)
+        out[name] = _with_pieces(by_name[name], found, pieces.get(name, ()), stored, names, owner)
     return out
+
+
+PIECE_CANDIDATES = 8
+"""Derived programs of one expression's own search put into its subprogram, at most (best first)."""
+
+
+def _pieces(program: ir.Program) -> list[tuple[str, ir.Program]]:
+    """Each binding of ``program`` on its own (see :func:`einopt.rewrite.binding_program`)."""
+    return [(name, binding_program(program, name)) for name, _ in program.bindings]
+
+
+def _task(
+    program: ir.Program,
+    constants: Mapping[str, np.ndarray],
+    settings: Settings,
+    tasks: dict[str, _Task],
+    owner: dict[str, str],
+    label: str,
+) -> tuple[str, dict[str, str]]:
+    """The key of the search of ``program`` (added to ``tasks`` when new) and its canonical names."""
+    names = _canonical_names(program)
+    weights = [t.name for t in program.inputs if t.name in constants]
+    text = str(rename_tensors(program, names))
+    k = _key(text, settings, weight_facts(constants, weights, settings.exact))
+    if k not in tasks:
+        tasks[k] = _Task(k, text, {names[n]: constants[n] for n in weights})
+        owner[k] = label
+    return k, names
+
+
+def _with_pieces(
+    part,
+    search: PartSearch,
+    pieces: Sequence[tuple[str, str, dict[str, str]]],
+    stored: Mapping[str, tuple[dict, bool]],
+    names: Mapping[str, str],
+    owner: Mapping[str, str],
+) -> PartSearch:
+    """``search`` with, for each binding searched on its own, its best derived programs put in place
+    of that binding in the part (the other bindings as they are), ranked with the rest.
+
+    The stats count the part's own searches (the whole part's and those of its bindings that no other
+    part owns): ``whole`` and ``pieces`` give each one's."""
+    found = list(search.found)
+    stats = dict(search.stats)
+    whole = {k: stats[k] for k in ("generated", "complete", "searched") if k in stats} | {
+        "seconds": search.seconds
+    }
+    details, seconds = [], search.seconds
+    for binding, k, piece_names in pieces:
+        value, cached = stored.get(k, (None, False))
+        own = owner[k] == f"{part.name}/{binding}"
+        if value is None:
+            details.append({"binding": binding, "searched": False})
+            stats["complete"] = False
+            continue
+        details.append(
+            {
+                "binding": binding,
+                "generated": value["stats"]["generated"],
+                "complete": value["stats"]["complete"],
+                "seconds": value["seconds"],
+                "cached": cached,
+                "same_as": "" if own else owner[k],
+            }
+        )
+        stats["complete"] = stats.get("complete", True) and value["stats"]["complete"]
+        if own:
+            stats["generated"] = stats.get("generated", 0) + value["stats"]["generated"]
+            seconds += 0.0 if cached else value["seconds"]
+        # The piece's names (canonical there) as the part's own search labels them.
+        labels = {v: names[n] for n, v in piece_names.items()}
+        piece = _part_search(value, {v: n for n, v in piece_names.items()}, cached, "")
+        for f in [f for f in piece.found if f.trace][:PIECE_CANDIDATES]:
+            try:
+                program = put_binding(part.program, binding, f.program)
+                steps = tuple(
+                    Step(s.rule, _relabel(s.where, labels), _relabel(s.summary, labels)) for s in f.trace
+                )
+                found.append(_costed(program, steps, part.constants))
+            except (ir.IRError, ValueError) as e:
+                log.info("%s: %s's candidate does not fit back: %s", part.name, binding, e)
+    if not pieces:
+        return search
+    if search.input is None and len(found) > len(search.found):
+        # The whole part was not searched: its input is a candidate all the same.
+        found.append(_costed(part.program, (), part.constants))
+    # One candidate per work (the whole part's search and a binding's may find the same program),
+    # the cheapest and shallowest.
+    found.sort(key=lambda f: (f.predicted_s, f.depth))
+    works: set[tuple[str, ...]] = set()
+    unique = []
+    for f in found:
+        if not f.trace or not f.work or f.work not in works:
+            unique.append(f)
+            works.add(f.work)
+    stats |= {"searched": True, "whole": whole, "pieces": details}
+    return dataclasses.replace(search, found=tuple(unique), stats=stats, seconds=round(seconds, 3))
+
+
+def _costed(program: ir.Program, trace: tuple[Step, ...], constants: Mapping[str, np.ndarray]) -> Found:
+    """``program`` as a found program, costed as the search costs its candidates."""
+    from einopt.export import program_model, weight_names
+    from einopt.search.candidates import analytic
+
+    model, inst = program_model(program, dict(constants), light=True)
+    seconds, work = analytic(model, weight_names(constants, inst))
+    ops = tuple(f"eop:{n.op_type}" if n.domain else n.op_type for n in model.graph.node)
+    return Found(program, trace, ops, seconds, work=work)
+
+
+_NAME = re.compile(r"\b[xy]\d+")
+
+
+def _relabel(text: str, labels: Mapping[str, str]) -> str:
+    """``text`` (a step of a binding's own search) with the canonical names of that search (``x0``,
+    ``y0`` and the names derived from them, ``y0s1``) in the part's canonical names."""
+    return _NAME.sub(lambda m: labels.get(m.group(0), m.group(0)), text)
 
 
 def _first_share(searches: int, deadline: float | None, part_budget_s: float) -> float:
@@ -481,6 +605,7 @@ def _search_one(task: _Task, settings: Settings, budget: float, hook=None) -> di
                 "trace": [[s.rule, s.where, s.summary] for s in c.trace],
                 "operators": list(c.operators),
                 "predicted_s": c.cost,
+                "work": list(c.work),
             }
             for c in result.candidates
         ],
@@ -528,5 +653,7 @@ def _part_search(value: dict | None, names: Mapping[str, str], cached: bool, sam
             log.info("a stored candidate does not rename back: %s", e)
             continue
         steps = tuple(Step(*s) for s in f["trace"])
-        found.append(Found(program, steps, tuple(f["operators"]), float(f["predicted_s"])))
+        found.append(
+            Found(program, steps, tuple(f["operators"]), float(f["predicted_s"]), work=tuple(f["work"]))
+        )
     return PartSearch(tuple(found), dict(value["stats"]), float(value["seconds"]), cached, same_as)

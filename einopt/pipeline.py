@@ -243,8 +243,10 @@ def search_summary(parts: Sequence[PartResult]) -> dict[str, object]:
         for c in p.search["candidates"]
         if c["predicted_speedup"] is not None and c["measured_speedup"] is not None
     ]
+    pieces = [q for s in own for q in s["stats"].get("pieces", ()) if "generated" in q and not q["same_as"]]
     return {
         "searched": sum(1 for s in own if s["stats"].get("searched", True)),
+        "expressions": sum(1 for q in pieces if not q["cached"]),
         "cached": sum(1 for s in own if s["cached"]),
         "states": sum(int(s["stats"].get("generated", 0)) for s in own),
         "seconds": round(sum(float(s["seconds"]) for s in own), 3),

@@ -504,7 +504,11 @@ def search_summary_text(report: Mapping[str, Any]) -> str:
         else ""
     )
     cut = f" ({s['incomplete']} cut short by their budget)" if s.get("incomplete") else ""
-    return f"search: {s['searched']} distinct subprograms, {s['cached']} from the cache, {s['states']} states in {s['seconds']:.1f} s{cut}{rank}"
+    alone = f" and {s['expressions']} of their expressions on their own" if s.get("expressions") else ""
+    return (
+        f"search: {s['searched']} distinct subprograms{alone}, {s['cached']} from the cache, "
+        f"{s['states']} states in {s['seconds']:.1f} s{cut}{rank}"
+    )
 
 
 def traces_text(parts: Sequence[Mapping[str, Any]], limit: int = 8) -> list[str]:

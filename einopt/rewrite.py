@@ -23,6 +23,8 @@ __all__ = [
     "substitute_iters",
     "replace_scopes",
     "rename_tensors",
+    "binding_program",
+    "put_binding",
     "sort_bindings",
     "prune_bindings",
     "fresh_name",
@@ -144,6 +146,101 @@ def rename_tensors(program: ir.Program, names: Mapping[str, str]) -> ir.Program:
         tuple((names.get(n, n), scope(s)) for n, s in program.bindings),
         tuple(names.get(o, o) for o in program.outputs),
     )
+
+
+def binding_program(program: ir.Program, name: str) -> ir.Program:
+    """Binding ``name`` of ``program`` on its own: the program computing it from the program's
+    inputs it reads and, as input tensors named after their bindings, the bound scopes it reads.
+
+    Its inputs come in the order of ``program``'s inputs, then of its bindings; its one binding and
+    output is ``name``. :func:`put_binding` puts a program of this form (or one derived from it)
+    back in place of the binding.
+    """
+    root = program.scope(name)
+    bound = {s: n for n, s in program.bindings if s is not root}
+    stand_in: dict[ir.Scope, ir.Tensor] = {}
+    memo: dict[ir.Scope, ir.Scope] = {}
+
+    def scope(s: ir.Scope) -> ir.Scope:
+        out = memo.get(s)
+        if out is None:
+            touched = not bound.keys().isdisjoint(ir.scopes_in(s))
+            out = memo[s] = s.replace(body=map_accesses(s.body, access)) if touched else s
+        return out
+
+    def access(a: ir.Access) -> ir.Access:
+        src = a.source
+        if isinstance(src, ir.Tensor):
+            return a
+        if src not in bound:
+            return a.replace(source=scope(src))
+        t = stand_in.get(src)
+        if t is None:
+            t = stand_in[src] = ir.Tensor(bound[src], src.shape)  # scopes compute float32
+        return ir.Access(
+            t, tuple(simplify(i - o) if o else i for i, o in zip(a.indices, src.origin, strict=True))
+        )
+
+    new = scope(root)
+    read = set(ir.tensors_in(new))
+    order = {n: k for k, (n, _) in enumerate(program.bindings)}
+    inputs = [t for t in program.inputs if t in read]
+    inputs += sorted(stand_in.values(), key=lambda t: order[t.name])
+    return ir.Program(tuple(inputs), ((name, new),), (name,))
+
+
+def put_binding(program: ir.Program, name: str, sub: ir.Program) -> ir.Program:
+    """``program`` with binding ``name`` computed by ``sub``: a program of the form
+    :func:`binding_program` gives (inputs named after ``program``'s inputs or bindings, one output
+    named ``name``), or one derived from it. ``sub``'s other bindings join ``program`` under names
+    of their own.
+
+    Raises
+    ------
+    ir.IRError
+        When an input of ``sub`` is neither an input of ``program`` nor a binding of it of that shape,
+        or ``sub``'s output is not ``name``.
+    """
+    if sub.outputs != (name,):
+        raise ir.IRError(f"put_binding: the program's output must be {name}, not {', '.join(sub.outputs)}")
+    old = program.scope(name)
+    tensors = {t.name: t for t in program.inputs}
+    scopes = {n: s for n, s in program.bindings if s is not old}
+    for t in sub.inputs:
+        host = tensors.get(t.name) or scopes.get(t.name)
+        if host is None or tuple(host.shape) != tuple(t.shape):
+            raise ir.IRError(f"put_binding: input {t.name}{list(t.shape)} is not in the program")
+    memo: dict[ir.Scope, ir.Scope] = {}
+
+    def scope(s: ir.Scope) -> ir.Scope:
+        out = memo.get(s)
+        if out is None:
+            out = memo[s] = s.replace(body=map_accesses(s.body, access))
+        return out
+
+    def access(a: ir.Access) -> ir.Access:
+        src = a.source
+        if isinstance(src, ir.Scope):
+            return a.replace(source=scope(src))
+        if src.name in tensors:
+            return a.replace(source=tensors[src.name])
+        host = scopes[src.name]
+        return ir.Access(
+            host, tuple(simplify(i + o) if o else i for i, o in zip(a.indices, host.origin, strict=True))
+        )
+
+    taken = {t.name for t in program.inputs} | {n for n, _ in program.bindings}
+    new = scope(sub.scope(name))
+    extra = []
+    for n, s in sub.bindings:
+        if n != name:
+            fresh = fresh_name(n, taken)
+            taken.add(fresh)
+            extra.append((fresh, scope(s)))
+    out = replace_scopes(program, {old: new})
+    at = next(k for k, (n, _) in enumerate(out.bindings) if n == name)
+    bindings = out.bindings[:at] + tuple(extra) + out.bindings[at:]
+    return prune_bindings(out.replace(bindings=sort_bindings(bindings)))
 
 
 def prune_bindings(program: ir.Program) -> ir.Program:

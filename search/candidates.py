@@ -23,7 +23,16 @@ from einopt import ir
 from einopt.search.distance import reads_only
 from einopt.search.results import Candidate, Stats, TraceStep
 
-__all__ = ["Costing", "program_flops", "program_bytes", "estimate", "contractions", "rank", "in_time"]
+__all__ = [
+    "Costing",
+    "program_flops",
+    "program_bytes",
+    "estimate",
+    "analytic",
+    "contractions",
+    "rank",
+    "in_time",
+]
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +95,7 @@ def _ops(e: ir.ValueExpr) -> int:
     return 0
 
 
-def _analytic(model, weights: frozenset[str]) -> tuple[float, tuple[str, ...]]:
+def analytic(model, weights: frozenset[str]) -> tuple[float, tuple[str, ...]]:
     """The analytic estimate of a (light) model, nodes reading only weights left out (folded when the
     session is created), and what identifies the work it does: its nodes (operator and input shapes)
     as a multiset. Two candidates that only order the same nodes differently are one candidate."""
@@ -160,12 +169,12 @@ class Costing:
             log.info("candidate %s not instantiable: %s", k[:8], e)
             return
         self.stats.candidates_costed += 1
-        seconds, work = _analytic(model, weight_names(self.constants, inst))
+        seconds, work = analytic(model, weight_names(self.constants, inst))
         if self.cost:
             seconds = self.cost(program, model, inst)
         found = time.perf_counter() - self.started
         cand = Candidate(
-            program, trace, _operators(model), float(seconds), k, flops, found, self.stats.generated
+            program, trace, _operators(model), float(seconds), k, flops, found, self.stats.generated, work
         )
         self.done[k] = cand
         if is_input:

@@ -160,7 +160,9 @@ def test_progress_reports_every_distinct_search(tmp_path):
     events = []
     optimize(_two_prelu_blocks(), Options(accept="verified", cache=False, **SMALL), progress=events.append)
     done = [e for e in events if e.event in ("done", "cached")]
-    assert len(done) == 1 and done[0].total == 1 and done[0].states > 0
+    # The two blocks share one search, and one of each of their two expressions on its own.
+    assert [e.part for e in done] == ["sp0_conv0", "sp0_conv0/c0", "sp0_conv0/y0"], done
+    assert all(e.total == 3 for e in done) and done[0].states > 0
     assert any(e.event == "searching" for e in events)
 
 
