@@ -55,7 +55,10 @@ log = logging.getLogger(__name__)
 
 MIN_OPSET = 7  # numpy-style broadcasting; older models pass through
 ACCEPT_MODES = ("measured", "verified")
-DEFAULT_TIME_BUDGET = 180.0
+DEFAULT_TIME_BUDGET = 150.0
+"""Seconds of search per model by default: with the cost stage (at most 40 s), the selection (60 s), the
+whole-model acceptance (GCN at batch 16: two rounds, 32 s) and preparation, a model stays within 5
+minutes on a 2-core machine."""
 DEFAULT_PART_SEARCH = 60.0
 
 

@@ -35,7 +35,7 @@ SLACK = 2.0
 """A found program whose nodes take at least this many times its input's predicted time is not
 costed further (selection would not time it either)."""
 BUDGET_S = 40.0
-"""Seconds the cost stage may spend timing nodes for one model (with the search's 180 s and the
+"""Seconds the cost stage may spend timing nodes for one model (with the search's 150 s and the
 selection's 60 s, a model stays within 5 minutes on a 2-core machine)."""
 
 

@@ -50,7 +50,7 @@ _shape_option = click.option(
 )
 @click.option(
     "--time-budget",
-    default=180.0,
+    default=150.0,
     show_default=True,
     type=click.FloatRange(min=0, min_open=True),
     help="Seconds the searches of the whole model may take (the best found by then is used).",
