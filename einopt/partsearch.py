@@ -339,6 +339,8 @@ def _with_pieces(
 
     The stats count the part's own searches (the whole part's and those of its bindings that no other
     part owns): ``whole`` and ``pieces`` give each one's."""
+    if not pieces:
+        return search
     found = list(search.found)
     stats = dict(search.stats)
     whole = {k: stats[k] for k in ("generated", "complete", "searched") if k in stats} | {
@@ -378,8 +380,6 @@ def _with_pieces(
                 found.append(_costed(program, steps, part.constants))
             except (ir.IRError, ValueError) as e:
                 log.info("%s: %s's candidate does not fit back: %s", part.name, binding, e)
-    if not pieces:
-        return search
     if search.input is None and len(found) > len(search.found):
         # The whole part was not searched: its input is a candidate all the same.
         found.append(_costed(part.program, (), part.constants))
@@ -399,12 +399,11 @@ def _with_pieces(
 def _costed(program: ir.Program, trace: tuple[Step, ...], constants: Mapping[str, np.ndarray]) -> Found:
     """``program`` as a found program, costed as the search costs its candidates."""
     from einopt.export import program_model, weight_names
-    from einopt.search.candidates import analytic
+    from einopt.search.candidates import analytic, operators
 
     model, inst = program_model(program, dict(constants), light=True)
     seconds, work = analytic(model, weight_names(constants, inst))
-    ops = tuple(f"eop:{n.op_type}" if n.domain else n.op_type for n in model.graph.node)
-    return Found(program, trace, ops, seconds, work=work)
+    return Found(program, trace, operators(model), seconds, work=work)
 
 
 _NAME = re.compile(r"\b[xy]\d+")

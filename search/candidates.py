@@ -29,6 +29,7 @@ __all__ = [
     "program_bytes",
     "estimate",
     "analytic",
+    "operators",
     "contractions",
     "rank",
     "in_time",
@@ -110,7 +111,8 @@ def analytic(model, weights: frozenset[str]) -> tuple[float, tuple[str, ...]]:
     )
 
 
-def _operators(model) -> tuple[str, ...]:
+def operators(model) -> tuple[str, ...]:
+    """What a model runs as: ONNX op types, eOperators (its local functions) as ``"eop:NAME"``."""
     return tuple(f"eop:{node.op_type}" if node.domain else node.op_type for node in model.graph.node)
 
 
@@ -174,7 +176,7 @@ class Costing:
             seconds = self.cost(program, model, inst)
         found = time.perf_counter() - self.started
         cand = Candidate(
-            program, trace, _operators(model), float(seconds), k, flops, found, self.stats.generated, work
+            program, trace, operators(model), float(seconds), k, flops, found, self.stats.generated, work
         )
         self.done[k] = cand
         if is_input:

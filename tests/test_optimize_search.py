@@ -55,13 +55,18 @@ def test_the_search_rewrites_a_subprogram_and_the_output_is_verified(build, op, 
     _assert_same(model, result.model)
 
 
-def test_measured_mode_keeps_a_rewrite_only_when_measured_faster(tmp_path, monkeypatch):
-    """Whatever the timings say, the output is the input or verified equal; a rewrite the search found
-    is timed against the original nodes and its measured speedup reported."""
+@pytest.fixture
+def every_candidate_timed(monkeypatch):
+    """Every derived candidate goes to selection, whatever noisy node timings predict for it on a
+    loaded machine (a prediction over 2x the input's leaves none to time, and nothing to test)."""
     from einopt import select
 
-    # Noisy node timings under load can predict the rewrite over 2x its input, leaving nothing to time.
     monkeypatch.setattr(select, "PREDICTED_SLACK", float("inf"))
+
+
+def test_measured_mode_keeps_a_rewrite_only_when_measured_faster(tmp_path, every_candidate_timed):
+    """Whatever the timings say, the output is the input or verified equal; a rewrite the search found
+    is timed against the original nodes and its measured speedup reported."""
     model = prelu_block()
     result = optimize(model, Options(cache=tmp_path / "c.sqlite", **SMALL))
     part = _rewritten(result, "PRelu")
@@ -75,13 +80,12 @@ def test_measured_mode_keeps_a_rewrite_only_when_measured_faster(tmp_path, monke
     _assert_same(model, result.model)
 
 
-def test_candidates_past_the_selection_budget_are_not_timed_or_chosen(tmp_path, monkeypatch):
+def test_candidates_past_the_selection_budget_are_not_timed_or_chosen(
+    tmp_path, monkeypatch, every_candidate_timed
+):
     from einopt import select
 
     monkeypatch.setattr(select, "BUDGET_S", 0.0)
-    # Every derived candidate goes to selection, whatever noisy node timings predict for it on a
-    # loaded machine (a prediction over 2x the input's leaves none, and nothing to test).
-    monkeypatch.setattr(select, "PREDICTED_SLACK", float("inf"))
     model = prelu_block()
     result = optimize(model, Options(cache=tmp_path / "c.sqlite", **SMALL))
     part = _rewritten(result, "PRelu")
@@ -91,16 +95,13 @@ def test_candidates_past_the_selection_budget_are_not_timed_or_chosen(tmp_path, 
     assert result.model.SerializeToString() == model.SerializeToString()
 
 
-def test_a_second_run_searches_and_times_nothing(tmp_path, monkeypatch):
+def test_a_second_run_searches_and_times_nothing(tmp_path, monkeypatch, every_candidate_timed):
     from einopt import partsearch, predict, select
 
     # What a first run cut short by a stage's budget (a loaded machine) a second run measures: that is
     # right, and not what this test is about.
     monkeypatch.setattr(predict, "BUDGET_S", 600.0)
     monkeypatch.setattr(select, "BUDGET_S", 600.0)
-    # Noisy node timings under load can predict the rewrite over 2x its input; then neither run has a
-    # candidate to measure, and the second run's acceptance would check nothing.
-    monkeypatch.setattr(select, "PREDICTED_SLACK", float("inf"))
     cache = tmp_path / "c.sqlite"
     first = optimize(prelu_block(), Options(cache=cache, **SMALL))
     calls = []
