@@ -185,24 +185,37 @@ def environment_key() -> dict[str, object]:
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
-    """Milliseconds per call: median, 10th and 90th percentiles, best; and how many calls were timed."""
+    """Milliseconds per call: median, 10th and 90th percentiles, best; how many calls were timed; and
+    the median's 95% confidence interval (None in timings cached before einopt recorded it)."""
 
     median_ms: float
     p10_ms: float
     p90_ms: float
     min_ms: float
     runs: int
+    median_low_ms: float | None = None
+    median_high_ms: float | None = None
 
     @classmethod
     def of(cls, seconds: list[float]) -> Timing:
-        ms = np.asarray(seconds) * 1e3
+        ms = np.sort(np.asarray(seconds) * 1e3)
+        low, high = median_interval(len(ms))
         return cls(
             float(np.median(ms)),
             float(np.percentile(ms, 10)),
             float(np.percentile(ms, 90)),
-            float(ms.min()),
+            float(ms[0]),
             len(ms),
+            float(ms[low]),
+            float(ms[high]),
         )
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """Where the true median lies, 95% confident (p10-p90 for a timing cached without it)."""
+        if self.median_low_ms is None or self.median_high_ms is None:
+            return self.p10_ms, self.p90_ms
+        return self.median_low_ms, self.median_high_ms
 
     @property
     def spread(self) -> float:
@@ -229,9 +242,10 @@ class Comparison:
         return self.speedup >= 1.0 + band
 
     def separated(self, band: float = NOISE_BAND) -> bool:
-        """``after`` is faster beyond the noise band even at its slow end: its 90th percentile beats
-        ``before``'s 10th. Spread cannot explain such a gap away (a disturbed timing still proves it)."""
-        return self.after.p90_ms * (1.0 + band) <= self.before.p10_ms
+        """``after`` is faster beyond the noise band at both ends of the medians' confidence intervals:
+        the high end of its median's beats the low end of ``before``'s. A disturbed timing's spread widens
+        those intervals, but cannot explain such a gap away: it still proves ``after`` faster."""
+        return self.after.interval[1] * (1.0 + band) <= self.before.interval[0]
 
     def unreliable(self) -> str:
         """Why this measurement should not be trusted ("" when nothing is wrong)."""
@@ -243,6 +257,8 @@ class Comparison:
             "after_ms": self.after.median_ms,
             "before_p10_p90_ms": [self.before.p10_ms, self.before.p90_ms],
             "after_p10_p90_ms": [self.after.p10_ms, self.after.p90_ms],
+            "before_median_95_ms": list(self.before.interval),
+            "after_median_95_ms": list(self.after.interval),
             "runs": min(self.before.runs, self.after.runs),
             "speedup": self.speedup,
             "cached": self.cached,
@@ -345,6 +361,16 @@ def time_interleaved(
                 fn()
             samples[n].append((time.perf_counter() - t) / times)
     return {n: Timing.of(s) for n, s in samples.items()}, rounds
+
+
+def median_interval(n: int, z: float = 1.96) -> tuple[int, int]:
+    """Indices into ``n`` sorted samples that bound their median, 95% confident (``z``), whatever the
+    distribution: the order statistics of the binomial's normal approximation (the whole range for a
+    handful of samples)."""
+    if n < 1:
+        raise ValueError("no samples")
+    half = z * math.sqrt(n) / 2
+    return max(0, math.floor(n / 2 - half) - 1), min(n - 1, math.ceil(n / 2 + half))
 
 
 MIN_SAMPLE_S = 1e-3

@@ -228,12 +228,39 @@ def test_timer_goes_through_the_cache(monkeypatch, tmp_path):
     assert calls["models"] == 1 and timer.cache.stats.hits == 1
 
 
-def test_a_disturbed_timing_is_trusted_only_when_its_runs_do_not_overlap():
-    """Spread makes a timing unreliable, but when the new nodes' slowest runs beat the original's
-    fastest (beyond the noise band), no spread explains the gap away."""
-    apart = Comparison(Timing(4.0, 3.0, 8.0, 2.9, 20), _t(1.0), 3, 0.0)  # before p90/p10 = 2.7
-    close = Comparison(Timing(4.0, 1.0, 8.0, 0.9, 20), _t(1.0), 3, 0.0)  # before p10 = after p90
-    assert apart.unreliable() and close.unreliable()
-    verdicts = accept.judge_parts([("apart", apart), ("close", close)], timer=None)
-    assert verdicts["apart"].accepted and "slowest runs beat" in verdicts["apart"].reason
+def test_a_disturbed_timing_is_trusted_only_when_the_medians_intervals_do_not_overlap():
+    """Spread makes a timing unreliable, but when the high end of the new nodes' median's 95% interval
+    beats the low end of the original's (beyond the noise band), no spread explains the gap away."""
+    rng = np.random.default_rng(0)
+
+    def noisy(ms: float) -> Timing:  # a quarter of the runs disturbed: up to 3x slower
+        s = ms * (1 + 0.02 * rng.standard_normal(200))
+        hit = rng.random(200) < 0.25
+        s[hit] *= rng.uniform(1, 3, hit.sum())
+        return Timing.of(list(s / 1e3))
+
+    wide = Comparison(noisy(1.3), noisy(1.0), 3, 0.0)  # 1.3x, many runs: narrow medians' intervals
+    assert wide.unreliable() and wide.before.p10_ms < wide.after.p90_ms
+    old = Comparison(Timing(4.0, 3.0, 8.0, 2.9, 20), _t(1.0), 3, 0.0)  # cached without intervals: p10-p90
+    close = Comparison(Timing(4.0, 1.0, 8.0, 0.9, 20, 1.0, 6.0), _t(1.0), 3, 0.0)  # 4x, but 20 wild runs
+    assert old.unreliable() and close.unreliable()
+    verdicts = accept.judge_parts([("wide", wide), ("old", old), ("close", close)], timer=None)
+    assert verdicts["wide"].accepted and "95% interval" in verdicts["wide"].reason
+    assert verdicts["old"].accepted
     assert not verdicts["close"].accepted and "disturbed" in verdicts["close"].reason
+
+
+def test_cached_timings_keep_the_medians_intervals(tmp_path):
+    """A timing comes back from the file with its intervals; one stored without them (older einopt)
+    falls back to p10-p90, the stricter test."""
+    path = tmp_path / "c.sqlite"
+    c = Comparison(Timing.of([1e-3, 2e-3, 3e-3] * 10), Timing.of([1e-3] * 30), 3, 0.5)
+    MeasurementCache(path).put("k", c)
+    back = MeasurementCache(path).get("k")
+    assert back.before == c.before and back.before.interval == (
+        c.before.median_low_ms,
+        c.before.median_high_ms,
+    )
+    MeasurementCache(path).put("old", Comparison(Timing(2.0, 1.0, 3.0, 1.0, 30), _t(1.0), 3, 0.5))
+    old = MeasurementCache(path).get("old")
+    assert old.before.median_low_ms is None and old.before.interval == (1.0, 3.0)

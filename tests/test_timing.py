@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from einopt import timing
@@ -83,3 +84,16 @@ def test_configure_threads_is_idempotent():
     assert timing.configure_threads(n + 3) == n
     assert timing.machine_info(n)["thread_pool"] in {"global", "per-session"}
     assert set(timing.environment_key()) == {"onnxruntime", "cpu", "threads"}
+
+
+def test_the_medians_interval_holds_the_true_median_95_percent_of_the_time():
+    """Order statistics, whatever the distribution: here a skewed one (lognormal, median 1.0)."""
+    rng = np.random.default_rng(1)
+    for n in (10, 50, 200):
+        trials = [timing.Timing.of(list(rng.lognormal(0.0, 0.5, n) / 1e3)) for _ in range(400)]
+        held = np.mean([t.median_low_ms <= 1.0 <= t.median_high_ms for t in trials])
+        assert 0.93 <= held <= 1.0, (n, held)
+        assert all(t.median_low_ms <= t.median_ms <= t.median_high_ms for t in trials)
+    assert timing.median_interval(1) == (0, 0) and timing.median_interval(10) == (0, 9)
+    with pytest.raises(ValueError):
+        timing.median_interval(0)
