@@ -488,9 +488,10 @@ class OpCosts:
         self.measure(n for ns in nodes for n in ns)
         return [self.prediction(ns) for ns in nodes]
 
-    def measure(self, nodes: Iterable[_Node], deadline: float | None = None) -> None:
+    def measure(self, nodes: Iterable[_Node], deadline: float | None = None, ordered: bool = False) -> None:
         """Time the nodes whose signature has no stored time yet (each signature once), biggest
-        first; those left when the ``time.monotonic()`` deadline passes stay unmeasured."""
+        first (``ordered``: in the order given); those left when the ``time.monotonic()`` deadline
+        passes stay unmeasured."""
         import time
 
         todo: dict[str, _Node] = {}
@@ -507,9 +508,9 @@ class OpCosts:
         rng = np.random.default_rng(self.seed)
         flush = _flusher()
         # Nodes of similar size are timed together (a group runs as long as its slowest node).
-        items = sorted(
-            todo.items(), key=lambda kv: -cal.bound(kv[1].cost.flops, kv[1].cost.bytes, kv[1].cost.calls)
-        )
+        items = list(todo.items())
+        if not ordered:
+            items.sort(key=lambda kv: -cal.bound(kv[1].cost.flops, kv[1].cost.bytes, kv[1].cost.calls))
         groups = self._groups(items, memory_limit())
         for g, group in enumerate(groups):
             if deadline is not None and time.monotonic() > deadline:
@@ -543,7 +544,7 @@ class OpCosts:
         self.cache.remember(self.cache.key("op", key), what, {"seconds": seconds})
 
     def _groups(self, items: list[tuple[str, _Node]], limit: int) -> list[list[tuple[str, _Node]]]:
-        """``items`` (biggest first) in groups of at most :data:`GROUP` that fit in ``limit`` bytes
+        """``items`` (in timing order) in groups of at most :data:`GROUP` that fit in ``limit`` bytes
         together; a node that alone does not is stored as not timed (costed analytically)."""
         groups: list[list[tuple[str, _Node]]] = []
         used = limit + 1

@@ -246,15 +246,17 @@ def _rounds(order: list[tuple[str, int]]) -> list[list[tuple[str, int]]]:
 def _timing_order(
     alive: dict[tuple[str, int], Candidate], pending: dict[str, list[Candidate]]
 ) -> list[tuple[str, int]]:
-    """Candidates in the order they are timed: every part's best predicted one first (the parts
-    predicted to save the most first), then every part's second, and so on; so one part's
-    runners-up cannot use up the budget before another part's best is timed."""
+    """Candidates in the order they are timed: those predicted to save time before those predicted
+    not to (the prediction is crude, so they are still timed when the budget allows); within each,
+    every part's best predicted one first (the parts predicted to save the most first), then every
+    part's second, and so on; so one part's runners-up cannot use up the budget before another
+    part's best is timed."""
     saving = {key: _predicted_saving(pending[key[0]], c) for key, c in alive.items()}
     rank: dict[tuple[str, int], int] = {}
     for name in {name for name, _ in alive}:
         mine = sorted((key for key in alive if key[0] == name), key=lambda key: -saving[key])
         rank.update({key: r for r, key in enumerate(mine)})
-    return sorted(alive, key=lambda key: (rank[key], -saving[key], key))
+    return sorted(alive, key=lambda key: (saving[key] <= 0, rank[key], -saving[key], key))
 
 
 def _predicted_saving(cands: list[Candidate], c: Candidate) -> float:

@@ -16,7 +16,7 @@ from onnx_models import lstm_cell
 from einopt.cache import MeasurementCache
 from einopt.frontend.fold import prepare
 from einopt.frontend.translate import translate_graph
-from einopt.opcost import Calibration, OpCosts, node_costs
+from einopt.opcost import Calibration, OpCosts, Prediction, node_costs
 from einopt.partsearch import PartSearch, Settings, search_parts
 from einopt.predict import predict
 
@@ -253,3 +253,36 @@ def test_a_batched_matmul_is_bounded_by_its_gemm_calls():
     assert n.cost.calls == 6 * 5 * 3
     cal = Calibration(bandwidth=1e10, flops=1e11, run_s=0.0, kernel_s=1e-9)
     assert cal.bound(n.cost.flops, n.cost.bytes, n.cost.calls) >= 90 * 1e-7
+
+
+def test_the_most_promising_programs_are_measured_first():
+    """Rounds of each part's best predicted program not yet timed, the biggest predicted saving first;
+    a timing that makes a program look worse lets the part's next one into the following round."""
+    import time as clock
+
+    from einopt.predict import _measure_promising
+
+    class Costs:  # node "name:estimate:measured": estimated until measured
+        def __init__(self):
+            self.timed, self.rounds = set(), []
+
+        def prediction(self, ns):
+            return Prediction(sum(float(n.split(":")[2 if n in self.timed else 1]) for n in ns), ())
+
+        def measure(self, ns, deadline, ordered=False):
+            ns = list(ns)
+            self.rounds.append(ns)
+            self.timed |= set(ns)
+
+    nodes = {
+        ("a", 1): ["a1:1:9"],  # looks best, measures badly
+        ("a", 2): ["a2:3:3"],
+        ("a", 3): ["a3:4:4"],
+        ("b", 1): ["b1:2:2"],
+    }
+    costs = Costs()
+    _measure_promising(costs, nodes, {"a": 5.0, "b": 3.0}, clock.monotonic() + 60)
+    assert costs.rounds == [["a1:1:9", "b1:2:2"], ["a2:3:3"], ["a3:4:4"]]
+    costs = Costs()
+    _measure_promising(costs, nodes, {"a": 5.0, "b": 3.0}, clock.monotonic() - 1)
+    assert costs.rounds == []

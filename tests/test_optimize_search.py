@@ -261,3 +261,22 @@ def test_every_parts_best_candidate_is_timed_before_any_runner_up():
     pending = {"a": [cand(10.0), cand(2.0), cand(3.0)], "b": [cand(3.0), cand(2.0), cand(1.0)]}
     alive = {(name, i): pending[name][i] for name in pending for i in (1, 2)}
     assert _timing_order(alive, pending) == [("a", 1), ("b", 2), ("a", 2), ("b", 1)]
+
+
+def test_candidates_predicted_to_save_nothing_are_timed_last():
+    """A part whose best candidate is predicted slower than its input waits for every candidate
+    predicted faster (GCN at batch 16 spent its budget on re-instantiated Conv + Add parts)."""
+    from types import SimpleNamespace
+
+    from einopt.select import _rounds, _timing_order
+
+    def cand(predicted_s):
+        return SimpleNamespace(found=SimpleNamespace(predicted_s=predicted_s))
+
+    # part a: predicted slower only; part b: two candidates predicted faster; c: the input again
+    pending = {"a": [cand(1.0), cand(1.1)], "b": [cand(5.0), cand(4.0), cand(4.5)], "c": [cand(2.0)]}
+    alive = {("a", 1): pending["a"][1], ("b", 1): pending["b"][1], ("b", 2): pending["b"][2]}
+    alive[("c", 0)] = pending["c"][0]
+    order = _timing_order(alive, pending)
+    assert order == [("b", 1), ("b", 2), ("c", 0), ("a", 1)]  # c's input saves 0 s, a's candidate -0.1 s
+    assert _rounds(order) == [[("b", 1)], [("b", 2), ("c", 0), ("a", 1)]]
