@@ -63,7 +63,7 @@ RUNS = (8, 30)
 GROUP_BUDGET_S = 0.25
 """Seconds of timed samples per group, after which no new round starts."""
 SLOW_S = 0.02
-"""A node whose first run alone takes longer is timed twice only."""
+"""A node whose first run alone takes longer is timed twice more only."""
 MEMORY_SHARE = 0.25
 """The share of the available memory the nodes timed together may need (inputs and outputs, twice
 over for ONNX Runtime's own buffers); a node needing more alone is costed analytically."""
@@ -364,9 +364,10 @@ def _time_cold(fns: Mapping[str, object], flush, budget_s: float = GROUP_BUDGET_
     """Median seconds of one call of each of ``fns``, each call timed alone after ``flush()``.
 
     A first untimed round runs each callable once; one that took over
-    :data:`SLOW_S` is timed once more and keeps the faster of its two runs (at
-    that length, noise is small against the node, and a model holding it is
-    far too slow anyway). The others go round-robin (one more untimed round)
+    :data:`SLOW_S` is timed twice more and keeps the faster of those two runs
+    (at that length, noise is small against the node; its first runs are not:
+    a 12 ms convolution over 17 MB took 17 and 16 ms in its first two, while
+    its buffers were first touched). The others go round-robin (one more untimed round)
     until :data:`RUNS` and ``budget_s`` are met. A callable that raises gets None.
     """
     import time
@@ -384,10 +385,14 @@ def _time_cold(fns: Mapping[str, object], flush, budget_s: float = GROUP_BUDGET_
             continue
         first[k] = time.perf_counter() - t
     for k in [k for k, dt in first.items() if dt > SLOW_S]:
-        flush()
-        t = time.perf_counter()
-        fns[k]()
-        out[k] = min(first.pop(k), time.perf_counter() - t)
+        runs = []
+        for _ in range(2):
+            flush()
+            t = time.perf_counter()
+            fns[k]()
+            runs.append(time.perf_counter() - t)
+        first.pop(k)
+        out[k] = min(runs)
     alive = {k: fns[k] for k in first}
     samples: dict[str, list[float]] = {k: [] for k in alive}
     spent = 0.0
@@ -467,6 +472,29 @@ class OpCosts:
         self.seed = seed
         self.measured = 0  # nodes timed by this object
         self._calibration: Calibration | None = None
+        self.scale: dict[str, float] = {}  # operator ("" : any) -> measured / estimated seconds
+        self._ratios: dict[str, tuple[str, float]] = {}  # signature -> operator, measured / estimated
+
+    def learn(self, nodes: Iterable[_Node]) -> None:
+        """Scale the estimates of nodes not timed by what timed ones took against their estimates.
+
+        The estimate puts a node's FLOPs and bytes at the machine's best measured rates; a timed node
+        mostly takes longer (a 2x2 convolution runs far below a MatMul's FLOP rate). A program whose
+        nodes are estimated would otherwise look faster than its input, whose nodes are timed (at GCN
+        batch 16, phase forms estimated at 1.5x measured 0.35-0.9x). The scale is the median ratio per
+        operator among the signatures with a time (in ``nodes`` or given before), and over all of them
+        for an operator with none.
+        """
+        cal = self.calibration
+        for n in nodes:
+            c = n.cost
+            stored = self._stored(c.key) if c.kind == "timed" and c.key not in self._ratios else None
+            if stored and stored["seconds"] is not None:
+                self._ratios[c.key] = (c.op, stored["seconds"] / cal.analytic(c.flops, c.bytes, c.calls))
+        ratios: dict[str, list[float]] = {"": [r for _, r in self._ratios.values()]}
+        for op, r in self._ratios.values():
+            ratios.setdefault(op, []).append(r)
+        self.scale = {op: float(np.median(r)) for op, r in ratios.items() if r}
 
     @property
     def calibration(self) -> Calibration:
@@ -564,8 +592,8 @@ class OpCosts:
         return groups
 
     def prediction(self, nodes: Sequence[_Node], bound: bool = False) -> Prediction:
-        """The sum of ``nodes``' stored times; a node without one is estimated from its FLOPs and bytes
-        (``bound``: by what it takes at least, see :meth:`Calibration.bound`)."""
+        """The sum of ``nodes``' stored times; a node without one is estimated from its FLOPs and bytes,
+        scaled as :meth:`learn` found (``bound``: by what it takes at least, see :meth:`Calibration.bound`)."""
         cal = self.calibration
         parts = []
         for n in nodes:
@@ -583,6 +611,7 @@ class OpCosts:
                         cal.bound(c.flops, c.bytes, c.calls)
                         if bound
                         else cal.analytic(c.flops, c.bytes, c.calls)
+                        * self.scale.get(c.op, self.scale.get("", 1.0))
                     )
             parts.append((c, float(s)))
         return Prediction(sum(s for _, s in parts), tuple(parts))

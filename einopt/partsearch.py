@@ -103,6 +103,7 @@ class Found:
     predicted_s: float  # seconds: the search's analytic estimate, or measured operators' (einopt.predict)
     estimated_s: float | None = None  # the search's analytic estimate, once predicted_s is measured
     work: tuple[str, ...] = ()  # its nodes (operator and input shapes), sorted: one work, one candidate
+    timed_share: float | None = None  # of predicted_s, from nodes timed alone (the rest estimated)
 
     @property
     def depth(self) -> int:

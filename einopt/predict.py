@@ -86,6 +86,7 @@ def predict(
     # nodes at the machine's peak rates) is never timed, so its nodes are not measured either.
     inputs = {name: k for name, k in nodes if not searches[name].found[k].trace}
     costs.measure((n for name, k in inputs.items() for n in nodes[(name, k)]), deadline)
+    costs.learn(n for ns in nodes.values() for n in ns)
     base = {name: costs.prediction(nodes[(name, k)]).seconds for name, k in inputs.items()}
     hopeless = {
         key
@@ -107,7 +108,9 @@ def predict(
             new[name][i] = dataclasses.replace(f, predicted_s=math.inf, estimated_s=f.predicted_s)
             continue
         pr = costs.prediction(ns, bound=(name, i) in hopeless)
-        new[name][i] = dataclasses.replace(f, predicted_s=pr.seconds, estimated_s=f.predicted_s)
+        new[name][i] = dataclasses.replace(
+            f, predicted_s=pr.seconds, estimated_s=f.predicted_s, timed_share=pr.timed_fraction
+        )
     out = dict(searches)
     for name, found in new.items():
         ranked = sorted(found, key=lambda f: (f.predicted_s, f.depth))
@@ -134,7 +137,9 @@ def _measure_promising(
             if key[0] not in best or (s, key) < best[key[0]]:
                 best[key[0]] = (s, key)
         picked = sorted(best.values(), key=lambda sk: (sk[0] - base.get(sk[1][0], sk[0]), sk[1]))
-        costs.measure((n for _, key in picked for n in left.pop(key)), deadline, ordered=True)
+        measured = [n for _, key in picked for n in left.pop(key)]
+        costs.measure(measured, deadline, ordered=True)
+        costs.learn(measured)
 
 
 def _largest(nodes) -> int:

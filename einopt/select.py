@@ -77,6 +77,7 @@ class Candidate:
             "operators": list(self.found.operators),
             "predicted_s": self.found.predicted_s,
             "estimated_s": self.found.estimated_s,
+            "timed_share": self.found.timed_share,
             "predicted_speedup": _ratio(input_predicted, self.found.predicted_s),
             "measured_speedup": t.speedup if t is not None else None,
             "verified": None if self.verified is None else self.verified.ok,

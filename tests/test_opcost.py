@@ -120,6 +120,31 @@ def test_nodes_are_timed_once_and_kept_in_the_cache(costs, tmp_path):
     again.cache.close()
 
 
+def test_estimates_are_scaled_by_what_timed_nodes_took_against_theirs(costs):
+    """A node without a time is estimated at the machine's best rates times the median ratio of timed
+    to estimated seconds: per operator, or over every operator for one never timed."""
+    timed, other = node_costs(_matmul_model(4, 64, 32)), node_costs(_matmul_model(8, 128, 32))
+    costs.measure(timed)
+    assert costs.prediction(other).timed_fraction == 0.0 and costs.scale == {}
+    plain = costs.prediction(other).seconds
+    costs.learn(timed)
+    cal = costs.calibration
+    ratios = [
+        costs._stored(n.cost.key)["seconds"] / cal.analytic(n.cost.flops, n.cost.bytes)
+        for n in timed
+        if n.cost.kind == "timed"
+    ]
+    assert costs.scale == {"": pytest.approx(np.median(ratios)), "MatMul": pytest.approx(np.median(ratios))}
+    scaled = sum(
+        cal.analytic(n.cost.flops, n.cost.bytes) * costs.scale["MatMul"]
+        for n in other
+        if n.cost.kind == "timed"
+    )
+    assert costs.prediction(other).seconds == pytest.approx(scaled + cal.kernel_s)  # the Reshape: a view
+    costs.scale = {"": 1e6}
+    assert costs.prediction(other, bound=True).seconds <= plain  # a lower bound stays unscaled
+
+
 def test_calibration_is_plausible(costs):
     cal = costs.calibration
     assert isinstance(cal, Calibration)
@@ -273,6 +298,9 @@ def test_the_most_promising_programs_are_measured_first():
             ns = list(ns)
             self.rounds.append(ns)
             self.timed |= set(ns)
+
+        def learn(self, ns):
+            pass
 
     nodes = {
         ("a", 1): ["a1:1:9"],  # looks best, measures badly
