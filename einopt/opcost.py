@@ -360,6 +360,16 @@ def _flusher():
     return _runner(session(m), feeds)
 
 
+def _cold_call(fn, flush) -> float:
+    """Seconds of one call of ``fn`` right after ``flush()``."""
+    import time
+
+    flush()
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
 def _time_cold(fns: Mapping[str, object], flush, budget_s: float = GROUP_BUDGET_S) -> dict[str, float | None]:
     """Median seconds of one call of each of ``fns``, each call timed alone after ``flush()``.
 
@@ -370,29 +380,17 @@ def _time_cold(fns: Mapping[str, object], flush, budget_s: float = GROUP_BUDGET_
     its buffers were first touched). The others go round-robin (one more untimed round)
     until :data:`RUNS` and ``budget_s`` are met. A callable that raises gets None.
     """
-    import time
-
     out: dict[str, float | None] = {}
     first: dict[str, float] = {}
     for k, fn in fns.items():
-        flush()
-        t = time.perf_counter()
         try:
-            fn()
+            first[k] = _cold_call(fn, flush)
         except Exception as e:  # noqa: BLE001 - a node that fails on random values: analytic
             log.info("a node failed to run alone: %s", e)
             out[k] = None
-            continue
-        first[k] = time.perf_counter() - t
     for k in [k for k, dt in first.items() if dt > SLOW_S]:
-        runs = []
-        for _ in range(2):
-            flush()
-            t = time.perf_counter()
-            fns[k]()
-            runs.append(time.perf_counter() - t)
         first.pop(k)
-        out[k] = min(runs)
+        out[k] = min(_cold_call(fns[k], flush) for _ in range(2))
     alive = {k: fns[k] for k in first}
     samples: dict[str, list[float]] = {k: [] for k in alive}
     spent = 0.0
@@ -400,10 +398,7 @@ def _time_cold(fns: Mapping[str, object], flush, budget_s: float = GROUP_BUDGET_
         if r >= 1 + RUNS[0] and spent >= budget_s:
             break
         for k, fn in alive.items():
-            flush()
-            t = time.perf_counter()
-            fn()
-            dt = time.perf_counter() - t
+            dt = _cold_call(fn, flush)
             if r >= 1:
                 samples[k].append(dt)
                 spent += dt
@@ -535,7 +530,8 @@ class OpCosts:
         configure_threads()
         rng = np.random.default_rng(self.seed)
         flush = _flusher()
-        # Nodes of similar size are timed together (a group runs as long as its slowest node).
+        # Nodes of similar size are timed together (a group runs as long as its slowest node), unless the
+        # caller's order says what matters first.
         items = list(todo.items())
         if not ordered:
             items.sort(key=lambda kv: -cal.bound(kv[1].cost.flops, kv[1].cost.bytes, kv[1].cost.calls))
