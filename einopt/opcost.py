@@ -15,6 +15,13 @@ inlined into the standard operators ONNX Runtime runs them as) of:
 - for a node no session can run, its bytes over the machine's measured
   bandwidth plus its FLOPs at the measured MatMul rate.
 
+A convolution is timed together with the element-wise nodes ONNX Runtime
+fuses into it (:data:`FUSES`: a bias or scale by a constant, the sum with
+another tensor of its shape, an activation), as one session: ONNX Runtime's
+own fusions decide what that costs. Costed node by node, ``conv(x, a*W) +
+relu(conv(x, (1-a)*W))`` would be two convolutions plus a ReLU and an Add;
+ONNX Runtime runs it as two convolution kernels.
+
 The calibration (bandwidth, FLOP rate, what one run of a session and one
 kernel inside a session cost) is measured once per machine and cached with
 the timings. A single-operator session's run costs more than the node does
@@ -54,8 +61,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2
-"""Bumped when what a stored node time means changes."""
+FORMAT = 3
+"""Bumped when what a stored node time means changes (3: a convolution's time includes the
+element-wise nodes fused into it)."""
 GROUP = 16
 """New nodes timed together (interleaved) at a time."""
 RUNS = (8, 30)
@@ -67,6 +75,15 @@ SLOW_S = 0.02
 MEMORY_SHARE = 0.25
 """The share of the available memory the nodes timed together may need (inputs and outputs, twice
 over for ONNX Runtime's own buffers); a node needing more alone is costed analytically."""
+FUSES = {
+    "Conv": frozenset({"Add", "Mul", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid"}),
+}
+"""Operators ONNX Runtime fuses element-wise successors into, and which successors (CPU, all graph
+optimizations: a bias or scale by a constant, the sum with another tensor of the output's shape in
+its blocked layout, an activation). A successor joins the group when it is the only reader of the
+value before it; what ONNX Runtime really fuses, the group's single session shows."""
+FUSED_MAX = 3
+"""Element-wise nodes a group takes at most after its head."""
 CALL_S = 1e-7
 """Seconds one GEMM call of a batched MatMul takes at least (ONNX Runtime loops over the batch: a
 broadcast product of 36M one-row matrices takes 10 s however few its FLOPs)."""
@@ -136,8 +153,11 @@ class _Node:
     cost: NodeCost
     node: onnx.NodeProto | None = None
     inputs: tuple[_Value | None, ...] = ()
-    outputs: tuple[tuple[str, int], ...] = ()  # (name, element type)
+    outputs: tuple[tuple[str, int], ...] = ()  # (name, element type) of the last node
     opset: int = 17
+    # Element-wise nodes ONNX Runtime fuses into ``node``, in order, each with its inputs' values:
+    # the group is timed as one session.
+    fused: tuple[tuple[onnx.NodeProto, tuple[_Value | None, ...]], ...] = ()
 
 
 def memory_limit() -> int:
@@ -171,13 +191,16 @@ def node_costs(model: onnx.ModelProto, weights: Iterable[str] = ()) -> list[_Nod
             values[vi.name] = _Value(tuple(dims), t.elem_type, None, vi.name in weights)
     for init in g.initializer:
         values[init.name] = _Value(tuple(init.dims), init.data_type, _array(init), True)
-    out: list[_Node] = []
-    for node in g.node:
+    entries: list[_Node] = []
+    forms: dict[int, list] = {}  # entry index -> the signature form of a timed node
+    at: dict[int, int] = {}  # graph node index -> its entry index
+    for index, node in enumerate(g.node):
         if node.op_type == "Constant":
             t = next((a.t for a in node.attribute if a.name == "value"), None)
             if t is not None:
                 values[node.output[0]] = _Value(tuple(t.dims), t.data_type, _array(t), True)
             continue
+        at[index] = len(entries)
         ins = tuple(values.get(n) if n else None for n in node.input)
         known = all(v is not None for v, n in zip(ins, node.input, strict=True) if n)
         outs = [values.get(n) for n in node.output if n]
@@ -185,35 +208,113 @@ def node_costs(model: onnx.ModelProto, weights: Iterable[str] = ()) -> list[_Nod
             for n in node.output:  # folded at session creation: its results are weights too
                 if n in values:
                     values[n] = dataclasses.replace(values[n], weight=True, data=None)
-            out.append(_Node(NodeCost(node.op_type, "folded")))
+            entries.append(_Node(NodeCost(node.op_type, "folded")))
             continue
         flops, nbytes = _flops_bytes(node, ins, outs) if known else (0, 0)
         if node.op_type in VIEWS:
-            out.append(_Node(NodeCost(node.op_type, "view")))
+            entries.append(_Node(NodeCost(node.op_type, "view")))
             continue
         if not known or node.domain not in ("", "ai.onnx") or any(v is None for v in outs):
-            out.append(_Node(NodeCost(node.op_type, "analytic", flops=flops, bytes=nbytes)))
+            entries.append(_Node(NodeCost(node.op_type, "analytic", flops=flops, bytes=nbytes)))
             continue
-        form = [
-            FORMAT,
+        forms[len(entries)] = [
             node.op_type,
             opset,
             sorted((a.name, _attribute(a)) for a in node.attribute),
             [_value_form(v) for v in ins],
             len(node.output),
         ]
-        digest = hashlib.sha256(json.dumps(form, separators=(",", ":")).encode()).hexdigest()
         what = f"{node.op_type} " + " ".join("x".join(map(str, v.shape)) or "scalar" for v in ins if v)
-        out.append(
+        entries.append(
             _Node(
-                NodeCost(node.op_type, "timed", digest, what, flops, nbytes, _calls(node, outs)),
+                NodeCost(node.op_type, "timed", "", what, flops, nbytes, _calls(node, outs)),
                 node,
                 ins,
                 tuple((n, values[n].dtype) for n in node.output if n),
                 opset,
             )
         )
+    outputs = {o.name for o in g.output}
+    readers: dict[str, list[int]] = {}
+    for index, node in enumerate(g.node):
+        for name in dict.fromkeys(node.input):
+            readers.setdefault(name, []).append(index)
+    out: list[_Node] = []
+    taken: set[int] = set()
+    for e, n in enumerate(entries):
+        if e in taken:
+            continue
+        chain = _fusable_chain(n, entries, at, readers, outputs, taken) if e in forms else []
+        taken.update(chain)
+        group = [n, *(entries[c] for c in chain)]
+        form = [FORMAT, *(forms[e] for e in [e, *chain])] if e in forms else None
+        if form is not None:
+            digest = hashlib.sha256(json.dumps(form, separators=(",", ":")).encode()).hexdigest()
+            n = dataclasses.replace(
+                n,
+                cost=dataclasses.replace(
+                    n.cost,
+                    key=digest,
+                    what=" + ".join([n.cost.what, *(m.node.op_type for m in group[1:])]),
+                    flops=sum(m.cost.flops for m in group),
+                    bytes=sum(m.cost.bytes for m in group),
+                ),
+                outputs=group[-1].outputs,
+                fused=tuple((m.node, m.inputs) for m in group[1:]),
+            )
+        out.append(n)
     return out
+
+
+def _fusable_chain(
+    head: _Node,
+    entries: Sequence[_Node],
+    at: Mapping[int, int],
+    readers: Mapping[str, list[int]],
+    outputs: set[str],
+    taken: set[int],
+) -> list[int]:
+    """Entry indices of the element-wise nodes after ``head`` that ONNX Runtime fuses into it
+    (:data:`FUSES`): each the only reader of the value before it, which is no graph output, and in
+    no other group (``taken``)."""
+    ops = FUSES.get(head.node.op_type) if head.node.domain in ("", "ai.onnx") else None
+    chain: list[int] = []
+    current = head
+    while ops and len(chain) < FUSED_MAX and len(current.node.output) == 1:
+        value = current.node.output[0]
+        if value in outputs or len(readers.get(value, ())) != 1:
+            break
+        e = at.get(readers[value][0])
+        nxt = entries[e] if e is not None else None
+        if (
+            e in taken
+            or nxt is None
+            or nxt.node is None
+            or nxt.cost.kind != "timed"
+            or nxt.node.op_type not in ops
+        ):
+            break
+        if list(nxt.node.input).count(value) != 1 or not _fuses_after(nxt, value):
+            break
+        chain.append(e)
+        current = nxt
+    return chain
+
+
+def _fuses_after(n: _Node, value: str) -> bool:
+    """Whether ``n``'s other inputs are what a fusion into ``head`` takes: constants for Mul and
+    activations' parameters, a constant or a tensor of the head's output shape for Add."""
+    chained = next(v for name, v in zip(n.node.input, n.inputs, strict=True) if name == value)
+    for name, v in zip(n.node.input, n.inputs, strict=True):
+        if not name or name == value:
+            continue
+        if v is None:
+            return False
+        if v.weight:
+            continue
+        if n.node.op_type != "Add" or chained is None or v.shape != chained.shape:
+            return False
+    return True
 
 
 def _array(t: onnx.TensorProto) -> np.ndarray | None:
@@ -274,33 +375,44 @@ def _calls(node: onnx.NodeProto, outs: Sequence[_Value | None]) -> int:
 
 
 def _single(n: _Node, rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """A model of node ``n`` alone: activations are graph inputs (fed random values), weights are
-    initializers (so ONNX Runtime pre-packs them as it does in the model)."""
-    node = onnx.NodeProto()
-    node.CopyFrom(n.node)
-    node.ClearField("name")
-    inputs, inits, feeds = [], [], {}
-    for i, (name, v) in enumerate(zip(node.input, n.inputs, strict=True)):
-        if not name:
-            continue
-        local = f"in{i}"
-        node.input[i] = local
-        if local in feeds or any(t.name == local for t in inits):
-            continue
-        data = v.data if v.data is not None else _fill(n.node, i, v, n.inputs, rng)
-        if v.weight:
-            inits.append(numpy_helper.from_array(data, local))
-        else:
-            inputs.append(helper.make_tensor_value_info(local, v.dtype, v.shape))
-            feeds[local] = data
+    """A model of node ``n`` alone, with the nodes fused into it: activations are graph inputs (fed
+    random values), weights are initializers (so ONNX Runtime pre-packs them as it does in the
+    model); the values one node of the group passes to the next stay inside."""
+    steps = [(n.node, n.inputs), *n.fused]
+    made = {o for node, _ in steps[:-1] for o in node.output}
+    nodes, inputs, inits, feeds = [], [], [], {}
+    local: dict[str, str] = {}
+    for node_in, ins in steps:
+        node = onnx.NodeProto()
+        node.CopyFrom(node_in)
+        node.ClearField("name")
+        for i, (name, v) in enumerate(zip(node.input, ins, strict=True)):
+            if not name:
+                continue
+            if name in made:
+                node.input[i] = local.setdefault(name, f"t{len(local)}")
+                continue
+            if name in local:
+                node.input[i] = local[name]
+                continue
+            local[name] = node.input[i] = f"in{len(local)}"
+            data = v.data if v.data is not None else _fill(node_in, i, v, ins, rng)
+            if v.weight:
+                inits.append(numpy_helper.from_array(data, local[name]))
+            else:
+                inputs.append(helper.make_tensor_value_info(local[name], v.dtype, v.shape))
+                feeds[local[name]] = data
+        for k, o in enumerate(node.output):
+            if o in made:
+                node.output[k] = local.setdefault(o, f"t{len(local)}")
+        nodes.append(node)
     outputs = []
     for j, (name, dtype) in enumerate(n.outputs):
-        local = f"out{j}"
-        for k, o in enumerate(node.output):
+        for k, o in enumerate(nodes[-1].output):
             if o == name:
-                node.output[k] = local
-        outputs.append(helper.make_tensor_value_info(local, dtype, None))
-    return _model([node], inputs, outputs, inits, n.opset), feeds
+                nodes[-1].output[k] = f"out{j}"
+        outputs.append(helper.make_tensor_value_info(f"out{j}", dtype, None))
+    return _model(nodes, inputs, outputs, inits, n.opset), feeds
 
 
 def _model(nodes, inputs, outputs, inits=(), opset: int = 17) -> onnx.ModelProto:

@@ -9,6 +9,14 @@ PRelu after a convolution into the maximum of two convolutions::
     max(conv(x, W), 0) + a * min(conv(x, W), 0)
       -> max(conv(x, W), a * conv(x, W))        rewrite_prelu_max (every slope <= 1)
       -> max(conv(x, W), conv(x, a * W))        fold_channel_scale
+
+or, with the scale split between a linear part and a ReLU, into two
+convolutions that ONNX Runtime fuses (the ReLU into one, the sum into the
+other)::
+
+    max(conv(x, W), 0) + a * min(conv(x, W), 0)
+      -> a * conv(x, W) + relu((1 - a) * conv(x, W))      rewrite_prelu_relu (every slope <= 1)
+      -> conv(x, a * W) + relu(conv(x, (1 - a) * W))      fold_channel_scale, twice
 """
 
 from __future__ import annotations
@@ -19,10 +27,10 @@ from typing import Any
 
 from einopt import ir
 from einopt.index import bounds
-from einopt.rewrite import fresh_name, index_text, product_factors, replace_subterm
+from einopt.rewrite import fresh_name, index_text, map_accesses, product_factors, replace_subterm
 from einopt.rules.base import Context, Hit, Rule, ScopeRule, hit
 
-__all__ = ["RewritePreluMax", "RewritePreluLeaky", "FoldChannelScale", "RULES"]
+__all__ = ["RewritePreluMax", "RewritePreluRelu", "RewritePreluLeaky", "FoldChannelScale", "RULES"]
 
 
 # --------------------------------------------------------------------------
@@ -187,6 +195,66 @@ class RewritePreluMax(ScopeRule):
         return scope.replace(body=replace_subterm(scope.body, params["node"], new))
 
 
+class RewritePreluRelu(ScopeRule):
+    """PRelu as a scaled input plus a ReLU, for the actual slopes::
+
+        max(y, 0) + a * min(y, 0)  ->  a * y + relu((1 - a) * y)    when every slope a <= 1
+        max(y, 0) + a * min(y, 0)  ->  a * y - relu((a - 1) * y)    when every slope a >= 1
+
+    Legality: ``max(y, 0) + a * min(y, 0) = a * y + (1 - a) * max(y, 0)``
+    for any ``a`` (``y >= 0``: ``a*y + (1-a)*y``; ``y < 0``: ``a*y``), and a
+    factor ``c >= 0`` moves into a ReLU, ``c * max(y, 0) = relu(c * y)``:
+    ``c = 1 - a`` when every ``a <= 1``, ``c = a - 1`` (with the sign outside)
+    when every ``a >= 1``. Slopes are read as in ``rewrite_prelu_max``. Both
+    scales of ``y`` are per-channel constants that ``fold_channel_scale``
+    moves into the weights of ``y``'s producer, which leaves two
+    convolutions, one with a fused ReLU and one that the sum fuses into.
+    """
+
+    name = "rewrite_prelu_relu"
+    phase = "explore"
+    family = "constant"
+    math = "max(y, 0) + a*min(y, 0) -> a*y + relu((1-a)*y) (a <= 1) | a*y - relu((a-1)*y) (a >= 1)"
+
+    def match_scope(self, scope: ir.Scope, ctx: Context) -> Iterator[Hit | str]:
+        for form in _prelu_forms(scope.body):
+            slopes = _slopes(form.slope, ctx)
+            if isinstance(slopes, str):
+                yield slopes
+                continue
+            ok = False
+            for sign, legal, bound in (("+", slopes.hi <= 1.0, "<= 1"), ("-", slopes.lo >= 1.0, ">= 1")):
+                if legal:
+                    ok = True
+                    scale = "(1-a)" if sign == "+" else "(a-1)"
+                    yield hit(
+                        f"a*y {sign} relu({scale}*y) for y = {_short(form.y)}: every slope {bound} "
+                        f"({slopes.describe()})",
+                        node=form.node,
+                        y=form.y,
+                        slope=form.slope,
+                        sign=sign,
+                    )
+            if not ok:
+                low = f"down to {slopes.lo:g} < 1" + (" (reads outside it give 0)" if slopes.padded else "")
+                yield (
+                    f"{slopes.what} has values up to {slopes.hi:g} > 1 and {low}: "
+                    "the ReLU's scale 1 - a changes sign"
+                )
+
+    def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:
+        y: ir.ValueExpr = params["y"]
+        a: ir.ValueExpr = params["slope"]
+        one = ir.Const(1.0)
+        if params["sign"] == "+":
+            relu_scale = ir.Const(1.0 - a.value) if isinstance(a, ir.Const) else ir.Binary("-", one, a)
+        else:
+            relu_scale = ir.Const(a.value - 1.0) if isinstance(a, ir.Const) else ir.Binary("-", a, one)
+        relu = ir.Unary("relu", ir.Binary("*", relu_scale, y))
+        new = ir.Binary(params["sign"], ir.Binary("*", a, y), relu)
+        return scope.replace(body=replace_subterm(scope.body, params["node"], new))
+
+
 class RewritePreluLeaky(ScopeRule):
     """PRelu with one slope everywhere is a leaky ReLU::
 
@@ -243,10 +311,38 @@ def _replace_factor(e: ir.ValueExpr, old: ir.ValueExpr, new: ir.ValueExpr) -> ir
     return go(e)
 
 
+def _constant_leaves(e: ir.ValueExpr, ctx: Context) -> list[ir.Access] | None:
+    """The tensor reads of an expression built only from numbers and reads of constant tensors
+    (``None`` when it reads a scope or a tensor that is not constant)."""
+    reads: list[ir.Access] = []
+    for x in _subterms(e):
+        if isinstance(x, ir.Access):
+            if not (isinstance(x.source, ir.Tensor) and ctx.is_constant(x.source)):
+                return None
+            reads.append(x)
+        elif not isinstance(x, (ir.Binary, ir.Unary, ir.Const)):
+            return None
+    return reads
+
+
+def _scaled_reads(e: ir.ValueExpr, ctx: Context) -> Iterator[tuple[ir.Access, ir.ValueExpr | None]]:
+    """``e`` as a scope read, alone or plus a constant (``S[tau] + B[f]``, a biased convolution)."""
+    if isinstance(e, ir.Access) and isinstance(e.source, ir.Scope):
+        yield e, None
+    for read, rest in _pairs(e, "+"):
+        if (
+            isinstance(read, ir.Access)
+            and isinstance(read.source, ir.Scope)
+            and _constant_leaves(rest, ctx) is not None
+        ):
+            yield read, rest
+
+
 def _scale_dims(
-    scale: ir.Access, read: ir.Access, weight: ir.Access
-) -> tuple[tuple[int | None, ...], str | None]:
-    """For each index of ``scale``: the dimension of ``weight`` it becomes (``None``: a constant).
+    scale: ir.ValueExpr, reads: list[ir.Access], read: ir.Access, weight: ir.Access
+) -> tuple[tuple[tuple[ir.Access, tuple[int | None, ...]], ...], str | None]:
+    """For each tensor read of ``scale`` and each of its indices: the dimension of ``weight`` it
+    becomes (``None``: a constant).
 
     ``scale`` multiplies ``read`` (an access to a scope S); an index of the
     scale equal to the ``j``-th index of the read means "S's ``j``-th
@@ -254,23 +350,26 @@ def _scale_dims(
     Returns a reason instead when that fails.
     """
     s: ir.Scope = read.source
-    out: list[int | None] = []
-    for g in scale.indices:
-        if isinstance(g, ir.IConst):
-            out.append(None)
-            continue
-        js = [j for j, tau in enumerate(read.indices) if tau is g]
-        if not js:
-            return (
-                (),
-                f"scale index {index_text(g)} of {scale} is not an index of the scaled read {_short(read)}",
-            )
-        dims = [d for j in js for d, p in enumerate(weight.indices) if p is s.traversal[j]]
-        if not dims:
-            shown = " or ".join(s.traversal[j].name for j in js)
-            return (), f"iterator {shown} of the scaled scope is not a plain index of {weight}"
-        out.append(dims[0])
-    return tuple(out), None
+    found = []
+    for acc in dict.fromkeys(reads):
+        out: list[int | None] = []
+        for g in acc.indices:
+            if isinstance(g, ir.IConst):
+                out.append(None)
+                continue
+            js = [j for j, tau in enumerate(read.indices) if tau is g]
+            if not js:
+                return (
+                    (),
+                    f"scale index {index_text(g)} of {scale} is not an index of the scaled read {_short(read)}",
+                )
+            dims = [d for j in js for d, p in enumerate(weight.indices) if p is s.traversal[j]]
+            if not dims:
+                shown = " or ".join(s.traversal[j].name for j in js)
+                return (), f"iterator {shown} of the scaled scope is not a plain index of {weight}"
+            out.append(dims[0])
+        found.append((acc, tuple(out)))
+    return tuple(found), None
 
 
 def _short(e: ir.ValueExpr) -> str:
@@ -287,39 +386,48 @@ class FoldChannelScale(ScopeRule):
         C[g] * S[tau]  ->  S'[tau],   S = L_t Sum_s P[pi] * R,   S' = L_t Sum_s P'[pi] * R,
         P' = L_i C[g'] * P[i]
 
-    ``C`` and ``P`` are constant tensors and ``S`` a scope whose body is a
-    product with the factor ``P[pi]``. Every index of ``g`` is a constant or
-    syntactically equal to some ``tau_j``, and then ``S``'s ``j``-th
-    traversal iterator ``t_j`` is a plain index ``pi_d = t_j`` of ``P``; ``g'``
-    reads ``i_d`` there. Identity: ``a[f] * Sum W[f, ...] x = Sum (a[f] W[f, ...]) x``
-    because the scale does not depend on the summation; reads of ``S``
-    outside its range are 0 on both sides, and so are reads of ``P'``
-    outside ``P``. ``P'`` reads only constants, so compile-time evaluation
-    produces the scaled weights. The scale may stand on either side of
-    ``*``. After ``rewrite_prelu_max`` this turns ``max(conv(x, W), a * conv(x, W))``
-    into ``max(conv(x, W), conv(x, a * W))`` (FSRCNN).
+        C[g] * (S[tau] + K)  ->  S'[tau] + C[g] * K
+
+    ``P`` is a constant tensor and ``S`` a scope whose body is a product with
+    the factor ``P[pi]``. The scale ``C[g]`` is a constant tensor read, or an
+    expression of numbers and such reads (``1 - a[f]``); a constant ``K``
+    added to the read (a bias) stays outside, scaled. Every index of every
+    read in the scale is a constant or syntactically equal to some
+    ``tau_j``, and then ``S``'s ``j``-th traversal iterator ``t_j`` is a
+    plain index ``pi_d = t_j`` of ``P``; ``g'`` reads ``i_d`` there.
+    Identity: ``a[f] * Sum W[f, ...] x = Sum (a[f] W[f, ...]) x`` because the
+    scale does not depend on the summation, and ``a * (s + k) = a*s + a*k``;
+    reads of ``S`` outside its range are 0 on both sides, and so are reads
+    of ``P'`` outside ``P``. ``P'`` reads only constants, so compile-time
+    evaluation produces the scaled weights. The scale may stand on either
+    side of ``*``. After ``rewrite_prelu_max`` this turns ``max(conv(x, W),
+    a * conv(x, W))`` into ``max(conv(x, W), conv(x, a * W))`` (FSRCNN);
+    after ``rewrite_prelu_relu``, ``a * conv(x, W) + relu((1 - a) * conv(x, W))``
+    into two convolutions.
     """
 
     name = "fold_channel_scale"
     phase = "explore"
     family = "constant"
-    math = "C[g] * {L_t Sum_s P[pi] * R}[tau] -> {L_t Sum_s (C[g'] * P)[pi] * R}[tau]"
+    math = "C[g] * ({L_t Sum_s P[pi] * R}[tau] + K) -> {L_t Sum_s (C[g'] * P)[pi] * R}[tau] + C[g] * K"
 
     def match_scope(self, scope: ir.Scope, ctx: Context) -> Iterator[Hit | str]:
         for node in _subterms(scope.body):
-            for scale, read in _pairs(node, "*"):
-                if not (
-                    isinstance(scale, ir.Access)
-                    and isinstance(scale.source, ir.Tensor)
-                    and ctx.is_constant(scale.source)
-                    and isinstance(read, ir.Access)
-                    and isinstance(read.source, ir.Scope)
-                ):
+            for scale, scaled in _pairs(node, "*"):
+                reads = _constant_leaves(scale, ctx)
+                if not reads:
                     continue
-                yield from self._weights(node, scale, read, ctx)
+                for read, rest in _scaled_reads(scaled, ctx):
+                    yield from self._weights(node, scale, reads, read, rest, ctx)
 
     def _weights(
-        self, node: ir.ValueExpr, scale: ir.Access, read: ir.Access, ctx: Context
+        self,
+        node: ir.ValueExpr,
+        scale: ir.ValueExpr,
+        reads: list[ir.Access],
+        read: ir.Access,
+        rest: ir.ValueExpr | None,
+        ctx: Context,
     ) -> Iterator[Hit | str]:
         body = read.source.body
         if not (isinstance(body, ir.Access) or (isinstance(body, ir.Binary) and body.op == "*")):
@@ -335,16 +443,18 @@ class FoldChannelScale(ScopeRule):
             if not ctx.is_constant(factor.source):
                 variable.append(factor.source.name)
                 continue
-            dims, reason = _scale_dims(scale, read, factor)
+            dims, reason = _scale_dims(scale, reads, read, factor)
             if reason is not None:
                 reasons.append(reason)
                 continue
             found = True
             yield hit(
-                f"fold {scale} into {factor}",
+                f"fold {scale} into {factor}"
+                + (f" (and scale {_short(rest)} with it)" if rest is not None else ""),
                 node=node,
                 scale=scale,
                 read=read,
+                rest=rest,
                 weight=factor,
                 dims=dims,
             )
@@ -360,22 +470,30 @@ class FoldChannelScale(ScopeRule):
         yield from reasons or [f"the scope scaled by {scale} reads no tensor in its product"]
 
     def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:
-        scale: ir.Access = params["scale"]
+        scale: ir.ValueExpr = params["scale"]
         read: ir.Access = params["read"]
+        rest: ir.ValueExpr | None = params["rest"]
         weight: ir.Access = params["weight"]
-        dims: tuple[int | None, ...] = params["dims"]
+        dims = dict(params["dims"])
         p = weight.source
-        taken: set[str] = {p.name, scale.source.name}
+        taken: set[str] = {p.name} | {a.source.name for a in dims}
         its = []
         for n in p.shape:
             name = fresh_name("i", taken)
             taken.add(name)
             its.append(ir.Iter(name, 0, n))
-        g = tuple(i if d is None else its[d] for i, d in zip(scale.indices, dims, strict=True))
-        scaled = ir.Scope(tuple(its), (), ir.Binary("*", scale.source[g], p[tuple(its)]))
+
+        def at_weight(acc: ir.Access) -> ir.Access:
+            g = tuple(i if d is None else its[d] for i, d in zip(acc.indices, dims[acc], strict=True))
+            return acc.source[g]
+
+        scaled = ir.Scope(tuple(its), (), ir.Binary("*", map_accesses(scale, at_weight), p[tuple(its)]))
         s = read.source
         new_s = s.replace(body=_replace_factor(s.body, weight, scaled[weight.indices]))
-        return scope.replace(body=replace_subterm(scope.body, params["node"], new_s[read.indices]))
+        new: ir.ValueExpr = new_s[read.indices]
+        if rest is not None:
+            new = ir.Binary("+", new, ir.Binary("*", scale, rest))
+        return scope.replace(body=replace_subterm(scope.body, params["node"], new))
 
 
-RULES: tuple[Rule, ...] = (RewritePreluMax(), RewritePreluLeaky(), FoldChannelScale())
+RULES: tuple[Rule, ...] = (RewritePreluMax(), RewritePreluRelu(), RewritePreluLeaky(), FoldChannelScale())

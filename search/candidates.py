@@ -66,7 +66,7 @@ def _sizes(program: ir.Program, constants: frozenset[str]) -> tuple[int, int]:
         if constants and reads_only(scope, constants):
             continue
         points = math.prod(it.extent for it in (*scope.traversal, *scope.summation))
-        flops += points * max(1, _ops(scope.body) + (1 if scope.summation else 0))
+        flops += points * max(1, _ops(scope.body, constants) + (1 if scope.summation else 0))
         elements += math.prod(scope.shape)
     return flops, 4 * elements
 
@@ -88,12 +88,29 @@ def contractions(program: ir.Program) -> int:
     return sum(1 for s in ir.scopes_in(program) if s.summation and isinstance(s.body, ir.Binary))
 
 
-def _ops(e: ir.ValueExpr) -> int:
+def _ops(e: ir.ValueExpr, constants: frozenset[str] = frozenset()) -> int:
+    """Operations per point of a body; a subterm of numbers and constant reads (``A[f] * B[f]``, a
+    scaled bias) is folded at compile time and costs none."""
+    if constants and _folded(e, constants):
+        return 0
     if isinstance(e, ir.Binary):
-        return 1 + _ops(e.a) + _ops(e.b)
+        return 1 + _ops(e.a, constants) + _ops(e.b, constants)
     if isinstance(e, ir.Unary):
-        return 1 + _ops(e.x)
+        return 1 + _ops(e.x, constants)
     return 0
+
+
+def _folded(e: ir.ValueExpr, constants: frozenset[str]) -> bool:
+    if isinstance(e, ir.Const):
+        return True
+    if isinstance(e, ir.Access):
+        src = e.source
+        return src.name in constants if isinstance(src, ir.Tensor) else reads_only(src, constants)
+    if isinstance(e, ir.Binary):
+        return _folded(e.a, constants) and _folded(e.b, constants)
+    if isinstance(e, ir.Unary):
+        return _folded(e.x, constants)
+    return False
 
 
 def analytic(model, weights: frozenset[str]) -> tuple[float, tuple[str, ...]]:

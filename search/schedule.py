@@ -328,6 +328,9 @@ DEFAULT_SCHEDULE = Schedule(
         Use("merge_expressions", ("concat", "join"), restrict="shares_input"),
         Use("fuse_expressions", restrict="data_movement"),
         Use("rewrite_prelu_max"),
+        # PRelu as a * y + relu((1 - a) * y): with both scales folded into the weights, two
+        # convolutions that ONNX Runtime fuses with the ReLU and the sum (measured against the max form).
+        Use("rewrite_prelu_relu"),
         Use("rewrite_prelu_leaky"),
         Use("fold_channel_scale"),
     ),

@@ -96,6 +96,78 @@ def test_integer_weights_are_part_of_the_signature():
     assert [n.cost.what for n in node_costs(reshape([6, 4]))] == ["", "Relu 6x4"]
 
 
+def _two_convs(relu_reads_twice: bool = False) -> onnx.ModelProto:
+    """``conv(x, W1) + b1 + relu(conv(x, W2) + b2)``: what FSRCNN's PRelu becomes (each bias a
+    product of constants, folded); ``relu_reads_twice``: the second conv's sum is read twice."""
+    rng = np.random.default_rng(0)
+    ws = [
+        numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), f"w{i}") for i in (1, 2)
+    ]
+    bs = [numpy_helper.from_array(rng.standard_normal((4, 1, 1)).astype(np.float32), f"b{i}") for i in (1, 2)]
+    pads = {"pads": [1, 1, 1, 1]}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], **pads),
+        helper.make_node("Conv", ["x", "w2"], ["c2"], **pads),
+        helper.make_node("Mul", ["b1", "b2"], ["b12"]),  # constants only: folded
+        helper.make_node("Add", ["c1", "b12"], ["a1"]),
+        helper.make_node("Add", ["c2", "b2"], ["a2"]),
+        helper.make_node("Relu", ["a2"], ["r"]),
+        helper.make_node("Add", ["a1", "r"], ["y"]),
+    ]
+    outputs = [helper.make_tensor_value_info("y", F, [1, 4, 8, 8])]
+    if relu_reads_twice:
+        nodes.append(helper.make_node("Mul", ["a2", "a2"], ["sq"]))
+        outputs.append(helper.make_tensor_value_info("sq", F, [1, 4, 8, 8]))
+    return make(nodes, [helper.make_tensor_value_info("x", F, [1, 3, 8, 8])], outputs, ws + bs)
+
+
+def test_a_convolution_is_costed_with_the_element_wise_nodes_fused_into_it():
+    nodes = node_costs(_two_convs())
+    assert [(n.cost.op, n.cost.kind) for n in nodes] == [
+        ("Conv", "timed"),
+        ("Conv", "timed"),
+        ("Mul", "folded"),
+    ]
+    first, second = (n.cost.what for n in nodes[:2])
+    assert first == "Conv 1x3x8x8 4x3x3x3 + Add + Add"  # the bias, then the sum with the ReLU's output
+    assert second == "Conv 1x3x8x8 4x3x3x3 + Add + Relu"
+    assert nodes[0].cost.key != nodes[1].cost.key != node_costs(_two_convs(True))[1].cost.key
+    # A value read twice ends its group there: the ReLU is timed on its own.
+    split = node_costs(_two_convs(relu_reads_twice=True))
+    assert [n.cost.what for n in split if n.cost.kind == "timed"] == [
+        "Conv 1x3x8x8 4x3x3x3 + Add + Add",
+        "Conv 1x3x8x8 4x3x3x3 + Add",
+        "Relu 1x4x8x8",
+        "Mul 1x4x8x8 1x4x8x8",
+    ]
+
+
+def test_a_fused_group_runs_as_one_session_equal_to_its_nodes(costs):
+    """The group's single session computes what its nodes compute in the model."""
+    import onnxruntime as ort
+
+    from einopt.opcost import _single
+
+    model = _two_convs()
+    x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    nodes = node_costs(model)
+    group, feeds = _single(nodes[1], np.random.default_rng(0))
+    assert [n.op_type for n in group.graph.node] == ["Conv", "Add", "Relu"]
+    got = ort.InferenceSession(group.SerializeToString()).run(None, {group.graph.input[0].name: x})[0]
+    w2, b2 = (numpy_helper.to_array(t) for t in model.graph.initializer if t.name in ("w2", "b2"))
+    ref = make(
+        model.graph.node[1:2]
+        + [helper.make_node("Add", ["c2", "b2"], ["a2"]), helper.make_node("Relu", ["a2"], ["r"])],
+        [helper.make_tensor_value_info("x", F, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("r", F, None)],
+        [numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(b2, "b2")],
+    )
+    want = ort.InferenceSession(ref.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    (p,) = costs.predict([(model, ())])
+    assert [n.kind for n, _ in p.nodes] == ["timed", "timed", "folded"] and costs.measured == 2
+
+
 @pytest.fixture
 def costs(tmp_path):
     store = MeasurementCache(tmp_path / "m.sqlite")

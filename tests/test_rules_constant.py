@@ -10,7 +10,7 @@ from rules_support import Example, NearMiss, affine_index, apply_all, as_program
 
 from einopt import ir
 from einopt.interp import evaluate
-from einopt.rules import derive, get
+from einopt.rules import Step, derive, get
 
 PRELU = "L[n:2, c:3, h:4] max(X[n, c, h], 0) + A[c] * min(X[n, c, h], 0) where X: [2, 3, 4], A: [3]"
 # The same form with every operand order flipped.
@@ -38,6 +38,14 @@ SLOPES_STEEP = {"A": np.array([1.0, 1.5, 3.0])}
 SLOPES_MIXED = {"A": np.array([0.2, 1.5, 0.7])}
 SLOPES_UNIFORM = {"A": np.full(3, 0.2)}
 
+# FSRCNN's convolution with its bias, inlined into the PRelu (what fuse_expressions makes of the two).
+FSRCNN_BIASED = """Z = L[n:1, f:4, h:5, w:5] max({CONV}[n, f, h, w] + B[f], 0) + A[f, 0, 0] * min({CONV}[n, f, h, w] + B[f], 0)
+return Z
+where X: [1, 3, 5, 5], W: [4, 3, 1, 1], A: [4, 1, 1], B: [4]""".replace(
+    "{CONV}", "{L[n2:1, f2:4, h2:5, w2:5] Sum[c:3] X[n2, c, h2, w2] * W[f2, c, 0, 0]}"
+)
+B_INT = np.array([1.0, -2.0, 0.0, 3.0])
+
 MATMUL_SCALE = (
     "L[i:3, j:4] {L[i2:3, j2:4] Sum[k:5] X[i2, k] * V[k, j2]}[i, j] * B[j] where X: [3, 5], V: [5, 4], B: [4]"
 )
@@ -52,6 +60,15 @@ EXAMPLES = {
         Example(PRELU, {"A": np.ones(3)}, min_matches=2),
         Example(FSRCNN, {"W": W_INT, "A": A_UNIT}),
     ],
+    "rewrite_prelu_relu": [
+        Example(PRELU, SLOPES_UNIT),
+        Example(PRELU, SLOPES_NEGATIVE),
+        Example(PRELU_COMMUTED, SLOPES_UNIT),
+        Example(PRELU, SLOPES_STEEP),
+        Example(PRELU_CONST),
+        Example(PRELU, {"A": np.ones(3)}, min_matches=2),
+        Example(FSRCNN_BIASED, {"W": W_INT, "A": A_UNIT, "B": B_INT}),
+    ],
     "rewrite_prelu_leaky": [
         Example(PRELU, SLOPES_UNIFORM),
         Example(PRELU_COMMUTED, {"A": np.full(3, -0.5)}),
@@ -61,6 +78,14 @@ EXAMPLES = {
         Example(FSRCNN_MAX.format(scaled="A[f, 0, 0] * Y[n, f, h, w]"), {"W": W_INT, "A": A_INT}),
         Example(FSRCNN_MAX.format(scaled="Y[n, f, h, w] * A[f, 0, 0]"), {"W": W_INT, "A": A_INT}),
         Example(MATMUL_SCALE, {"V": _RNG.integers(-3, 4, (5, 4)).astype(np.float64), "B": np.arange(4.0)}),
+        # An expression of constants as the scale, and a constant bias added to the scaled read.
+        Example(FSRCNN_MAX.format(scaled="(1 - A[f, 0, 0]) * Y[n, f, h, w]"), {"W": W_INT, "A": A_INT}),
+        Example(
+            "L[n:1, f:4, h:5, w:5] A[f, 0, 0] * ({L[n2:1, f2:4, h2:5, w2:5] Sum[c:3] "
+            "X[n2, c, h2, w2] * W[f2, c, 0, 0]}[n, f, h, w] + B[f]) "
+            "where X: [1, 3, 5, 5], W: [4, 3, 1, 1], A: [4, 1, 1], B: [4]",
+            {"W": W_INT, "A": A_INT, "B": B_INT},
+        ),
     ],
 }
 
@@ -74,6 +99,10 @@ NEAR_MISSES = {
             "reads outside it give 0",
             SLOPES_STEEP,
         ),
+    ],
+    "rewrite_prelu_relu": [
+        NearMiss(PRELU, "the ReLU's scale 1 - a changes sign", SLOPES_MIXED),
+        NearMiss(PRELU, "slope A is not a constant"),
     ],
     "rewrite_prelu_leaky": [
         NearMiss(
@@ -149,6 +178,29 @@ def test_mixed_slopes_refuse_both_forms():
     assert "up to 1.5 > 1 and down to 0.2 < 1" in f.reason
 
 
+@pytest.mark.parametrize(
+    "slopes, body",
+    [
+        (SLOPES_UNIT, "A[c] * X[n, c, h] + relu((1.0 - A[c]) * X[n, c, h])"),
+        (SLOPES_NEGATIVE, "A[c] * X[n, c, h] + relu((1.0 - A[c]) * X[n, c, h])"),
+        (SLOPES_STEEP, "A[c] * X[n, c, h] - relu((A[c] - 1.0) * X[n, c, h])"),
+    ],
+    ids=["unit", "negative", "steep"],
+)
+def test_prelu_as_scale_plus_relu_equals_prelu_on_both_signs(slopes, body):
+    program = load(PRELU)
+    [(m, after)] = apply_all("rewrite_prelu_relu", program, context(slopes))
+    assert str(after.scope("Y").body) == body
+    x = np.linspace(-3.0, 3.0, 24).reshape(2, 3, 4)
+    got = evaluate(after, {"X": x, **slopes})["Y"]
+    np.testing.assert_allclose(got, _prelu_reference(x, slopes["A"]), rtol=0, atol=1e-14)
+
+
+def test_mixed_slopes_refuse_the_relu_form():
+    [f] = get("rewrite_prelu_relu").failures(load(PRELU), context(SLOPES_MIXED))
+    assert "values up to 1.5 > 1 and down to 0.2 < 1" in f.reason
+
+
 def test_uniform_slope_becomes_leaky_relu():
     [(m, after)] = apply_all("rewrite_prelu_leaky", load(PRELU), context(SLOPES_UNIFORM))
     assert after.scope("Y").body is ir.Unary("leaky_relu", load(PRELU).scope("Y").body.a.a, 0.2)
@@ -211,6 +263,27 @@ def test_fsrcnn_prelu_becomes_max_of_two_convolutions():
     np.testing.assert_allclose(evaluate(trace.result, inputs)["Z"], want, rtol=1e-12)
 
 
+def test_fsrcnn_prelu_becomes_two_convolutions_and_a_relu():
+    """conv(x, W) + b under PRelu -> conv(x, a*W) + a*b + relu(conv(x, (1-a)*W) + (1-a)*b)."""
+    consts = {"W": W_INT, "A": A_UNIT, "B": B_INT}
+    ctx = context(consts)
+    steps = [
+        "rewrite_prelu_relu",
+        Step("fold_channel_scale", choose="fold A[f, 0, 0] into"),
+        "fold_channel_scale",
+    ]
+    trace = derive(load(FSRCNN_BIASED), steps, ctx)
+    body = trace.result.scope("Z").body
+    assert isinstance(body, ir.Binary) and body.op == "+"
+    convs = [s for s in ir.scopes_in(trace.result) if s.summation]
+    assert len(convs) == 2  # each reads scaled weights: no scale is left on a convolution's result
+    assert "relu({L" in str(body) and "(1.0 - A[f, 0, 0]) * B[f]" in str(body)
+    x = np.random.default_rng(1).standard_normal((1, 3, 5, 5))
+    conv = np.einsum("nchw,fc->nfhw", x, W_INT[:, :, 0, 0]) + B_INT[None, :, None, None]
+    want = np.where(conv >= 0, conv, A_UNIT[None] * conv)
+    np.testing.assert_allclose(evaluate(trace.result, {"X": x, **consts})["Z"], want, rtol=1e-12)
+
+
 def test_scale_reading_a_constant_index_keeps_it():
     text = (
         "L[i:3, j:4] C[0, j] * {L[i2:3, j2:4] Sum[k:5] X[i2, k] * V[k, j2]}[i, j] "
@@ -218,7 +291,8 @@ def test_scale_reading_a_constant_index_keeps_it():
     )
     ctx = context({"V": np.ones((5, 4)), "C": np.arange(8.0).reshape(2, 4)})
     [(m, after)] = apply_all("fold_channel_scale", load(text), ctx)
-    assert m["dims"] == (None, 1)
+    [(read, dims)] = m["dims"]
+    assert str(read) == "C[0, j]" and dims == (None, 1)
     assert "{L[i:5, i1:4] C[0, i1] * V[i, i1]}[k, j2]" in str(after)
 
 

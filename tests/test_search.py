@@ -26,6 +26,7 @@ from einopt.instantiate.plan import Match
 from einopt.rules import NO_CONTEXT, REGISTRY, Context, check_equivalent
 from einopt.rules.paper import DERIVATIONS
 from einopt.search import DEFAULT_SCHEDULE, SearchError, search
+from einopt.search.candidates import program_flops
 from einopt.search.distance import TARGETS, distance, matcher_context, nearest
 from einopt.search.normal import normalize
 
@@ -514,3 +515,15 @@ def test_a_small_slice_of_a_large_folded_weight_stays_shape_only_when_light():
     light, _ = program_model(program, arrays, light=True)
     assert [n.op_type for n in light.graph.node] == [n.op_type for n in full.graph.node]
     assert model_cost(light) == model_cost(full)
+
+
+def test_flops_leave_out_what_reads_only_constants():
+    """A subterm of numbers and constant reads (a scaled bias ``A[f] * B[f]``) is folded at compile
+    time: it costs no FLOPs, so the two-convolution PRelu form is not pruned for them."""
+    text = "L[f:4, h:6] {L[f2:4, h2:6] Sum[c:3] X[c, h2] * W[f2, c]}[f, h] + {bias} where X: [3, 6], W: [4, 3], A: [4], B: [4]"
+    scaled = einopt.parse(text.replace("{bias}", "(1 - A[f]) * B[f]"))
+    plain = einopt.parse(text.replace("{bias}", "B[f]"))
+    weights = frozenset({"W", "A", "B"})
+    assert program_flops(as_program(scaled), weights) == program_flops(as_program(plain), weights)
+    # With nothing constant, the scale is arithmetic per point: 2 more operations on 24 points.
+    assert program_flops(as_program(scaled)) == program_flops(as_program(plain)) + 2 * 24
