@@ -247,7 +247,7 @@ def node_costs(model: onnx.ModelProto, weights: Iterable[str] = ()) -> list[_Nod
         chain = _fusable_chain(n, entries, at, readers, outputs, taken) if e in forms else []
         taken.update(chain)
         group = [n, *(entries[c] for c in chain)]
-        form = [FORMAT, *(forms[e] for e in [e, *chain])] if e in forms else None
+        form = [FORMAT, *(forms[i] for i in [e, *chain])] if e in forms else None
         if form is not None:
             digest = hashlib.sha256(json.dumps(form, separators=(",", ":")).encode()).hexdigest()
             n = dataclasses.replace(
@@ -302,8 +302,9 @@ def _fusable_chain(
 
 
 def _fuses_after(n: _Node, value: str) -> bool:
-    """Whether ``n``'s other inputs are what a fusion into ``head`` takes: constants for Mul and
-    activations' parameters, a constant or a tensor of the head's output shape for Add."""
+    """Whether ``n``'s inputs other than ``value`` are what a fusion into the group's head takes:
+    constants (a Mul's scale, an activation's parameters), or for an Add a constant or a tensor of
+    ``value``'s shape (the sum ONNX Runtime adds into the convolution's output)."""
     chained = next(v for name, v in zip(n.node.input, n.inputs, strict=True) if name == value)
     for name, v in zip(n.node.input, n.inputs, strict=True):
         if not name or name == value:

@@ -142,6 +142,32 @@ def _slopes(a: ir.ValueExpr, ctx: Context) -> _Slopes | str:
     return _Slopes(f"slope tensor {t.name}", lo, hi, padded)
 
 
+def _prelu_sides(body: ir.ValueExpr, ctx: Context) -> Iterator[tuple[_Prelu, _Slopes | str, list[bool]]]:
+    """Each PRelu form of ``body``, what its slopes are (or why they are not constant), and the sides
+    they all lie on: ``True`` for every slope ``<= 1``, ``False`` for every slope ``>= 1`` (both when
+    every slope is 1, neither when they straddle 1)."""
+    for form in _prelu_forms(body):
+        slopes = _slopes(form.slope, ctx)
+        if isinstance(slopes, str):
+            yield form, slopes, []
+            continue
+        yield (
+            form,
+            slopes,
+            [below for below, legal in ((True, slopes.hi <= 1.0), (False, slopes.lo >= 1.0)) if legal],
+        )
+
+
+def _bound(below: bool) -> str:
+    return "<= 1" if below else ">= 1"
+
+
+def _mixed(slopes: _Slopes, consequence: str) -> str:
+    """Why slopes on both sides of 1 refuse a form."""
+    low = f"down to {slopes.lo:g} < 1" + (" (reads outside it give 0)" if slopes.padded else "")
+    return f"{slopes.what} has values up to {slopes.hi:g} > 1 and {low}: {consequence}"
+
+
 class RewritePreluMax(ScopeRule):
     """PRelu as one maximum (or minimum), for the actual slopes::
 
@@ -166,28 +192,20 @@ class RewritePreluMax(ScopeRule):
     math = "max(y, 0) + a*min(y, 0) -> max(y, a*y) (a <= 1) | min(y, a*y) (a >= 1)"
 
     def match_scope(self, scope: ir.Scope, ctx: Context) -> Iterator[Hit | str]:
-        for form in _prelu_forms(scope.body):
-            slopes = _slopes(form.slope, ctx)
+        for form, slopes, sides in _prelu_sides(scope.body, ctx):
             if isinstance(slopes, str):
                 yield slopes
-                continue
-            ok = False
-            for op, legal, bound in (("max", slopes.hi <= 1.0, "<= 1"), ("min", slopes.lo >= 1.0, ">= 1")):
-                if legal:
-                    ok = True
-                    yield hit(
-                        f"{op}(y, a*y) for y = {_short(form.y)}: every slope {bound} ({slopes.describe()})",
-                        node=form.node,
-                        y=form.y,
-                        slope=form.slope,
-                        op=op,
-                    )
-            if not ok:
-                low = f"down to {slopes.lo:g} < 1" + (" (reads outside it give 0)" if slopes.padded else "")
-                yield (
-                    f"{slopes.what} has values up to {slopes.hi:g} > 1 and {low}: "
-                    "neither max(y, a*y) nor min(y, a*y) equals PRelu"
+            for below in sides:
+                op = "max" if below else "min"
+                yield hit(
+                    f"{op}(y, a*y) for y = {_short(form.y)}: every slope {_bound(below)} ({slopes.describe()})",
+                    node=form.node,
+                    y=form.y,
+                    slope=form.slope,
+                    op=op,
                 )
+            if not isinstance(slopes, str) and not sides:
+                yield _mixed(slopes, "neither max(y, a*y) nor min(y, a*y) equals PRelu")
 
     def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:
         y: ir.ValueExpr = params["y"]
@@ -217,30 +235,21 @@ class RewritePreluRelu(ScopeRule):
     math = "max(y, 0) + a*min(y, 0) -> a*y + relu((1-a)*y) (a <= 1) | a*y - relu((a-1)*y) (a >= 1)"
 
     def match_scope(self, scope: ir.Scope, ctx: Context) -> Iterator[Hit | str]:
-        for form in _prelu_forms(scope.body):
-            slopes = _slopes(form.slope, ctx)
+        for form, slopes, sides in _prelu_sides(scope.body, ctx):
             if isinstance(slopes, str):
                 yield slopes
-                continue
-            ok = False
-            for sign, legal, bound in (("+", slopes.hi <= 1.0, "<= 1"), ("-", slopes.lo >= 1.0, ">= 1")):
-                if legal:
-                    ok = True
-                    scale = "(1-a)" if sign == "+" else "(a-1)"
-                    yield hit(
-                        f"a*y {sign} relu({scale}*y) for y = {_short(form.y)}: every slope {bound} "
-                        f"({slopes.describe()})",
-                        node=form.node,
-                        y=form.y,
-                        slope=form.slope,
-                        sign=sign,
-                    )
-            if not ok:
-                low = f"down to {slopes.lo:g} < 1" + (" (reads outside it give 0)" if slopes.padded else "")
-                yield (
-                    f"{slopes.what} has values up to {slopes.hi:g} > 1 and {low}: "
-                    "the ReLU's scale 1 - a changes sign"
+            for below in sides:
+                sign, scale = ("+", "(1-a)") if below else ("-", "(a-1)")
+                yield hit(
+                    f"a*y {sign} relu({scale}*y) for y = {_short(form.y)}: every slope {_bound(below)} "
+                    f"({slopes.describe()})",
+                    node=form.node,
+                    y=form.y,
+                    slope=form.slope,
+                    sign=sign,
                 )
+            if not isinstance(slopes, str) and not sides:
+                yield _mixed(slopes, "the ReLU's scale 1 - a changes sign")
 
     def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:
         y: ir.ValueExpr = params["y"]
