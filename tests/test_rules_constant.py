@@ -50,23 +50,23 @@ MATMUL_SCALE = (
     "L[i:3, j:4] {L[i2:3, j2:4] Sum[k:5] X[i2, k] * V[k, j2]}[i, j] * B[j] where X: [3, 5], V: [5, 4], B: [4]"
 )
 
+# Both PRelu forms apply to slopes on one side of 1 (both sides when every slope is 1), either order.
+PRELU_EXAMPLES = [
+    Example(PRELU, SLOPES_UNIT),
+    Example(PRELU, SLOPES_NEGATIVE),
+    Example(PRELU_COMMUTED, SLOPES_UNIT),
+    Example(PRELU, SLOPES_STEEP),
+    Example(PRELU_CONST),
+    Example(PRELU, {"A": np.ones(3)}, min_matches=2),
+]
+
 EXAMPLES = {
     "rewrite_prelu_max": [
-        Example(PRELU, SLOPES_UNIT),
-        Example(PRELU, SLOPES_NEGATIVE),
-        Example(PRELU_COMMUTED, SLOPES_UNIT),
-        Example(PRELU, SLOPES_STEEP),
-        Example(PRELU_CONST),
-        Example(PRELU, {"A": np.ones(3)}, min_matches=2),
+        *PRELU_EXAMPLES,
         Example(FSRCNN, {"W": W_INT, "A": A_UNIT}),
     ],
     "rewrite_prelu_relu": [
-        Example(PRELU, SLOPES_UNIT),
-        Example(PRELU, SLOPES_NEGATIVE),
-        Example(PRELU_COMMUTED, SLOPES_UNIT),
-        Example(PRELU, SLOPES_STEEP),
-        Example(PRELU_CONST),
-        Example(PRELU, {"A": np.ones(3)}, min_matches=2),
+        *PRELU_EXAMPLES,
         Example(FSRCNN_BIASED, {"W": W_INT, "A": A_UNIT, "B": B_INT}),
     ],
     "rewrite_prelu_leaky": [
