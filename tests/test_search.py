@@ -527,3 +527,32 @@ def test_flops_leave_out_what_reads_only_constants():
     assert program_flops(as_program(scaled), weights) == program_flops(as_program(plain), weights)
     # With nothing constant, the scale is arithmetic per point: 2 more operations on 24 points.
     assert program_flops(as_program(scaled)) == program_flops(as_program(plain)) + 2 * 24
+
+
+def test_the_search_finds_prelu_as_two_convolutions_and_a_relu():
+    """Conv + bias + PRelu -> conv(x, a*W) + a*b + relu(conv(x, (1-a)*W) + (1-a)*b), found at depth 4
+    (fuse, rewrite_prelu_relu, fold_channel_scale twice): doubling the convolution's FLOPs is within
+    the FLOPs bar once the scaled biases, folded at compile time, count nothing."""
+    text = (
+        "Y = L[n:1, f:4, h:6, w:6] {L[n2:1, f2:4, h2:6, w2:6] Sum[c:3, r:3, s:3] "
+        "X[n2, c, h2+r-1, w2+s-1] * W[f2, c, r, s]}[n, f, h, w] + B[f]\n"
+        "Z = L[n:1, f:4, h:6, w:6] max(Y[n, f, h, w], 0) + A[f, 0, 0] * min(Y[n, f, h, w], 0)\n"
+        "return Z\nwhere X: [1, 3, 6, 6], W: [4, 3, 3, 3], A: [4, 1, 1], B: [4]"
+    )
+    rng = np.random.default_rng(0)
+    constants = {
+        "W": rng.standard_normal((4, 3, 3, 3)),
+        "A": rng.uniform(0.0, 0.5, (4, 1, 1)),
+        "B": rng.standard_normal(4),
+    }
+    program = as_program(einopt.parse(text))
+    result = search(program, ctx=Context(constants), max_depth=4, max_candidates=64)
+    traces = {tuple(s.rule for s in c.trace): c for c in result.candidates}
+    found = [t for t in traces if t.count("fold_channel_scale") == 2 and "rewrite_prelu_relu" in t]
+    assert found, sorted(traces)
+    c = traces[found[0]]
+    assert c.operators.count("Conv") == 2 and "Relu" in c.operators and "PRelu" not in c.operators
+    x = {"X": rng.standard_normal((1, 3, 6, 6))}
+    check_equivalent(program, c.program, Context(constants))
+    want = einopt.evaluate(program, {**x, **constants})["Z"]
+    np.testing.assert_allclose(einopt.evaluate(c.program, {**x, **constants})["Z"], want, rtol=1e-10)
