@@ -286,13 +286,7 @@ def _fusable_chain(
             break
         e = at.get(readers[value][0])
         nxt = entries[e] if e is not None else None
-        if (
-            e in taken
-            or nxt is None
-            or nxt.node is None
-            or nxt.cost.kind != "timed"
-            or nxt.node.op_type not in ops
-        ):
+        if e in taken or nxt is None or nxt.cost.kind != "timed" or nxt.node.op_type not in ops:
             break
         if list(nxt.node.input).count(value) != 1 or not _fuses_after(nxt, value):
             break

@@ -142,33 +142,35 @@ def _slopes(a: ir.ValueExpr, ctx: Context) -> _Slopes | str:
     return _Slopes(f"slope tensor {t.name}", lo, hi, padded)
 
 
-def _prelu_sides(body: ir.ValueExpr, ctx: Context) -> Iterator[tuple[_Prelu, _Slopes | str, list[bool]]]:
-    """Each PRelu form of ``body``, what its slopes are (or why they are not constant), and the sides
-    they all lie on: ``True`` for every slope ``<= 1``, ``False`` for every slope ``>= 1`` (both when
-    every slope is 1, neither when they straddle 1)."""
-    for form in _prelu_forms(body):
-        slopes = _slopes(form.slope, ctx)
-        if isinstance(slopes, str):
-            yield form, slopes, []
-            continue
-        yield (
-            form,
-            slopes,
-            [below for below, legal in ((True, slopes.hi <= 1.0), (False, slopes.lo >= 1.0)) if legal],
-        )
-
-
 def _bound(below: bool) -> str:
     return "<= 1" if below else ">= 1"
 
 
-def _mixed(slopes: _Slopes, consequence: str) -> str:
-    """Why slopes on both sides of 1 refuse a form."""
-    low = f"down to {slopes.lo:g} < 1" + (" (reads outside it give 0)" if slopes.padded else "")
-    return f"{slopes.what} has values up to {slopes.hi:g} > 1 and {low}: {consequence}"
+class _PreluSides(ScopeRule):
+    """A PRelu rewrite legal when every slope lies on one side of 1: ``below`` (every slope
+    ``<= 1``) or not (every slope ``>= 1``); both when every slope is 1, a refusal saying
+    :attr:`straddle` when they lie on both sides."""
+
+    straddle = ""
+
+    def side_hit(self, form: _Prelu, slopes: _Slopes, below: bool) -> Hit:
+        raise NotImplementedError
+
+    def match_scope(self, scope: ir.Scope, ctx: Context) -> Iterator[Hit | str]:
+        for form in _prelu_forms(scope.body):
+            slopes = _slopes(form.slope, ctx)
+            if isinstance(slopes, str):
+                yield slopes
+                continue
+            sides = [below for below, legal in ((True, slopes.hi <= 1.0), (False, slopes.lo >= 1.0)) if legal]
+            for below in sides:
+                yield self.side_hit(form, slopes, below)
+            if not sides:
+                low = f"down to {slopes.lo:g} < 1" + (" (reads outside it give 0)" if slopes.padded else "")
+                yield f"{slopes.what} has values up to {slopes.hi:g} > 1 and {low}: {self.straddle}"
 
 
-class RewritePreluMax(ScopeRule):
+class RewritePreluMax(_PreluSides):
     """PRelu as one maximum (or minimum), for the actual slopes::
 
         max(y, 0) + a * min(y, 0)  ->  max(y, a * y)    when every slope a <= 1
@@ -191,21 +193,17 @@ class RewritePreluMax(ScopeRule):
     family = "constant"
     math = "max(y, 0) + a*min(y, 0) -> max(y, a*y) (a <= 1) | min(y, a*y) (a >= 1)"
 
-    def match_scope(self, scope: ir.Scope, ctx: Context) -> Iterator[Hit | str]:
-        for form, slopes, sides in _prelu_sides(scope.body, ctx):
-            if isinstance(slopes, str):
-                yield slopes
-            for below in sides:
-                op = "max" if below else "min"
-                yield hit(
-                    f"{op}(y, a*y) for y = {_short(form.y)}: every slope {_bound(below)} ({slopes.describe()})",
-                    node=form.node,
-                    y=form.y,
-                    slope=form.slope,
-                    op=op,
-                )
-            if not isinstance(slopes, str) and not sides:
-                yield _mixed(slopes, "neither max(y, a*y) nor min(y, a*y) equals PRelu")
+    straddle = "neither max(y, a*y) nor min(y, a*y) equals PRelu"
+
+    def side_hit(self, form: _Prelu, slopes: _Slopes, below: bool) -> Hit:
+        op = "max" if below else "min"
+        return hit(
+            f"{op}(y, a*y) for y = {_short(form.y)}: every slope {_bound(below)} ({slopes.describe()})",
+            node=form.node,
+            y=form.y,
+            slope=form.slope,
+            op=op,
+        )
 
     def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:
         y: ir.ValueExpr = params["y"]
@@ -213,7 +211,7 @@ class RewritePreluMax(ScopeRule):
         return scope.replace(body=replace_subterm(scope.body, params["node"], new))
 
 
-class RewritePreluRelu(ScopeRule):
+class RewritePreluRelu(_PreluSides):
     """PRelu as a scaled input plus a ReLU, for the actual slopes::
 
         max(y, 0) + a * min(y, 0)  ->  a * y + relu((1 - a) * y)    when every slope a <= 1
@@ -234,22 +232,18 @@ class RewritePreluRelu(ScopeRule):
     family = "constant"
     math = "max(y, 0) + a*min(y, 0) -> a*y + relu((1-a)*y) (a <= 1) | a*y - relu((a-1)*y) (a >= 1)"
 
-    def match_scope(self, scope: ir.Scope, ctx: Context) -> Iterator[Hit | str]:
-        for form, slopes, sides in _prelu_sides(scope.body, ctx):
-            if isinstance(slopes, str):
-                yield slopes
-            for below in sides:
-                sign, scale = ("+", "(1-a)") if below else ("-", "(a-1)")
-                yield hit(
-                    f"a*y {sign} relu({scale}*y) for y = {_short(form.y)}: every slope {_bound(below)} "
-                    f"({slopes.describe()})",
-                    node=form.node,
-                    y=form.y,
-                    slope=form.slope,
-                    sign=sign,
-                )
-            if not isinstance(slopes, str) and not sides:
-                yield _mixed(slopes, "the ReLU's scale 1 - a changes sign")
+    straddle = "the ReLU's scale 1 - a changes sign"
+
+    def side_hit(self, form: _Prelu, slopes: _Slopes, below: bool) -> Hit:
+        sign, scale = ("+", "(1-a)") if below else ("-", "(a-1)")
+        return hit(
+            f"a*y {sign} relu({scale}*y) for y = {_short(form.y)}: every slope {_bound(below)} "
+            f"({slopes.describe()})",
+            node=form.node,
+            y=form.y,
+            slope=form.slope,
+            sign=sign,
+        )
 
     def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:
         y: ir.ValueExpr = params["y"]

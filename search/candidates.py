@@ -91,26 +91,13 @@ def contractions(program: ir.Program) -> int:
 def _ops(e: ir.ValueExpr, constants: frozenset[str] = frozenset()) -> int:
     """Operations per point of a body; a subterm of numbers and constant reads (``A[f] * B[f]``, a
     scaled bias) is folded at compile time and costs none."""
-    if constants and _folded(e, constants):
+    if constants and reads_only(e, constants):
         return 0
     if isinstance(e, ir.Binary):
         return 1 + _ops(e.a, constants) + _ops(e.b, constants)
     if isinstance(e, ir.Unary):
         return 1 + _ops(e.x, constants)
     return 0
-
-
-def _folded(e: ir.ValueExpr, constants: frozenset[str]) -> bool:
-    if isinstance(e, ir.Const):
-        return True
-    if isinstance(e, ir.Access):
-        src = e.source
-        return src.name in constants if isinstance(src, ir.Tensor) else reads_only(src, constants)
-    if isinstance(e, ir.Binary):
-        return _folded(e.a, constants) and _folded(e.b, constants)
-    if isinstance(e, ir.Unary):
-        return _folded(e.x, constants)
-    return False
 
 
 def analytic(model, weights: frozenset[str]) -> tuple[float, tuple[str, ...]]:

@@ -184,9 +184,10 @@ def is_compute(scope: ir.Scope) -> bool:
     return len({id(a.source) for a in reads}) >= 2 and intensity(scope) >= INTENSITY_THRESHOLD
 
 
-def reads_only(scope: ir.Scope, constants: frozenset[str]) -> bool:
-    """Whether every tensor ``scope`` reads is in ``constants`` (it is folded at compile time)."""
-    return all(t.name in constants for t in ir.input_tensors(scope))
+def reads_only(node: ir.Scope | ir.ValueExpr, constants: frozenset[str]) -> bool:
+    """Whether every tensor ``node`` (a scope, or a value subterm through the scopes it reads) reads is
+    in ``constants`` (it is folded at compile time)."""
+    return all(t.name in constants for t in ir.tensors_in(node))
 
 
 def matcher_context(root: ir.Program | ir.Scope, constants: frozenset[str]) -> Context:
