@@ -27,7 +27,7 @@ from einopt.api import (
     tanh,
     tensor,
 )
-from einopt.ir import (
+from einopt.core.ir import (
     Access,
     Binary,
     Const,
@@ -45,22 +45,22 @@ __version__ = "0.1.0"
 # Loaded on first use, so that `import einopt` stays fast: name -> (module, attribute), where an
 # empty attribute stands for the module itself.
 _LAZY: dict[str, tuple[str, str]] = {
-    "parse": ("einopt.syntax", "parse"),
-    "format_expr": ("einopt.syntax", "format_expr"),
-    "ParseError": ("einopt.syntax", "ParseError"),
-    "evaluate": ("einopt.interp", "evaluate"),
-    "key": ("einopt.keys", "key"),
-    "fingerprint": ("einopt.keys", "fingerprint"),
-    "canonical_form": ("einopt.keys", "canonical_form"),
-    "simplify": ("einopt.index", "simplify"),
-    "linear_form": ("einopt.index", "linear_form"),
+    "parse": ("einopt.core.syntax", "parse"),
+    "format_expr": ("einopt.core.syntax", "format_expr"),
+    "ParseError": ("einopt.core.syntax", "ParseError"),
+    "evaluate": ("einopt.core.interp", "evaluate"),
+    "key": ("einopt.core.keys", "key"),
+    "fingerprint": ("einopt.core.keys", "fingerprint"),
+    "canonical_form": ("einopt.core.keys", "canonical_form"),
+    "simplify": ("einopt.core.index", "simplify"),
+    "linear_form": ("einopt.core.index", "linear_form"),
     "compile": ("einopt.codegen", "compile"),
     "cuda_source": ("einopt.codegen", "cuda_source"),
     "optimize": ("einopt.pipeline", "optimize"),
     "Options": ("einopt.pipeline", "Options"),
     "translate": ("einopt.frontend.translate", "translate_graph"),
     "search": ("einopt.search", ""),  # the package, callable as its search()
-    "to_onnx": ("einopt.export", "to_onnx"),
+    "to_onnx": ("einopt.stages.export", "to_onnx"),
 }
 
 __all__ = [

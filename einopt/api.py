@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from einopt.ir import (
+from einopt.core.ir import (
     Binary,
     IRError,
     Iter,

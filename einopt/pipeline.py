@@ -2,13 +2,13 @@
 search -> cost -> select (instantiate, verify, time the candidates) -> accept
 (measured) -> assemble -> verify.
 
-Every subprogram is searched (:mod:`einopt.partsearch`, identical ones once);
-what it found is costed by its operators' measured times (:mod:`einopt.predict`);
+Every subprogram is searched (:mod:`einopt.stages.partsearch`, identical ones once);
+what it found is costed by its operators' measured times (:mod:`einopt.stages.predict`);
 its best predicted candidates are instantiated, verified and timed against its
-original nodes, and the fastest is chosen (:mod:`einopt.select`). A subprogram's new
+original nodes, and the fastest is chosen (:mod:`einopt.stages.select`). A subprogram's new
 nodes reach the output only when they differ from its original nodes, are
 verified equal, and are measured faster (per part, then the whole model
-against the input, with rollback: :mod:`einopt.accept`). When nothing is
+against the input, with rollback: :mod:`einopt.stages.accept`). When nothing is
 accepted, the output is the input model itself.
 
 >>> result = optimize("model.onnx", Options(seed=0))   # doctest: +SKIP
@@ -26,30 +26,30 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from einopt import modelio
-from einopt.accept import Decision, ModelRound, Timer, accept_rewrites
-from einopt.cache import MeasurementCache, resolve_path
+from einopt.core.syntax import format_expr
 from einopt.errors import UnsupportedModelError
-from einopt.export import assemble
 from einopt.frontend.fold import prepare
 from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset
 from einopt.frontend.translate import Part, translate_graph
 from einopt.instantiate.emit import Instantiated
-from einopt.opcost import OpCosts
-from einopt.partsearch import PartSearch, Progress, Settings, search_parts
-from einopt.postopt import postoptimize
-from einopt.predict import predict
-from einopt.report import CHANGED, REPORT_VERSION, STATUSES
-from einopt.search.engine import DEFAULT_MAX_DEPTH
-from einopt.select import DEFAULT_TOP_K, NOT_TIMED, Selection, select
-from einopt.syntax import format_expr
-from einopt.timing import NOISE_BAND, configure_threads
-from einopt.timing import Comparison as TimingComparison
-from einopt.verify import (
+from einopt.reports.report import CHANGED, REPORT_VERSION, STATUSES
+from einopt.runtime import modelio
+from einopt.runtime.cache import MeasurementCache, resolve_path
+from einopt.runtime.opcost import OpCosts
+from einopt.runtime.timing import NOISE_BAND, configure_threads
+from einopt.runtime.timing import Comparison as TimingComparison
+from einopt.runtime.verify import (
     Tolerance,
     compare_models,
     verification_inputs,
 )
+from einopt.search.engine import DEFAULT_MAX_DEPTH
+from einopt.stages.accept import Decision, ModelRound, Timer, accept_rewrites
+from einopt.stages.export import assemble
+from einopt.stages.partsearch import PartSearch, Progress, Settings, search_parts
+from einopt.stages.postopt import postoptimize
+from einopt.stages.predict import predict
+from einopt.stages.select import DEFAULT_TOP_K, NOT_TIMED, Selection, select
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ class Result:
         return any(p.status in ("accepted", "rewritten") for p in self.parts)
 
     def report(self) -> dict:
-        """A JSON-serialisable summary (the report format of ``einopt.report``; ``bench`` filled by the caller)."""
+        """A JSON-serialisable summary (the report format of ``einopt.reports.report``; ``bench`` filled by the caller)."""
         return {
             "einopt_report": REPORT_VERSION,
             "model": "",
@@ -227,7 +227,7 @@ class Result:
         }
 
     def with_part_timings(self, timings: Mapping[str, Mapping[str, float]]) -> Result:
-        """A copy whose parts carry ``timings[name]`` (see :func:`einopt.measure.measure_parts`)."""
+        """A copy whose parts carry ``timings[name]`` (see :func:`einopt.reports.measure.measure_parts`)."""
         parts = tuple(dataclasses.replace(p, bench=timings.get(p.name, p.bench)) for p in self.parts)
         return dataclasses.replace(self, parts=parts)
 
@@ -291,7 +291,7 @@ def optimize(
 ) -> Result:
     """Optimize an ONNX model: verified equal, and measured not slower (unless ``accept="verified"``).
 
-    ``progress`` is called with a :class:`einopt.partsearch.Progress` as the
+    ``progress`` is called with a :class:`einopt.stages.partsearch.Progress` as the
     subprograms are searched (for a progress display; it changes nothing).
 
     A model einopt cannot work on (no default-domain opset, too old an opset,

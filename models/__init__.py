@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from einopt.inputs import random_inputs
-from einopt.modelio import write_atomic
+from einopt.runtime.inputs import random_inputs
+from einopt.runtime.modelio import write_atomic
 
 from . import compact, sequence, vision
 from .builder import GraphBuilder
@@ -166,7 +166,7 @@ def build(name: str, batch: int = 1, *, size: str = "full", seed: int = 0, **opt
 def sample_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded standard-normal float32 inputs for every graph input of ``model``, by name.
 
-    The same arrays ``einopt optimize --seed`` verifies with (:func:`einopt.inputs.random_inputs`).
+    The same arrays ``einopt optimize --seed`` verifies with (:func:`einopt.runtime.inputs.random_inputs`).
     """
     return random_inputs(model, seed)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from einopt import ir
-from einopt.rewrite import accesses, fresh_name, replace_subterm, source_label, source_ranges
+from einopt.core import ir
+from einopt.core.rewrite import accesses, fresh_name, replace_subterm, source_label, source_ranges
 from einopt.rules.base import Context, Hit, Rule, ScopeRule, hit
 
 __all__ = ["MaterializeAccess", "ReplicateAccess", "RULES"]

@@ -1,6 +1,6 @@
 """What a derivation rule is: a named object with ``match`` and a pure ``apply``.
 
-A rule rewrites a :class:`~einopt.ir.Program` (the search state) into an
+A rule rewrites a :class:`~einopt.core.ir.Program` (the search state) into an
 equivalent one. ``match`` yields one :class:`Match` for every place and way the
 rule applies, carrying everything ``apply`` needs (nothing passes through
 ``self``), and a :class:`Failure` with a reason for every near miss, so a
@@ -30,8 +30,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from einopt import ir
-from einopt.rewrite import prune_bindings, replace_scopes
+from einopt.core import ir
+from einopt.core.rewrite import prune_bindings, replace_scopes
 
 __all__ = [
     "FAMILIES",

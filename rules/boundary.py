@@ -24,9 +24,9 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from einopt import ir
-from einopt.index import bounds, linear_form, simplify
-from einopt.rewrite import accesses, index_text, source_ranges, substitute_iters
+from einopt.core import ir
+from einopt.core.index import bounds, linear_form, simplify
+from einopt.core.rewrite import accesses, index_text, source_ranges, substitute_iters
 from einopt.rules.base import NO_CONTEXT, Context, Failure, Hit, Match, Rule, ScopeRule, hit, scope_labels
 
 __all__ = [
@@ -102,7 +102,7 @@ def is_zero(
         A body (or part of one).
     ranges : mapping of Iter to (lo, hi), optional
         Half-open ranges overriding the iterators' own (as in
-        :func:`einopt.index.bounds`).
+        :func:`einopt.core.index.bounds`).
     depth : int
         How many levels of scopes read by accesses the analysis enters.
     finite : callable, optional
@@ -275,7 +275,7 @@ def zero_at(scope: ir.Scope, it: ir.Iter, value: int, finite: Finite = nothing_f
     ``finite`` says which input tensors are known to be finite (see :func:`is_zero`). The
     analysis runs over the box with ``it`` (and every extent-1 iterator) narrowed to one value,
     rather than on the body with the value substituted: the same facts (a one-value range is
-    exact in :func:`einopt.index.bounds`; linear terms cancel in both), without rebuilding it.
+    exact in :func:`einopt.core.index.bounds`; linear terms cancel in both), without rebuilding it.
     """
     return zero_where(scope, {it: value}, finite)
 

@@ -25,9 +25,9 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from einopt import ir
-from einopt.index import bounds
-from einopt.rewrite import fresh_name, index_text, map_accesses, product_factors, replace_subterm
+from einopt.core import ir
+from einopt.core.index import bounds
+from einopt.core.rewrite import fresh_name, index_text, map_accesses, product_factors, replace_subterm
 from einopt.rules.base import Context, Hit, Rule, ScopeRule, hit
 
 __all__ = ["RewritePreluMax", "RewritePreluRelu", "RewritePreluLeaky", "FoldChannelScale", "RULES"]

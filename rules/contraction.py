@@ -12,9 +12,9 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from einopt import ir
-from einopt.index import simplify
-from einopt.rewrite import (
+from einopt.core import ir
+from einopt.core.index import simplify
+from einopt.core.rewrite import (
     index_text,
     map_accesses,
     map_indices,

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from einopt import ir
-from einopt.interp import EvaluationError, evaluate
+from einopt.core import ir
+from einopt.core.interp import EvaluationError, evaluate
 from einopt.rules.base import NO_CONTEXT, Context, Failure, Match
 
 __all__ = [

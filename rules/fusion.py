@@ -13,8 +13,8 @@ from __future__ import annotations
 import types
 from collections.abc import Iterator
 
-from einopt import ir
-from einopt.rewrite import accesses, fresh_name, replace_scopes, sort_bindings
+from einopt.core import ir
+from einopt.core.rewrite import accesses, fresh_name, replace_scopes, sort_bindings
 from einopt.rules.base import NO_CONTEXT, Context, Failure, Match, Rule
 from einopt.rules.boundary import Finite, nothing_finite
 from einopt.rules.traversal import inline

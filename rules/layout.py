@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from einopt import ir
-from einopt.index import bounds, linear_form, simplify
-from einopt.rewrite import accesses, fresh_name, index_text, map_accesses, source_label, source_ranges
+from einopt.core import ir
+from einopt.core.index import bounds, linear_form, simplify
+from einopt.core.rewrite import accesses, fresh_name, index_text, map_accesses, source_label, source_ranges
 from einopt.rules.base import Context, Hit, Rule, ScopeRule, hit
 
 __all__ = ["SplitDimension", "MergeDimensions", "SwapDimensions", "RULES"]

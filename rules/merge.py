@@ -23,9 +23,9 @@ import dataclasses
 from collections.abc import Iterator
 from types import MappingProxyType
 
-from einopt import ir
-from einopt.index import LinearForm, bounds, from_linear_form, linear_form, simplify, substitute
-from einopt.rewrite import (
+from einopt.core import ir
+from einopt.core.index import LinearForm, bounds, from_linear_form, linear_form, simplify, substitute
+from einopt.core.rewrite import (
     fresh_name,
     iter_names,
     map_accesses,

@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from einopt import ir
-from einopt.parser import parse
+from einopt.core import ir
+from einopt.core.parser import parse
 from einopt.rules.base import Context
 from einopt.rules.derive import Step, Trace, derive
 

@@ -13,9 +13,9 @@ import math
 from collections.abc import Iterator
 from types import MappingProxyType
 
-from einopt import ir
-from einopt.index import LinearForm, bounds, from_linear_form, linear_form, substitute
-from einopt.rewrite import (
+from einopt.core import ir
+from einopt.core.index import LinearForm, bounds, from_linear_form, linear_form, substitute
+from einopt.core.rewrite import (
     accesses,
     fresh_name,
     iter_names,

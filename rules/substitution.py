@@ -16,9 +16,9 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from einopt import ir
-from einopt.index import LinearForm, bounds, from_linear_form, linear_form, simplify, substitute
-from einopt.rewrite import accesses, fresh_name, index_text, iter_names, substitute_iters
+from einopt.core import ir
+from einopt.core.index import LinearForm, bounds, from_linear_form, linear_form, simplify, substitute
+from einopt.core.rewrite import accesses, fresh_name, index_text, iter_names, substitute_iters
 from einopt.rules.base import Context, Hit, Rule, ScopeRule, hit
 from einopt.rules.boundary import Finite, finiteness_reason, is_zero, zero_only_if_finite
 
@@ -330,7 +330,7 @@ class SubstituteVariables(ScopeRule):
     inside) at ``Phi(x)``. The inner traversal is a box containing ``Phi``'s
     image; its extra points are never read. Legal when ``Phi`` maps the old box
     into the new one and ``Phi^-1(Phi(x)) = x`` there, which is checked
-    exactly (in zero-based coordinates with ``einopt.index.simplify``).
+    exactly (in zero-based coordinates with ``einopt.core.index.simplify``).
     ``Phi`` is inferred from the index functions, four ways:
 
     * fuse: an affine index ``e = c*x + rest`` over traversal iterators only

@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from einopt import ir
+from einopt.core import ir
 from einopt.rules.base import Context, Hit, Rule, ScopeRule, hit
 
 __all__ = ["SplitSummation", "RULES"]

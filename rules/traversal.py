@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from einopt import ir
-from einopt.index import bounds
-from einopt.rewrite import (
+from einopt.core import ir
+from einopt.core.index import bounds
+from einopt.core.rewrite import (
     accesses,
     index_text,
     iter_names,

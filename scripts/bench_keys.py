@@ -1,4 +1,4 @@
-"""Benchmark ``einopt.keys.key`` on freshly built, distinct conv-sized expressions.
+"""Benchmark ``einopt.core.keys.key`` on freshly built, distinct conv-sized expressions.
 
 Builds a few thousand distinct expressions up front (plain Conv and three
 Fig. 5 derivation states with a nested scope, over varied shapes, offsets and
@@ -22,8 +22,8 @@ import statistics
 import time
 
 from einopt.api import L, Sum, iters, tensor
-from einopt.ir import Iter, Scope
-from einopt.keys import key
+from einopt.core.ir import Iter, Scope
+from einopt.core.keys import key
 
 
 def cpu_model() -> str:
@@ -107,7 +107,7 @@ def main() -> None:
     per_variant: list[list[float]] = [[] for _ in VARIANTS]
     overall: list[float] = []
     for round_ in range(args.repeat):
-        # Fresh numbers each round: einopt.keys memoises per access and index
+        # Fresh numbers each round: einopt.core.keys memoises per access and index
         # node, so rebuilding the same expressions would hit its caches.
         groups = build(args.count, 10 * round_ * args.count)
         gc.collect()

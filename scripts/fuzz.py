@@ -7,7 +7,7 @@ every op the importers translate; see ``tests/graph_strategies.py``), built
 from ``numpy.random.default_rng([s, k])``. Each one is optimized with
 ``Options(verify=False, accept="verified")`` (so neither the safety net nor measured acceptance can hide a wrong rewrite) and
 the output model is compared with the original in ONNX Runtime
-(``einopt.verify.compare``, default tolerance; NaN and infinity positions
+(``einopt.runtime.verify.compare``, default tolerance; NaN and infinity positions
 must match), both run without ONNX Runtime's graph optimizations (its
 optimizer has bugs of its own: it miscomputes ``Transpose -> MatMul`` with a
 1-D operand, seed 2 graph 3193), on three data sets: ordinary values in ``[-2, 2)``, exact small

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from einopt.report_html import screenshot
+from einopt.reports.report_html import screenshot
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 
 A state becomes a candidate when every compute scope matches an operator
 (distance 0); the input always is one. Each is instantiated once per key
-(:func:`einopt.export.program_model`) into its operator list and a cost in
+(:func:`einopt.stages.export.program_model`) into its operator list and a cost in
 seconds: FLOPs and bytes of its ONNX model's nodes at a nominal rate (nodes
 reading only weights are folded) unless the caller passes a ``cost``
 callable. The cheapest candidate per work done (its nodes' operators and
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from einopt import ir
+from einopt.core import ir
 from einopt.search.distance import reads_only
 from einopt.search.results import Candidate, Stats, TraceStep
 
@@ -72,13 +72,13 @@ def _sizes(program: ir.Program, constants: frozenset[str]) -> tuple[int, int]:
 
 
 def _seconds(flops: int, nbytes: int) -> float:
-    from einopt.cost import BANDWIDTH, PEAK_FLOPS
+    from einopt.core.cost import BANDWIDTH, PEAK_FLOPS
 
     return flops / PEAK_FLOPS + nbytes / BANDWIDTH
 
 
 def estimate(program: ir.Program, constants: frozenset[str] = frozenset()) -> float:
-    """Seconds by the analytic roofline of :func:`einopt.cost.estimate_seconds`, from the program as
+    """Seconds by the analytic roofline of :func:`einopt.core.cost.estimate_seconds`, from the program as
     written (no instantiation): what cost pruning compares."""
     return _seconds(*_sizes(program, constants))
 
@@ -104,8 +104,8 @@ def analytic(model, weights: frozenset[str]) -> tuple[float, tuple[str, ...]]:
     """The analytic estimate of a (light) model, nodes reading only weights left out (folded when the
     session is created), and what identifies the work it does: its nodes (operator and input shapes)
     as a multiset. Two candidates that only order the same nodes differently are one candidate."""
-    from einopt.cost import BANDWIDTH, PEAK_FLOPS
-    from einopt.opcost import node_costs
+    from einopt.core.cost import BANDWIDTH, PEAK_FLOPS
+    from einopt.runtime.opcost import node_costs
 
     nodes = [n.cost for n in node_costs(model, weights)]
     flops = sum(c.flops for c in nodes)
@@ -148,8 +148,8 @@ class Costing:
     def add(
         self, program: ir.Program, trace: tuple[TraceStep, ...], k: str | None = None, is_input: bool = False
     ) -> None:
-        from einopt.export import program_model, weight_names
         from einopt.instantiate.emit import InstantiationError
+        from einopt.stages.export import program_model, weight_names
 
         k = k or self.env.key(program)
         if k in self.done:

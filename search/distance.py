@@ -22,14 +22,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 
-from einopt import ir
-from einopt.index import linear_form
+from einopt.core import ir
+from einopt.core.index import linear_form
+from einopt.core.rewrite import accesses
 from einopt.instantiate.match import match_gemm, match_matmul
 from einopt.instantiate.match_band import band_form
 from einopt.instantiate.match_conv import match_conv, match_conv_transpose
 from einopt.instantiate.match_elementwise import match_elementwise
 from einopt.instantiate.plan import NO_CONTEXT, Context, Failure, Match
-from einopt.rewrite import accesses
 
 __all__ = [
     "TARGETS",

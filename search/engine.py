@@ -5,7 +5,7 @@ One :func:`search` call turns a program into ranked :class:`Candidate` programs:
 1. **Explore**: breadth first from the input, every match the schedule's
    ``explore`` uses admit, up to ``max_depth`` steps. Every new program is
    brought to its normal form (:mod:`einopt.search.normal`) and pruned when
-   its key (:func:`einopt.keys.key`) was seen before, or when its analytic
+   its key (:func:`einopt.core.keys.key`) was seen before, or when its analytic
    estimate is hopeless against the best candidate found (``cost_slack``
    times more).
 2. **Converge**: from every unique explored state, steps of the ``converge``
@@ -28,8 +28,8 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
-from einopt import ir
-from einopt.keys import key
+from einopt.core import ir
+from einopt.core.keys import key
 from einopt.rules import NO_CONTEXT, REGISTRY, Context, Match, ScopeRule
 from einopt.search.candidates import Costing, contractions, in_time, program_flops
 from einopt.search.distance import compute_scopes, matcher_context, nearest_memo, program_distance
@@ -462,7 +462,7 @@ def search(
     """
     t_start = time.perf_counter()
     if isinstance(program, ir.Scope):
-        from einopt.export import as_program
+        from einopt.stages.export import as_program
 
         program = as_program(program)
     if not isinstance(program, ir.Program):

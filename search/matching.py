@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from einopt import ir
-from einopt.rewrite import accesses
+from einopt.core import ir
+from einopt.core.rewrite import accesses
 from einopt.rules import Context, Match, Rule, ScopeRule
 from einopt.rules.base import Hit
 from einopt.rules.boundary import ProgramFacts, ProgramScopeRule

@@ -11,7 +11,7 @@ instead of seven.
 
 from __future__ import annotations
 
-from einopt import ir
+from einopt.core import ir
 from einopt.rules import REGISTRY, Context
 from einopt.search.matching import matches
 from einopt.search.schedule import Schedule

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from einopt import ir
+from einopt.core import ir
 
 __all__ = ["SearchError", "TraceStep", "Candidate", "RuleStats", "Stats", "SearchResult"]
 

@@ -23,9 +23,9 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from einopt import ir
-from einopt.index import linear_form
-from einopt.rewrite import accesses, substitute_iters
+from einopt.core import ir
+from einopt.core.index import linear_form
+from einopt.core.rewrite import accesses, substitute_iters
 from einopt.rules import REGISTRY, Context, Match
 from einopt.rules.boundary import ProgramFacts
 

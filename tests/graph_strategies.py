@@ -857,11 +857,11 @@ def _unoptimized_session(model: onnx.ModelProto) -> Any:
 def check_case(case: GraphCase, seed: int, kinds: Sequence[str] = DATA_KINDS) -> Outcome:
     """``einopt.optimize`` with verification off, then the output against the original on every data kind.
 
-    Equal means :func:`einopt.verify.compare` with the default tolerance:
+    Equal means :func:`einopt.runtime.verify.compare` with the default tolerance:
     NaN and infinity positions must match exactly.
     """
     import einopt
-    from einopt.verify import Tolerance, compare
+    from einopt.runtime.verify import Tolerance, compare
 
     try:
         result = einopt.optimize(case.model, einopt.Options(max_depth=0, verify=False, accept="verified"))

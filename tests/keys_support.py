@@ -16,8 +16,8 @@ import itertools
 import random
 from collections.abc import Callable
 
-from einopt.index import from_linear_form, linear_form
-from einopt.ir import (
+from einopt.core.index import from_linear_form, linear_form
+from einopt.core.ir import (
     COMMUTATIVE_OPS,
     Access,
     Binary,

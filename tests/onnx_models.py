@@ -141,7 +141,7 @@ def append_to_output(monkeypatch, part: str, extra) -> None:
     """
     import dataclasses
 
-    from einopt import select
+    from einopt.stages import select
 
     real = select.instantiate
 

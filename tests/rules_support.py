@@ -20,10 +20,10 @@ from collections.abc import Mapping
 import numpy as np
 from hypothesis import strategies as st
 
-from einopt import ir
-from einopt.interp import evaluate
-from einopt.keys import key
-from einopt.parser import parse
+from einopt.core import ir
+from einopt.core.interp import evaluate
+from einopt.core.keys import key
+from einopt.core.parser import parse
 from einopt.rules import NO_CONTEXT, Context, Failure, Match, check_equivalent, get
 
 

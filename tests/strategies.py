@@ -37,7 +37,7 @@ import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from einopt.ir import (
+from einopt.core.ir import (
     BINARY_OPS,
     UNARY_FUNCS,
     Access,

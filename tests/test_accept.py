@@ -12,11 +12,11 @@ import pytest
 from onnx import helper, numpy_helper
 from onnx_models import append_to_output, conv_block, disable_operators
 
-from einopt import accept
-from einopt.accept import Timer, accept_model
-from einopt.cache import MeasurementCache
 from einopt.pipeline import Options, optimize
-from einopt.timing import Comparison, Timing
+from einopt.runtime.cache import MeasurementCache
+from einopt.runtime.timing import Comparison, Timing
+from einopt.stages import accept
+from einopt.stages.accept import Timer, accept_model
 
 
 def _t(ms: float) -> Timing:
@@ -170,7 +170,7 @@ def test_second_run_measures_nothing_new(monkeypatch, tmp_path):
 
 
 def test_cache_keys_ignore_names_and_weight_values_not_shapes(tmp_path):
-    from einopt.graphkey import timing_key
+    from einopt.runtime.graphkey import timing_key
 
     a = conv_block(seed=0)
     b = conv_block(seed=1)  # other weights, same structure

@@ -1,4 +1,4 @@
-"""einopt.bench: equality first, interleaved timing, profiles (einopt.cost: tests/test_cost.py).
+"""einopt.runtime.bench: equality first, interleaved timing, profiles (einopt.core.cost: tests/test_cost.py).
 
 No assertion here compares times (the machine is shared and noisy); only
 counts, structure, and that the ratios are the ratios of the medians.
@@ -11,8 +11,8 @@ import pytest
 from onnx import helper
 from onnx_models import conv_block, tiny_model
 
-from einopt import bench
 from einopt.errors import ModelError
+from einopt.runtime import bench
 
 QUICK = {"min_runs": 3, "max_runs": 4, "budget_s": 0.05, "warmup": 1}
 

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 import einopt
-from einopt import ir
-from einopt.interp import evaluate
-from einopt.rewrite import binding_program, put_binding
+from einopt.core import ir
+from einopt.core.interp import evaluate
+from einopt.core.rewrite import binding_program, put_binding
 from einopt.rules.derive import Step, apply_rule
 
 # A conv-like binding read by two later ones; y0 has a nonzero origin (t from -1), so reads of it

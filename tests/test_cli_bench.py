@@ -14,8 +14,8 @@ import pytest
 from onnx_models import conv_block, disable_operators, lstm_cell
 
 from einopt.cli import EXIT_CODES, main
-from einopt.measure import measure_parts
 from einopt.pipeline import Options, optimize
+from einopt.reports.measure import measure_parts
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -130,8 +130,8 @@ def test_python_dash_m_runs_the_registered_commands():
 
 
 def test_part_pairs_in_small_capture_groups_match_one_big_capture():
-    from einopt import modelio
-    from einopt.verify import part_pairs
+    from einopt.runtime import modelio
+    from einopt.runtime.verify import part_pairs
 
     result = optimize(lstm_cell(hidden=8), Options(seed=0))
     ws = result.workspace

@@ -1,6 +1,6 @@
 """TVM code generation: compiled kernels against the reference interpreter.
 
-Every compiled result is compared with ``einopt.interp.evaluate`` in float64
+Every compiled result is compared with ``einopt.core.interp.evaluate`` in float64
 (the kernels compute in float32). Small kernels compile in ~0.05-0.5 s, so
 the hypothesis tests draw a few dozen examples; the file runs in ~15 s.
 """
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 import einopt.codegen
 from einopt import L, Sum, iters, leaky_relu, program, tensor
 from einopt.codegen import DeviceUnavailableError
-from einopt.interp import evaluate
-from einopt.ir import UNARY_FUNCS, Binary, Unary
+from einopt.core.interp import evaluate
+from einopt.core.ir import UNARY_FUNCS, Binary, Unary
 
 from strategies import programs, random_inputs, scopes
 

@@ -1,4 +1,4 @@
-"""einopt.cost: FLOPs and bytes of hand-checked small models, views, eOperator functions, unknown shapes."""
+"""einopt.core.cost: FLOPs and bytes of hand-checked small models, views, eOperator functions, unknown shapes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from onnx import helper, numpy_helper
 from onnx_models import conv_block, tiny_model
 
-from einopt.cost import model_cost
+from einopt.core.cost import model_cost
 from einopt.pipeline import Options, optimize
 
 

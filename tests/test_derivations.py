@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from test_instantiate import run_onnx
 
-from einopt import ir
-from einopt.parser import parse
+from einopt.core import ir
+from einopt.core.parser import parse
 from einopt.rules import DerivationError, check_equivalent, derive
 from einopt.rules.paper import DERIVATIONS
 

@@ -21,11 +21,12 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import einopt
-from einopt import L, ir, tensor
+from einopt import L, tensor
+from einopt.core import ir
+from einopt.core.interp import evaluate
 from einopt.instantiate import EOP_DOMAIN
 from einopt.instantiate import eop as eop_module
 from einopt.instantiate.eop import EOperator, EOperatorError, eop_name, eoperator
-from einopt.interp import evaluate
 
 from paper import fig5_chain
 from strategies import random_inputs, scopes

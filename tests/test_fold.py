@@ -13,9 +13,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from einopt import modelio
 from einopt.errors import ModelError
 from einopt.frontend import fold
+from einopt.runtime import modelio
 
 F = TensorProto.FLOAT
 I64 = TensorProto.INT64

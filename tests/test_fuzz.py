@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import einopt
-from einopt import modelio
 from einopt.frontend.fold import prepare
 from einopt.frontend.importers import IMPORTERS
 from einopt.frontend.onnx_graph import default_opset
 from einopt.frontend.translate import translate_graph
-from einopt.verify import Tolerance, compare
+from einopt.runtime import modelio
+from einopt.runtime.verify import Tolerance, compare
 
 F32 = np.float32
 

@@ -19,10 +19,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from einopt import ir
+from einopt.core import ir
+from einopt.core.interp import evaluate
 from einopt.frontend.importers import IMPORTERS, import_node, translate_single_node
 from einopt.frontend.operand import NodeView, Operand, Unsupported, node_attrs
-from einopt.interp import evaluate
 
 F32 = np.float32
 

@@ -17,17 +17,17 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 from test_importers import Case, Typed, build, cases, check, refusal, run_ort
 
-from einopt import ir
+from einopt.core import ir
+from einopt.core.index import linear_form
+from einopt.core.rewrite import accesses
 from einopt.frontend.fold import prepare
 from einopt.frontend.importers import translate_single_node
 from einopt.frontend.importers_gather import affine_fit, simplify_divmod
 from einopt.frontend.operand import Unsupported
 from einopt.frontend.translate import translate_graph
-from einopt.index import linear_form
 from einopt.pipeline import Options, optimize
-from einopt.rewrite import accesses
 from einopt.rules.traversal import inline
-from einopt.verify import compare
+from einopt.runtime.verify import compare
 
 F32 = np.float32
 

@@ -5,8 +5,8 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from einopt.index import bounds, linear_form, simplify
-from einopt.ir import IAdd, IConst, IFloorDiv, IMod, IMul, ISub, Iter
+from einopt.core.index import bounds, linear_form, simplify
+from einopt.core.ir import IAdd, IConst, IFloorDiv, IMod, IMul, ISub, Iter
 
 X = Iter("x", -2, 7)
 Y = Iter("y", 0, 4)
@@ -99,7 +99,7 @@ def test_simplify_rules():
 
 
 def test_substitute_replaces_only_mapped_iterators():
-    from einopt.index import substitute
+    from einopt.core.index import substitute
 
     h, w, t = Iter("h", 0, 4), Iter("w", 0, 3), Iter("t", 0, 12)
     e = (h * 3 + w) // 2 + h % 2

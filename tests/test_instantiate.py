@@ -3,7 +3,7 @@
 Every case builds a full model from ``instantiate``'s output (graph inputs =
 the program's non-constant inputs, constants as initializers), runs
 ``onnx.checker.check_model(full_check=True)``, runs it in ONNX Runtime
-(float32) and compares with ``einopt.interp.evaluate`` (float64). The
+(float32) and compares with ``einopt.core.interp.evaluate`` (float64). The
 emitted operator types are asserted too.
 """
 
@@ -16,10 +16,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import einopt
-from einopt import ir
+from einopt.core import ir
+from einopt.core.interp import evaluate
 from einopt.instantiate import EOP_DOMAIN
 from einopt.instantiate.emit import Instantiated, InstantiationError, instantiate
-from einopt.interp import evaluate
 
 OPSET = 17
 

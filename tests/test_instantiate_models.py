@@ -15,13 +15,13 @@ import collections
 import numpy as np
 import pytest
 
-from einopt import modelio
-from einopt.export import assemble
 from einopt.frontend.fold import prepare
 from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset
 from einopt.frontend.translate import translate_graph
 from einopt.instantiate.emit import instantiate, original_ops
 from einopt.models import MODELS, build, sample_inputs
+from einopt.runtime import modelio
+from einopt.stages.export import assemble
 
 # Subprograms whose operators differ, and why: no matcher produces Gather, so Longformer's
 # band gathers (with the Reshape/Unsqueeze/Squeeze around them) become one eOperator.

@@ -14,7 +14,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from einopt import interp
 from einopt.api import (
     L,
     Sum,
@@ -30,8 +29,9 @@ from einopt.api import (
     tanh,
     tensor,
 )
-from einopt.interp import EvaluationError, evaluate
-from einopt.ir import (
+from einopt.core import interp
+from einopt.core.interp import EvaluationError, evaluate
+from einopt.core.ir import (
     Access,
     Binary,
     Const,
@@ -453,7 +453,7 @@ def test_non_numeric_input_and_bad_arguments():
 
 
 def test_eval_index_uses_floor_division_and_modulo():
-    from einopt.interp import eval_index
+    from einopt.core.interp import eval_index
 
     i = Iter("i", -3, 3)
     vals = np.arange(-3, 3)

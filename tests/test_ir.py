@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 
 from einopt import L, Sum, iters, program, tensor
-from einopt.ir import (
+from einopt.core.ir import (
     Access,
     Binary,
     Const,
@@ -140,7 +140,7 @@ def test_free_iterators_of_values():
 
 def _plain_walk(root):
     """Every node reachable from ``root`` once, children before parents, left to right."""
-    from einopt.ir import _children
+    from einopt.core.ir import _children
 
     seen, out = set(), []
 
@@ -158,7 +158,7 @@ def _plain_walk(root):
 
 def _first_use(root):
     """Tensors in first-use order: a pre-order walk, left to right."""
-    from einopt.ir import Tensor, _children
+    from einopt.core.ir import Tensor, _children
 
     seen, out = set(), []
 
@@ -180,7 +180,7 @@ def _first_use(root):
 def test_scopes_and_tensors_in_follow_a_plain_walk(p):
     """``scopes_in`` and ``tensors_in`` are built from nested scopes' memoised lists: the same
     nodes in the same order as walking the whole tree."""
-    from einopt.ir import Scope, scopes_in, tensors_in
+    from einopt.core.ir import Scope, scopes_in, tensors_in
 
     for root in [p, *(s for _, s in p.bindings)]:
         assert scopes_in(root) == [n for n in _plain_walk(root) if isinstance(n, Scope)]

@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from einopt.api import L, Sum, iters, leaky_relu, maximum, minimum, program, relu, tanh, tensor
-from einopt.index import linear_form
-from einopt.ir import (
+from einopt.core.index import linear_form
+from einopt.core.ir import (
     Binary,
     IAdd,
     IConst,
@@ -35,7 +35,7 @@ from einopt.ir import (
     Scope,
     scopes_in,
 )
-from einopt.keys import canonical_form, fingerprint, key
+from einopt.core.keys import canonical_form, fingerprint, key
 
 from keys_support import (
     MUTATORS,
@@ -188,8 +188,8 @@ def index_exprs() -> st.SearchStrategy[IndexExpr]:
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(index_exprs())
 def test_index_terms_agree_with_linear_form(e):
-    """keys.py collects linear forms itself (faster); it must agree with einopt.index."""
-    from einopt.keys import _index_info
+    """keys.py collects linear forms itself (faster); it must agree with einopt.core.index."""
+    from einopt.core.keys import _index_info
 
     lf = linear_form(e)
     (terms, atoms, const), _ = _index_info(e)

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from test_instantiate import as_program, run_onnx
 
 import einopt
-from einopt import ir
+from einopt.core import ir
+from einopt.core.interp import eval_index
 from einopt.instantiate.match import MATCHERS, match
 from einopt.instantiate.match_layout import layout_plan
 from einopt.instantiate.plan import (
@@ -33,7 +34,6 @@ from einopt.instantiate.plan import (
     normalize,
 )
 from einopt.instantiate.views import arrange, index_map, plan_map, simple_view, window_1d
-from einopt.interp import eval_index
 
 
 def scope_of(text: str) -> ir.Scope:

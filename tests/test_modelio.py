@@ -7,9 +7,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from einopt import modelio
 from einopt.errors import ModelError, UnsupportedModelError
 from einopt.frontend import fold
+from einopt.runtime import modelio
 
 
 def make_model(nodes, inputs, outputs, initializers=(), opset=17):

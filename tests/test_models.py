@@ -16,7 +16,7 @@ from einopt.models import MODELS, build, sample_inputs, write
 from einopt.models.compact import SMALL as COMPACT_SMALL
 from einopt.models.sequence import SMALL, band_indices
 from einopt.pipeline import Options, optimize
-from einopt.verify import Tolerance, compare
+from einopt.runtime.verify import Tolerance, compare
 
 NAMES = list(MODELS)
 

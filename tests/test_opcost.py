@@ -13,12 +13,12 @@ import pytest
 from onnx import helper, numpy_helper
 from onnx_models import lstm_cell
 
-from einopt.cache import MeasurementCache
 from einopt.frontend.fold import prepare
 from einopt.frontend.translate import translate_graph
-from einopt.opcost import Calibration, OpCosts, Prediction, node_costs
-from einopt.partsearch import PartSearch, Settings, search_parts
-from einopt.predict import predict
+from einopt.runtime.cache import MeasurementCache
+from einopt.runtime.opcost import Calibration, OpCosts, Prediction, node_costs
+from einopt.stages.partsearch import PartSearch, Settings, search_parts
+from einopt.stages.predict import predict
 
 F = onnx.TensorProto.FLOAT
 
@@ -146,7 +146,7 @@ def test_a_fused_group_runs_as_one_session_equal_to_its_nodes(costs):
     """The group's single session computes what its nodes compute in the model."""
     import onnxruntime as ort
 
-    from einopt.opcost import _single
+    from einopt.runtime.opcost import _single
 
     model = _two_convs()
     x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
@@ -277,13 +277,13 @@ def test_the_cost_stage_ranks_found_programs_by_measured_operators(tmp_path):
 
 
 def test_programs_bound_beyond_the_slack_are_not_timed(tmp_path, monkeypatch):
-    import einopt.predict
+    import einopt.stages.predict
 
     model = prepare(lstm_cell(hidden=16), {}, fold=True).model
     parts = [p for p in translate_graph(model) if p.translated]
     store = MeasurementCache(tmp_path / "m.sqlite")
     searches = search_parts(parts, Settings(part_budget_s=30.0), store)
-    monkeypatch.setattr(einopt.predict, "SLACK", 0.0)  # every derived program is hopeless
+    monkeypatch.setattr(einopt.stages.predict, "SLACK", 0.0)  # every derived program is hopeless
     costs = OpCosts(store)
     out = predict(model, parts, searches, costs)
     inputs = {n.cost.key for p in parts for n in _input_nodes(model, p) if n.cost.kind == "timed"}
@@ -296,10 +296,10 @@ def test_programs_bound_beyond_the_slack_are_not_timed(tmp_path, monkeypatch):
 
 
 def test_nodes_too_big_for_memory_are_estimated_not_timed(costs, monkeypatch):
-    import einopt.opcost
+    import einopt.runtime.opcost
 
     model = _matmul_model(4, 64, 32)
-    monkeypatch.setattr(einopt.opcost, "memory_limit", lambda: 0)  # no node fits
+    monkeypatch.setattr(einopt.runtime.opcost, "memory_limit", lambda: 0)  # no node fits
     (p,) = costs.predict([(model, ())])
     assert costs.measured == 0
     assert [n.kind for n, _ in p.nodes] == ["analytic", "view", "folded", "analytic"]
@@ -307,13 +307,13 @@ def test_nodes_too_big_for_memory_are_estimated_not_timed(costs, monkeypatch):
 
 
 def test_found_programs_too_big_for_memory_are_not_tried(tmp_path, monkeypatch):
-    import einopt.predict
+    import einopt.stages.predict
 
     model = prepare(lstm_cell(hidden=16), {}, fold=True).model
     parts = [p for p in translate_graph(model) if p.translated]
     store = MeasurementCache(tmp_path / "m.sqlite")
     searches = search_parts(parts, Settings(part_budget_s=30.0), store)
-    monkeypatch.setattr(einopt.predict, "memory_limit", lambda: 0)  # nothing fits
+    monkeypatch.setattr(einopt.stages.predict, "memory_limit", lambda: 0)  # nothing fits
     out = predict(model, parts, searches, OpCosts(store))
     derived = [f for p in parts for f in out[p.name].found if f.trace]
     assert derived and all(f.predicted_s == float("inf") for f in derived)
@@ -323,7 +323,7 @@ def test_found_programs_too_big_for_memory_are_not_tried(tmp_path, monkeypatch):
 
 def _input_nodes(model, p):
     from einopt.frontend.translate import value_types
-    from einopt.predict import _original
+    from einopt.stages.predict import _original
 
     return node_costs(*_original(model, p, value_types(model)))
 
@@ -357,7 +357,7 @@ def test_the_most_promising_programs_are_measured_first():
     a timing that makes a program look worse lets the part's next one into the following round."""
     import time as clock
 
-    from einopt.predict import _measure_promising
+    from einopt.stages.predict import _measure_promising
 
     class Costs:  # node "name:estimate:measured": estimated until measured
         def __init__(self):

@@ -59,7 +59,7 @@ def test_the_search_rewrites_a_subprogram_and_the_output_is_verified(build, op, 
 def every_candidate_timed(monkeypatch):
     """Every derived candidate goes to selection, whatever noisy node timings predict for it on a
     loaded machine (a prediction over 2x the input's leaves none to time, and nothing to test)."""
-    from einopt import select
+    from einopt.stages import select
 
     monkeypatch.setattr(select, "PREDICTED_SLACK", float("inf"))
 
@@ -83,7 +83,7 @@ def test_measured_mode_keeps_a_rewrite_only_when_measured_faster(tmp_path, every
 def test_candidates_past_the_selection_budget_are_not_timed_or_chosen(
     tmp_path, monkeypatch, every_candidate_timed
 ):
-    from einopt import select
+    from einopt.stages import select
 
     monkeypatch.setattr(select, "BUDGET_S", 0.0)
     model = prelu_block()
@@ -96,7 +96,7 @@ def test_candidates_past_the_selection_budget_are_not_timed_or_chosen(
 
 
 def test_a_second_run_searches_and_times_nothing(tmp_path, monkeypatch, every_candidate_timed):
-    from einopt import partsearch, predict, select
+    from einopt.stages import partsearch, predict, select
 
     # What a first run cut short by a stage's budget (a loaded machine) a second run measures: that is
     # right, and not what this test is about.
@@ -252,7 +252,7 @@ def test_every_parts_best_candidate_is_timed_before_any_runner_up():
     """One part's runners-up must not use up the selection's budget before another part's best."""
     from types import SimpleNamespace
 
-    from einopt.select import _timing_order
+    from einopt.stages.select import _timing_order
 
     def cand(predicted_s):
         return SimpleNamespace(found=SimpleNamespace(predicted_s=predicted_s))
@@ -268,7 +268,7 @@ def test_candidates_predicted_to_save_nothing_are_timed_last():
     predicted faster (GCN at batch 16 spent its budget on re-instantiated Conv + Add parts)."""
     from types import SimpleNamespace
 
-    from einopt.select import _rounds, _timing_order
+    from einopt.stages.select import _rounds, _timing_order
 
     def cand(predicted_s):
         return SimpleNamespace(found=SimpleNamespace(predicted_s=predicted_s))

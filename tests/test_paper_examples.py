@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import einopt
-from einopt.ir import Program
+from einopt.core.ir import Program
 
 from paper import conv_reference, fig4, fig4_text, fig5_chain, fig5_texts
 

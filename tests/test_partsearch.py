@@ -1,17 +1,17 @@
 """The search stage: each expression of a subprogram is also searched on its own, and what it finds
-is put back into the subprogram (``einopt.partsearch``)."""
+is put back into the subprogram (``einopt.stages.partsearch``)."""
 
 import numpy as np
 import pytest
 from onnx import helper
 from onnx_models import _w, make
 
-from einopt import partsearch
-from einopt.cache import MeasurementCache
+from einopt.core.interp import evaluate
 from einopt.frontend.fold import prepare
 from einopt.frontend.translate import translate_graph
-from einopt.interp import evaluate
-from einopt.partsearch import Settings, search_parts
+from einopt.runtime.cache import MeasurementCache
+from einopt.stages import partsearch
+from einopt.stages.partsearch import Settings, search_parts
 
 
 def _conv_deconv():

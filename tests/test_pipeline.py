@@ -12,8 +12,9 @@ from onnx_models import assert_same_outputs as _assert_same
 from onnx_models import random_feeds as _random_feeds
 
 import einopt
-from einopt import pipeline, select
+from einopt import pipeline
 from einopt.pipeline import Options, optimize
+from einopt.stages import select
 
 # These tests are about the round trip (translate, re-instantiate, verify): every verified
 # rewrite is kept untimed. Measured acceptance has its own tests (test_accept.py).

@@ -7,7 +7,7 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx_models import assert_same_outputs, random_feeds
 
-from einopt.postopt import postoptimize
+from einopt.stages.postopt import postoptimize
 
 F = onnx.TensorProto.FLOAT
 

@@ -20,7 +20,7 @@ import pytest
 from rich.console import Console
 
 from einopt.errors import ModelError
-from einopt.report import (
+from einopt.reports.report import (
     COLORS,
     NOT_MEASURED,
     TIE_TEXT,
@@ -32,7 +32,7 @@ from einopt.report import (
     speedup_text,
     validate_report,
 )
-from einopt.report_html import op_time_rows, render_html, screenshot, write_html
+from einopt.reports.report_html import op_time_rows, render_html, screenshot, write_html
 
 TRACE = "Conv(x, w) + b\n  = sum_{c,r,s} x[n,c,h+r,w+s] w[k,c,r,s] + b[k]   (conv_to_sum)\n  -> fuse_bias"
 
@@ -376,7 +376,7 @@ def test_chromium_screenshot_is_not_blank(tmp_path):
 
 
 def test_screenshot_errors_are_clear(tmp_path, monkeypatch):
-    import einopt.report_html as report_html
+    import einopt.reports.report_html as report_html
 
     page = tmp_path / "r.html"
     page.write_text("<p>x</p>")

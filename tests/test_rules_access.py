@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from rules_support import Example, NearMiss, apply_all, load, programs
 
-from einopt import ir
+from einopt.core import ir
 
 CONV = "L[h:5, w:4, f:6] Sum[r:3, s:3, c:2] A[h+r-1, w+s-1, c] * K[r, s, f, c] where A: [5, 4, 2], K: [3, 3, 6, 2]"
 NCHW = (

@@ -19,10 +19,10 @@ from rules_support import (
     weights,
 )
 
-from einopt import ir
-from einopt.interp import evaluate
-from einopt.parser import parse
-from einopt.rewrite import map_accesses
+from einopt.core import ir
+from einopt.core.interp import evaluate
+from einopt.core.parser import parse
+from einopt.core.rewrite import map_accesses
 from einopt.rules import NO_CONTEXT, Context, get
 from einopt.rules.boundary import is_zero, zero_at, zero_only_if_finite
 

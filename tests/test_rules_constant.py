@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rules_support import Example, NearMiss, affine_index, apply_all, as_program, context, iterators, load
 
-from einopt import ir
-from einopt.interp import evaluate
+from einopt.core import ir
+from einopt.core.interp import evaluate
 from einopt.rules import Step, derive, get
 
 PRELU = "L[n:2, c:3, h:4] max(X[n, c, h], 0) + A[c] * min(X[n, c, h], 0) where X: [2, 3, 4], A: [3]"

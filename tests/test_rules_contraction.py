@@ -6,9 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rules_support import Example, NearMiss, affine_index, apply_all, as_program, check_result, load
 
-from einopt import ir
-from einopt.parser import parse
-from einopt.rewrite import substitute_iters
+from einopt.core import ir
+from einopt.core.parser import parse
+from einopt.core.rewrite import substitute_iters
 from einopt.rules import Step, derive, get
 
 GATES = "ifgo"

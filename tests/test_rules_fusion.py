@@ -18,7 +18,7 @@ from rules_support import (
     weights,
 )
 
-from einopt import ir
+from einopt.core import ir
 from einopt.rules import get
 from einopt.rules.fusion import bind_scope
 

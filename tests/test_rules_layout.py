@@ -6,11 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rules_support import Example, NearMiss, apply_all, as_program, iterators, load, programs
 
-from einopt import ir
-from einopt.rewrite import accesses
+from einopt.core import ir
+from einopt.core.rewrite import accesses
+from einopt.core.syntax import format_expr
 from einopt.rules import get
 from einopt.rules.layout import split_factors
-from einopt.syntax import format_expr
 
 # Fig. 14: a batched matmul-like expression whose operands are read through k*q + r.
 FIG14 = "L[b:2, q:4, r:4, w:7] Sum[k:3] A[b, 4*q + r, k] * B[b, 4*q + r + 4*w - 12, k] where A: [2, 16, 3], B: [2, 16, 3]"

@@ -10,10 +10,10 @@ from onnx import TensorProto, helper
 from rules_support import Example, NearMiss, apply_all, as_program, check_result, contractions, load
 from test_rules_split import CONV_TRANSPOSE, strided
 
-from einopt import ir
+from einopt.core import ir
+from einopt.core.interp import evaluate
+from einopt.core.parser import parse
 from einopt.frontend.importers import translate_single_node
-from einopt.interp import evaluate
-from einopt.parser import parse
 from einopt.rules import Step, derive, get
 
 GCN = """Y1 = L[i:3, f:4] Sum[k:5] X[i, k] * W1[k, f]

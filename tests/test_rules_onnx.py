@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from onnx_suite_support import light_model, light_model_paths, node_cases
 
-from einopt import ir
+from einopt.core import ir
 from einopt.frontend.fold import prepare
 from einopt.frontend.translate import translate_graph
 from einopt.rules import REGISTRY, Context, Match, check_equivalent

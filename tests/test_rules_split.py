@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rules_support import Example, NearMiss, apply_all, as_program, contractions, load
 
-from einopt import ir
+from einopt.core import ir
 from einopt.rules import get
 
 CONV3X3 = "L[h:6, w:5, f:4] Sum[r:3, s:3, c:3] A[h+r-1, w+s-1, c] * K[r, s, f, c] where A: [6, 5, 3], K: [3, 3, 4, 3]"

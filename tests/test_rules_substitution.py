@@ -17,8 +17,8 @@ from rules_support import (
     weights,
 )
 
-from einopt import ir
-from einopt.rewrite import substitute_iters
+from einopt.core import ir
+from einopt.core.rewrite import substitute_iters
 from einopt.rules import get
 
 RULE = "substitute_variables"

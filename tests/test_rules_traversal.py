@@ -17,7 +17,7 @@ from rules_support import (
     weights,
 )
 
-from einopt import ir
+from einopt.core import ir
 from einopt.rules import get
 
 from paper import fig5_texts

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from rules_support import check_result, contractions
 
-from einopt import ir
+from einopt.core import ir
 from einopt.rules import REGISTRY, Match
 
 RULES = list(REGISTRY.values())

@@ -20,8 +20,7 @@ from hypothesis import given, settings
 from rules_support import contractions
 
 import einopt
-from einopt import ir
-from einopt.export import as_program
+from einopt.core import ir
 from einopt.instantiate.plan import Match
 from einopt.rules import NO_CONTEXT, REGISTRY, Context, check_equivalent
 from einopt.rules.paper import DERIVATIONS
@@ -29,6 +28,7 @@ from einopt.search import DEFAULT_SCHEDULE, SearchError, search
 from einopt.search.candidates import program_flops
 from einopt.search.distance import TARGETS, distance, matcher_context, nearest
 from einopt.search.normal import normalize
+from einopt.stages.export import as_program
 
 # The HWC 3x3 convolution of einopt/examples/conv3x3.ein with few pixels and channels.
 CONV3X3_SMALL = "L[h:5, w:4, f:3] Sum[r:3, s:3, c:2] A[h+r-1, w+s-1, c] * K[r, s, f, c] where A: [5, 4, 2], K: [3, 3, 3, 2]"
@@ -437,9 +437,9 @@ def test_search_on_translated_subprograms_keeps_them_equal(model_name):
 def test_a_light_model_costs_what_the_runnable_one_does(monkeypatch):
     """Candidates are costed on a light instantiation (large weights and folded constants as typed
     inputs, no values): the same nodes, FLOPs and bytes as the model that runs."""
-    from einopt.cost import model_cost
-    from einopt.export import program_model
+    from einopt.core.cost import model_cost
     from einopt.instantiate import emit
+    from einopt.stages.export import program_model
 
     monkeypatch.setattr(emit, "LIGHT_LIMIT", 64)
     program = as_program(einopt.parse(PHASE_CONV))
@@ -456,10 +456,10 @@ def test_every_candidate_costs_the_same_light(name, monkeypatch):
     """The light instantiation skips folding large constants and computing eOperators' Gather
     indices (their shapes come from the index's bounds): every candidate of a search costs exactly
     what its runnable model does, node for node."""
-    from einopt.cost import model_cost
+    from einopt.core.cost import model_cost
     from einopt.examples.rediscover import CASES
-    from einopt.export import program_model
     from einopt.instantiate import emit
+    from einopt.stages.export import program_model
 
     monkeypatch.setattr(emit, "LIGHT_LIMIT", 64)
     case = CASES[name]
@@ -488,8 +488,8 @@ def test_states_refused_before_they_are_built_are_counted():
 def test_a_small_slice_of_a_large_folded_weight_stays_shape_only_when_light():
     """A layout step of a folded weight without values (light) gives a value without values, even
     one small enough to be kept with values had it been computed (a merged LSTM gate's weights)."""
-    from einopt.cost import model_cost
-    from einopt.export import program_model
+    from einopt.core.cost import model_cost
+    from einopt.stages.export import program_model
 
     x = "{L[i0:2, i1:16] x9[i0, i1] + x8[i0, i1-8]}[i0, k]"
     gates = "{L[i0:16, i1:8] x%d[i0, i1] + x%d[i0-8, i1]}"

@@ -14,8 +14,8 @@ import pytest
 
 import einopt
 from einopt.cli.source import example_text
-from einopt.export import as_program
 from einopt.rules import check_equivalent
+from einopt.stages.export import as_program
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 MATMUL = "L[i:6, j:5] Sum[k:4] X[i, k] * W[k, j] where X: [6, 4], W: [4, 5]"
@@ -54,7 +54,7 @@ def test_search_is_the_package_and_the_function(conv_result):
 
 
 def test_lazy_public_names_in_a_fresh_interpreter(tmp_path):
-    # Neither name may need `import einopt.search` / `import einopt.export` first.
+    # Neither name may need `import einopt.search` / `import einopt.stages.export` first.
     code = (
         "import einopt, types\n"
         f"p = einopt.parse({MATMUL!r})\n"

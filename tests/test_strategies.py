@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 
-from einopt.ir import (
+from einopt.core.ir import (
     Access,
     Binary,
     IFloorDiv,

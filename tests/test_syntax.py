@@ -9,7 +9,7 @@ from hypothesis import given, settings
 
 import einopt.examples
 from einopt import L, Sum, iters, leaky_relu, maximum, minimum, neg, program, relu, sigmoid, tensor
-from einopt.ir import (
+from einopt.core.ir import (
     Const,
     IAdd,
     IConst,
@@ -24,7 +24,7 @@ from einopt.ir import (
     Unary,
     tensors_in,
 )
-from einopt.syntax import RESERVED, ParseError, format_expr, format_node, parse
+from einopt.core.syntax import RESERVED, ParseError, format_expr, format_node, parse
 
 from strategies import programs, scopes
 

@@ -1,12 +1,12 @@
-"""einopt.timing: interleaving, warm-up, reliability flags, the thread pool. No timing ratio is asserted."""
+"""einopt.runtime.timing: interleaving, warm-up, reliability flags, the thread pool. No timing ratio is asserted."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from einopt import timing
-from einopt.timing import Comparison, Timing
+from einopt.runtime import timing
+from einopt.runtime.timing import Comparison, Timing
 
 
 def test_time_interleaved_rotates_and_respects_run_limits(monkeypatch):

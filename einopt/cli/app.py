@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 import einopt
+from einopt.core.ir import IRError
 from einopt.errors import ModelError, UnsupportedModelError, VerificationError
-from einopt.ir import IRError
 
 if TYPE_CHECKING:
     import rich.console

@@ -34,7 +34,7 @@ def bench(original, optimized, npz, seed, report_path, force, budget, min_runs, 
     """
     check_runs(min_runs, max_runs)
     check_writable(report_path, html_path)
-    from einopt import bench as benchmark
+    from einopt.runtime import bench as benchmark
 
     section = benchmark.bench_models(
         original,
@@ -60,7 +60,7 @@ def bench(original, optimized, npz, seed, report_path, force, budget, min_runs, 
 
 def bench_only_report(original: str, optimized: str, section: dict) -> dict:
     """A report with no optimization behind it: just the side-by-side benchmark."""
-    from einopt.report import REPORT_VERSION
+    from einopt.reports.report import REPORT_VERSION
 
     return {
         "einopt_report": REPORT_VERSION,

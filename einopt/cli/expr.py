@@ -11,7 +11,7 @@ import einopt
 from einopt.cli.app import CliError, handle_errors, is_quiet, main
 from einopt.cli.options import write_atomic
 from einopt.cli.source import example_names, example_text, load_node, make_inputs, with_inputs, with_source
-from einopt.ir import Program, Scope, input_tensors
+from einopt.core.ir import Program, Scope, input_tensors
 
 
 @main.command()
@@ -120,7 +120,7 @@ def compile(source, expr, example, shapes, npz, seed, target, emit, check, repea
 @handle_errors
 def key(source, expr, example, shapes) -> None:
     """Print the canonical key (fingerprint) of an expression or program."""
-    from einopt.keys import key as canonical_key
+    from einopt.core.keys import key as canonical_key
 
     click.echo(canonical_key(load_node(source, expr, example, shapes)))
 
@@ -150,7 +150,7 @@ def _results(value: np.ndarray | dict[str, np.ndarray]) -> dict[str, np.ndarray]
 
 
 def _describe(node: Scope | Program) -> list[str]:
-    from einopt.keys import key
+    from einopt.core.keys import key
 
     kind = f"program with {len(node.bindings)} expressions" if isinstance(node, Program) else "expression"
     ins = ", ".join(f"{t.name}{list(t.shape)}" for t in input_tensors(node))

@@ -184,10 +184,10 @@ def optimize(
         raise click.UsageError(str(e).replace("max_depth", "--max-depth")) from None
     check_writable(output, report_path, html_path)
     if do_bench or accept == "measured":
-        from einopt.timing import configure_threads
+        from einopt.runtime.timing import configure_threads
 
         configure_threads(threads)  # every session of the run shares the pool with the timed ones
-    from einopt.partsearch import RayUnavailable
+    from einopt.stages.partsearch import RayUnavailable
 
     try:
         with _search_display() as display, _interrupts() as interrupted:
@@ -205,7 +205,7 @@ def optimize(
         raise CliError(str(e), "unavailable") from None
     result.save(output, external_data=external_data)
     if do_bench:
-        from einopt.measure import benchmark_result
+        from einopt.reports.measure import benchmark_result
 
         report = benchmark_result(
             result,
@@ -306,7 +306,7 @@ SUMMARY_ROWS = 12  # above this many subprograms, the summary leaves the unchang
 def _print_summary(result, output: str) -> None:
     from rich.table import Table
 
-    from einopt.report import (
+    from einopt.reports.report import (
         acceptance_text,
         counts_text,
         passthrough_text,
@@ -370,10 +370,10 @@ def _print_summary(result, output: str) -> None:
 @handle_errors
 def inspect(source, input_shapes, show_all) -> None:
     """Print the subprograms of an ONNX model and their expressions."""
-    from einopt import modelio
+    from einopt.core.syntax import format_expr
     from einopt.frontend.fold import prepare
     from einopt.frontend.translate import translate_graph
-    from einopt.syntax import format_expr
+    from einopt.runtime import modelio
 
     prepared = prepare(modelio.load_model(source), _input_shapes(input_shapes))
     graph = prepared.model.graph

@@ -14,7 +14,7 @@ import numpy as np
 
 from einopt.cli.app import CliError, console, handle_errors, main
 from einopt.cli.source import load_node, with_source
-from einopt.ir import Program, Scope, input_tensors
+from einopt.core.ir import Program, Scope, input_tensors
 
 
 @main.command()

@@ -18,7 +18,7 @@ from einopt.cli.options import check_writable
 from einopt.cli.source import load_node, make_inputs, with_source
 
 if TYPE_CHECKING:
-    from einopt.ir import Program
+    from einopt.core.ir import Program
     from einopt.search import Candidate, SearchResult, Stats
 
 # The search's parameters by the flags that set them, for its error messages.
@@ -93,7 +93,7 @@ def search_command(
         return
     if top < 1:
         raise CliError(f"--top must be at least 1, got {top}", "usage")
-    from einopt.export import as_program
+    from einopt.stages.export import as_program
 
     program = as_program(load_node(source, expr, example, shapes))
     check_writable(onnx_path)
@@ -148,8 +148,8 @@ def _search(program: Program, kwargs: dict[str, Any], progress) -> SearchResult:
 def _write_best(program: Program, result: SearchResult, path: str) -> None:
     """Write the best candidate's model to ``path`` once ONNX Runtime computes what the interpreter does."""
     import einopt
-    from einopt.modelio import run, save_model
-    from einopt.verify import compare
+    from einopt.runtime.modelio import run, save_model
+    from einopt.runtime.verify import compare
 
     if not result.candidates:
         raise CliError("no candidate could be instantiated as ONNX operators; nothing written", "unsupported")

@@ -54,7 +54,7 @@ def _list_models(size: str) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from einopt.cost import model_cost
+    from einopt.core.cost import model_cost
     from einopt.models import MODELS, build
 
     table = Table(title=f"einopt evaluation models ({size} size, batch 1)")

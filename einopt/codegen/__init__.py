@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 
 from einopt.codegen.kernel import CompiledKernel, DeviceUnavailableError, PreparedCall
-from einopt.ir import IRError, Program, Scope
+from einopt.core.ir import IRError, Program, Scope
 
 __all__ = [
     "compile",
@@ -50,7 +50,7 @@ def compile(node: Scope | Program, target: str = "llvm") -> CompiledKernel:  # n
     CompiledKernel
         ``kernel(A=a, ...)`` returns a float32 array (scope) or a dict of
         arrays by output name (program). The same object is returned for
-        every expression with the same canonical key (``einopt.keys.key``).
+        every expression with the same canonical key (``einopt.core.keys.key``).
 
     Raises
     ------
@@ -63,7 +63,7 @@ def compile(node: Scope | Program, target: str = "llvm") -> CompiledKernel:  # n
         raise IRError(f"can only compile a Scope or a Program, got {type(node).__name__}")
     if not isinstance(target, str):
         raise TypeError(f"target must be a string such as 'llvm' or 'cuda', got {target!r}")
-    from einopt.keys import key
+    from einopt.core.keys import key
 
     # A program's key ignores output names, which name the results here.
     cache_key = (key(node), target, node.outputs if isinstance(node, Program) else None)

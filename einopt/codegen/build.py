@@ -14,7 +14,7 @@ from tvm.target import codegen as llvm_codegen
 from einopt.codegen.kernel import CompiledKernel, OutputSpec
 from einopt.codegen.schedule import schedule_cpu, schedule_gpu
 from einopt.codegen.te import Lowered, lower
-from einopt.ir import Program, Scope
+from einopt.core.ir import Program, Scope
 
 __all__ = ["build", "resolve_target"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from einopt.ir import Program, Scope, Tensor
+from einopt.core.ir import Program, Scope, Tensor
 
 __all__ = ["CompiledKernel", "PreparedCall", "DeviceUnavailableError", "OutputSpec"]
 

@@ -10,7 +10,7 @@ Every scope becomes one ``te.compute`` stage, computed once and materialised:
 
 Reads outside a tensor's (or scope's) valid range yield 0, as in the reference
 interpreter. An access is guarded with ``if_then_else`` only on the sides of
-the dimensions where ``einopt.index.bounds`` cannot prove the index in range,
+the dimensions where ``einopt.core.index.bounds`` cannot prove the index in range,
 so provably safe accesses compile to plain loads. A scope with ``pad`` that
 some other scope reads is materialised padded with zeros: reads that stay in
 the padded region need no guard.
@@ -32,8 +32,8 @@ from collections.abc import Callable
 
 from tvm import te, tirx
 
-from einopt.index import bounds, linear_form
-from einopt.ir import (
+from einopt.core.index import bounds, linear_form
+from einopt.core.ir import (
     Access,
     Binary,
     Const,

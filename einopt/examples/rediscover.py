@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from einopt import ir
-from einopt.parser import parse
+from einopt.core import ir
+from einopt.core.parser import parse
 
 __all__ = ["Case", "CASES", "Paper"]
 
@@ -52,7 +52,7 @@ class Case:
         return Context(self.constants(program, seed), assumed_finite=frozenset(self.assumed_finite))
 
     def program(self, size: str = "small") -> ir.Program:
-        from einopt.export import as_program
+        from einopt.stages.export import as_program
 
         return as_program(parse(self.full if size == "full" else self.small))
 

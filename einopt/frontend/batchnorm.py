@@ -16,7 +16,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from einopt import modelio
 from einopt.frontend.onnx_graph import (
     DEFAULT_DOMAINS,
     all_names,
@@ -28,6 +27,7 @@ from einopt.frontend.onnx_graph import (
     read_counts,
     unique_name,
 )
+from einopt.runtime import modelio
 
 log = logging.getLogger(__name__)
 

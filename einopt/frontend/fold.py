@@ -22,7 +22,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from einopt import modelio
 from einopt.errors import ModelError, UnsupportedModelError
 from einopt.frontend.batchnorm import fold_batchnorm, fold_batchnorm_in_place
 from einopt.frontend.onnx_graph import (
@@ -35,6 +34,7 @@ from einopt.frontend.onnx_graph import (
     static_shapes,
     subgraph_reads,
 )
+from einopt.runtime import modelio
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from einopt import ir
+from einopt.core import ir
 from einopt.frontend.importers_conv import CONV_IMPORTERS
 from einopt.frontend.importers_elementwise import ELEMENTWISE_IMPORTERS
 from einopt.frontend.importers_gather import GATHER_IMPORTERS

@@ -27,7 +27,8 @@ import dataclasses
 
 import numpy as np
 
-from einopt import ir
+from einopt.core import ir
+from einopt.core.index import bounds, simplify
 from einopt.frontend.operand import (
     Importer,
     NodeView,
@@ -40,7 +41,6 @@ from einopt.frontend.operand import (
     numbered,
     operand_shape,
 )
-from einopt.index import bounds, simplify
 
 __all__ = ["CONV_IMPORTERS"]
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 
-from einopt import ir
+from einopt.core import ir
 from einopt.frontend.operand import (
     Importer,
     NodeView,

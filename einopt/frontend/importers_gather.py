@@ -23,7 +23,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from einopt import ir
+from einopt.core import ir
+from einopt.core.index import bounds, linear_form, simplify, substitute
 from einopt.frontend.operand import (
     Importer,
     NodeView,
@@ -36,7 +37,6 @@ from einopt.frontend.operand import (
     numbered,
     operand_shape,
 )
-from einopt.index import bounds, linear_form, simplify, substitute
 
 __all__ = ["GATHER_IMPORTERS", "affine_fit", "simplify_divmod"]
 
@@ -142,7 +142,7 @@ def _split_atom(atom: ir.IndexExpr) -> ir.IndexExpr | None:
 
 
 def simplify_divmod(e: ir.IndexExpr) -> ir.IndexExpr:
-    """:func:`einopt.index.simplify`, plus Euclidean splitting of ``//``/``%`` atoms of affine arguments."""
+    """:func:`einopt.core.index.simplify`, plus Euclidean splitting of ``//``/``%`` atoms of affine arguments."""
     e = simplify(e)
     lf = linear_form(e)
     if lf.is_affine:

@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from einopt import ir
+from einopt.core import ir
+from einopt.core.index import simplify
 from einopt.frontend.operand import (
     Importer,
     NodeView,
@@ -29,7 +30,6 @@ from einopt.frontend.operand import (
     numbered,
     operand_shape,
 )
-from einopt.index import simplify
 
 __all__ = ["LAYOUT_IMPORTERS"]
 

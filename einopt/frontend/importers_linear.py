@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from einopt import ir
+from einopt.core import ir
 from einopt.frontend.operand import (
     Importer,
     NodeView,

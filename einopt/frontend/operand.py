@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from einopt import ir
-from einopt.index import bounds
+from einopt.core import ir
+from einopt.core.index import bounds
 
 
 class Unsupported(Exception):

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from einopt import ir
+from einopt.core import ir
 from einopt.frontend.importers import IMPORTERS, import_node, sanitize_name
 from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, constants, default_opset
 from einopt.frontend.operand import NodeView, Operand, Unsupported, node_attrs

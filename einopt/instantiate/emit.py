@@ -31,7 +31,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from einopt import ir
+from einopt.core import ir
+from einopt.core.interp import evaluate
 from einopt.frontend.onnx_graph import unique_name
 from einopt.instantiate import EINSUM_OPSET, EOP_DOMAIN, eop
 from einopt.instantiate.match import MATCHERS, match
@@ -49,7 +50,6 @@ from einopt.instantiate.plan import (
     Step,
     Transpose,
 )
-from einopt.interp import evaluate
 
 if TYPE_CHECKING:
     from einopt.frontend.translate import Part

@@ -5,7 +5,7 @@ in domain ``einopt.eop`` whose body uses only default-domain operators, so
 stock ONNX Runtime runs it and Netron shows it as one node; the function's
 doc_string holds the expression text.
 
-Meaning (``einopt.interp`` is the specification): the function's output is the
+Meaning (``einopt.core.interp`` is the specification): the function's output is the
 scope materialised, shape = traversal extents, position ``p`` holding traversal
 value ``lo + p`` (``pad`` is ignored). Each input is one source the body reads
 directly: a ``Tensor`` or a nested ``Scope`` materialised the same way (array
@@ -54,13 +54,13 @@ from collections.abc import Iterable
 import onnx
 from onnx import helper
 
-from einopt import ir
+from einopt.core import ir
+from einopt.core.syntax import format_expr
 from einopt.frontend.onnx_graph import unique_name
 from einopt.instantiate import BINARY_OPS, EINSUM_OPSET, EOP_DOMAIN, UNARY_OPS, UNARY_PARAM
 from einopt.instantiate.eop_access import Dim, accesses, gather, plan_access, reads_nothing, slice_and_pad
 from einopt.instantiate.eop_graph import Graph
 from einopt.instantiate.eop_rewrite import split_iterators, unroll_summation
-from einopt.syntax import format_expr
 
 __all__ = ["EOperator", "EOperatorError", "eoperator", "eop_name", "MAX_INDEX_ELEMENTS", "MIN_OPSET"]
 

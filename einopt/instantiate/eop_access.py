@@ -17,11 +17,11 @@ import math
 
 import numpy as np
 
-from einopt import ir
-from einopt.index import LinearForm, bounds, from_linear_form, linear_form
+from einopt.core import ir
+from einopt.core.index import LinearForm, bounds, from_linear_form, linear_form
+from einopt.core.interp import eval_index
+from einopt.core.rewrite import accesses
 from einopt.instantiate.eop_graph import Graph
-from einopt.interp import eval_index
-from einopt.rewrite import accesses
 
 __all__ = [
     "Dim",

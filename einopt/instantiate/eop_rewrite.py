@@ -14,11 +14,11 @@ import functools
 import itertools
 import math
 
-from einopt import ir
+from einopt.core import ir
+from einopt.core.index import linear_form, simplify, substitute
+from einopt.core.rewrite import accesses, map_indices
 from einopt.frontend.onnx_graph import unique_name
-from einopt.index import linear_form, simplify, substitute
 from einopt.instantiate.eop_access import plan_access, reads_nothing
-from einopt.rewrite import accesses, map_indices
 
 __all__ = ["split_iterators", "unroll_summation"]
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from einopt import ir
+from einopt.core import ir
 from einopt.instantiate import BINARY_OPS, EINSUM_OPSET, UNARY_OPS
 from einopt.instantiate.match_band import match_band
 from einopt.instantiate.match_conv import match_conv, match_conv_transpose

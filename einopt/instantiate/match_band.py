@@ -33,8 +33,8 @@ import math
 
 import numpy as np
 
-from einopt import ir
-from einopt.index import bounds, linear_form
+from einopt.core import ir
+from einopt.core.index import bounds, linear_form
 from einopt.instantiate.plan import (
     NO_CONTEXT,
     Context,

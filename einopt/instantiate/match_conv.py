@@ -33,8 +33,8 @@ import dataclasses
 import math
 from collections.abc import Hashable, Sequence
 
-from einopt import ir
-from einopt.index import linear_form
+from einopt.core import ir
+from einopt.core.index import linear_form
 from einopt.instantiate.plan import (
     NO_CONTEXT,
     Context,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from einopt import ir
+from einopt.core import ir
 from einopt.instantiate import BINARY_OPS, UNARY_OPS, UNARY_PARAM
 from einopt.instantiate.plan import (
     NO_CONTEXT,
@@ -78,7 +78,7 @@ def _has_access(e: ir.ValueExpr) -> bool:
 
 def constant_value(e: ir.ValueExpr) -> float:
     """A constant sub-expression's value, computed by the reference interpreter (float64)."""
-    from einopt.interp import evaluate
+    from einopt.core.interp import evaluate
 
     return float(evaluate(ir.Scope((ir.Iter("i", 0, 1),), (), e), {})[0])
 

@@ -18,8 +18,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from einopt import ir
-from einopt.index import substitute
+from einopt.core import ir
+from einopt.core.index import substitute
+from einopt.core.rewrite import operands as chain_operands
 from einopt.instantiate.plan import (
     NO_CONTEXT,
     Context,
@@ -41,7 +42,6 @@ from einopt.instantiate.views import (
     simple_view,
     to_traversal,
 )
-from einopt.rewrite import operands as chain_operands
 
 __all__ = ["CHECK_LIMIT", "layout_plan", "match_layout", "match_flatten", "match_concat", "step_label"]
 

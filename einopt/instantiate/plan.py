@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from einopt import ir
+from einopt.core import ir
 
 __all__ = [
     "Step",

@@ -23,8 +23,9 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-from einopt import ir
-from einopt.index import bounds, linear_form, simplify
+from einopt.core import ir
+from einopt.core.index import bounds, linear_form, simplify
+from einopt.core.interp import eval_index
 from einopt.instantiate.plan import (
     Context,
     Expand,
@@ -39,7 +40,6 @@ from einopt.instantiate.plan import (
     apply_steps,
     normalize,
 )
-from einopt.interp import eval_index
 
 __all__ = [
     "window_1d",

@@ -1,4 +1,4 @@
-"""Parsing the text syntax (grammar in ``einopt.syntax``) into interned IR nodes.
+"""Parsing the text syntax (grammar in ``einopt.core.syntax``) into interned IR nodes.
 
 A hand-written tokenizer and recursive-descent parser. The trailing ``where``
 clause is parsed first, since the body reads the tensors it declares. Every
@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from einopt.ir import (
+from einopt.core.ir import (
     DTYPES,
     RESERVED_NAMES,
     UNARY_FUNCS,
@@ -292,7 +292,7 @@ class _Parser:
         t = self.build(tok, Tensor, name, tuple(shape), dtype)
         other = self.shapes.get(name)
         if other is not None and other is not t:
-            from einopt.syntax import format_node
+            from einopt.core.syntax import format_node
 
             raise self.error(
                 f"tensor {name} is declared as {format_node(t)} here but as {format_node(other)} in shapes=",

@@ -45,8 +45,8 @@ import onnx.inliner
 import onnx.shape_inference
 from onnx import helper, numpy_helper
 
-from einopt.cost import FLOPS, VIEWS, itemsize
-from einopt.modelio import available_bytes
+from einopt.core.cost import FLOPS, VIEWS, itemsize
+from einopt.runtime.modelio import available_bytes
 
 __all__ = [
     "Calibration",
@@ -460,7 +460,7 @@ other nodes' data has evicted them)."""
 
 def _flusher():
     """An Add session over :data:`FLUSH_BYTES` in the global pool (every core's caches get touched)."""
-    from einopt.modelio import session
+    from einopt.runtime.modelio import session
 
     n = FLUSH_BYTES // 12
     m, feeds = _binary("Add", (n,), (n,), (n,), np.random.default_rng(0))
@@ -515,8 +515,8 @@ def _time_cold(fns: Mapping[str, object], flush, budget_s: float = GROUP_BUDGET_
 
 def calibrate() -> Calibration:
     """Measure this machine's bandwidth, MatMul rate and per-run and per-kernel overheads."""
-    from einopt.modelio import session
-    from einopt.timing import configure_threads, time_interleaved
+    from einopt.runtime.modelio import session
+    from einopt.runtime.timing import configure_threads, time_interleaved
 
     configure_threads()
     f = onnx.TensorProto.FLOAT
@@ -631,8 +631,8 @@ class OpCosts:
         if not todo:
             return
         cal = self.calibration
-        from einopt.modelio import session
-        from einopt.timing import configure_threads
+        from einopt.runtime.modelio import session
+        from einopt.runtime.timing import configure_threads
 
         configure_threads()
         rng = np.random.default_rng(self.seed)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from einopt import ir
-from einopt.index import simplify, substitute
+from einopt.core import ir
+from einopt.core.index import simplify, substitute
 
 __all__ = [
     "accesses",

@@ -2,9 +2,9 @@
 timed or searched twice.
 
 A timing is keyed by the canonical content of what was timed (both sides'
-node groups, shapes, attributes and element types: :func:`einopt.graphkey.timing_key`)
+node groups, shapes, attributes and element types: :func:`einopt.runtime.graphkey.timing_key`)
 and by what it depends on beyond that (ONNX Runtime's version, the CPU model,
-the thread count: :func:`einopt.timing.environment_key`). A second
+the thread count: :func:`einopt.runtime.timing.environment_key`). A second
 ``optimize`` of the same model, or of another model with the same layers,
 measures nothing new.
 
@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from einopt.timing import Comparison, Timing, environment_key
+from einopt.runtime.timing import Comparison, Timing, environment_key
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class MeasurementCache:
             return None
 
     def key(self, before: str, after: str) -> str:
-        """The key of timing ``after`` against ``before`` (two :func:`einopt.graphkey.timing_key` s) here."""
+        """The key of timing ``after`` against ``before`` (two :func:`einopt.runtime.graphkey.timing_key` s) here."""
         if self._environment is None:
             self._environment = environment_key()
         text = json.dumps([before, after, self._environment], sort_keys=True)
@@ -158,7 +158,7 @@ class MeasurementCache:
         return c
 
     def found(self, key: str) -> dict | None:
-        """A search's results stored under ``key`` (see :mod:`einopt.partsearch`), or None."""
+        """A search's results stored under ``key`` (see :mod:`einopt.stages.partsearch`), or None."""
         return self._lookup("searches", self._searches, key)
 
     def keep(self, key: str, value: dict) -> None:

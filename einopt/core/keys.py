@@ -30,7 +30,7 @@ written in prefix form:
   ``fn(x)`` or ``fn[param](x)``; a constant is ``repr(float)`` (so ``0.0``
   and ``-0.0`` differ, as the IR says they do).
 
-An index expression is written as its linear form (as ``einopt.index``
+An index expression is written as its linear form (as ``einopt.core.index``
 defines it): iterator terms and div/mod/product atoms, each with its
 coefficient, sorted by their text, then the constant, e.g. ``s0+t0-1`` or
 ``2*t1+((s1+t0)//2)``. Atoms are ``((inner)//k)``, ``((inner)%k)`` and
@@ -71,7 +71,7 @@ symmetries that are not transpositions) stay exponential in the class size.
 
 Caching and speed
 -----------------
-Keys are memoised per node with ``einopt.ir._cached``, so a scope shared by
+Keys are memoised per node with ``einopt.core.ir._cached``, so a scope shared by
 many states is keyed once. Context-free facts about access and index nodes
 (their texts, linear forms and roles) are memoised per node the same way,
 so they live exactly as long as their nodes. The body is rendered once per scope unless summation
@@ -94,7 +94,7 @@ from __future__ import annotations
 import functools
 import hashlib
 
-from einopt.ir import (
+from einopt.core.ir import (
     Access,
     Binary,
     Const,
@@ -263,7 +263,7 @@ def _compute_index_info(e: IndexExpr) -> tuple[tuple, tuple[tuple[Iter, str], ..
 def _collect(e: IndexExpr, scale: int, coeffs: dict[Iter, int], atoms: list[tuple[tuple, int]]) -> int:
     """Add ``scale * e`` into ``coeffs`` and ``atoms``; return its constant part.
 
-    The same sum as ``einopt.index.linear_form`` (which builds a LinearForm
+    The same sum as ``einopt.core.index.linear_form`` (which builds a LinearForm
     per subterm: too slow here), except that atoms are merged up to
     commutativity rather than by node identity.
     """

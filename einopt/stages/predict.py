@@ -4,7 +4,7 @@ The search ranks what it finds by an analytic estimate (FLOPs and bytes at
 nominal rates), which cannot tell one MatMul on a concatenated weight from
 four on its slices: the bytes are the same, the kernels are not. Here every
 found program of every subprogram (and the subprogram's original nodes) is
-costed by :class:`einopt.opcost.OpCosts`: the sum of its nodes' times in ONNX
+costed by :class:`einopt.runtime.opcost.OpCosts`: the sum of its nodes' times in ONNX
 Runtime, each node timed once as a single-operator session and cached. The
 programs are re-ranked by that prediction, and selection times the best of
 them against the original nodes: the prediction chooses what to time, the
@@ -22,10 +22,10 @@ from collections.abc import Mapping, Sequence
 import onnx
 from onnx import helper
 
-from einopt.export import program_model, weight_names
 from einopt.frontend.translate import Part, value_types
-from einopt.opcost import OpCosts, footprint, memory_limit, node_costs
-from einopt.partsearch import Found, PartSearch
+from einopt.runtime.opcost import OpCosts, footprint, memory_limit, node_costs
+from einopt.stages.export import program_model, weight_names
+from einopt.stages.partsearch import Found, PartSearch
 
 __all__ = ["predict", "SLACK", "BUDGET_S"]
 

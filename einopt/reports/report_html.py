@@ -1,7 +1,7 @@
 """einopt's speedup report as one self-contained HTML file (inline SVG plots, no scripts, works offline).
 
 :func:`render_html` fills ``templates/report.html.j2`` (Jinja2, autoescaped)
-with the numbers formatted by :mod:`einopt.report` and two plots drawn with
+with the numbers formatted by :mod:`einopt.reports.report` and two plots drawn with
 matplotlib's object API (no pyplot, so no global figure state): the speedup of
 every subprogram timed on its own, and the time by operator type before and
 after. The output is deterministic: the same report renders to the same bytes.
@@ -29,7 +29,7 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
-from einopt import report as fmt
+from einopt.reports import report as fmt
 
 TOP_OPS = 12  # operator types plotted by name; the rest are summed into "other"
 NAME_WIDTH = 30  # characters of a subprogram name on a plot axis
@@ -278,7 +278,7 @@ def render_html(report: dict) -> str:
     Parameters
     ----------
     report : dict
-        A report in the format of :func:`einopt.report.validate_report`.
+        A report in the format of :func:`einopt.reports.report.validate_report`.
 
     Returns
     -------
@@ -347,7 +347,7 @@ def write_html(report: dict, path: str | os.PathLike) -> None:
     path : str or path-like
         The HTML file; on failure no partial file is left behind.
     """
-    from einopt.modelio import write_atomic
+    from einopt.runtime.modelio import write_atomic
 
     data = render_html(report).encode("utf-8")
     write_atomic(path, lambda f: f.write(data))

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from einopt import modelio
-from einopt.cost import value_bytes
+from einopt.core.cost import value_bytes
 from einopt.errors import UnsupportedModelError
+from einopt.runtime import modelio
 
 if TYPE_CHECKING:
     from einopt.frontend.translate import Part

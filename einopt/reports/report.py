@@ -9,7 +9,7 @@ verified, ``timed``, the whole-model ``rounds`` with what each rolled back,
 the measurement ``cache``, ``unreliable`` timings); each subprogram has one
 of :data:`STATUSES`.
 :func:`validate_report` checks it, :func:`print_report` renders it with rich
-and :mod:`einopt.report_html` renders it as a self-contained HTML page. The
+and :mod:`einopt.reports.report_html` renders it as a self-contained HTML page. The
 small formatting helpers here are shared by both renderers, so a number reads
 the same in the terminal and in the browser.
 

@@ -26,14 +26,14 @@ Grammar (whitespace and newlines are free; ``#`` comments to end of line)::
 ``-2`` is the constant -2 while ``-x`` is ``(-1)*x`` (``neg(x)`` for values),
 so every node has exactly one printed form and ``parse(format_node(e)) is e``.
 A rank-0 tensor is declared ``A: []`` and read ``A[]``. Parsing lives in
-``einopt.parser``; this module prints and re-exports ``parse``.
+``einopt.core.parser``; this module prints and re-exports ``parse``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from einopt.ir import (
+from einopt.core.ir import (
     Access,
     Binary,
     Const,
@@ -53,7 +53,7 @@ from einopt.ir import (
     ValueExpr,
     tensors_in,
 )
-from einopt.parser import RESERVED, ParseError, parse
+from einopt.core.parser import RESERVED, ParseError, parse
 
 __all__ = ["format_node", "format_expr", "parse", "ParseError", "RESERVED"]
 

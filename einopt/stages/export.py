@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from einopt import ir
+from einopt.core import ir
 from einopt.frontend.onnx_graph import read_counts, subgraph_reads, unique_name
 from einopt.instantiate import EOP_DOMAIN
 from einopt.instantiate.emit import Instantiated, instantiate, light_omits
@@ -97,7 +97,7 @@ def program_model(
 
 def weight_names(constants: Mapping[str, np.ndarray], inst: Instantiated) -> frozenset[str]:
     """The names in a :func:`program_model` model that hold weights: the constants and, in a ``light``
-    one, the folded constants declared by shape (what :func:`einopt.opcost.node_costs` folds)."""
+    one, the folded constants declared by shape (what :func:`einopt.runtime.opcost.node_costs` folds)."""
     return frozenset(constants) | {v.name for v in inst.placeholders}
 
 

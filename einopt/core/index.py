@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from einopt.ir import (
+from einopt.core.ir import (
     IAdd,
     IConst,
     IFloorDiv,

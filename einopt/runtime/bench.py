@@ -4,10 +4,10 @@ Both models run in one process on one global thread pool (with per-session
 pools, idle sessions' spinning threads take the cores from the active one),
 interleaved round-robin after a warm-up, and their outputs are compared
 before anything is timed. :func:`bench_models` returns the ``bench`` section
-of einopt's report format (see :mod:`einopt.report`); :func:`time_models`
+of einopt's report format (see :mod:`einopt.reports.report`); :func:`time_models`
 times any two models the same way (acceptance in ``optimize`` uses it per
 subprogram and for the whole model). The timing rules themselves are in
-:mod:`einopt.timing`.
+:mod:`einopt.runtime.timing`.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from einopt import modelio
-from einopt.cost import model_cost, value_bytes
+from einopt.core.cost import model_cost, value_bytes
 from einopt.errors import ModelError
-from einopt.timing import (
+from einopt.runtime import modelio
+from einopt.runtime.timing import (
     Comparison,
     Timing,
     configure_threads,
@@ -37,7 +37,7 @@ from einopt.timing import (
     machine_info,
     time_interleaved,
 )
-from einopt.verify import Tolerance, compare, first_line
+from einopt.runtime.verify import Tolerance, compare, first_line
 
 log = logging.getLogger(__name__)
 
@@ -216,8 +216,8 @@ def time_models(
 ) -> Comparison:
     """Time two models side by side in ONNX Runtime: ``speedup`` is how much faster ``after`` is.
 
-    Both sessions join the process's thread pool (:func:`einopt.timing.configure_threads`)
-    and run interleaved round-robin (:func:`einopt.timing.time_interleaved`).
+    Both sessions join the process's thread pool (:func:`einopt.runtime.timing.configure_threads`)
+    and run interleaved round-robin (:func:`einopt.runtime.timing.time_interleaved`).
     When holding both sessions at once would take more than half of the
     memory available (Longformer at batch 16 needs about 8 GB per session),
     they run in alternating blocks instead, one session alive at a time:
@@ -230,7 +230,7 @@ def time_models(
     before_feeds, after_feeds : mapping
         What each runs on (``after_feeds`` defaults to ``before_feeds``).
     warmup, min_runs, max_runs, budget_s
-        As in :func:`einopt.timing.time_interleaved`.
+        As in :func:`einopt.runtime.timing.time_interleaved`.
     """
     configure_threads()
     fa = dict(before_feeds)

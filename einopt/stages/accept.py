@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from einopt import bench
-from einopt.cache import MeasurementCache, resolve_path
-from einopt.export import assemble
-from einopt.graphkey import content_key, timing_key
-from einopt.postopt import postoptimize
-from einopt.timing import NOISE_BAND, Comparison, configure_threads
-from einopt.verify import PartPair, part_pairs
+from einopt.runtime import bench
+from einopt.runtime.cache import MeasurementCache, resolve_path
+from einopt.runtime.graphkey import content_key, timing_key
+from einopt.runtime.timing import NOISE_BAND, Comparison, configure_threads
+from einopt.runtime.verify import PartPair, part_pairs
+from einopt.stages.export import assemble
+from einopt.stages.postopt import postoptimize
 
 if TYPE_CHECKING:
     from einopt.frontend.translate import Part

@@ -7,7 +7,7 @@ its input re-instantiated (preferring the original operators) and the best
 measurement decides). Each is instantiated, verified on the values that
 really reach the subprogram, and, in measured mode, timed against the
 original nodes side by side (through the measurement cache). The candidate
-measured fastest is chosen; measured acceptance (:mod:`einopt.accept`) then
+measured fastest is chosen; measured acceptance (:mod:`einopt.stages.accept`) then
 decides whether it reaches the output at all. A candidate the search found
 and the measurement rejected stays in the report with its timing: that is
 how the report shows, e.g., a Conv3x3 as MatMul + OffsetReduce losing to
@@ -24,13 +24,13 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 
-from einopt.accept import Timer, is_unchanged
 from einopt.frontend.onnx_graph import default_opset
 from einopt.frontend.translate import Part
 from einopt.instantiate.emit import Instantiated, instantiate, original_ops
-from einopt.partsearch import Found, PartSearch
-from einopt.timing import Comparison as Timing
-from einopt.verify import Comparison, Tolerance, first_line, part_pairs, verify_parts
+from einopt.runtime.timing import Comparison as Timing
+from einopt.runtime.verify import Comparison, Tolerance, first_line, part_pairs, verify_parts
+from einopt.stages.accept import Timer, is_unchanged
+from einopt.stages.partsearch import Found, PartSearch
 
 __all__ = ["Candidate", "Selection", "PREDICTED_SLACK", "DEFAULT_TOP_K", "BUDGET_S", "NOT_TIMED", "select"]
 
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 PREDICTED_SLACK = 2.0
 """A derived program is timed when its predicted cost is at most this many times the input's
-(:data:`einopt.predict.SLACK` costs nothing beyond that)."""
+(:data:`einopt.stages.predict.SLACK` costs nothing beyond that)."""
 DEFAULT_TOP_K = 3
 """Derived programs timed per subprogram, at most (best predicted first)."""
 SLOW_RUN = 4.0

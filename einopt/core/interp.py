@@ -2,7 +2,7 @@
 
 ``evaluate(node, inputs)`` computes a ``Scope`` or a ``Program`` with numpy.
 Every derivation rule and every lowering is tested against it, so it follows
-the semantics of ``einopt.ir`` literally:
+the semantics of ``einopt.core.ir`` literally:
 
 * a scope ``L[x] Sum[y] f`` evaluates ``f`` at every point of ``x`` and ``y``
   and sums over ``y``; array position ``p`` in dimension ``d`` of the result
@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from einopt.index import bounds, linear_form
-from einopt.ir import (
+from einopt.core.index import bounds, linear_form
+from einopt.core.ir import (
     Access,
     Binary,
     Const,

@@ -66,7 +66,7 @@ def configure_threads(threads: int | None = None) -> int:
     Once the global pools exist, ONNX Runtime refuses any session in the
     process that asks for threads of its own: code that creates sessions
     itself after benchmarking must set ``use_per_session_threads = False``
-    (:func:`einopt.modelio.session` does). With the environment variable
+    (:func:`einopt.runtime.modelio.session` does). With the environment variable
     ``EINOPT_THREAD_POOL=per-session`` einopt leaves the process alone and
     uses per-session pools with spinning turned off instead (the tests do).
 
@@ -105,7 +105,7 @@ def configure_threads(threads: int | None = None) -> int:
 
 
 def thread_options() -> dict[str, object]:
-    """How :func:`einopt.modelio.session` should set up threads (empty before :func:`configure_threads`)."""
+    """How :func:`einopt.runtime.modelio.session` should set up threads (empty before :func:`configure_threads`)."""
     if _STATE["pool"] == "global":
         return {"global_pool": True}
     if _STATE["pool"] == "per-session":

@@ -4,7 +4,7 @@ A subprogram is searched in canonical names (its inputs ``x0, x1, ...`` and
 bindings ``y0, y1, ...`` in order), so two subprograms with the same program,
 shapes and weight facts (:func:`weight_facts`) share one search: ResNet's
 repeated blocks are searched once per shape. What a search found is kept in
-the measurement cache's SQLite file (:class:`einopt.cache.MeasurementCache`),
+the measurement cache's SQLite file (:class:`einopt.runtime.cache.MeasurementCache`),
 so a second run of a model, or another model with the same layers, searches
 nothing it has searched before. Found programs are renamed back to each
 part's own names; every one is verified on that part's own weights before it
@@ -29,9 +29,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from einopt import ir
-from einopt.cache import MeasurementCache
-from einopt.rewrite import binding_program, put_binding, rename_tensors
+from einopt.core import ir
+from einopt.core.rewrite import binding_program, put_binding, rename_tensors
+from einopt.runtime.cache import MeasurementCache
 from einopt.search.engine import DEFAULT_CONVERGE_DEPTH, DEFAULT_MAX_DEPTH
 
 __all__ = [
@@ -65,7 +65,7 @@ class Settings:
     candidates : int
         Ranked candidates kept per search (one per distinct work: the multiset
         of its nodes' operators and shapes). The analytic ranking is crude, so
-        many are kept: the measured cost stage (:mod:`einopt.predict`) re-ranks them.
+        many are kept: the measured cost stage (:mod:`einopt.stages.predict`) re-ranks them.
     exact : bool
         Share a search only between subprograms whose weights are equal
         (when nothing is verified, nothing may rest on verification).
@@ -100,7 +100,9 @@ class Found:
     program: ir.Program
     trace: tuple[Step, ...]
     operators: tuple[str, ...]
-    predicted_s: float  # seconds: the search's analytic estimate, or measured operators' (einopt.predict)
+    predicted_s: (
+        float  # seconds: the search's analytic estimate, or measured operators' (einopt.stages.predict)
+    )
     estimated_s: float | None = None  # the search's analytic estimate, once predicted_s is measured
     work: tuple[str, ...] = ()  # its nodes (operator and input shapes), sorted: one work, one candidate
     timed_share: float | None = None  # of predicted_s, from nodes timed alone (the rest estimated)
@@ -304,7 +306,7 @@ PIECE_CANDIDATES = 8
 
 
 def _pieces(program: ir.Program) -> list[tuple[str, ir.Program]]:
-    """Each binding of ``program`` on its own (see :func:`einopt.rewrite.binding_program`)."""
+    """Each binding of ``program`` on its own (see :func:`einopt.core.rewrite.binding_program`)."""
     return [(name, binding_program(program, name)) for name, _ in program.bindings]
 
 
@@ -399,8 +401,8 @@ def _with_pieces(
 
 def _costed(program: ir.Program, trace: tuple[Step, ...], constants: Mapping[str, np.ndarray]) -> Found:
     """``program`` as a found program, costed as the search costs its candidates."""
-    from einopt.export import program_model, weight_names
     from einopt.search.candidates import analytic, operators
+    from einopt.stages.export import program_model, weight_names
 
     model, inst = program_model(program, dict(constants), light=True)
     seconds, work = analytic(model, weight_names(constants, inst))
@@ -579,10 +581,10 @@ def _hook(progress: Callable[[Progress], None], part: str, index: int, total: in
 
 def _search_one(task: _Task, settings: Settings, budget: float, hook=None) -> dict:
     """Search one canonical program; the stored form of what it found (programs as text)."""
-    from einopt.export import as_program
-    from einopt.parser import parse
+    from einopt.core.parser import parse
     from einopt.rules import Context
     from einopt.search import search
+    from einopt.stages.export import as_program
 
     program = as_program(parse(task.text))
     if hook is not None:
@@ -628,8 +630,8 @@ def _bounded(budget: float, deadline: float | None) -> float:
 
 def _input_cost(program: ir.Program, constants: Mapping[str, np.ndarray]) -> float:
     """The analytic estimate the search gives its input (what progress compares the best with)."""
-    from einopt.cost import estimate_seconds, model_cost
-    from einopt.export import program_model
+    from einopt.core.cost import estimate_seconds, model_cost
+    from einopt.stages.export import program_model
 
     try:
         model, _ = program_model(program, constants, light=True)
@@ -642,8 +644,8 @@ def _part_search(value: dict | None, names: Mapping[str, str], cached: bool, sam
     """A stored search renamed into a part's names (``value`` None: not searched)."""
     if value is None:
         return PartSearch.not_searched(same_as)
-    from einopt.export import as_program
-    from einopt.parser import parse
+    from einopt.core.parser import parse
+    from einopt.stages.export import as_program
 
     found = []
     for f in value["found"]:

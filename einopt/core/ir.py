@@ -3,10 +3,10 @@
 An expression is written ``L_x Sum_y f(T[tau(x, y)])`` (method.md section 2).
 Every node is a frozen dataclass interned on construction, so two equal nodes
 are the same object: ``is`` is structural equality, and nodes can key caches.
-Constructors validate but never simplify; ``einopt.index.simplify`` and the
+Constructors validate but never simplify; ``einopt.core.index.simplify`` and the
 derivation rules are the only places that rewrite.
 
-Semantics (the reference interpreter ``einopt.interp`` is the specification):
+Semantics (the reference interpreter ``einopt.core.interp`` is the specification):
 
 * An iterator ``Iter(name, lo, hi)`` ranges over ``lo <= i < hi``.
 * A ``Scope`` is ``L[traversal] Sum[summation] body``. It is a *closed* term:
@@ -143,7 +143,7 @@ class Node(metaclass=_InternMeta):
 
 
 def _format(node: Node) -> str:
-    from einopt.syntax import format_node  # syntax imports this module
+    from einopt.core.syntax import format_node  # syntax imports this module
 
     return format_node(node)
 

@@ -1,6 +1,6 @@
 """Timing what ``optimize`` did: each rewritten subprogram on its own, and the whole model.
 
-The whole-model comparison is :func:`einopt.bench.bench_models`; this module
+The whole-model comparison is :func:`einopt.runtime.bench.bench_models`; this module
 adds the per-subprogram view: every rewritten part runs as two standalone
 models (its original nodes, its new nodes) on the values that really reach it,
 interleaved in one process, so the report can say which rewrite won or lost.
@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from einopt import bench, modelio
 from einopt.pipeline import Result, part_bench
-from einopt.timing import configure_threads
-from einopt.verify import part_pairs
+from einopt.runtime import bench, modelio
+from einopt.runtime.timing import configure_threads
+from einopt.runtime.verify import part_pairs
 
 
 def measure_parts(
@@ -45,7 +45,7 @@ def measure_parts(
         Seed of the random inputs when the result was not verified (verified
         results reuse their first verification inputs).
     warmup, min_runs, max_runs : int
-        Per part, as in :func:`einopt.timing.time_interleaved`.
+        Per part, as in :func:`einopt.runtime.timing.time_interleaved`.
     budget_s : float
         Time budget for all parts together, shared equally.
 
@@ -107,12 +107,12 @@ def benchmark_result(
     budget_s : float
         Time budget of the whole-model benchmark (the parts get half as much again).
     min_runs, max_runs, threads, seed
-        As in :func:`einopt.bench.bench_models`.
+        As in :func:`einopt.runtime.bench.bench_models`.
 
     Returns
     -------
     dict
-        The report (see :mod:`einopt.report`), with ``bench`` filled.
+        The report (see :mod:`einopt.reports.report`), with ``bench`` filled.
     """
     configure_threads(threads)
     if parts:

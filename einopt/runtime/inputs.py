@@ -3,7 +3,7 @@
 :func:`random_inputs` makes reproducible inputs from a seed and
 :func:`load_inputs` reads user-given ones, both checked against the declared
 element types and shapes of :func:`feed_inputs`. (Also importable from
-:mod:`einopt.modelio`.)
+:mod:`einopt.runtime.modelio`.)
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ with their bytes streamed to a data file when they are needed at all. Models
 are never mutated: every function returns a new ``ModelProto``.
 
 The verification-input helpers (:func:`feed_inputs`, :func:`random_inputs`,
-:func:`load_inputs`) live in :mod:`einopt.inputs` and are re-exported here.
+:func:`load_inputs`) live in :mod:`einopt.runtime.inputs` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from google.protobuf.message import DecodeError, EncodeError
 from onnx import TensorProto, numpy_helper
 
 from einopt.errors import ModelError, UnsupportedModelError
-from einopt.inputs import feed_inputs, load_inputs, random_inputs
-from einopt.timing import thread_options
+from einopt.runtime.inputs import feed_inputs, load_inputs, random_inputs
+from einopt.runtime.timing import thread_options
 
 log = logging.getLogger(__name__)
 
@@ -566,7 +566,7 @@ def session(
 
     Small models are passed as bytes; models with more than ~1.5 GB of tensors
     go through a temporary directory with external data (removed once the
-    session has loaded them). After :func:`einopt.timing.configure_threads`,
+    session has loaded them). After :func:`einopt.runtime.timing.configure_threads`,
     sessions share the process's global thread pool (``threads`` is then
     ignored). ``profile_prefix`` turns on ONNX Runtime's profiler (its JSON
     trace goes to ``profile_prefix*.json``; ``end_profiling()`` names it).

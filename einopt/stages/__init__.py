@@ -1,0 +1,1 @@
+"""The pipeline's stages after translation: search, cost prediction, selection, acceptance, post-optimisation, assembly."""
