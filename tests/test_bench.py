@@ -94,7 +94,7 @@ def test_global_thread_pool_in_a_fresh_process(tmp_path):
 
     onnx.save(matmul_model(), str(tmp_path / "m.onnx"))
     code = (
-        "from einopt import bench, modelio\n"
+        "from einopt.runtime import bench, modelio\n"
         "import numpy as np, onnx\n"
         f"m = onnx.load({str(tmp_path / 'm.onnx')!r})\n"
         "s = bench.bench_models(m, m, min_runs=2, max_runs=2, budget_s=0.01, warmup=0)\n"
