@@ -44,7 +44,7 @@ from einopt.runtime.verify import (
     verification_inputs,
 )
 from einopt.search.engine import DEFAULT_MAX_DEPTH
-from einopt.stages.accept import Decision, ModelRound, Timer, accept_rewrites
+from einopt.stages.accept import MODEL_NOISE, Decision, ModelRound, Timer, accept_rewrites
 from einopt.stages.export import assemble
 from einopt.stages.partsearch import PartSearch, Progress, Settings, search_parts
 from einopt.stages.postopt import postoptimize
@@ -106,6 +106,9 @@ class Options:
         kept for this run only).
     noise : float
         A rewrite must be measured at least ``1 + noise`` times faster on its own.
+    model_noise : float
+        The whole output must be faster than the input by more than ``1 + model_noise``
+        times, 95% confident, in two separate comparisons (else the output is the input).
     part_budget_s, model_budget_s : float
         Seconds of timed runs per subprogram and per whole-model comparison.
     """
@@ -124,6 +127,7 @@ class Options:
     accept: str = "measured"
     cache: bool | str | Path = True
     noise: float = NOISE_BAND
+    model_noise: float = MODEL_NOISE
     part_budget_s: float = 1.0
     model_budget_s: float = 10.0
 
@@ -138,6 +142,8 @@ class Options:
             raise ValueError(f"accept must be one of {', '.join(ACCEPT_MODES)}, not {self.accept!r}")
         if not 0 <= self.noise < 1:
             raise ValueError(f"noise must be in [0, 1), not {self.noise}")
+        if not 0 <= self.model_noise < 1:
+            raise ValueError(f"model_noise must be in [0, 1), not {self.model_noise}")
         if self.part_budget_s <= 0 or self.model_budget_s <= 0:
             raise ValueError("timing budgets must be positive")
 
@@ -392,6 +398,7 @@ def _rewrite(
             mode=options.accept,
             cache=store,
             noise=options.noise,
+            model_noise=options.model_noise,
             part_budget_s=options.part_budget_s,
             model_budget_s=options.model_budget_s,
             measured={n: s.chosen.measured for n, s in selections.items() if s.chosen and s.chosen.measured},
@@ -580,11 +587,13 @@ def _rollback_reason(name: str, rounds: Sequence[ModelRound]) -> str:
     for r in rounds:
         if name in r.rolled_back:
             t = r.timing
+            if r.stage != "round":
+                return f"faster on its own, but rolled back with the whole model: {r.reason}"
             if t.unreliable():
                 return f"faster on its own, but the whole-model timing was disturbed by other work ({t.unreliable()}): rolled back"
             return (
                 f"faster on its own, but the whole model with it ran {t.after.median_ms:.3g} ms "
-                f"against the input's {t.before.median_ms:.3g} ms ({t.speedup:.2f}x): rolled back"
+                f"against the input's {t.before.median_ms:.3g} ms ({r.reason}): rolled back"
             )
     return "rolled back with the whole model"
 

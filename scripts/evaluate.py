@@ -90,6 +90,8 @@ def run_pair(name: str, batch: int, args: argparse.Namespace, build: Path, out: 
         "unreliable": b.get("unreliable", ""),
         "load_average": (b.get("machine") or {}).get("load_average"),
         "cache": (report.get("acceptance") or {}).get("cache"),
+        # the fresh whole-model comparison acceptance made last (None: nothing reached it)
+        "confirmation": _confirmation(report),
         # subprograms whose nodes in the output came out of the search (a derivation, not depth 0)
         "found": sum(1 for p in report["subprograms"] if p["status"] == "accepted" and p.get("trace")),
         "search": report.get("search"),
@@ -104,6 +106,20 @@ def run_pair(name: str, batch: int, args: argparse.Namespace, build: Path, out: 
         f"kernels {row['kernels'][0]} -> {row['kernels'][1]} ({wall:.0f} s)"
     )
     return row
+
+
+def _confirmation(report: dict) -> dict | None:
+    c = (report.get("acceptance") or {}).get("confirmation")
+    if not c:
+        return None
+    return {"speedup": c["speedup"], "speedup_95": c["speedup_95"], "kept": bool(not c["rolled_back"])}
+
+
+def _confirmation_text(c: dict | None) -> str:
+    if c is None:
+        return "-"
+    low, high = c["speedup_95"]
+    return f"{c['speedup']:.2f}x ({low:.2f}-{high:.2f}){'' if c['kept'] else ', not kept'}"
 
 
 TARGETS = {
@@ -135,19 +151,20 @@ def geomean(xs: list[float]) -> float | None:
 def markdown(rows: list[dict], machine: dict, command: str) -> str:
     """The results table (with its provenance) as Markdown."""
     lines = [
-        "| model | batch | ORT ms | einopt ms | speedup | target | kernels before -> after "
+        "| model | batch | ORT ms | einopt ms | speedup | target | confirmation (95%) | kernels before -> after "
         "| rewrites found | subprograms accepted / rewritten / total | rolled back | einopt time (s) | verified |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['batch']} | | | | | | | | | | failed: {r['error']} |")
+            lines.append(f"| {r['model']} | {r['batch']} | | | | | | | | | | | failed: {r['error']} |")
             continue
         flag = " (unreliable)" if r.get("unreliable") else ""
         met = "met" if r["speedup"] >= target(r) else "**missed**"
         lines.append(
             f"| {r['model']} | {r['batch']} | {r['ort_ms']:.3g} | {r['einopt_ms']:.3g} | "
-            f"{r['speedup']:.2f}x{flag} | >= {target(r):.2f}x {met} | {r['kernels'][0]} -> {r['kernels'][1]} | "
+            f"{r['speedup']:.2f}x{flag} | >= {target(r):.2f}x {met} | {_confirmation_text(r.get('confirmation'))} | "
+            f"{r['kernels'][0]} -> {r['kernels'][1]} | "
             f"{r['found']} / {r['subprograms']} | "
             f"{r['accepted']} / {r['rewritten']} / {r['subprograms']} | {r['rolled_back']} | "
             f"{r['optimize_s']:.1f} | {'yes' if r['verified'] else 'NO'} |"
@@ -165,7 +182,9 @@ def markdown(rows: list[dict], machine: dict, command: str) -> str:
         f"Measured {datetime.date.today().isoformat()} on {cpu}, {machine.get('threads', '?')} threads, "
         f"ONNX Runtime {machine.get('onnxruntime', '?')}, with `{command}`. "
         "Speedup = ORT median / einopt median (interleaved runs in one process); "
-        "0.95-1.05 is within this machine's noise. Rewrites found: subprograms whose nodes in the output "
+        "0.95-1.05 is within this machine's noise. Confirmation: the fresh whole-model comparison "
+        "`einopt optimize` made last before keeping its output (speedup and the 95% interval of the "
+        "per-round ratios; '-' when no rewrite reached it). Rewrites found: subprograms whose nodes in the output "
         "came out of a derivation the search found / total translated. Subprograms: accepted (in the "
         "output, measured faster) / rewritten (other nodes than the original, verified) / total "
         "translated; rolled back: accepted on its own but removed by the whole-model check. einopt time = "

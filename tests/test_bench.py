@@ -118,3 +118,13 @@ def test_time_models_in_blocks_when_both_do_not_fit(monkeypatch):
 def test_bench_reports_warmup_and_reliability():
     s = bench.bench_models(matmul_model(), matmul_model(), **QUICK)
     assert s["warmup_rounds"] >= 1 and isinstance(s["unreliable"], str)
+
+
+def test_time_models_pairs_its_rounds():
+    """Interleaved timing keeps one ratio per round: as many pairs as runs, the interval around the
+    median (no ratio is asserted)."""
+    m = conv_block()
+    x = {"x": np.zeros((1, 8, 6, 6), np.float32)}
+    c = bench.time_models(m, m, x, min_runs=30, max_runs=30, budget_s=0.0)
+    assert c.ratio is not None and c.ratio.pairs == 30 == c.before.runs
+    assert c.ratio.low <= c.ratio.median <= c.ratio.high and c.gain_interval == (c.ratio.low, c.ratio.high)

@@ -97,3 +97,19 @@ def test_the_medians_interval_holds_the_true_median_95_percent_of_the_time():
     assert timing.median_interval(1) == (0, 0) and timing.median_interval(10) == (0, 9)
     with pytest.raises(ValueError):
         timing.median_interval(0)
+
+
+def test_paired_ratios_cancel_what_both_sides_of_a_round_share():
+    """The machine slows down 3x half-way through: the medians' intervals overlap, but each round ran
+    both variants under the same conditions, so the per-round ratios still pin the 1.10x gain."""
+    rng = np.random.default_rng(0)
+    slow = np.where(np.arange(300) < 150, 1.0, 3.0)
+    after = 1e-3 * slow * (1 + 0.01 * rng.standard_normal(300))
+    before = 1.1 * after * (1 + 0.01 * rng.standard_normal(300))
+    c = timing.Comparison(timing.Timing.of(list(before)), timing.Timing.of(list(after)))
+    assert c.gain_interval[0] < 1.0  # without pairs: no gain can be shown
+    paired = timing.Comparison(c.before, c.after, ratio=timing.Ratio.of(list(before), list(after)))
+    low, high = paired.gain_interval
+    assert 1.08 < low < 1.1 < high < 1.12 and paired.confirms(0.02) and not paired.confirms(0.12)
+    with pytest.raises(ValueError, match="equal"):
+        timing.Ratio.of([1.0, 2.0], [1.0])

@@ -5,7 +5,9 @@ The report is the plain, JSON-serialisable dict that ``einopt optimize
 ``{"einopt_report": 3, "model", "output", "verified", "blocked", "notes",
 "counts", "seconds", "acceptance", "subprograms": [...], "bench": None | {...}}``.
 ``acceptance`` says how rewrites were accepted (``mode`` measured or
-verified, ``timed``, the whole-model ``rounds`` with what each rolled back,
+verified, ``timed``, the whole-model ``rounds`` with what each rolled back
+(each a ``stage``: compared, retaken or the final ``confirmation``, which is
+also given on its own),
 the measurement ``cache``, ``unreliable`` timings); each subprogram has one
 of :data:`STATUSES`.
 :func:`validate_report` checks it, :func:`print_report` renders it with rich
@@ -397,11 +399,23 @@ def acceptance_text(report: Mapping[str, Any]) -> str:
     where = f"cache {cache['path']}" if cache.get("path") else "no cache"
     rounds = acc.get("rounds") or []
     whole = ""
-    if rounds:
+    confirm = acc.get("confirmation")
+    if confirm:  # the fresh comparison of the output against the input is the figure that counts
+        low, high = confirm.get("speedup_95") or (None, None)
+        interval = f" (95% {low:.3f}-{high:.3f}x)" if low is not None else ""
+        verdict = "confirmed" if not confirm.get("rolled_back") else "not confirmed: output is the input"
+        whole = (
+            f"; whole model {speedup_text(confirm.get('speedup'))}{interval} with "
+            f"{len(confirm.get('kept', []))} rewrites, {verdict}"
+        )
+    elif rounds:
         last = rounds[-1]
         whole = f"; whole model {speedup_text(last.get('speedup'))} with {len(last.get('kept', []))} rewrites"
-        rolled = sum(len(r.get("rolled_back", [])) for r in rounds)
+    if rounds:
+        rolled = len({n for r in rounds for n in r.get("rolled_back", [])})
+        retakes = sum(1 for r in rounds if r.get("stage") == "retake")
         whole += f", {rolled} rolled back" if rolled else ""
+        whole += f", {retakes} timings retaken (the input's time drifted)" if retakes else ""
     return (
         f"acceptance: measured, faster than {1 + acc.get('noise_band', 0):.2f}x on its own{whole} "
         f"({cache.get('measured', 0)} timings made, {cache.get('hits', 0)} from the {where})"

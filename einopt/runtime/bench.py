@@ -31,11 +31,12 @@ from einopt.errors import ModelError
 from einopt.runtime import modelio
 from einopt.runtime.timing import (
     Comparison,
+    Ratio,
     Timing,
     configure_threads,
     load_average,
     machine_info,
-    time_interleaved,
+    sample_interleaved,
 )
 from einopt.runtime.verify import Tolerance, compare, first_line
 
@@ -217,7 +218,8 @@ def time_models(
     """Time two models side by side in ONNX Runtime: ``speedup`` is how much faster ``after`` is.
 
     Both sessions join the process's thread pool (:func:`einopt.runtime.timing.configure_threads`)
-    and run interleaved round-robin (:func:`einopt.runtime.timing.time_interleaved`).
+    and run interleaved round-robin (:func:`einopt.runtime.timing.sample_interleaved`); the
+    comparison carries the per-round ratios' interval (:class:`einopt.runtime.timing.Ratio`).
     When holding both sessions at once would take more than half of the
     memory available (Longformer at batch 16 needs about 8 GB per session),
     they run in alternating blocks instead, one session alive at a time:
@@ -254,14 +256,15 @@ def time_models(
         log.debug("blocked timing took %.1f s", time.perf_counter() - t0)
         return Comparison(Timing.of(samples["before"]), Timing.of(samples["after"]), 1, load)
     sa, sb = modelio.session(before), modelio.session(after)
-    t, rounds = time_interleaved(
+    samples, rounds = sample_interleaved(
         {"before": lambda: sa.run(None, fa), "after": lambda: sb.run(None, fb)},
         warmup=warmup,
         min_runs=min_runs,
         max_runs=max_runs,
         budget_s=budget_s,
     )
-    return Comparison(t["before"], t["after"], rounds, load)
+    s, a = samples["before"], samples["after"]
+    return Comparison(Timing.of(s), Timing.of(a), rounds, load, ratio=Ratio.of(s, a))
 
 
 def bench_models(
@@ -346,4 +349,5 @@ def bench_models(
         section[key] = _stats(model, timings.get(key), profile)
     o, p = section["original"]["median_ms"], section["optimized"]["median_ms"]
     section["speedup"] = o / p if o and p else None
+    section["speedup_95"] = list(timed.gain_interval) if timed else None
     return section

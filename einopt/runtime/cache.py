@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from einopt.runtime.timing import Comparison, Timing, environment_key
+from einopt.runtime.timing import Comparison, Ratio, Timing, environment_key
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +123,14 @@ class MeasurementCache:
         if row is None:
             return None
         d = json.loads(row[0])
+        ratio = Ratio(**d["ratio"]) if d.get("ratio") else None  # None: stored before einopt paired runs
         c = Comparison(
-            Timing(**d["before"]), Timing(**d["after"]), d["warmup_rounds"], d["load_average"], cached=True
+            Timing(**d["before"]),
+            Timing(**d["after"]),
+            d["warmup_rounds"],
+            d["load_average"],
+            cached=True,
+            ratio=ratio,
         )
         self._memory[key] = c
         return c
@@ -138,6 +144,7 @@ class MeasurementCache:
             "after": dataclasses.asdict(c.after),
             "warmup_rounds": c.warmup_rounds,
             "load_average": c.load_average,
+            "ratio": dataclasses.asdict(c.ratio) if c.ratio is not None else None,
         }
         self._write(
             "INSERT OR REPLACE INTO comparisons VALUES (?, ?, ?, ?)",

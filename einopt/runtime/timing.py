@@ -24,7 +24,7 @@ import math
 import os
 import platform
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -224,18 +224,60 @@ class Timing:
 
 
 @dataclasses.dataclass(frozen=True)
+class Ratio:
+    """``before / after`` of each interleaved round (one run of each variant, back to back): their
+    median and the median's 95% confidence interval.
+
+    Pairs taken in the same round share whatever the machine was doing then, so a slow stretch
+    (another process, a frequency change) moves both sides of a pair and cancels in its ratio:
+    the interval of paired ratios is what a whole-model decision rests on.
+    """
+
+    median: float
+    low: float
+    high: float
+    pairs: int
+
+    @classmethod
+    def of(cls, before: Sequence[float], after: Sequence[float]) -> Ratio:
+        """The ratios of ``before[k] / after[k]`` (equal lengths, one entry per round)."""
+        if len(before) != len(after) or not before:
+            raise ValueError(f"need equal, non-empty sample lists, got {len(before)} and {len(after)}")
+        r = np.sort(np.asarray(before, dtype=float) / np.maximum(np.asarray(after, dtype=float), 1e-12))
+        low, high = median_interval(len(r))
+        return cls(float(np.median(r)), float(r[low]), float(r[high]), len(r))
+
+
+@dataclasses.dataclass(frozen=True)
 class Comparison:
-    """Two variants timed side by side: ``speedup = before.median / after.median``."""
+    """Two variants timed side by side: ``speedup = before.median / after.median``; ``ratio``, when the
+    variants ran interleaved, summarises the per-round ratios (None for timings made in blocks, or
+    cached before einopt recorded it)."""
 
     before: Timing
     after: Timing
     warmup_rounds: int = 0
     load_average: float | None = None
     cached: bool = False
+    ratio: Ratio | None = None
 
     @property
     def speedup(self) -> float:
         return self.before.median_ms / self.after.median_ms if self.after.median_ms > 0 else float("inf")
+
+    @property
+    def gain_interval(self) -> tuple[float, float]:
+        """Where the true speedup lies, 95% confident: the paired ratios' interval, or without pairs
+        the widest ratio the two medians' intervals allow (a stricter test)."""
+        if self.ratio is not None:
+            return self.ratio.low, self.ratio.high
+        (b_low, b_high), (a_low, a_high) = self.before.interval, self.after.interval
+        return b_low / a_high if a_high > 0 else float("inf"), b_high / a_low if a_low > 0 else float("inf")
+
+    def confirms(self, band: float) -> bool:
+        """``after`` is faster than ``before`` beyond ``band``, with 95% confidence: the whole of
+        :attr:`gain_interval` lies above ``1 + band``."""
+        return self.gain_interval[0] > 1.0 + band
 
     def faster(self, band: float = NOISE_BAND) -> bool:
         """``after`` is faster than ``before`` beyond the noise band."""
@@ -261,6 +303,8 @@ class Comparison:
             "after_median_95_ms": list(self.after.interval),
             "runs": min(self.before.runs, self.after.runs),
             "speedup": self.speedup,
+            "speedup_95": list(self.gain_interval),
+            "paired": self.ratio is not None,
             "cached": self.cached,
             "unreliable": self.unreliable(),
         }
@@ -298,6 +342,23 @@ def time_interleaved(
     max_runs: int = 200,
     budget_s: float = 20.0,
 ) -> tuple[dict[str, Timing], int]:
+    """Time callables round-robin (the first of each round rotates) until the budget is spent: a
+    :class:`Timing` per callable of what :func:`sample_interleaved` measured, and the warm-up rounds."""
+    samples, rounds = sample_interleaved(
+        fns, warmup=warmup, max_warmup=max_warmup, min_runs=min_runs, max_runs=max_runs, budget_s=budget_s
+    )
+    return {n: Timing.of(s) for n, s in samples.items()}, rounds
+
+
+def sample_interleaved(
+    fns: Mapping[str, Callable[[], object]],
+    *,
+    warmup: int = 3,
+    max_warmup: int = 30,
+    min_runs: int = 10,
+    max_runs: int = 200,
+    budget_s: float = 20.0,
+) -> tuple[dict[str, list[float]], int]:
     """Time callables round-robin (the first of each round rotates) until the budget is spent.
 
     Parameters
@@ -319,7 +380,8 @@ def time_interleaved(
     Returns
     -------
     (dict, int)
-        Name -> :class:`Timing`, and the warm-up rounds run.
+        Name -> seconds per call, one sample per timed round (the same count for every callable,
+        so ``samples[a][k]`` and ``samples[b][k]`` ran back to back), and the warm-up rounds run.
     """
     if not fns:
         return {}, 0
@@ -360,7 +422,7 @@ def time_interleaved(
             for _ in range(times):
                 fn()
             samples[n].append((time.perf_counter() - t) / times)
-    return {n: Timing.of(s) for n, s in samples.items()}, rounds
+    return samples, rounds
 
 
 def median_interval(n: int, z: float = 1.96) -> tuple[int, int]:

@@ -3,12 +3,21 @@
 Equal is not enough: a rewritten subprogram replaces its original nodes only
 when it differs from them and is measured faster than them, on the values
 that really reach it, beyond the noise band (:func:`judge_parts`). The
-assembled model is then timed against the input side by side, and while it
-is slower the accepted rewrites are rolled back, smallest measured gain
-first (half of them at a time while many remain), and the model is timed
-again (:func:`accept_model`): local timings cannot see layout interactions
-inside ONNX Runtime (a Reshape between two convolutions breaks its blocked
-NCHWc chain), the whole-model measurement decides.
+assembled model is then timed against the input side by side
+(:func:`accept_model`), and it is kept only when it is faster beyond the
+whole-model band with 95% confidence: the interval of the per-round ratios
+of interleaved runs lies above ``1 + band``. While it is not, the accepted
+rewrites are rolled back, a kind at a time (rewrites with the same original
+and new operators, such as a network's channel shuffles, go together),
+smallest measured gain first, half of the kinds at a time while many
+remain. A round whose input ran slower or faster than in the first round
+by more than the band (the machine changed under the measurement) is
+retaken, not compared. The model that survives is timed against the input
+once more in a fresh comparison (new sessions, new interleaving); when that
+does not confirm the gain, the output is the input. Local timings cannot
+see layout interactions inside ONNX Runtime (a Reshape between two
+convolutions breaks its blocked NCHWc chain): the whole-model measurement
+decides.
 
 Every timing goes through a :class:`Timer`, which consults the measurement
 cache first; tests pass a timer of their own.
@@ -40,7 +49,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BISECT_FROM = 8
-"""With more accepted rewrites than this, a slow whole model rolls back half of them at a time."""
+"""With more kinds of accepted rewrites than this, a slow whole model rolls back half of them at a time."""
+
+MODEL_NOISE = 0.02
+"""The whole-model band: an output is kept only when it is faster than the input by more than this, 95%
+confident (a byte-identical copy of a 2-40 ms model reads 0.99-1.02x over 300 interleaved runs)."""
+
+MAX_RETAKES = 2
+"""Whole-model timings retaken while the input's own time has drifted from the first round's."""
 
 
 class Timer:
@@ -76,9 +92,11 @@ class Timer:
         self.max_runs = max_runs
         self.model_max_runs = model_max_runs
 
-    def _time(self, before, after, fa, fb, budget: float, max_runs: int, what: str) -> Comparison:
-        """Cached; a disturbed new timing is made once more, and that one stays (a cached one is trusted:
-        a second run measures nothing new; delete the cache to measure afresh)."""
+    def _time(
+        self, before, after, fa, fb, budget: float, max_runs: int, what: str, fresh: bool = False
+    ) -> Comparison:
+        """Cached unless ``fresh``; a disturbed new timing is made once more, and that one stays (a
+        cached one is trusted: a second run measures nothing new; delete the cache to measure afresh)."""
         key = self.cache.key(timing_key(before, fa), timing_key(after, fb))
 
         def timer() -> Comparison:
@@ -86,7 +104,7 @@ class Timer:
                 before, after, fa, fb, min_runs=self.min_runs, max_runs=max_runs, budget_s=budget
             )
 
-        c = self.cache.measure(key, what, timer)
+        c = self.cache.measure(key, what, timer, fresh=fresh)
         if c.unreliable() and not c.cached:
             log.info("%s: timing disturbed (%s), timing it again", what, c.unreliable())
             c = self.cache.measure(key, what, timer, fresh=True)
@@ -105,11 +123,17 @@ class Timer:
         )
 
     def model(
-        self, before: onnx.ModelProto, after: onnx.ModelProto, feeds: Mapping[str, np.ndarray]
+        self,
+        before: onnx.ModelProto,
+        after: onnx.ModelProto,
+        feeds: Mapping[str, np.ndarray],
+        *,
+        fresh: bool = False,
     ) -> Comparison:
-        """A whole model against another on the same inputs."""
+        """A whole model against another on the same inputs (``fresh``: timed anew, new sessions, even
+        when the cache holds a timing; the new one replaces it)."""
         return self._time(
-            before, after, feeds, feeds, self.model_budget_s, self.model_max_runs, "whole model"
+            before, after, feeds, feeds, self.model_budget_s, self.model_max_runs, "whole model", fresh
         )
 
 
@@ -123,16 +147,28 @@ class Verdict:
     reason: str
 
 
+ROUND_STAGES = ("round", "retake", "confirm")
+"""A whole-model timing compared (``round``), not compared because the input's own time drifted
+(``retake``), or the final fresh check of the surviving model (``confirm``)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelRound:
-    """One whole-model timing: which rewrites were in the model, and which it rolled back."""
+    """One whole-model timing: which rewrites were in the model, which it rolled back, and why."""
 
     kept: tuple[str, ...]
     timing: Comparison
     rolled_back: tuple[str, ...]
+    stage: str = "round"  # one of ROUND_STAGES
+    reason: str = ""
 
     def as_dict(self) -> dict:
-        return {"kept": list(self.kept), "rolled_back": list(self.rolled_back)} | self.timing.as_dict()
+        return {
+            "kept": list(self.kept),
+            "rolled_back": list(self.rolled_back),
+            "stage": self.stage,
+            "reason": self.reason,
+        } | self.timing.as_dict()
 
 
 def is_unchanged(
@@ -199,18 +235,28 @@ def accept_model(
     build: Callable[[frozenset[str]], onnx.ModelProto],
     gains: Mapping[str, float],
     timer: Timer,
+    *,
+    band: float = MODEL_NOISE,
+    kinds: Mapping[str, str] | None = None,
 ) -> tuple[frozenset[str], list[ModelRound]]:
-    """Roll back accepted rewrites until the assembled model is not slower than the input.
+    """Roll back accepted rewrites until the assembled model is faster than the input, for sure.
 
-    A whole-model timing that stays disturbed after a second try (see
-    :meth:`Timer.model`) rolls back everything, unless the output's median is
-    faster even at the ends of both medians' 95% confidence intervals: a
-    rewrite is kept only when the model is measured not slower.
+    A model is kept when :meth:`Comparison.confirms` ``band`` (its 95%
+    speedup interval lies above ``1 + band``); then it is timed once more,
+    fresh, and kept only when that confirms it too. Otherwise a kind of
+    rewrites is rolled back (all of it at once; the kind whose smallest gain
+    is smallest first; half of the kinds at a time while more than
+    :data:`BISECT_FROM` remain) and the rest is timed again. A timing that
+    stays disturbed after a second try (see :meth:`Timer.model`) and does
+    not confirm a gain rolls back everything: what cannot be measured is not
+    kept. A timing whose input ran more than ``band`` away from the first
+    round's input is retaken (:data:`MAX_RETAKES` times), not compared; when
+    the drift persists, everything is rolled back.
 
     Parameters
     ----------
     original : onnx.ModelProto
-        The input model (what the output must not be slower than).
+        The input model (what the output must be faster than).
     feeds : mapping
         Inputs both models run on.
     build : callable
@@ -219,29 +265,115 @@ def accept_model(
         Accepted rewrite -> its measured speedup on its own (rollback order).
     timer : Timer
         How models are timed.
+    band : float
+        The whole-model noise band.
+    kinds : mapping, optional
+        Rewrite -> its kind (rewrites of one kind are rolled back together);
+        default: each rewrite a kind of its own.
 
     Returns
     -------
     (frozenset, list)
         The rewrites kept (empty: the output is the input), and every
-        whole-model timing made with what it rolled back.
+        whole-model timing made (the last one, when anything is kept, the
+        confirmation).
     """
-    kept = sorted(gains, key=lambda n: (gains[n], n))  # smallest gain first
+    units = _units(gains, kinds or {})
     rounds: list[ModelRound] = []
-    while kept:
-        t = timer.model(original, build(frozenset(kept)), feeds)
-        if t.speedup >= 1.0 and (not t.unreliable() or t.separated(0.0)):
-            rounds.append(ModelRound(tuple(sorted(kept)), t, ()))
-            return frozenset(kept), rounds
+    reference: list[float] = []  # the input's median in the first round compared
+    while units:
+        kept = tuple(sorted(n for u in units for n in u))
+        model = build(frozenset(kept))
+        t = _steady(timer, original, model, feeds, band, reference, rounds, kept, fresh=False)
+        if t is None:  # the machine kept changing under the measurement
+            return frozenset(), rounds
+        if t.confirms(band):
+            rounds.append(ModelRound(kept, t, (), "round", _verdict(t, band)))
+            confirm = _steady(timer, original, model, feeds, band, reference, rounds, kept, fresh=True)
+            if confirm is None:
+                return frozenset(), rounds
+            if confirm.confirms(band):
+                rounds.append(ModelRound(kept, confirm, (), "confirm", _verdict(confirm, band)))
+                return frozenset(kept), rounds
+            why = f"the fresh confirmation did not establish the gain ({_verdict(confirm, band)})"
+            rounds.append(ModelRound(kept, confirm, kept, "confirm", why))
+            log.info("whole model: %s: rolling back every rewrite", why)
+            return frozenset(), rounds
         if t.unreliable():  # what cannot be measured is not kept
             log.info("whole-model timing disturbed (%s): rolling back every rewrite", t.unreliable())
-            drop = kept
+            drop = units
         else:
-            drop = kept[: len(kept) // 2] if len(kept) > BISECT_FROM else kept[:1]
-        log.info("whole model %.2fx: rolling back %s", t.speedup, ", ".join(drop))
-        rounds.append(ModelRound(tuple(sorted(kept)), t, tuple(drop)))
-        kept = kept[len(drop) :]
+            drop = units[: len(units) // 2] if len(units) > BISECT_FROM else units[:1]
+        dropped = tuple(sorted(n for u in drop for n in u))
+        log.info("whole model %s: rolling back %s", _verdict(t, band), ", ".join(dropped))
+        rounds.append(ModelRound(kept, t, dropped, "round", _verdict(t, band)))
+        units = units[len(drop) :]
     return frozenset(), rounds
+
+
+def _units(gains: Mapping[str, float], kinds: Mapping[str, str]) -> list[tuple[str, ...]]:
+    """The accepted rewrites grouped by kind, in rollback order: the kind whose smallest gain is
+    smallest first (ties by name); a rewrite without a kind is a kind of its own."""
+    groups: dict[str, list[str]] = {}
+    for n in gains:
+        groups.setdefault(kinds.get(n, f"\0{n}"), []).append(n)
+    units = [tuple(sorted(g)) for g in groups.values()]
+    return sorted(units, key=lambda u: (min(gains[n] for n in u), u))
+
+
+def _steady(
+    timer: Timer,
+    original: onnx.ModelProto,
+    model: onnx.ModelProto,
+    feeds: Mapping[str, np.ndarray],
+    band: float,
+    reference: list[float],
+    rounds: list[ModelRound],
+    kept: tuple[str, ...],
+    fresh: bool,
+) -> Comparison | None:
+    """``model`` timed against ``original`` until the input's median lies within ``band`` of
+    ``reference`` (set by the first timing); each timing that drifted is recorded as a retake. None
+    (and a round rolling back ``kept``) when it still drifts after :data:`MAX_RETAKES` retakes."""
+    t = timer.model(original, model, feeds, fresh=fresh)
+    if not reference:
+        reference.append(t.before.median_ms)
+        return t
+    for attempt in range(MAX_RETAKES + 1):
+        drift = t.before.median_ms / reference[0]
+        if abs(drift - 1.0) <= band:
+            return t
+        why = (
+            f"the input ran {t.before.median_ms:.3g} ms against {reference[0]:.3g} ms in the first round "
+            f"({drift:.2f}x, beyond the {band:.0%} band): the machine changed under the measurement"
+        )
+        if attempt == MAX_RETAKES:
+            log.info("whole model: %s; rolling back every rewrite", why)
+            rounds.append(ModelRound(kept, t, kept, "retake", why + ", and kept changing"))
+            return None
+        log.info("whole model: %s; timing it again", why)
+        rounds.append(ModelRound(kept, t, (), "retake", why))
+        t = timer.model(original, model, feeds, fresh=True)
+    return t  # not reached
+
+
+def _verdict(t: Comparison, band: float) -> str:
+    low, high = t.gain_interval
+    return f"{t.speedup:.3f}x, 95% interval {low:.3f}-{high:.3f}x against > {1 + band:.2f}x"
+
+
+def rewrite_kind(model: onnx.ModelProto, part: Part, inst: Instantiated) -> str:
+    """What a rewrite does, whatever its position and shapes: its original op types -> its new ones,
+    an eOperator by the op types of its body (a network's channel shuffles are one kind)."""
+    bodies = {f.name: f for f in inst.functions}
+
+    def op(n: onnx.NodeProto) -> str:
+        if n.op_type in bodies and n.domain == bodies[n.op_type].domain:
+            return "{" + " ".join(op(m) for m in bodies[n.op_type].node) + "}"
+        return n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+
+    old = " ".join(model.graph.node[i].op_type for i in part.nodes)
+    return f"{old} -> {' '.join(op(n) for n in inst.nodes)}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,9 +397,11 @@ def accept_rewrites(
     mode: str = "measured",
     cache: bool | str | Path | MeasurementCache = True,
     noise: float = NOISE_BAND,
+    model_noise: float = MODEL_NOISE,
     part_budget_s: float = 1.0,
     model_budget_s: float = 10.0,
     measured: Mapping[str, Comparison] | None = None,
+    timer: Timer | None = None,
 ) -> Decision:
     """Measured acceptance of verified rewrites that differ from their original nodes.
 
@@ -286,13 +420,16 @@ def accept_rewrites(
     cache : bool, path or MeasurementCache
         The measurement cache (True: the default file; False: this run only;
         an open cache is used as it is and left open).
-    noise, part_budget_s, model_budget_s
+    noise, model_noise, part_budget_s, model_budget_s
         See :class:`einopt.pipeline.Options`.
+    timer : Timer, optional
+        How parts and models are timed (default: a :class:`Timer` on ``cache`` with these budgets;
+        tests pass their own).
     measured : mapping, optional
         Part name -> its rewrite's timing against the original nodes, already
         made (by selection): those parts are judged on it, not timed again.
     """
-    report: dict[str, object] = {"mode": mode, "timed": False, "noise_band": noise}
+    report: dict[str, object] = {"mode": mode, "timed": False, "noise_band": noise, "model_band": model_noise}
     if mode == "verified":
         note = "the output was not timed (--accept verified): it may be slower than the input"
         return Decision(frozenset(emitted), {}, (), (note,) if emitted else (), report)
@@ -305,7 +442,7 @@ def accept_rewrites(
     own = not isinstance(cache, MeasurementCache)
     store = MeasurementCache(resolve_path(cache)) if own else cache
     try:
-        timer = Timer(store, part_budget_s=part_budget_s, model_budget_s=model_budget_s)
+        timer = timer or Timer(store, part_budget_s=part_budget_s, model_budget_s=model_budget_s)
         made = {n: t for n, t in (measured or {}).items() if n in emitted}
         pairs = part_pairs(model, [parts[n] for n in emitted if n not in made], emitted, feeds)
         verdicts = judge_parts([*made.items(), *pairs], timer, noise)
@@ -314,15 +451,24 @@ def accept_rewrites(
         def build(names: frozenset[str]) -> onnx.ModelProto:
             return postoptimize(assemble(model, {parts[n].nodes: emitted[n] for n in names}))
 
-        kept, rounds = accept_model(original, feeds, build, gains, timer) if gains else (frozenset(), [])
+        kinds = {n: rewrite_kind(model, parts[n], emitted[n]) for n in gains}
+        kept, rounds = (
+            accept_model(original, feeds, build, gains, timer, band=model_noise, kinds=kinds)
+            if gains
+            else (frozenset(), [])
+        )
     finally:
         if own:
             store.close()
     unreliable = [f"{n}: {v.timing.unreliable()}" for n, v in verdicts.items() if v.timing.unreliable()]
     unreliable += [f"whole model: {r.timing.unreliable()}" for r in rounds if r.timing.unreliable()]
     notes = (_disturbed_note(unreliable),) if unreliable else ()
+    confirm = rounds[-1] if rounds and rounds[-1].stage == "confirm" else None
+    if confirm is not None and not kept:
+        notes += (f"the whole model was not kept: {confirm.reason}; the output is the input",)
     report |= {
         "timed": True,
+        "confirmation": confirm.as_dict() if confirm is not None else None,
         "rounds": [r.as_dict() for r in rounds],
         "cache": store.describe(),
         "unreliable": unreliable,
