@@ -66,7 +66,6 @@ __all__ = [
     "NO_CONTEXT",
     "TensorFacts",
     "get",
-    "by_family",
     "Step",
     "Trace",
     "DerivationError",
@@ -124,7 +123,3 @@ def get(name: str) -> Rule:
     except KeyError:
         raise KeyError(f"no rule named {name!r} (known: {', '.join(sorted(REGISTRY))})") from None
 
-
-def by_family(family: str) -> list[Rule]:
-    """The rules of one family, in registry order."""
-    return [r for r in REGISTRY.values() if r.family == family]

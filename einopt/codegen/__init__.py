@@ -24,7 +24,6 @@ from einopt.core.ir import IRError, Program, Scope
 __all__ = [
     "compile",
     "cuda_source",
-    "clear_cache",
     "CompiledKernel",
     "PreparedCall",
     "DeviceUnavailableError",
@@ -80,8 +79,3 @@ def cuda_source(node: Scope | Program) -> str:
     """CUDA C source of ``node`` (builds for target ``"cuda"``; needs no GPU)."""
     return compile(node, "cuda").device_source
 
-
-def clear_cache() -> None:
-    """Forget every compiled kernel (they stay valid for their holders)."""
-    with _LOCK:
-        _CACHE.clear()

@@ -27,7 +27,7 @@ from einopt.core.ir import (
     _cached,
 )
 
-__all__ = ["LinearForm", "linear_form", "bounds", "simplify", "from_linear_form", "is_linear", "substitute"]
+__all__ = ["LinearForm", "linear_form", "bounds", "simplify", "from_linear_form", "substitute"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -99,10 +99,6 @@ def _linear_form(e: IndexExpr) -> LinearForm:
     if isinstance(e, (IFloorDiv, IMod)):
         return LinearForm((), ((e, 1),), 0)
     raise TypeError(f"not an index expression: {e!r}")
-
-
-def is_linear(e: IndexExpr) -> bool:
-    return linear_form(e).is_affine
 
 
 # --------------------------------------------------------------------------
