@@ -23,7 +23,10 @@ input access and ``W`` the weight access of a product of two accesses:
 
 A negative ``d`` (Conv) or positive ``d`` (ConvTranspose) reverses ``W`` along
 ``k``. Any dimension order of ``X``, ``W`` and the output is accepted
-(transposes on inputs, folded into constants, and on the output). A bias
+(transposes on inputs, folded into constants, and on the output). A Conv
+weight read past its ends (a kernel widened by boundary relaxing) is padded
+only when it is constant, at compile time: ONNX Runtime's optimizer mistakes
+a run-time Pad of a Conv's weight for padding of its input. A bias
 ``L ..: S[..] + B[f]`` over an inline ``S`` fuses into the operator's ``B``.
 """
 
@@ -58,6 +61,7 @@ from einopt.instantiate.views import (
     finish,
     positional,
     simple_view,
+    source_name,
     split_bias,
     window_1d,
 )
@@ -452,6 +456,15 @@ def _conv_attempt(scope: ir.Scope, x: ir.Access, w: ir.Access, scale: float, ctx
     )
     out_groups = (tuple(batch), (f,) if f else ()) + tuple((sp.o,) for sp in spatial)
     w_op = Operand(w.source, normalize(w_steps, tuple(w.source.shape)))
+    if not ctx.is_constant(w.source) and any(isinstance(st, Pad) for st in w_op.steps):
+        # ONNX Runtime's Pad fusion folds a zero Pad feeding a Conv into the Conv's pads as if it
+        # padded the input, and the model no longer loads. Layout steps between the two do not
+        # protect it (ONNX Runtime's transpose optimizer cancels Transposes around a Pad), so a
+        # weight is padded only at compile time; its other layout steps run fine.
+        return Failure(
+            f"the weight {source_name(w.source)} is computed at run time and would need zero padding "
+            "(ONNX Runtime's Pad fusion takes a Pad feeding a Conv for the input's padding)"
+        )
     raw = tuple(_size(g) for g in out_groups)
     return _Core("Conv", x_op, w_op, attrs, f, out_groups, (), raw)
 
