@@ -1,4 +1,4 @@
-"""The evaluation models of einopt (EinNet's, plus MobileNetV2 and SqueezeNet), as seeded ONNX generators.
+"""The evaluation models of einopt (EinNet's, plus MobileNetV2, SqueezeNet and ShuffleNetV2), as seeded ONNX generators.
 
 Every model is built with plain ``onnx.helper`` (opset 17, IR version 8,
 float32) with deterministic He-scaled random weights::
@@ -113,6 +113,15 @@ MODELS: dict[str, ModelSpec] = {
             "conv3x3 s2, 3 ceil-mode maxpools, 8 fire modules (squeeze 1x1, expand 1x1 + 3x3, Concat), "
             "conv1x1 1000 + ReLU, avgpool: [bs,3,224,224] -> [bs,1000]",
             compact.build_squeezenet,
+            "image [bs,3,224,224]",
+        ),
+        ModelSpec(
+            "shufflenetv2",
+            "ShuffleNetV2 x1.0",
+            "conv3x3 s2, maxpool, 16 units in stages of 4/8/4 (channel split as Slices, 1x1 + 3x3 depthwise "
+            "+ 1x1 branches, Concat, channel shuffle as Reshape/Transpose/Reshape), conv1x1 1024, "
+            "ReduceMean, Gemm: [bs,3,224,224] -> [bs,1000]",
+            compact.build_shufflenetv2,
             "image [bs,3,224,224]",
         ),
     )

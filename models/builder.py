@@ -86,6 +86,10 @@ class GraphBuilder:
         self.nodes.append(helper.make_node(op_type, list(inputs), outputs, name=name, **attrs))
         return outputs[0] if n_out == 1 else outputs
 
+    def constant_node(self, values: Sequence[int] | np.ndarray) -> str:
+        """An int64 ``Constant`` node (how torch.onnx.export writes shapes and indices); its output name."""
+        return self.op("Constant", [], value=numpy_helper.from_array(np.asarray(values, dtype=np.int64)))
+
     # -- common layers -----------------------------------------------------
     def conv(
         self,

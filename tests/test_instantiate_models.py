@@ -29,6 +29,26 @@ DIFFERENT = {
     ("longformer", "sp0_attention_matmul"): "Gather",
     ("longformer", "sp1_attention_matmul_3"): "Gather",
 }
+# ShuffleNetV2's channel split (two Slices that tile the channels) comes back as one Split, on purpose
+# (emit._split_tilings: one kernel instead of two), in the 13 parts that hold a stride-1 unit's split.
+DIFFERENT |= {
+    ("shufflenetv2", part): "Split"
+    for part in (
+        "sp7_stage2_0_concat",
+        "sp11_stage2_1_concat",
+        "sp15_stage2_2_concat",
+        "sp24_stage3_0_concat",
+        "sp28_stage3_1_concat",
+        "sp32_stage3_2_concat",
+        "sp36_stage3_3_concat",
+        "sp40_stage3_4_concat",
+        "sp44_stage3_5_concat",
+        "sp48_stage3_6_concat",
+        "sp57_stage4_0_concat",
+        "sp61_stage4_1_concat",
+        "sp65_stage4_2_concat",
+    )
+}
 
 
 def _op_types(nodes) -> collections.Counter:
