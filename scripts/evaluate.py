@@ -4,8 +4,8 @@
     python scripts/evaluate.py --models dcgan lstm --batch 1 --no-readme
     python scripts/evaluate.py --size small            # the reduced test sizes (quick check)
 
-The model list is the MODELS table (10 models: the 8 of EinNet's evaluation
-took about 30 min; MobileNetV2 and SqueezeNet 1.1 add a few). Each
+The model list is the MODELS table (11 models: the 8 of EinNet's evaluation
+took about 30 min; MobileNetV2, SqueezeNet 1.1 and ShuffleNetV2 add a few). Each
 (model, batch) pair runs as its own ``einopt optimize --bench`` process
 (the product's command line, one global ONNX Runtime thread pool, interleaved
 medians, equality checked first), so one model's memory and threads never
