@@ -26,30 +26,28 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from einopt.core.syntax import format_expr
 from einopt.errors import UnsupportedModelError
 from einopt.frontend.fold import prepare
 from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset
 from einopt.frontend.translate import Part, translate_graph
-from einopt.instantiate.emit import Instantiated
-from einopt.reports.report import CHANGED, REPORT_VERSION, STATUSES
+from einopt.reports.result import PartResult, Result, Workspace, part_result
 from einopt.runtime import modelio
 from einopt.runtime.cache import MeasurementCache, resolve_path
 from einopt.runtime.opcost import OpCosts
 from einopt.runtime.timing import NOISE_BAND, configure_threads
-from einopt.runtime.timing import Comparison as TimingComparison
 from einopt.runtime.verify import (
     Tolerance,
     compare_models,
     verification_inputs,
 )
 from einopt.search.engine import DEFAULT_MAX_DEPTH
-from einopt.stages.accept import MODEL_NOISE, Decision, ModelRound, Timer, accept_rewrites
+from einopt.stages.accept import MODEL_NOISE, Decision, Timer, accept_rewrites
 from einopt.stages.export import assemble
 from einopt.stages.partsearch import PartSearch, Progress, Settings, search_parts
 from einopt.stages.postopt import postoptimize
 from einopt.stages.predict import predict
-from einopt.stages.select import DEFAULT_TOP_K, NOT_TIMED, Selection, select
+from einopt.stages.select import DEFAULT_TOP_K, select
+from einopt.stages.state import PartState, fill, start
 
 log = logging.getLogger(__name__)
 
@@ -148,148 +146,6 @@ class Options:
             raise ValueError("timing budgets must be positive")
 
 
-@dataclasses.dataclass(frozen=True)
-class PartResult:
-    """What happened to one subprogram (or one passed-through node)."""
-
-    name: str
-    kind: str  # linear | activation | passthrough
-    ops: tuple[str, ...]  # original op types
-    status: str  # one of STATUSES
-    reason: str = ""
-    new_ops: tuple[str, ...] = ()
-    expression: str = ""
-    max_error: float | None = None
-    trace: str = ""  # the derivation that produced the rewrite ("" when no rule was applied)
-    bench: Mapping[str, object] | None = None  # original_ms, optimized_ms, speedup, cached, unreliable
-    search: Mapping[str, object] | None = None  # its search's counts and the candidates tried
-
-
-@dataclasses.dataclass(frozen=True)
-class Workspace:
-    """What measuring the rewritten parts on their own needs (kept off the report)."""
-
-    model: onnx.ModelProto  # the prepared model the parts were cut from
-    parts: tuple[Part, ...]  # the parts whose rewrite is in the output
-    emitted: Mapping[str, Instantiated]
-    feeds: Mapping[str, np.ndarray] | None  # the first verification inputs (None: unverified)
-
-
-@dataclasses.dataclass(frozen=True)
-class Result:
-    model: onnx.ModelProto
-    parts: tuple[PartResult, ...]
-    notes: tuple[str, ...]
-    verified: bool
-    seconds: Mapping[str, float]
-    blocked: str = ""  # why the whole model passed through untouched, if it did
-    acceptance: Mapping[str, object] = dataclasses.field(default_factory=dict)
-    workspace: Workspace | None = dataclasses.field(default=None, repr=False, compare=False)
-
-    def save(self, path: str | Path, *, external_data: bool | None = None) -> None:
-        modelio.save_model(self.model, path, external_data=external_data)
-
-    def counts(self) -> dict[str, int]:
-        """Op counts (nodes, translated, passed_through) and subprogram counts by status.
-
-        ``subprograms`` counts the translated subprograms; ``rewritten`` those
-        whose new nodes differ from the original and were verified (accepted,
-        not faster, rolled back, or kept untimed); the status counts follow.
-        """
-        c = {"nodes": 0, "translated": 0, "passed_through": 0, "subprograms": 0, "rewritten": 0}
-        c |= {s.replace(" ", "_"): 0 for s in STATUSES if s not in ("passed through", "rewritten")}
-        for p in self.parts:
-            c["nodes"] += len(p.ops)
-            if p.kind == "passthrough":
-                c["passed_through"] += len(p.ops)
-                continue
-            c["translated"] += len(p.ops)
-            c["subprograms"] += 1
-            if p.status in CHANGED:
-                c["rewritten"] += 1
-            if p.status != "rewritten":
-                c[p.status.replace(" ", "_")] += 1
-        return c
-
-    def changed(self) -> bool:
-        """Whether the output differs from the input model."""
-        return any(p.status in ("accepted", "rewritten") for p in self.parts)
-
-    def report(self) -> dict:
-        """A JSON-serialisable summary (the report format of ``einopt.reports.report``; ``bench`` filled by the caller)."""
-        return {
-            "einopt_report": REPORT_VERSION,
-            "model": "",
-            "output": "",
-            "verified": self.verified,
-            "blocked": self.blocked,
-            "counts": self.counts(),
-            "notes": list(self.notes),
-            "seconds": dict(self.seconds),
-            "acceptance": dict(self.acceptance),
-            "subprograms": [_part_dict(p) for p in self.parts],
-            "search": search_summary(self.parts),
-            "bench": None,
-        }
-
-    def with_part_timings(self, timings: Mapping[str, Mapping[str, float]]) -> Result:
-        """A copy whose parts carry ``timings[name]`` (see :func:`einopt.reports.measure.measure_parts`)."""
-        parts = tuple(dataclasses.replace(p, bench=timings.get(p.name, p.bench)) for p in self.parts)
-        return dataclasses.replace(self, parts=parts)
-
-
-def search_summary(parts: Sequence[PartResult]) -> dict[str, object]:
-    """Totals of a model's searches, and how well predicted speedups ranked the measured ones.
-
-    ``rank_correlation`` is Spearman's over every candidate that was timed
-    (predicted against measured speedup); None with fewer than 3 of them.
-    """
-    own = [p.search for p in parts if p.search and not p.search["same_as"]]
-    timed = [
-        (c["predicted_speedup"], c["measured_speedup"])
-        for p in parts
-        if p.search
-        for c in p.search["candidates"]
-        if c["predicted_speedup"] is not None and c["measured_speedup"] is not None
-    ]
-    pieces = [q for s in own for q in s["stats"].get("pieces", ()) if "generated" in q and not q["same_as"]]
-    return {
-        "searched": sum(1 for s in own if s["stats"].get("searched", True)),
-        "expressions": sum(1 for q in pieces if not q["cached"]),
-        "cached": sum(1 for s in own if s["cached"]),
-        "states": sum(int(s["stats"].get("generated", 0)) for s in own),
-        "seconds": round(sum(float(s["seconds"]) for s in own), 3),
-        "incomplete": sum(1 for s in own if s["stats"].get("searched", True) and not s["stats"]["complete"]),
-        "timed_candidates": len(timed),
-        "rank_correlation": _spearman(timed) if len(timed) >= 3 else None,
-    }
-
-
-def _spearman(pairs: Sequence[tuple[float, float]]) -> float | None:
-    a, b = (_ranks([p[k] for p in pairs]) for k in (0, 1))
-    if a.std() == 0 or b.std() == 0:
-        return None
-    return round(float(np.corrcoef(a, b)[0, 1]), 3)
-
-
-def _ranks(values: Sequence[float]) -> np.ndarray:
-    """Ranks from 0, ties sharing their mean rank."""
-    v = np.asarray(values, dtype=float)
-    order = np.argsort(v, kind="stable")
-    ranks = np.empty(len(v))
-    ranks[order] = np.arange(len(v))
-    for x in np.unique(v):
-        ranks[v == x] = ranks[v == x].mean()
-    return ranks
-
-
-def _part_dict(p: PartResult) -> dict:
-    d = dataclasses.asdict(p)
-    d["bench"] = dict(p.bench) if p.bench is not None else None
-    d["search"] = dict(p.search) if p.search is not None else None
-    return d
-
-
 def optimize(
     source: str | Path | onnx.ModelProto,
     options: Options = Options(),
@@ -354,7 +210,8 @@ def _rewrite(
     progress: Callable[[Progress], None] | None,
     fold: bool,
 ) -> Result | str:
-    """Prepare, translate, search, select, accept and assemble; a string says why the prepared model is wrong."""
+    """Prepare, translate, search, cost, select, accept, assemble and verify; a string says why the
+    prepared model is wrong."""
     prepared = prepare(original, options.input_shapes, fold=fold)
     model = prepared.model
     if options.verify and fold:  # the unchanged parts of an output come from the prepared model
@@ -363,19 +220,20 @@ def _rewrite(
             return folded.message
     clock("prepare")
     parts = translate_graph(model)
+    states = start(model, parts)
     translated = [p for p in parts if p.translated]
-    by_name = {p.name: p for p in parts}
     clock("translate")
     feeds = datasets[0] if datasets else _timing_feeds(original, options)
+    timed = options.accept == "measured" and feeds is not None
     store = MeasurementCache(resolve_path(options.cache))
     try:
         searches = _search(parts, options, store, progress)
         clock("search")
-        timed = options.accept == "measured" and feeds is not None
         if timed:
             configure_threads()
             searches = predict(model, translated, searches, OpCosts(store))
             clock("cost")
+        states = fill(states, search=searches)
         selections = select(
             model,
             translated,
@@ -387,60 +245,22 @@ def _rewrite(
             taken={f.name for f in original.functions},
             top_k=options.top_k if options.max_depth > 0 else 0,
         )
+        states = fill(states, selection=selections)
         clock("select")
-        emitted = {n: s.chosen.instantiated for n, s in selections.items() if s.chosen is not None}
-        decided = accept_rewrites(
-            original,
-            model,
-            by_name,
-            emitted,
-            feeds,
-            mode=options.accept,
-            cache=store,
-            noise=options.noise,
-            model_noise=options.model_noise,
-            part_budget_s=options.part_budget_s,
-            model_budget_s=options.model_budget_s,
-            measured={n: s.chosen.measured for n, s in selections.items() if s.chosen and s.chosen.measured},
-        )
+        decided = _accept(original, model, states, feeds, store, options)
     finally:
         store.close()
+    states = fill(states, verdict=decided.verdicts, kept={n: True for n in decided.kept})
     clock("accept")
-    kept = {n: emitted[n] for n in decided.kept}
-    reasons: dict[str, str] = {}
-
-    notes = list(prepared.notes) + ([data_note] if data_note else []) + list(decided.notes)
-    if not fold:
-        notes.append(
-            "constant and BatchNormalization folding skipped: the folded model differed from the original"
-        )
-    out = (
-        postoptimize(assemble(model, {by_name[n].nodes: inst for n, inst in kept.items()}))
-        if kept
-        else original
-    )
-    if options.verify and kept:  # the input itself needs no check against its own outputs
-        final = compare_models(references, out, datasets, options.tolerance)
-        if not final.ok:
-            log.warning(
-                "assembled model differs from the original (%s); rolling back every rewrite", final.message
-            )
-            for n in kept:
-                reasons[n] = f"rolled back with the whole model: {final.message}"
-            kept, out = {}, original
+    out, dropped = _assemble(original, model, states, datasets, references, options)
+    states = fill(states, kept={n: False for n in dropped}, dropped=dropped)
     clock("verify model")
-    if kept:
-        check_note = _check_output(original, out)
-        notes += [check_note] if check_note else []
-        if options.input_shapes:
-            notes.append("the output keeps the pinned input shapes: its rewrites were instantiated for them")
-    else:  # the output is the input: what preparation changed is not in it
-        notes = [n for n in notes if n not in prepared.changes]
-        notes.append("no rewrite was accepted: the output is the input model, unchanged")
-    results = tuple(
-        _part_result(model, p, selections.get(p.name), kept, decided, reasons, options) for p in parts
+    notes = _notes(prepared, data_note, decided, fold, original, out, options, kept=out is not original)
+    results = tuple(part_result(s, decided.rounds, options.accept) for s in states.values())
+    kept = [s for s in states.values() if s.kept]
+    workspace = Workspace(
+        model, tuple(s.part for s in kept), {s.name: s.emitted for s in kept}, feeds if datasets else None
     )
-    workspace = Workspace(model, tuple(by_name[n] for n in kept), kept, datasets[0] if datasets else None)
     return Result(
         out,
         results,
@@ -450,6 +270,83 @@ def _rewrite(
         acceptance=decided.report,
         workspace=workspace,
     )
+
+
+def _accept(
+    original: onnx.ModelProto,
+    model: onnx.ModelProto,
+    states: Mapping[str, PartState],
+    feeds: Mapping[str, np.ndarray] | None,
+    store: MeasurementCache,
+    options: Options,
+) -> Decision:
+    """Measured acceptance of every chosen candidate (:func:`einopt.stages.accept.accept_rewrites`)."""
+    chosen = {n: s.selection.chosen for n, s in states.items() if s.emitted is not None}
+    return accept_rewrites(
+        original,
+        model,
+        {n: states[n].part for n in chosen},
+        {n: c.instantiated for n, c in chosen.items()},
+        feeds,
+        mode=options.accept,
+        cache=store,
+        noise=options.noise,
+        model_noise=options.model_noise,
+        part_budget_s=options.part_budget_s,
+        model_budget_s=options.model_budget_s,
+        measured={n: c.measured for n, c in chosen.items() if c.measured},
+    )
+
+
+def _assemble(
+    original: onnx.ModelProto,
+    model: onnx.ModelProto,
+    states: Mapping[str, PartState],
+    datasets: Sequence[Mapping[str, np.ndarray]],
+    references: Sequence[Mapping[str, np.ndarray]],
+    options: Options,
+) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """The output: the prepared model with every kept rewrite in it, verified against the original
+    (the input itself when nothing is kept); and why each kept rewrite was dropped, when the
+    assembled model differed from the original and every rewrite was rolled back."""
+    kept = [s for s in states.values() if s.kept]
+    if not kept:
+        return original, {}
+    out = postoptimize(assemble(model, {s.part.nodes: s.emitted for s in kept}))
+    if not options.verify:  # the input itself needs no check against its own outputs
+        return out, {}
+    final = compare_models(references, out, datasets, options.tolerance)
+    if final.ok:
+        return out, {}
+    log.warning("assembled model differs from the original (%s); rolling back every rewrite", final.message)
+    return original, {s.name: f"rolled back with the whole model: {final.message}" for s in kept}
+
+
+def _notes(
+    prepared,
+    data_note: str,
+    decided: Decision,
+    fold: bool,
+    original: onnx.ModelProto,
+    out: onnx.ModelProto,
+    options: Options,
+    kept: bool,
+) -> list[str]:
+    """What the report says about the run as a whole."""
+    notes = list(prepared.notes) + ([data_note] if data_note else []) + list(decided.notes)
+    if not fold:
+        notes.append(
+            "constant and BatchNormalization folding skipped: the folded model differed from the original"
+        )
+    if not kept:  # the output is the input: what preparation changed is not in it
+        notes = [n for n in notes if n not in prepared.changes]
+        notes.append("no rewrite was accepted: the output is the input model, unchanged")
+        return notes
+    check_note = _check_output(original, out)
+    notes += [check_note] if check_note else []
+    if options.input_shapes:
+        notes.append("the output keeps the pinned input shapes: its rewrites were instantiated for them")
+    return notes
 
 
 def _timing_feeds(model: onnx.ModelProto, options: Options) -> dict[str, np.ndarray] | None:
@@ -481,10 +378,6 @@ def _check_output(original: onnx.ModelProto, out: onnx.ModelProto) -> str:
         raise
 
 
-def _new_ops(inst: Instantiated) -> tuple[str, ...]:
-    return tuple(n.op_type if n.domain in DEFAULT_DOMAINS else f"{n.domain}.{n.op_type}" for n in inst.nodes)
-
-
 def _search(
     parts: Sequence[Part],
     options: Options,
@@ -509,93 +402,6 @@ def _search(
         progress=progress,
         ray_address=options.ray,
     )
-
-
-def _part_result(
-    model: onnx.ModelProto,
-    p: Part,
-    selection: Selection | None,
-    kept: Mapping[str, Instantiated],
-    decided: Decision,
-    reasons: Mapping[str, str],
-    options: Options,
-) -> PartResult:
-    ops = tuple(model.graph.node[i].op_type for i in p.nodes)
-    if not p.translated or selection is None:
-        return PartResult(p.name, p.kind, ops, "passed through", p.reason or "", (), "", None)
-    text = format_expr(p.program)
-    chosen = selection.chosen
-    verdict = decided.verdicts.get(p.name)
-    bench = part_bench(verdict.timing) if verdict else None
-    search = _search_report(selection)
-    if chosen is None:
-        first = selection.tried[0] if selection.tried else None
-        if first is not None and first.unchanged:
-            status, reason = "unchanged", "re-instantiated as the same nodes"
-            if len(selection.tried) > 1:
-                reason += "; no candidate the search found was verified and timed"
-        elif first is not None and first.rejected.startswith(NOT_TIMED):
-            status, reason = "not faster", f"could not be timed ({first.rejected}): the original nodes stay"
-        else:
-            status = "failed"
-            reason = first.rejected if first is not None else "nothing to instantiate"
-        new_ops = _new_ops(first.instantiated) if first is not None and first.instantiated else ()
-        return PartResult(p.name, p.kind, ops, status, reason, new_ops, text, None, search=search)
-    err = chosen.verified.max_abs_error if chosen.verified is not None else None
-    new_ops = _new_ops(chosen.instantiated)
-    trace = chosen.found.trace_text()
-    if p.name in kept:
-        status = "accepted" if options.accept == "measured" else "rewritten"
-        reason = verdict.reason if verdict else "verified, not timed"
-    elif p.name in reasons:
-        status, reason, new_ops = "failed", reasons[p.name], ()
-    elif verdict is not None and verdict.accepted:
-        status, reason = "rolled back", _rollback_reason(p.name, decided.rounds)
-    elif verdict is not None:
-        status, reason = "not faster", verdict.reason
-    else:
-        status, reason = "not faster", "could not be timed: the original nodes stay"
-    return PartResult(p.name, p.kind, ops, status, reason, new_ops, text, err, trace, bench, search)
-
-
-def _search_report(selection: Selection) -> dict[str, object]:
-    """The report's ``search`` entry of a part: the search's counts and every candidate tried."""
-    s = selection.search
-    base = s.input.predicted_s if s.input is not None else None
-    return {
-        "stats": dict(s.stats),
-        "seconds": s.seconds,
-        "cached": s.cached,
-        "same_as": s.same_as,
-        "predicted_speedup": selection.predicted_speedup,
-        "candidates": [c.as_dict(base) for c in selection.tried],
-    }
-
-
-def part_bench(t: TimingComparison) -> dict[str, object]:
-    """A subprogram's ``bench`` entry of the report from its side-by-side timing."""
-    return {
-        "original_ms": t.before.median_ms,
-        "optimized_ms": t.after.median_ms,
-        "speedup": t.speedup,
-        "cached": t.cached,
-        "unreliable": t.unreliable(),
-    }
-
-
-def _rollback_reason(name: str, rounds: Sequence[ModelRound]) -> str:
-    for r in rounds:
-        if name in r.rolled_back:
-            t = r.timing
-            if r.stage != "round":
-                return f"faster on its own, but rolled back with the whole model: {r.reason}"
-            if t.unreliable():
-                return f"faster on its own, but the whole-model timing was disturbed by other work ({t.unreliable()}): rolled back"
-            return (
-                f"faster on its own, but the whole model with it ran {t.after.median_ms:.3g} ms "
-                f"against the input's {t.before.median_ms:.3g} ms ({r.reason}): rolled back"
-            )
-    return "rolled back with the whole model"
 
 
 class _Clock:

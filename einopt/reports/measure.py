@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from einopt.pipeline import Result, part_bench
+from einopt.reports.result import Result, part_bench
 from einopt.runtime import bench, modelio
 from einopt.runtime.timing import configure_threads
 from einopt.runtime.verify import part_pairs
