@@ -43,7 +43,10 @@ class Tolerance:
 
 
 @dataclasses.dataclass(frozen=True)
-class Comparison:
+class Agreement:
+    """Whether two runs' outputs agree within the tolerance: the largest absolute difference, and a
+    message naming the first output that differs and how ("" when they agree)."""
+
     ok: bool
     max_abs_error: float
     message: str = ""
@@ -54,7 +57,7 @@ class Comparison:
 
 def compare(
     refs: Mapping[str, np.ndarray], gots: Mapping[str, np.ndarray], tol: Tolerance = Tolerance()
-) -> Comparison:
+) -> Agreement:
     """Compare named outputs; the message names the first output that differs and how."""
     worst = 0.0
     for name, ref in refs.items():
@@ -68,7 +71,7 @@ def compare(
         ref = np.asarray(ref)
         got = np.asarray(got)
         if ref.shape != got.shape or ref.dtype != got.dtype:
-            return Comparison(
+            return Agreement(
                 False,
                 float("inf"),
                 f"output {name!r}: {got.dtype}{list(got.shape)} != {ref.dtype}{list(ref.shape)}",
@@ -77,7 +80,7 @@ def compare(
             continue
         if not np.issubdtype(ref.dtype, np.floating):
             if not np.array_equal(ref, got):
-                return Comparison(False, float("inf"), f"output {name!r}: values differ")
+                return Agreement(False, float("inf"), f"output {name!r}: values differ")
             continue
         r = ref.astype(np.float64)
         g = got.astype(np.float64)
@@ -92,22 +95,22 @@ def compare(
         worst = max(worst, float(err.max()))
         if bad.any():
             at = tuple(int(v) for v in np.argwhere(bad)[0])
-            return Comparison(
+            return Agreement(
                 False,
                 worst,
                 f"output {name!r} differs at {list(at)}: {g[at]:.6g} vs {r[at]:.6g} (max error {worst:.3g})",
             )
-    return Comparison(True, worst)
+    return Agreement(True, worst)
 
 
-def _compare_sequences(name: str, ref: object, got: object, tol: Tolerance) -> Comparison:
+def _compare_sequences(name: str, ref: object, got: object, tol: Tolerance) -> Agreement:
     if ref is None or got is None:
         ok = ref is None and got is None
-        return Comparison(
+        return Agreement(
             ok, 0.0 if ok else float("inf"), "" if ok else f"output {name!r}: optional presence differs"
         )
     if not isinstance(ref, list | tuple) or not isinstance(got, list | tuple) or len(ref) != len(got):
-        return Comparison(False, float("inf"), f"output {name!r}: sequences differ in length or kind")
+        return Agreement(False, float("inf"), f"output {name!r}: sequences differ in length or kind")
     return compare(
         {f"{name}[{k}]": r for k, r in enumerate(ref)}, {f"{name}[{k}]": g for k, g in enumerate(got)}, tol
     )
@@ -343,9 +346,9 @@ def verify_parts(
     emitted: Mapping[str, Instantiated],
     datasets: Sequence[Mapping[str, np.ndarray]],
     tol: Tolerance,
-) -> dict[str, Comparison]:
+) -> dict[str, Agreement]:
     """Run each part's original and new nodes on the values that reach it; compare."""
-    checks: dict[str, Comparison] = {}
+    checks: dict[str, Agreement] = {}
     for feeds in datasets:
         todo = [p for p in parts if p.name not in checks or checks[p.name].ok]
         for pair in part_pairs(model, todo, emitted, feeds):
@@ -353,7 +356,7 @@ def verify_parts(
                 ref, first = _run_timed(pair.original, pair.original_feeds)
                 got, second = _run_timed(pair.rewritten, pair.rewritten_feeds)
             except Exception as e:  # noqa: BLE001 - a rewrite ORT cannot run is a failed rewrite
-                checks[pair.name] = Comparison(
+                checks[pair.name] = Agreement(
                     False, float("inf"), f"ONNX Runtime failed: {type(e).__name__}: {e}"
                 )
                 continue
@@ -390,7 +393,7 @@ def compare_models(
     out: onnx.ModelProto,
     datasets: Sequence[Mapping[str, np.ndarray]],
     tol: Tolerance,
-) -> Comparison:
+) -> Agreement:
     worst = 0.0
     sess = None
     for ref, feeds in zip(references, datasets, strict=True):
@@ -398,11 +401,11 @@ def compare_models(
             sess = sess or modelio.session(out, arena=False)
             got = modelio.run(sess, feeds)
         except Exception as e:  # noqa: BLE001
-            return Comparison(
+            return Agreement(
                 False, float("inf"), f"ONNX Runtime cannot run the optimized model: {first_line(e)}"
             )
         c = compare(ref, got, tol)
         if not c.ok:
             return c
         worst = max(worst, c.max_abs_error)
-    return Comparison(True, worst)
+    return Agreement(True, worst)

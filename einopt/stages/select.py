@@ -27,8 +27,8 @@ import onnx
 from einopt.frontend.onnx_graph import default_opset
 from einopt.frontend.translate import Part
 from einopt.instantiate.emit import Instantiated, instantiate, original_ops
-from einopt.runtime.timing import Comparison as Timing
-from einopt.runtime.verify import Comparison, Tolerance, first_line, part_pairs, verify_parts
+from einopt.runtime.timing import Comparison
+from einopt.runtime.verify import Agreement, Tolerance, first_line, part_pairs, verify_parts
 from einopt.stages.accept import Timer, is_unchanged
 from einopt.stages.partsearch import Found, PartSearch
 
@@ -60,8 +60,8 @@ class Candidate:
     part: str
     found: Found  # program, derivation trace, operators, predicted cost
     instantiated: Instantiated | None = None
-    verified: Comparison | None = None
-    measured: Timing | None = None  # against the original nodes, side by side
+    verified: Agreement | None = None
+    measured: Comparison | None = None  # against the original nodes, side by side
     unchanged: bool = False  # instantiated as the original nodes again
     rejected: str = ""  # why it was not chosen ("" for the chosen one)
 
