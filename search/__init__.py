@@ -2,7 +2,8 @@
 
 :func:`search` explores math-changing rules breadth first, converges each state
 toward operators guided by the expression distance, prunes by fingerprint and
-cost, and returns ranked, fully instantiable candidates (see ``engine.py``).
+cost, and returns ranked, fully instantiable candidates (see ``engine.py``),
+within a :class:`Budget` of depth and generated states (``budget.py``).
 The schedule (which rules, in which phase, under which restrictions) is data:
 ``schedule.py``, printable with ``einopt search --explain-schedule``.
 
@@ -13,9 +14,9 @@ The package itself is callable: ``einopt.search(program, **kw)`` is
 import sys
 import types
 
+from einopt.search.budget import DEFAULT_MAX_DEPTH, Budget
 from einopt.search.engine import (
     DEFAULT_CONVERGE_DEPTH,
-    DEFAULT_MAX_DEPTH,
     Candidate,
     RuleStats,
     SearchError,
@@ -27,6 +28,7 @@ from einopt.search.engine import (
 from einopt.search.schedule import DEFAULT_SCHEDULE, Schedule, Use, explain
 
 __all__ = [
+    "Budget",
     "DEFAULT_CONVERGE_DEPTH",
     "DEFAULT_MAX_DEPTH",
     "DEFAULT_SCHEDULE",

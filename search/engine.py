@@ -17,13 +17,17 @@ One :func:`search` call turns a program into ranked :class:`Candidate` programs:
 
 Everything is deterministic: states are visited in the order rules, matches
 and frontiers produce them, and ``jobs`` worker processes only expand slices
-of a frontier whose results are merged back in frontier order.
+of a frontier whose results are merged back in frontier order. The work is
+bounded by a :class:`~einopt.search.budget.Budget`: a search stops at exactly
+its ``states_per_search``-th generated state, the same state in generation
+order whatever ``jobs`` is and however loaded the machine; its wall-clock
+``deadline_s`` is only a safety net (see :func:`search`).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -31,14 +35,17 @@ from collections.abc import Callable, Iterator
 from einopt.core import ir
 from einopt.core.keys import key
 from einopt.rules import NO_CONTEXT, REGISTRY, Context, Match, ScopeRule
-from einopt.search.candidates import Costing, contractions, in_time, program_flops
+from einopt.search.budget import DEFAULT_MAX_DEPTH, Budget, in_time
+from einopt.search.candidates import Costing, contractions, program_flops
 from einopt.search.distance import compute_scopes, matcher_context, nearest_memo, program_distance
 from einopt.search.matching import matches
 from einopt.search.normal import normalize
 from einopt.search.results import Candidate, RuleStats, SearchError, SearchResult, Stats, TraceStep
+from einopt.search.runner import Runner
 from einopt.search.schedule import DEFAULT_SCHEDULE, Schedule, Use
 
 __all__ = [
+    "Budget",
     "DEFAULT_MAX_DEPTH",
     "DEFAULT_CONVERGE_DEPTH",
     "TraceStep",
@@ -53,8 +60,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_DEPTH = 7
-"""Explorative steps, the paper's default."""
 DEFAULT_CONVERGE_DEPTH = 6
 """Converging steps per explored state (each lowers the distance, so few are ever needed)."""
 DEFAULT_MAX_CANDIDATES = 32
@@ -80,7 +85,8 @@ class _Env:
     normal: dict = dataclasses.field(default_factory=dict)  # program -> normal form
     distances: dict = dataclasses.field(default_factory=dict)  # scope -> nearest distance
     keys: dict = dataclasses.field(default_factory=dict)  # program -> key
-    deadline: float | None = None  # time.monotonic() when the budget runs out
+    deadline: float | None = None  # time.monotonic() when the safety net stops the search
+    limit: int | None = None  # states the unit of work under way may generate (None: no limit)
     local: dict = dataclasses.field(default_factory=dict)  # scope -> distance of the scope alone
     drops: dict = dataclasses.field(default_factory=dict)  # (rule, scope, summary) -> distance drop
     contexts: dict = dataclasses.field(default_factory=dict)  # program or scope -> matcher context
@@ -185,7 +191,26 @@ def _drop(rule: ScopeRule, m: Match, env: _Env) -> int:
     return found
 
 
+class _Spent(Exception):
+    """The unit of work under way may not generate another state: ``reason`` is ``"states"`` (its
+    allowance is used up) or ``"deadline"`` (the safety net)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _check_clock(env: _Env) -> None:
+    if not in_time(env.deadline):
+        raise _Spent("deadline")
+
+
 def _apply(rule, m: Match, program: ir.Program, env: _Env, stats: Stats) -> ir.Program | None:
+    """``m`` applied and normalized: one generated state (``stats`` counts the unit's states).
+    Raises :class:`_Spent` instead when the unit may not generate it."""
+    if env.limit is not None and stats.generated >= env.limit:
+        raise _Spent("states")
+    _check_clock(env)
     try:
         new = normalize(rule.apply(program, m, env.ctx), env.ctx, env.schedule, env.normal, env.hits)
     except (ValueError, ir.IRError) as e:  # a match its apply refuses: a rule bug, never a result
@@ -228,24 +253,38 @@ def _converge(
 
     Each step first ranks the moves of the whole frontier by the distance their scope alone would
     have (cheap, memoised per scope); only the best ``CONVERGE_WIDTH`` of them (those estimated to
-    reach 0 first) are applied to their programs and brought to the normal form."""
+    reach 0 first) are applied to their programs and brought to the normal form. When the unit's
+    states run out, what was reached by then is returned (``stats.stopped`` says why)."""
     start_d = env.distance(program)
     if start_d == 0:
         return [(program, trace)]
     done: list[tuple[ir.Program, tuple[TraceStep, ...]]] = []
-    seen: set[str] = {env.key(program)}
-    best = (start_d, program, trace)
-    frontier = [(start_d, program, trace)]
+    closest = [(start_d, program, trace)]
+    try:
+        _converge_steps(env, limit, stats, done, closest)
+    except _Spent as e:
+        stats.stop(e.reason)
+    if done:
+        return done
+    _, best, steps = closest[0]
+    return [(best, steps)] if best is not program else []
+
+
+def _converge_steps(env: _Env, limit: int, stats: Stats, done: list, closest: list) -> None:
+    """The steps of :func:`_converge` from ``closest[0]`` (distance, program, trace): states at
+    distance 0 go to ``done``, and ``closest[0]`` becomes the closest other one reached (both stay
+    as they are when :class:`_Spent` stops it)."""
+    seen: set[str] = {env.key(closest[0][1])}
+    frontier = list(closest)
     for _ in range(limit):
         moves = []
         for i, (d, p, _tr) in enumerate(frontier):
-            if not in_time(env.deadline):
-                break
+            _check_clock(env)
             moves += [(est, i, j, rule, m) for j, (est, rule, m) in enumerate(_moves(p, d, env, stats))]
         moves.sort(key=lambda x: x[:3])
         nxt: list[tuple[int, ir.Program, tuple[TraceStep, ...]]] = []
         for n, (_est, i, _j, rule, m) in enumerate(moves):
-            if n >= CONVERGE_WIDTH or not in_time(env.deadline):
+            if n >= CONVERGE_WIDTH:
                 stats.unguided += len(moves) - n  # ranked out: never built
                 break
             d, p, tr = frontier[i]
@@ -269,15 +308,12 @@ def _converge(
                 done.append((new, (*tr, step)))
             else:
                 nxt.append((nd, new, (*tr, step)))
-                if nd < best[0]:
-                    best = (nd, new, (*tr, step))
+                if nd < closest[0][0]:
+                    closest[0] = (nd, new, (*tr, step))
         if not nxt:
             break
         nxt.sort(key=lambda x: x[0])
         frontier = nxt[:CONVERGE_WIDTH]
-    if done:
-        return done
-    return [(best[1], best[2])] if best[1] is not program else []
 
 
 # --------------------------------------------------------------------------
@@ -319,97 +355,36 @@ def _commuted(st: _State) -> Callable[[Match], bool] | None:
     return skip
 
 
-def _expand(states: list[_State], env: _Env, converge_depth: int) -> tuple[list[list], Stats]:
-    """For each state: its explored children (step, program, key) and its converged states."""
-    stats = Stats()
-    out = []
-    for st in states:
-        if not in_time(env.deadline):
-            stats.complete = False
-            out.append(([], frozenset()))
-            continue
+def _expand(st: _State, env: _Env, stats: Stats) -> tuple[list, frozenset]:
+    """A state's explored children (step, program, key), and the signatures of the matches it offered
+    (the children generated before the budget stopped it, if it did)."""
+    uses = env.schedule.after_converge if st.converged else env.explore
+    offered: list = []
+    children = []
+    try:
+        _check_clock(env)
         stats.expanded += 1
-        uses = env.schedule.after_converge if st.converged else env.explore
-        offered: list = []
-        children = [
-            (step, new, env.key(new))
-            for step, new in _children(st.program, uses, env, stats, "explore", _commuted(st), offered)
-        ]
-        out.append((children, frozenset(offered)))
-    return out, stats
+        for step, new in _children(st.program, uses, env, stats, "explore", _commuted(st), offered):
+            children.append((step, new, env.key(new)))
+    except _Spent as e:
+        stats.stop(e.reason)
+    return children, frozenset(offered)
 
 
-def _converged(states: list[_State], env: _Env, converge_depth: int) -> tuple[list[list], Stats]:
-    stats = Stats()
-    out = []
-    for st in states:
-        if not in_time(env.deadline):
-            stats.complete = False
-            out.append([])
-            continue
-        found = _converge(st.program, st.trace, env, converge_depth, stats)
-        out.append([(p, tr, env.key(p)) for p, tr in found])
-    return out, stats
-
-
-# Worker processes keep their own environment (memos) across calls.
-_WORKER_ENV: _Env | None = None
-
-
-def _worker_init(
-    ctx: Context, schedule: Schedule, constants: frozenset[str], deadline: float | None, explore: tuple
-) -> None:
-    global _WORKER_ENV
-    _WORKER_ENV = _Env(ctx, schedule, constants, deadline=deadline, explore=explore)
-
-
-def _worker(kind: str, states: list[_State], converge_depth: int):
-    fn = _expand if kind == "expand" else _converged
-    return fn(states, _WORKER_ENV, converge_depth)
-
-
-class _Runner:
-    """Runs expansion and convergence of a batch of states in this process or split over workers."""
-
-    def __init__(self, env: _Env, jobs: int, converge_depth: int) -> None:
-        self.env = env
-        self.converge_depth = converge_depth
-        self.pool = None
-        if jobs > 1:
-            self.pool = concurrent.futures.ProcessPoolExecutor(
-                jobs,
-                initializer=_worker_init,
-                initargs=(env.ctx, env.schedule, env.constants, env.deadline, env.explore),
-            )
-        self.jobs = jobs
-
-    def run(self, kind: str, states: list[_State], stats: Stats) -> list[list]:
-        if self.pool is None or len(states) < 2 * self.jobs:
-            fn = _expand if kind == "expand" else _converged
-            out, s = fn(states, self.env, self.converge_depth)
-            stats.merge(s)
-            return out
-        size = -(-len(states) // (self.jobs * 4))
-        chunks = [states[i : i + size] for i in range(0, len(states), size)]
-        futures = [self.pool.submit(_worker, kind, c, self.converge_depth) for c in chunks]
-        out: list[list] = []
-        for f in futures:
-            part, s = f.result()
-            out.extend(part)
-            stats.merge(s)
-        return out
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
+def _converged(st: _State, env: _Env, stats: Stats, depth: int) -> list:
+    """A state's converged states (program, trace, key), at most ``depth`` converging steps."""
+    return [(p, tr, env.key(p)) for p, tr in _converge(st.program, st.trace, env, depth, stats)]
 
 
 def search(
     program: ir.Program | ir.Scope,
     *,
-    max_depth: int = DEFAULT_MAX_DEPTH,
-    converge_depth: int = DEFAULT_CONVERGE_DEPTH,
+    budget: Budget | None = None,
+    states: int | None = None,
+    until: float | None = None,
+    max_depth: int | None = None,
     time_budget: float | None = None,
+    converge_depth: int = DEFAULT_CONVERGE_DEPTH,
     jobs: int = 1,
     cost: Callable[[ir.Program, object, object], float] | None = None,
     ctx: Context | None = None,
@@ -425,13 +400,28 @@ def search(
     ----------
     program : ir.Program or ir.Scope
         What to optimise (a scope is the program ``Y = scope``).
-    max_depth : int
-        Explorative steps (the paper's default, 7).
+    budget : Budget, optional
+        Explorative depth, states this search may generate
+        (``budget.states_per_search``) and a wall-clock safety net
+        (``budget.deadline_s``); ``states_per_model`` is not used here.
+        Default: ``Budget()``, depth 7 and no other limit. The search stops
+        at exactly its last allowed generated state, the same one whatever
+        ``jobs`` is or the machine's load; the candidates found by then are
+        returned (``stats.complete`` False, ``stats.stopped == "states"``).
+        When the deadline stops it instead, ``stats.stopped == "deadline"``
+        (what it found then depends on the machine).
+    states : int, optional
+        This search's share of a larger budget: it generates at most this
+        many states (and at most ``budget.states_per_search``).
+    until : float, optional
+        ``time.time()`` at which a caller's whole deadline runs out (a
+        search among several that share one): the search stops then, if its
+        own ``budget.deadline_s`` has not stopped it first.
+    max_depth, time_budget : optional
+        Shorthands, without ``budget``, for ``Budget(max_depth=max_depth,
+        deadline_s=time_budget)``.
     converge_depth : int
         Converging steps per explored state; 0 turns converging derivation off.
-    time_budget : float, optional
-        Seconds; when they run out the candidates found so far are returned
-        (``stats.complete`` is False).
     jobs : int
         Worker processes that expand slices of each frontier. The candidates
         and their order do not depend on it.
@@ -467,50 +457,60 @@ def search(
         program = as_program(program)
     if not isinstance(program, ir.Program):
         raise SearchError(f"search takes a program or a scope, not {type(program).__name__}")
+    budget = _budget(budget, max_depth, time_budget)
     if beam is not None and (not isinstance(beam, int) or isinstance(beam, bool) or beam < 1):
         raise SearchError(f"beam must be a positive integer or None, got {beam!r}")
-    for name, value in (("max_depth", max_depth), ("converge_depth", converge_depth), ("jobs", jobs)):
+    for name, value in (("converge_depth", converge_depth), ("jobs", jobs)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise SearchError(f"{name} must be a non-negative integer, got {value!r}")
     if jobs < 1:
         raise SearchError(f"jobs must be at least 1, got {jobs}")
-    if time_budget is not None and not time_budget > 0:
-        raise SearchError(f"time_budget must be positive seconds, got {time_budget!r}")
+    if states is not None and (not isinstance(states, int) or isinstance(states, bool) or states < 1):
+        raise SearchError(f"states must be a positive integer, got {states!r}")
+    cap = min((n for n in (budget.states_per_search, states) if n is not None), default=None)
+    deadline = _deadline(budget.deadline_s, until)
     ctx = dataclasses.replace(ctx or NO_CONTEXT, reasons=False)
     constants = frozenset(n for n in ctx.constants if n in {t.name for t in program.inputs})
-    deadline = None if time_budget is None else time.monotonic() + time_budget
     # Without converging derivation, its rules join the blind exploration (how much deeper it must go
     # is what converging saves).
     explore = schedule.explore + (schedule.converge if converge_depth == 0 else ())
     env = _Env(ctx, schedule, constants, deadline=deadline, explore=explore)
+    converge = functools.partial(_converged, depth=converge_depth)
     stats = Stats()
     costing = Costing(env, cost, dict(ctx.constants), stats, cost_slack, started=t_start)
+
+    def left() -> int | None:
+        return None if cap is None else cap - stats.generated
 
     costing.add(program, (), is_input=True)
     start = normalize(program, ctx, schedule, env.normal, env.hits)
     seen = {env.key(program), env.key(start)}
-    runner = _Runner(env, jobs, converge_depth)
+    runner = Runner(env, jobs, _Env(ctx, schedule, constants, deadline=deadline, explore=explore))
     try:
         frontier = [_State(start, ())]
         pending = [_State(start, ())]  # explored states not yet converged
         stats.per_depth.append({"depth": 0, "states": 1, "generated": 0})
-        for depth in range(1, max_depth + 1):
+        for depth in range(1, budget.max_depth + 1):
             if not in_time(deadline):
-                stats.complete = False
+                stats.stop("deadline")
                 break
             # Converged states are states too: inter-expression rules can still merge what
             # converging turned into operators (two matmuls split off two convolutions).
-            for found in runner.run("converge", pending, stats):
+            converged = runner.run(converge, pending, stats, left())
+            for found in converged:
                 for p, tr, k in found:
                     costing.add(p, tr, k)
                     if k not in seen and tr:
                         seen.add(k)
                         frontier.append(_State(p, tr, converged=True))
-            pending = []
+            pending = pending[len(converged) :]
+            if stats.stopped:
+                break
             before = stats.generated
-            children = runner.run("expand", frontier, stats)
+            children = runner.run(_expand, frontier, stats, left())
             nxt = []
-            for st, (kids, offered) in zip(frontier, children, strict=True):
+            # The children stop where the budget did.
+            for st, (kids, offered) in zip(frontier[: len(children)], children, strict=True):
                 for step, new, k in kids:
                     rs = stats.rule(f"explore:{step.rule}")
                     if k in seen:
@@ -544,15 +544,51 @@ def search(
             if progress is not None:
                 progress(stats, depth, costing.best())
             frontier = pending = nxt
-            if not frontier:
+            if stats.stopped or not frontier:
                 break
-        if pending and in_time(deadline):
-            for found in runner.run("converge", pending, stats):
-                for p, tr, k in found:
-                    costing.add(p, tr, k)
-        elif pending:
-            stats.complete = False
+        if pending and not stats.stopped:
+            if in_time(deadline):
+                converged = runner.run(converge, pending, stats, left())
+                pending = pending[len(converged) :]
+                for found in converged:
+                    for p, tr, k in found:
+                        costing.add(p, tr, k)
+            else:
+                stats.stop("deadline")
+        if stats.stopped:
+            # Cut short: the states left unconverged whose compute scopes are all operators already
+            # are candidates all the same (converging them would generate nothing).
+            for st in pending:
+                if env.distance(st.program) == 0:
+                    costing.add(st.program, st.trace, env.key(st.program))
     finally:
         runner.close()
     stats.seconds = time.perf_counter() - t_start
     return SearchResult(costing.ranked(max_candidates), stats)
+
+
+def _budget(budget: Budget | None, max_depth: int | None, time_budget: float | None) -> Budget:
+    """The budget of a search: ``budget``, or the one its shorthands stand for."""
+    if budget is not None:
+        if max_depth is not None or time_budget is not None:
+            raise SearchError("pass max_depth and the deadline inside the budget, not beside it")
+        if not isinstance(budget, Budget):
+            raise SearchError(f"budget must be an einopt.search.Budget, not {type(budget).__name__}")
+        return budget
+    if time_budget is not None and not (
+        isinstance(time_budget, int | float) and not isinstance(time_budget, bool) and time_budget > 0
+    ):
+        raise SearchError(f"time_budget must be positive seconds, got {time_budget!r}")
+    return Budget(
+        max_depth=DEFAULT_MAX_DEPTH if max_depth is None else max_depth,
+        deadline_s=None if time_budget is None else float(time_budget),
+    )
+
+
+def _deadline(deadline_s: float | None, until: float | None) -> float | None:
+    """The ``time.monotonic()`` at which the safety net stops the search (None: never)."""
+    now = time.monotonic()
+    ends = [now + deadline_s] if deadline_s is not None else []
+    if until is not None:
+        ends.append(now + (until - time.time()))
+    return min(ends, default=None)

@@ -92,7 +92,8 @@ class Stats:
     per_depth: list[dict[str, int]] = dataclasses.field(default_factory=list)
     rules: dict[str, RuleStats] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
-    complete: bool = True  # False when the time budget ran out
+    complete: bool = True  # False when the budget cut the search short
+    stopped: str = ""  # what cut it: "states" (the budget's states) or "deadline" (the safety net)
 
     @property
     def pruned(self) -> int:
@@ -117,6 +118,11 @@ class Stats:
     def rule(self, label: str) -> RuleStats:
         return self.rules.setdefault(label, RuleStats())
 
+    def stop(self, why: str) -> None:
+        """Mark the search cut short by ``why`` (``"states"`` or ``"deadline"``; the first one stays)."""
+        self.complete = False
+        self.stopped = self.stopped or why
+
     def merge(self, other: Stats) -> None:
         self.generated += other.generated
         self.pruned_fingerprint += other.pruned_fingerprint
@@ -127,6 +133,7 @@ class Stats:
         self.restricted += other.restricted
         self.unguided += other.unguided
         self.complete = self.complete and other.complete
+        self.stopped = self.stopped or other.stopped
         for label, rs in other.rules.items():
             self.rule(label).add(rs)
 
@@ -149,6 +156,7 @@ class Stats:
             "rules": {k: dataclasses.asdict(v) for k, v in self.rules.items()},
             "seconds": round(self.seconds, 3),
             "complete": self.complete,
+            "stopped": self.stopped,
         }
 
 

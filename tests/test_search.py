@@ -24,7 +24,7 @@ from einopt.core import ir
 from einopt.instantiate.plan import Match
 from einopt.rules import NO_CONTEXT, REGISTRY, Context, check_equivalent
 from einopt.rules.paper import DERIVATIONS
-from einopt.search import DEFAULT_SCHEDULE, SearchError, search
+from einopt.search import DEFAULT_SCHEDULE, Budget, SearchError, search
 from einopt.search.candidates import program_flops
 from einopt.search.distance import TARGETS, distance, matcher_context, nearest
 from einopt.search.normal import normalize
@@ -232,19 +232,80 @@ def test_converge_depth_zero_takes_no_converging_step():
     assert any(_is_input(c, program) for c in result.candidates)
 
 
-def test_a_small_time_budget_returns_quickly_and_incomplete():
+def test_a_state_budget_stops_at_exactly_that_many_states():
     # The ConvTranspose start program takes minutes at depth 3 without a budget.
     program, ctx = _paper("convtranspose_matmul")
-    budget = 0.05
-    t0 = time.perf_counter()
-    result = search(program, ctx=ctx, max_depth=3, time_budget=budget)
-    wall = time.perf_counter() - t0
-    assert result.stats.complete is False
-    assert result.stats.seconds < budget + 5.0
-    assert wall < budget + 5.0
+    result = search(program, ctx=ctx, budget=Budget(max_depth=3, states_per_search=150))
+    assert result.stats.generated == 150
+    assert (result.stats.complete, result.stats.stopped) == (False, "states")
     assert any(_is_input(c, program) for c in result.candidates)
     for cand in result.candidates:
         check_equivalent(program, cand.program, ctx)
+        assert cand.found_states <= 150
+
+
+def test_a_search_within_its_states_is_complete_and_the_same_as_unbounded():
+    program, ctx = _paper("fig5")
+    free = search(program, ctx=ctx, max_depth=3, converge_depth=3)
+    assert free.stats.complete and free.stats.stopped == ""
+    n = free.stats.generated
+    exact = search(program, ctx=ctx, budget=Budget(max_depth=3, states_per_search=n), converge_depth=3)
+    assert exact.stats.complete and exact.stats.generated == n
+    assert _summary(exact) == _summary(free)
+    cut = search(program, ctx=ctx, budget=Budget(max_depth=3, states_per_search=n - 1), converge_depth=3)
+    assert cut.stats.stopped == "states" and cut.stats.generated == n - 1
+
+
+def test_a_bigger_state_budget_finds_what_a_smaller_one_found():
+    """States are generated in one order: a budget's search is the first states of a larger one's."""
+    program, ctx = _paper("convtranspose_matmul")
+    small, large = (
+        search(program, ctx=ctx, budget=Budget(max_depth=3, states_per_search=n), max_candidates=1000)
+        for n in (60, 200)
+    )
+    assert large.stats.per_depth[: len(small.stats.per_depth) - 1] == small.stats.per_depth[:-1]
+    # What the smaller one had found before its last batch of states, the larger one found too (or a
+    # program doing the same work, found later, that it ranks before it).
+    works = {c.work: c.cost for c in large.candidates}
+    early = [c for c in small.candidates if c.found_states < 60]
+    assert len(early) > 1
+    assert all(c.work in works and works[c.work] <= c.cost for c in early)
+
+
+@pytest.mark.parametrize("states", [1, 37, 200, 300])
+def test_jobs_stop_at_the_same_state_with_the_same_candidates(states, monkeypatch):
+    """Workers expand slices of a frontier without knowing what the slices before theirs use: the
+    search still stops at its budget's state, the one a single process stops at."""
+    program, ctx = _paper("convtranspose_matmul")
+    budget = Budget(max_depth=3, states_per_search=states)
+    one = search(program, ctx=ctx, budget=budget, converge_depth=3)
+    submitted = []
+    submit = concurrent.futures.ProcessPoolExecutor.submit
+
+    def counting(self, *args, **kwargs):
+        submitted.append(args[1])
+        return submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(concurrent.futures.ProcessPoolExecutor, "submit", counting)
+    two = search(program, ctx=ctx, budget=budget, converge_depth=3, jobs=2)
+    assert one.stats.generated == two.stats.generated == states
+    assert one.stats.stopped == two.stats.stopped == "states"
+    assert _summary(two) == _summary(one)
+    assert two.stats.per_depth == one.stats.per_depth
+    assert two.stats.expanded == one.stats.expanded
+    if states > 100:
+        assert submitted, "no frontier was split: make the search bigger"
+
+
+def test_the_deadline_is_a_safety_net_and_says_so():
+    # The ConvTranspose start program takes minutes at depth 3: the deadline stops it, not its states.
+    program, ctx = _paper("convtranspose_matmul")
+    t0 = time.perf_counter()
+    result = search(program, ctx=ctx, budget=Budget(max_depth=3, states_per_search=10**9, deadline_s=0.05))
+    assert time.perf_counter() - t0 < 10.0
+    assert (result.stats.complete, result.stats.stopped) == (False, "deadline")
+    assert result.stats.as_dict()["stopped"] == "deadline"
+    assert any(_is_input(c, program) for c in result.candidates)
 
 
 @pytest.mark.parametrize(
@@ -259,12 +320,32 @@ def test_a_small_time_budget_returns_quickly_and_incomplete():
         ({"time_budget": 0}, "time_budget"),
         ({"time_budget": -1.0}, "time_budget"),
         ({"time_budget": float("nan")}, "time_budget"),
+        ({"budget": Budget(), "max_depth": 2}, "inside the budget"),
+        ({"budget": Budget(), "time_budget": 2.0}, "inside the budget"),
+        ({"budget": 5}, "Budget"),
+        ({"states": 0}, "states"),
     ],
 )
 def test_bad_limits_raise_search_error(kwargs, message):
     program, _ = _text(CONV3X3_SMALL)
     with pytest.raises(SearchError, match=message):
         search(program, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_depth": -1}, "max_depth must be a non-negative integer"),
+        ({"states_per_search": 0}, "states_per_search must be a positive integer"),
+        ({"states_per_model": 2.5}, "states_per_model must be a positive integer"),
+        ({"states_per_search": True}, "states_per_search"),
+        ({"deadline_s": 0}, "deadline_s must be positive seconds"),
+        ({"deadline_s": float("inf")}, "deadline_s"),
+    ],
+)
+def test_a_bad_budget_raises_search_error(kwargs, message):
+    with pytest.raises(SearchError, match=message):
+        Budget(**kwargs)
 
 
 @pytest.mark.parametrize("bad", ["L[i:2] X[i] where X: [2]", None, 3, ir.Tensor("X", (2,))])
@@ -424,7 +505,9 @@ def test_search_on_translated_subprograms_keeps_them_equal(model_name):
     assert parts
     for part in parts:
         ctx = Context(dict(part.constants))
-        result = search(part.program, max_depth=1, converge_depth=2, time_budget=5, ctx=ctx)
+        result = search(
+            part.program, budget=Budget(max_depth=1, states_per_search=500), converge_depth=2, ctx=ctx
+        )
         assert any(_is_input(c, part.program) for c in result.candidates), part.name
         for cand in result.candidates:
             try:
@@ -466,7 +549,7 @@ def test_every_candidate_costs_the_same_light(name, monkeypatch):
     program = case.program("small")
     ctx = case.context(program)
     constants = dict(ctx.constants)
-    result = search(program, ctx=ctx, max_depth=2, time_budget=20, max_candidates=1000)
+    result = search(program, ctx=ctx, budget=Budget(max_depth=2, states_per_search=3000), max_candidates=1000)
     assert len(result.candidates) > 1
     for cand in result.candidates:
         full, _ = program_model(cand.program, constants)
