@@ -40,14 +40,14 @@ from einopt.core.ir import (
     Unary,
 )
 
+# The text syntax: imported here, so that nodes print in it (it installs itself as their printer).
+from einopt.core.syntax import ParseError, format_expr, parse
+
 __version__ = "0.1.0"
 
 # Loaded on first use, so that `import einopt` stays fast: name -> (module, attribute), where an
 # empty attribute stands for the module itself.
 _LAZY: dict[str, tuple[str, str]] = {
-    "parse": ("einopt.core.syntax", "parse"),
-    "format_expr": ("einopt.core.syntax", "format_expr"),
-    "ParseError": ("einopt.core.syntax", "ParseError"),
     "evaluate": ("einopt.core.interp", "evaluate"),
     "key": ("einopt.core.keys", "key"),
     "fingerprint": ("einopt.core.keys", "fingerprint"),
@@ -71,6 +71,7 @@ __all__ = [
     "IRError",
     "Iter",
     "L",
+    "ParseError",
     "Program",
     "Scope",
     "Sum",
@@ -78,11 +79,13 @@ __all__ = [
     "Unary",
     "absolute",
     "exp",
+    "format_expr",
     "iters",
     "leaky_relu",
     "maximum",
     "minimum",
     "neg",
+    "parse",
     "program",
     "relu",
     "sigmoid",

@@ -2,6 +2,8 @@
 
 import pathlib
 import pickle
+import subprocess
+import sys
 import timeit
 
 import pytest
@@ -200,6 +202,14 @@ def test_every_node_type_prints():
         ISub(h, r),
     ):
         assert str(node) and repr(node)
+
+
+def test_nodes_print_in_the_syntax_whichever_module_is_imported_first():
+    # The IR does not import its syntax (no import circle): the syntax installs its printer
+    # (ir.set_formatter), and importing any part of einopt imports the syntax.
+    code = "from einopt.core.ir import Const, Unary; print(Unary('relu', Const(1.5)))"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == "relu(1.5)"
 
 
 def test_big_chains_print_without_recursion_error():

@@ -24,7 +24,7 @@ import collections
 import dataclasses
 import math
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Union
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "scopes_in",
     "tensors_in",
     "input_tensors",
+    "set_formatter",
 ]
 
 
@@ -135,17 +136,32 @@ class Node(metaclass=_InternMeta):
 
     def __str__(self) -> str:
         # Memoised: matchers put node text in every failure reason, and the search asks thousands.
-        try:
-            return _cached(self, "str", lambda: _format(self))
-        except Exception:  # noqa: BLE001 - printing must never fail, even mid-development
-            fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in _FIELD_NAMES.get(type(self), ()))
-            return f"{type(self).__name__}({fields})"
+        formatter = _formatter
+        if formatter is not None:
+            try:
+                return _cached(self, "str", lambda: formatter(self))
+            except Exception:  # noqa: BLE001 - printing must never fail, even mid-development
+                pass
+        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in _FIELD_NAMES.get(type(self), ()))
+        return f"{type(self).__name__}({fields})"
 
 
-def _format(node: Node) -> str:
-    from einopt.core.syntax import format_node  # syntax imports this module
+# How ``str()`` prints a node. The IR does not depend on its text syntax: the syntax
+# (einopt.core.syntax, which imports this module) installs its printer here when it is
+# imported, and ``import einopt`` imports it. Until then nodes print their fields.
+_formatter: Callable[[Node], str] | None = None
 
-    return format_node(node)
+
+def set_formatter(formatter: Callable[[Node], str]) -> None:
+    """Make ``str(node)`` print with ``formatter`` (the text syntax's ``format_node``).
+
+    Parameters
+    ----------
+    formatter : callable
+        Returns the text of any node.
+    """
+    global _formatter
+    _formatter = formatter
 
 
 def _cached(node: Node, name: str, compute) -> Any:

@@ -292,10 +292,8 @@ class _Parser:
         t = self.build(tok, Tensor, name, tuple(shape), dtype)
         other = self.shapes.get(name)
         if other is not None and other is not t:
-            from einopt.core.syntax import format_node
-
             raise self.error(
-                f"tensor {name} is declared as {format_node(t)} here but as {format_node(other)} in shapes=",
+                f"tensor {name} is declared as {t} here but as {other} in shapes=",
                 tok,
             )
         self.declared[name] = t

@@ -26,7 +26,9 @@ Grammar (whitespace and newlines are free; ``#`` comments to end of line)::
 ``-2`` is the constant -2 while ``-x`` is ``(-1)*x`` (``neg(x)`` for values),
 so every node has exactly one printed form and ``parse(format_node(e)) is e``.
 A rank-0 tensor is declared ``A: []`` and read ``A[]``. Parsing lives in
-``einopt.core.parser``; this module prints and re-exports ``parse``.
+``einopt.core.parser``; this module prints and re-exports ``parse``. Importing it
+makes ``str(node)`` print in this syntax (:func:`einopt.core.ir.set_formatter`:
+the IR does not import its syntax; ``import einopt`` imports this module).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from einopt.core.ir import (
     Tensor,
     Unary,
     ValueExpr,
+    set_formatter,
     tensors_in,
 )
 from einopt.core.parser import RESERVED, ParseError, parse
@@ -235,3 +238,7 @@ class _Printer:
 
 def _is_ineg(e: IndexExpr) -> bool:
     return isinstance(e, IMul) and e.a is IConst(-1)
+
+
+# Nodes print in this syntax (the IR does not import its syntax; see ``ir.set_formatter``).
+set_formatter(format_node)
