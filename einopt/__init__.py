@@ -10,23 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from einopt.api import (
-    L,
-    Sum,
-    absolute,
-    exp,
-    iters,
-    leaky_relu,
-    maximum,
-    minimum,
-    neg,
-    program,
-    relu,
-    sigmoid,
-    sqrt,
-    tanh,
-    tensor,
-)
+from einopt import api as _api
+from einopt.api import L, Sum, iters, program, tensor
 from einopt.core.ir import (
     Access,
     Binary,
@@ -42,6 +27,9 @@ from einopt.core.ir import (
 
 # The text syntax: imported here, so that nodes print in it (it installs itself as their printer).
 from einopt.core.syntax import ParseError, format_expr, parse
+
+# One constructor per element-wise operation (einopt.relu, einopt.maximum, ...; einopt.core.ops).
+globals().update(_api.FUNCTIONS)
 
 __version__ = "0.1.0"
 
@@ -77,21 +65,12 @@ __all__ = [
     "Sum",
     "Tensor",
     "Unary",
-    "absolute",
-    "exp",
     "format_expr",
     "iters",
-    "leaky_relu",
-    "maximum",
-    "minimum",
-    "neg",
     "parse",
     "program",
-    "relu",
-    "sigmoid",
-    "sqrt",
-    "tanh",
     "tensor",
+    *_api.FUNCTIONS,
     *_LAZY,
 ]
 

@@ -12,9 +12,12 @@ overloaded (it is identity, since nodes are interned).
 
 from __future__ import annotations
 
+import inspect
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
+from einopt.core import ops
 from einopt.core.ir import (
     Binary,
     IRError,
@@ -29,24 +32,6 @@ from einopt.core.ir import (
     scopes_in,
     tensors_in,
 )
-
-__all__ = [
-    "tensor",
-    "iters",
-    "L",
-    "Sum",
-    "program",
-    "relu",
-    "sigmoid",
-    "tanh",
-    "exp",
-    "neg",
-    "absolute",
-    "sqrt",
-    "leaky_relu",
-    "maximum",
-    "minimum",
-]
 
 
 def tensor(name: str, shape: Sequence[int], dtype: str = "float32") -> Tensor:
@@ -141,32 +126,50 @@ def program(
     return Program(tuple(inputs), tuple(order), tuple(outputs))
 
 
-def _unary(fn: str):
-    def f(x: ValueLike) -> ValueExpr:
-        return Unary(fn, as_value(x))
+def _unary(op: ops.UnaryOp) -> Callable[..., ValueExpr]:
+    """The constructor ``f(x)``, or ``f(x, <param>)`` for a function with a constant parameter."""
+    if op.param is None:
 
-    f.__name__ = fn
-    f.__doc__ = f"Element-wise {fn}."
-    return f
+        def make(x: ValueLike) -> ValueExpr:
+            return Unary(op.name, as_value(x))
 
+        make.__doc__ = f"Element-wise ``{op.name}(x)``."
+    else:
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        signature = inspect.Signature(
+            [inspect.Parameter("x", kind), inspect.Parameter(op.param, kind, annotation=float)],
+            return_annotation=ValueExpr,
+        )
 
-relu = _unary("relu")
-sigmoid = _unary("sigmoid")
-tanh = _unary("tanh")
-exp = _unary("exp")
-neg = _unary("neg")
-absolute = _unary("abs")
-sqrt = _unary("sqrt")
+        def make(*args: Any, **kwargs: Any) -> ValueExpr:
+            x, param = signature.bind(*args, **kwargs).arguments.values()
+            return Unary(op.name, as_value(x), float(param))
 
-
-def leaky_relu(x: ValueLike, slope: float) -> ValueExpr:
-    """``x if x > 0 else slope * x`` with a constant slope."""
-    return Unary("leaky_relu", as_value(x), float(slope))
-
-
-def maximum(a: ValueLike, b: ValueLike) -> ValueExpr:
-    return Binary("max", as_value(a), as_value(b))
+        make.__signature__ = signature  # type: ignore[attr-defined]
+        make.__doc__ = f"Element-wise ``{op.name}(x, {op.param})`` with a constant {op.param}."
+    make.__name__ = make.__qualname__ = op.api
+    return make
 
 
-def minimum(a: ValueLike, b: ValueLike) -> ValueExpr:
-    return Binary("min", as_value(a), as_value(b))
+def _binary(op: ops.BinaryOp) -> Callable[[ValueLike, ValueLike], ValueExpr]:
+    """The constructor ``f(a, b)`` of an operator written as a call."""
+
+    def make(a: ValueLike, b: ValueLike) -> ValueExpr:
+        return Binary(op.name, as_value(a), as_value(b))
+
+    make.__name__ = make.__qualname__ = str(op.api)
+    make.__doc__ = f"Element-wise {op.title} ``{op.name}(a, b)``."
+    return make
+
+
+FUNCTIONS: dict[str, Callable[..., ValueExpr]] = {
+    **{op.api: _unary(op) for op in ops.UNARY.values()},
+    **{op.api: _binary(op) for op in ops.BINARY.values() if op.api is not None},
+}
+"""The element-wise constructors by name (``relu``, ``absolute``, ``leaky_relu``, ``maximum``,
+...), one per row of :mod:`einopt.core.ops`; each is also an attribute of this module and of
+``einopt``. The infix operators are Python's: ``a + b``, ``-a``."""
+
+globals().update(FUNCTIONS)
+
+__all__ = ["tensor", "iters", "L", "Sum", "program", "FUNCTIONS", *FUNCTIONS]

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 from einopt.core import ir
 from einopt.core.index import bounds, linear_form, simplify
+from einopt.core.ops import BINARY, UNARY
 from einopt.core.rewrite import accesses, index_text, source_ranges, substitute_iters
 from einopt.rules.base import NO_CONTEXT, Context, Failure, Hit, Match, Rule, ScopeRule, hit, scope_labels
 
@@ -52,16 +53,12 @@ __all__ = [
     "RULES",
 ]
 
-# Unary functions with f(0) = 0 (sigmoid(0) = 1/2 and exp(0) = 1 are not).
-ZERO_PRESERVING: frozenset[str] = frozenset({"relu", "tanh", "neg", "abs", "sqrt", "leaky_relu"})
+# Unary functions with f(0) = 0 (sigmoid(0) = 1/2 and exp(0) = 1 are not): ``zero`` in einopt.core.ops.
+ZERO_PRESERVING: frozenset[str] = frozenset(op.name for op in UNARY.values() if op.zero)
 
-# Unary functions whose value is finite where their argument is (sqrt(-1) is NaN, exp
-# overflows); leaky_relu too when its slope is in [-1, 1].
-FINITE_PRESERVING: frozenset[str] = frozenset({"neg", "abs", "relu", "tanh", "sigmoid"})
-
-# Binary operators that are 0 where every operand is (``*`` is 0 where one operand is and the
-# other is finite; ``/`` is never: 0/0 is not 0).
-_ZERO_IF_ALL: frozenset[str] = frozenset({"+", "-", "max", "min"})
+# Unary functions whose value is finite where their argument is, whatever their parameter
+# (sqrt(-1) is NaN, exp overflows; leaky_relu only with a slope in [-1, 1]: ``UnaryOp.keeps_finite``).
+FINITE_PRESERVING: frozenset[str] = frozenset(op.name for op in UNARY.values() if op.finite is True)
 
 # Most values of one iterator the rules enumerate.
 ENUMERATION_LIMIT = 4096
@@ -115,15 +112,17 @@ def is_zero(
     ``0 * x`` is NaN when ``x`` is infinite or NaN (IEEE, and the
     interpreter), so a product is 0 only where one factor is 0 and every
     other factor is provably finite. ``+ - max min`` are 0 where every
-    operand is; a unary function where its argument is and ``f(0) = 0``; a
+    operand is (``BinaryOp.zero`` in :mod:`einopt.core.ops`); a unary
+    function where its argument is and ``f(0) = 0`` (``UnaryOp.zero``); a
     constant if it is 0; an access where one index provably leaves the
     source's range, or where the source is a scope whose body is provably 0
     on the part of its box the access can reach.
 
     Provably finite: a value that is provably 0, a finite constant, a read of
-    an input ``finite`` accepts, ``neg abs relu tanh sigmoid`` and
-    ``leaky_relu`` (slope in ``[-1, 1]``) of a finite value, ``max min`` of
-    finite values, and a read of a scope without summation whose body is
+    an input ``finite`` accepts, a unary function that keeps finite values
+    finite (``UnaryOp.keeps_finite``: ``neg abs relu tanh sigmoid`` and
+    ``leaky_relu`` with a slope in ``[-1, 1]``) of a finite value, ``max min``
+    of finite values (``BinaryOp.finite``), and a read of a scope without summation whose body is
     finite where it is read. Sums and products of finite values may overflow
     and are not provably finite.
     """
@@ -159,12 +158,13 @@ class _Analysis:
         if isinstance(x, ir.Const):
             return x.value == 0.0
         if isinstance(x, ir.Unary):
-            return x.fn in ZERO_PRESERVING and self.zero(x.x)
+            return UNARY[x.fn].zero and self.zero(x.x)
         if isinstance(x, ir.Binary):
-            if x.op == "*":
+            rule = BINARY[x.op].zero
+            if rule == "either":
                 # 0 * x = 0 only for a finite x.
                 return (self.zero(x.a) and self.bounded(x.b)) or (self.zero(x.b) and self.bounded(x.a))
-            return x.op in _ZERO_IF_ALL and self.zero(x.a) and self.zero(x.b)
+            return rule == "both" and self.zero(x.a) and self.zero(x.b)
         assert isinstance(x, ir.Access)
         reach = _reach(x, self.ranges)
         if reach is None:
@@ -176,10 +176,9 @@ class _Analysis:
         if isinstance(x, ir.Const):
             return math.isfinite(x.value)
         if isinstance(x, ir.Unary):
-            keeps = x.fn in FINITE_PRESERVING or (x.fn == "leaky_relu" and abs(x.param) <= 1.0)
-            return keeps and self.bounded(x.x)
+            return UNARY[x.fn].keeps_finite(x.param) and self.bounded(x.x)
         if isinstance(x, ir.Binary):
-            return x.op in ("max", "min") and self.bounded(x.a) and self.bounded(x.b)
+            return BINARY[x.op].finite and self.bounded(x.a) and self.bounded(x.b)
         assert isinstance(x, ir.Access)
         if self.finite(x.source):
             return True

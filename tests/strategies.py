@@ -17,11 +17,14 @@ it: failures shrink to small expressions in seconds, not minutes.
 
 Options (all strategies accept them):
 
-* ``integer_safe``: only ``+ - * max min`` and ``neg abs relu`` with small
-  integer constants, so float64 evaluation on small integer inputs is exact.
+* ``integer_safe``: only the operations exact on integers (``exact`` in
+  ``einopt.core.ops``: ``+ - * max min`` and ``neg abs relu``; none with a
+  parameter) with small integer constants, so float64 evaluation on small
+  integer inputs is exact.
 * ``finite`` (default): keep results finite: ``/`` divides by a nonzero
-  constant or by ``abs(x) + c``, ``sqrt`` reads ``abs(x)``, ``exp`` reads
-  ``min(x, 8.0)``. With ``finite=False`` anything goes, including constants
+  constant or by ``abs(x) + c``, and a function reads its argument folded into
+  its ``sample_range`` (:func:`tame`: ``sqrt`` reads ``abs(x)``, ``exp`` reads
+  ``min(x, 8.0)``). With ``finite=False`` anything goes, including constants
   ``inf``, ``nan`` and ``-0.0`` (useful for syntax round trips).
 * ``binary_ops`` / ``unary_fns``: restrict the operators explicitly.
 """
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -60,15 +64,16 @@ from einopt.core.ir import (
     scopes_in,
     tensors_in,
 )
+from einopt.core.ops import BINARY, UNARY
 
-__all__ = ["scopes", "programs", "random_inputs", "INTEGER_BINARY_OPS", "INTEGER_UNARY_FNS"]
+__all__ = ["scopes", "programs", "random_inputs", "tame", "INTEGER_BINARY_OPS", "INTEGER_UNARY_FNS"]
 
 TENSOR_NAMES = ("A", "B", "C", "D")
 ITER_NAMES = ("i", "j", "k", "l", "m", "n")
 BINDING_NAMES = ("X", "Y", "Z")
 
-INTEGER_BINARY_OPS = ("+", "-", "*", "max", "min")
-INTEGER_UNARY_FNS = ("neg", "abs", "relu")
+INTEGER_BINARY_OPS = tuple(op.name for op in BINARY.values() if op.exact)
+INTEGER_UNARY_FNS = tuple(op.name for op in UNARY.values() if op.exact and op.param is None)
 
 # Largest number of points (product of iterator extents) in one scope.
 _DOMAIN_BUDGET = 240
@@ -253,14 +258,25 @@ def _leaf(ctx: _Ctx, its: Sequence[Iter], depth: int) -> ValueExpr:
     return _access(ctx, ctx.tensors[ctx.pick(TENSOR_NAMES[:3])], its)
 
 
+def tame(fn: str, x: ValueExpr) -> ValueExpr:
+    """``x`` folded into the ``sample_range`` of function ``fn`` (where it is finite and moderate).
+
+    A lower bound ``lo`` folds ``x`` to ``lo + abs(x)`` (``abs(x)`` for 0), an upper bound ``hi``
+    clamps it with ``min(x, hi)``; a function without bounds reads ``x`` itself.
+    """
+    lo, hi = UNARY[fn].sample_range
+    if lo > -math.inf:
+        x = Unary("abs", x) if lo == 0.0 else Binary("+", Const(float(lo)), Unary("abs", x))
+    if hi < math.inf:
+        x = Binary("min", x, Const(float(hi)))
+    return x
+
+
 def _unary(ctx: _Ctx, x: ValueExpr) -> ValueExpr:
     fn = ctx.pick(ctx.unary_fns)
     if ctx.finite:
-        if fn == "sqrt":
-            x = Unary("abs", x)
-        elif fn == "exp":
-            x = Binary("min", x, Const(8.0))
-    param = ctx.pick((0.01, 0.1, 0.2, 0.5)) if UNARY_FUNCS[fn] else None
+        x = tame(fn, x)
+    param = ctx.pick(UNARY[fn].sample_params) if UNARY_FUNCS[fn] else None
     return Unary(fn, x, param)
 
 

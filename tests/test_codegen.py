@@ -16,12 +16,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import einopt.codegen
-from einopt import L, Sum, iters, leaky_relu, program, tensor
+from einopt import L, Sum, iters, program, tensor
 from einopt.codegen import DeviceUnavailableError
 from einopt.core.interp import evaluate
-from einopt.core.ir import UNARY_FUNCS, Binary, Unary
+from einopt.core.ir import Binary, Unary
+from einopt.core.ops import UNARY
 
-from strategies import programs, random_inputs, scopes
+from strategies import programs, random_inputs, scopes, tame
 
 tvm_test = pytest.mark.tvm
 
@@ -139,15 +140,13 @@ def test_div_mod_patterns(case):
 
 
 @tvm_test
-@pytest.mark.parametrize("fn", sorted(UNARY_FUNCS))
+@pytest.mark.parametrize("fn", sorted(UNARY))
 def test_unary_function(fn):
     i, j = iters("i:5 j:24")
     A = tensor("A", (5, 24))
-    x = A[i, j] * 2.0
-    if fn == "sqrt":
-        x = Unary("abs", x)
-    body = leaky_relu(x, 0.1) if fn == "leaky_relu" else Unary(fn, x)
-    check(L(i, j)(body))
+    op = UNARY[fn]
+    x = tame(fn, A[i, j] * 2.0)
+    check(L(i, j)(Unary(fn, x, op.sample_params[-1] if op.param else None)))
 
 
 @tvm_test

@@ -5,7 +5,6 @@ Python loops over every point of every scope, for tiny shapes only.
 """
 
 import itertools
-import math
 import operator
 import time
 
@@ -48,6 +47,7 @@ from einopt.core.ir import (
     Tensor,
     Unary,
 )
+from einopt.core.ops import BINARY, UNARY
 
 from paper import conv_reference, fig5_chain
 from strategies import programs, random_inputs, scopes
@@ -57,24 +57,15 @@ from strategies import programs, random_inputs, scopes
 # --------------------------------------------------------------------------
 
 _NAIVE_INDEX = {IAdd: operator.add, ISub: operator.sub, IMul: operator.mul}
-_NAIVE_BINARY = {
-    "+": operator.add,
-    "-": operator.sub,
-    "*": operator.mul,
-    "/": operator.truediv,
-    "max": max,
-    "min": min,
-}
-_NAIVE_UNARY = {
-    "neg": lambda x, p: -x,
-    "relu": lambda x, p: x if x > 0 else 0 * x,
-    "sigmoid": lambda x, p: 1 / (1 + math.exp(-x)) if x > -700 else 0.0,
-    "tanh": lambda x, p: math.tanh(x),
-    "exp": lambda x, p: math.exp(x),
-    "abs": lambda x, p: abs(x),
-    "sqrt": lambda x, p: math.sqrt(x),
-    "leaky_relu": lambda x, p: x if x > 0 else p * x,
-}
+
+
+def _naive_op(form, operands, param, exact):
+    """A numpy form of einopt.core.ops at one point (the forms themselves are checked against ONNX
+    Runtime and TVM in test_ops): Python numbers in and out, ints when ``exact``."""
+    kind = np.int64 if exact else np.float64
+    with np.errstate(all="ignore"):
+        out = form(np, *(kind(v) for v in operands), *param)
+    return int(out) if exact else float(out)
 
 
 def naive(node, inputs, exact=False):
@@ -96,9 +87,9 @@ def naive(node, inputs, exact=False):
         if isinstance(e, Const):
             return int(e.value) if exact else e.value
         if isinstance(e, Binary):
-            return _NAIVE_BINARY[e.op](value(e.a, env), value(e.b, env))
+            return _naive_op(BINARY[e.op].numpy, (value(e.a, env), value(e.b, env)), (), exact)
         if isinstance(e, Unary):
-            return _NAIVE_UNARY[e.fn](value(e.x, env), e.param)
+            return _naive_op(UNARY[e.fn].numpy, (value(e.x, env),), (e.param,), exact)
         assert isinstance(e, Access)
         if isinstance(e.source, Tensor):
             data = inputs[e.source.name]

@@ -54,10 +54,11 @@ from einopt.core.ir import (
     input_tensors,
     scopes_in,
 )
+from einopt.core.ops import BINARY, TVM_DTYPE, UNARY
 
 __all__ = ["StageInfo", "Output", "Lowered", "lower"]
 
-DTYPE = "float32"
+DTYPE = TVM_DTYPE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +103,7 @@ class Lowered:
 
 
 # --------------------------------------------------------------------------
-# Tables: index operators, value operators, unary functions
+# Tables: index operators
 # --------------------------------------------------------------------------
 
 _INDEX_BINARY: dict[type, Callable] = {
@@ -116,31 +117,11 @@ _INDEX_DIVMOD: dict[type, Callable] = {
     IMod: tirx.floormod,  # result in [0, k)
 }
 
-_BINARY: dict[str, Callable] = {
-    "+": lambda a, b: a + b,
-    "-": lambda a, b: a - b,
-    "*": lambda a, b: a * b,
-    "/": lambda a, b: a / b,
-    "max": tirx.max,
-    "min": tirx.min,
-}
+# The value operators' and unary functions' TVM forms are rows of einopt.core.ops.
 
 
 def _f32(v: float) -> tirx.PrimExpr:
     return tirx.const(v, DTYPE)
-
-
-_UNARY: dict[str, Callable] = {
-    "neg": lambda x, _: -x,
-    "relu": lambda x, _: tirx.max(x, _f32(0.0)),
-    "sigmoid": lambda x, _: tirx.sigmoid(x),
-    "tanh": lambda x, _: tirx.tanh(x),
-    "exp": lambda x, _: tirx.exp(x),
-    "abs": lambda x, _: tirx.abs(x),
-    "sqrt": lambda x, _: tirx.sqrt(x),
-    # x if x > 0 else slope * x; both sides are pure, so a Select is safe.
-    "leaky_relu": lambda x, slope: tirx.Select(x > _f32(0.0), x, x * _f32(slope)),
-}
 
 
 # --------------------------------------------------------------------------
@@ -366,9 +347,9 @@ class _BodyLowerer:
         if isinstance(e, Access):
             return self.access(e)
         if isinstance(e, Binary):
-            return _BINARY[e.op](self.value(e.a), self.value(e.b))
+            return BINARY[e.op].tvm(tirx, self.value(e.a), self.value(e.b))
         if isinstance(e, Unary):
-            return _UNARY[e.fn](self.value(e.x), e.param)
+            return UNARY[e.fn].tvm(tirx, self.value(e.x), e.param)
         raise IRError(f"cannot lower value expression {e!r}")
 
     def access(self, e: Access) -> tirx.PrimExpr:

@@ -17,6 +17,8 @@ import onnx
 import onnx.inliner
 import onnx.shape_inference
 
+from einopt.core.ops import BINARY, UNARY
+
 Shapes = Mapping[str, tuple[int, ...]]
 Shape = tuple[int, ...]
 
@@ -85,11 +87,16 @@ def _pool(ins: Sequence[Shape], out: Shape, node: onnx.NodeProto) -> int:
     return _size(out) * math.prod(kernel)
 
 
+# Element-wise ONNX ops einopt has no IR operation for (those it has are rows of einopt.core.ops,
+# whose ``flops`` say what an element costs).
 _ELEMENTWISE = (
-    "Add Sub Mul Div Max Min Sum Neg Abs Relu LeakyRelu PRelu Clip Sqrt Pow Where Equal Less Greater "
-    "Not And Or Mean Reciprocal Floor Ceil Round Sign"
+    "PRelu Clip Pow Where Equal Less Greater Not And Or Mean Reciprocal Floor Ceil Round Sign"
 ).split()
-_TRANSCENDENTAL = "Sigmoid Tanh Exp Log Erf Gelu Elu Selu Softplus HardSigmoid HardSwish Sin Cos".split()
+_TRANSCENDENTAL = "Log Erf Gelu Elu Selu Softplus HardSigmoid HardSwish Sin Cos".split()
+_IR_ELEMENTWISE: dict[str, int] = {
+    **{op.onnx: op.flops for op in UNARY.values()},
+    **{name: op.flops for op in BINARY.values() for name in (op.onnx, op.onnx_variadic) if name},
+}
 
 FLOPS: dict[str, Callable[[Sequence[Shape], Shape, onnx.NodeProto], int]] = {
     "MatMul": _matmul,
@@ -110,6 +117,7 @@ FLOPS: dict[str, Callable[[Sequence[Shape], Shape, onnx.NodeProto], int]] = {
     "AveragePool": _pool,
     **{op: _per_output(1) for op in _ELEMENTWISE},
     **{op: _per_output(4) for op in _TRANSCENDENTAL},
+    **{op: _per_output(flops) for op, flops in _IR_ELEMENTWISE.items()},
 }
 """FLOPs of a node from its input shapes, output shape and attributes; ops not listed (data movement) have 0."""
 

@@ -24,8 +24,9 @@ identity is structural equality) and then gathered from.
 Modes: ``"float64"`` (default), ``"float32"`` (inputs cast to float32, every
 operation in float32) and ``"int"``: exact integer arithmetic in int64 for
 checking rules that only hold up to rounding in floating point. Integer mode
-refuses operations without an exact integer meaning (``/``, sqrt, exp, tanh,
-sigmoid, non-integer constants or leaky_relu slopes) and non-integer inputs.
+refuses operations without an exact integer meaning (those not ``exact`` in
+``einopt.core.ops``: ``/``, sqrt, exp, tanh, sigmoid; non-integer constants or
+parameters such as leaky_relu slopes) and non-integer inputs.
 int64 arithmetic wraps on overflow, so keep integer test data small.
 
 In floating point the result equals the literal evaluation up to rounding:
@@ -65,6 +66,7 @@ from einopt.core.ir import (
     input_tensors,
     scopes_in,
 )
+from einopt.core.ops import BINARY, UNARY
 
 __all__ = ["evaluate", "eval_index", "EvaluationError", "MODES"]
 
@@ -191,12 +193,12 @@ def _check_exact(node: Scope | Program) -> None:
 
 
 def _inexact(e: ValueExpr) -> str | None:
-    if isinstance(e, Binary) and e.op == "/":
-        return "division '/'"
-    if isinstance(e, Unary) and e.fn in ("sqrt", "exp", "tanh", "sigmoid"):
+    if isinstance(e, Binary) and not BINARY[e.op].exact:
+        return f"{BINARY[e.op].title} '{e.op}'"
+    if isinstance(e, Unary) and not UNARY[e.fn].exact:
         return f"function {e.fn}"
     if isinstance(e, Unary) and e.param is not None and not e.param.is_integer():
-        return f"{e.fn} with slope {e.param!r}"
+        return f"{e.fn} with {UNARY[e.fn].param} {e.param!r}"
     if isinstance(e, Const) and not e.value.is_integer():
         return f"constant {e.value!r}"
     return None
@@ -206,26 +208,7 @@ def _inexact(e: ValueExpr) -> str | None:
 # Element-wise operations
 # --------------------------------------------------------------------------
 
-_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    "+": np.add,
-    "-": np.subtract,
-    "*": np.multiply,
-    "/": np.true_divide,
-    "max": np.maximum,
-    "min": np.minimum,
-}
-
-# fn(x, param); constants are made with x.dtype.type so float32 stays float32.
-_UNARY: dict[str, Callable[[np.ndarray, Any], np.ndarray]] = {
-    "neg": lambda x, p: np.negative(x),
-    "relu": lambda x, p: np.maximum(x, x.dtype.type(0)),
-    "sigmoid": lambda x, p: x.dtype.type(1) / (x.dtype.type(1) + np.exp(-x)),
-    "tanh": lambda x, p: np.tanh(x),
-    "exp": lambda x, p: np.exp(x),
-    "abs": lambda x, p: np.abs(x),
-    "sqrt": lambda x, p: np.sqrt(x),
-    "leaky_relu": lambda x, p: np.where(x > 0, x, x.dtype.type(p) * x),
-}
+# The operations' numpy forms are rows of einopt.core.ops (UNARY, BINARY).
 
 _INDEX_BINARY: dict[type, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     IAdd: np.add,
@@ -361,9 +344,9 @@ class _Evaluator:
             elif isinstance(e, Access):
                 out = self.gather(frame, e)
             elif isinstance(e, Binary):
-                out = _BINARY[e.op](self.value(frame, e.a), self.value(frame, e.b))
+                out = BINARY[e.op].numpy(np, self.value(frame, e.a), self.value(frame, e.b))
             elif isinstance(e, Unary):
-                out = _UNARY[e.fn](self.value(frame, e.x), e.param)
+                out = UNARY[e.fn].numpy(np, self.value(frame, e.x), e.param)
             else:
                 raise EvaluationError(f"cannot evaluate {type(e).__name__}")
             frame.memo[e] = out = np.asarray(out, dtype=self.dtype)

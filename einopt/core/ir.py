@@ -27,6 +27,8 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Union
 
+from einopt.core import ops
+
 __all__ = [
     "Node",
     "IndexExpr",
@@ -348,27 +350,20 @@ def _check_divisor(k: Any, op: str) -> None:
 
 ValueLike = Union["ValueExpr", float, int]
 
-BINARY_OPS: tuple[str, ...] = ("+", "-", "*", "/", "max", "min")
-COMMUTATIVE_OPS: frozenset[str] = frozenset({"+", "*", "max", "min"})
+# The element-wise operations are rows of einopt.core.ops; these views serve validation and syntax.
+BINARY_OPS: tuple[str, ...] = tuple(ops.BINARY)
+COMMUTATIVE_OPS: frozenset[str] = frozenset(op.name for op in ops.BINARY.values() if op.commutative)
 
 # Unary functions usable in fused eOperators; ``True`` marks a function that
 # takes one float parameter (leaky_relu's slope).
-UNARY_FUNCS: dict[str, bool] = {
-    "neg": False,
-    "relu": False,
-    "sigmoid": False,
-    "tanh": False,
-    "exp": False,
-    "abs": False,
-    "sqrt": False,
-    "leaky_relu": True,
-}
+UNARY_FUNCS: dict[str, bool] = {op.name: op.param is not None for op in ops.UNARY.values()}
 
 DTYPES: tuple[str, ...] = ("float32", "float64", "float16", "int32", "int64")
 
 # Words of the text syntax; no tensor, iterator or binding may be called so.
 RESERVED_NAMES: frozenset[str] = frozenset(
-    {"L", "Sum", "where", "return", "max", "min", "inf", "nan", *UNARY_FUNCS}
+    {"L", "Sum", "where", "return", "inf", "nan", *UNARY_FUNCS}
+    | {op.name for op in ops.BINARY.values() if not op.infix}
 )
 
 

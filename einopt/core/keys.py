@@ -95,6 +95,7 @@ import functools
 import hashlib
 
 from einopt.core.ir import (
+    COMMUTATIVE_OPS,
     Access,
     Binary,
     Const,
@@ -117,7 +118,8 @@ from einopt.core.ir import (
 
 __all__ = ["key", "fingerprint", "canonical_form"]
 
-_COMMUTATIVE = frozenset({"+", "*", "max", "min"})
+# Operators whose chains are flattened and sorted (commutative and associative: einopt.core.ops).
+_COMMUTATIVE = COMMUTATIVE_OPS
 
 
 # --------------------------------------------------------------------------

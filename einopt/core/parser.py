@@ -36,6 +36,7 @@ from einopt.core.ir import (
     ValueExpr,
     tensors_in,
 )
+from einopt.core.ops import BINARY
 
 __all__ = ["parse", "ParseError", "RESERVED"]
 
@@ -470,7 +471,7 @@ class _Parser:
                 param = self.param(s)
             self.expect(")", f"to close {s}(")
             return self.build(tok, Unary, s, x, param)
-        if s in ("max", "min"):
+        if s in BINARY and not BINARY[s].infix:
             self.expect("(", f"after {s}")
             a = self.value()
             self.expect(",", f"between the two arguments of {s}")

@@ -15,13 +15,16 @@ Grammar (whitespace and newlines are free; ``#`` comments to end of line)::
     term     := factor (("*" | "/") factor)*
     factor   := "-" NUMBER | "-" factor | NUMBER
               | NAME "[" index ("," index)* "]" | "{" scope "}" "[" index ("," index)* "]"
-              | FUNC "(" value ")" | "leaky_relu" "(" value "," NUMBER ")"
-              | ("max" | "min") "(" value "," value ")" | "(" value ")"
+              | FUNC "(" value ["," NUMBER] ")" | OP "(" value "," value ")" | "(" value ")"
     index    := iterm (("+" | "-") iterm)*
     iterm    := ifactor ("*" ifactor | "//" INT | "%" INT)*
     ifactor  := "-" INT | "-" ifactor | INT | NAME | "(" index ")"
     decls    := decl ("," decl)*
     decl     := NAME ":" [DTYPE] "[" INT ("," INT)* "]"
+
+``FUNC`` is an element-wise function of ``einopt.core.ops.UNARY`` (``relu``, ``sigmoid``, ...;
+the ``NUMBER`` is the parameter of those with one: ``leaky_relu(x, 0.1)``) and ``OP`` a binary
+operator of ``einopt.core.ops.BINARY`` written as a call (``max``, ``min``).
 
 ``-2`` is the constant -2 while ``-x`` is ``(-1)*x`` (``neg(x)`` for values),
 so every node has exactly one printed form and ``parse(format_node(e)) is e``.

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 
 from einopt.core import ir
+from einopt.core.ops import BINARY, UNARY, UnaryOp
 from einopt.frontend.operand import (
     Importer,
     NodeView,
@@ -77,20 +78,19 @@ def _variadic(op: str) -> Importer:
     return importer
 
 
-def _unary(fn: str) -> Importer:
+def _unary(op: UnaryOp) -> Importer:
     def importer(view: NodeView) -> tuple[ir.Scope, ...]:
+        param = None if op.onnx_param is None else float(view.attr(op.onnx_param, op.param_default))
         x = float_data(view.input(0), "input X")
-        return (_pointwise(view, [x], lambda v: ir.Unary(fn, v)),)
+        return (_pointwise(view, [x], lambda v: ir.Unary(op.name, v, param)),)
 
-    importer.__doc__ = f"``{fn}(X)``."
+    if op.onnx_param is None:
+        importer.__doc__ = f"``{op.name}(X)``."
+    else:
+        importer.__doc__ = (
+            f"``{op.name}(X, {op.onnx_param})`` ({op.onnx_param} defaults to {op.param_default})."
+        )
     return importer
-
-
-def import_leaky_relu(view: NodeView) -> tuple[ir.Scope, ...]:
-    """``leaky_relu(X, alpha)`` (alpha defaults to 0.01)."""
-    alpha = float(view.attr("alpha", 0.01))
-    x = float_data(view.input(0), "input X")
-    return (_pointwise(view, [x], lambda v: ir.Unary("leaky_relu", v, alpha)),)
 
 
 def import_prelu(view: NodeView) -> tuple[ir.Scope, ...]:
@@ -192,21 +192,10 @@ def import_batch_normalization(view: NodeView) -> tuple[ir.Scope, ...]:
 
 
 ELEMENTWISE_IMPORTERS: dict[str, Importer] = {
-    **{op: _binary(sym) for op, sym in (("Add", "+"), ("Sub", "-"), ("Mul", "*"), ("Div", "/"))},
-    **{op: _variadic(sym) for op, sym in (("Sum", "+"), ("Max", "max"), ("Min", "min"))},
-    **{
-        op: _unary(fn)
-        for op, fn in (
-            ("Neg", "neg"),
-            ("Relu", "relu"),
-            ("Sigmoid", "sigmoid"),
-            ("Tanh", "tanh"),
-            ("Exp", "exp"),
-            ("Abs", "abs"),
-            ("Sqrt", "sqrt"),
-        )
-    },
-    "LeakyRelu": import_leaky_relu,
+    # The IR's element-wise operations, from their rows in einopt.core.ops.
+    **{op.onnx: _binary(op.name) for op in BINARY.values() if op.onnx != op.onnx_variadic},
+    **{op.onnx_variadic: _variadic(op.name) for op in BINARY.values() if op.onnx_variadic},
+    **{op.onnx: _unary(op) for op in UNARY.values()},
     "PRelu": import_prelu,
     "Clip": import_clip,
     "BatchNormalization": import_batch_normalization,

@@ -24,13 +24,18 @@ from collections.abc import Mapping, Sequence
 
 import onnx
 
+from einopt.core.ops import BINARY, UNARY
+
 # Non-linear element-wise ops: subprogram boundaries, translated on their own
-# so later fusion can absorb them into an eOperator.
+# so later fusion can absorb them into an eOperator. The IR's operations say so in
+# einopt.core.ops (``activation``); PRelu and Clip are imported as max/min forms.
 ACTIVATIONS: frozenset[str] = frozenset(
-    {"Relu", "Sigmoid", "Tanh", "LeakyRelu", "PRelu", "Clip", "Exp", "Abs", "Sqrt", "Max", "Min"}
+    {"PRelu", "Clip"}
+    | {op.onnx for op in UNARY.values() if op.activation}
+    | {name for op in BINARY.values() if op.activation for name in (op.onnx, op.onnx_variadic) if name}
 )
 
-TAILS: frozenset[str] = frozenset({"PRelu", "LeakyRelu"})
+TAILS: frozenset[str] = frozenset({"PRelu"} | {op.onnx for op in UNARY.values() if op.tail})
 """Activations that join the group of the linear node they read (as its last step)."""
 
 

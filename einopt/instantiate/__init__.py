@@ -18,21 +18,15 @@ scope's range are 0 either way). A tensor holding scope ``S`` stores traversal
 value ``S.origin[d] + p`` at array position ``p``.
 """
 
+from einopt.core.ops import BINARY, UNARY
+
 EOP_DOMAIN = "einopt.eop"
 
-# Standard ONNX operators for the IR's element-wise operations (matching and eOperators share them).
-BINARY_OPS: dict[str, str] = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div", "max": "Max", "min": "Min"}
-UNARY_OPS: dict[str, str] = {
-    "neg": "Neg",
-    "relu": "Relu",
-    "sigmoid": "Sigmoid",
-    "tanh": "Tanh",
-    "exp": "Exp",
-    "abs": "Abs",
-    "sqrt": "Sqrt",
-    "leaky_relu": "LeakyRelu",
-}
+# Standard ONNX operators for the IR's element-wise operations (matching and eOperators share
+# them), from the rows of einopt.core.ops.
+BINARY_OPS: dict[str, str] = {op.name: op.onnx for op in BINARY.values()}
+UNARY_OPS: dict[str, str] = {op.name: op.onnx for op in UNARY.values()}
 # The attribute carrying a unary function's parameter.
-UNARY_PARAM: dict[str, str] = {"leaky_relu": "alpha"}
+UNARY_PARAM: dict[str, str] = {op.name: op.onnx_param for op in UNARY.values() if op.onnx_param is not None}
 # Einsum exists from this default-domain opset on.
 EINSUM_OPSET = 12

@@ -1,0 +1,393 @@
+"""The element-wise operations of the IR: one record per operation, from which every other table derives.
+
+``UNARY`` holds the functions a ``Unary`` node applies (``relu(x)``, ``leaky_relu(x, 0.1)``) and
+``BINARY`` the operators of a ``Binary`` node (``a + b``, ``max(a, b)``). Each record gives the
+operation's forms (numpy for the reference interpreter, TVM for code generation, ONNX for
+instantiation and import) and the facts the rest of einopt reads (whether ``f(0) = 0``, whether
+finite values stay finite, whether it is exact on integers, its FLOPs, whether an ONNX node of it
+ends a linear subprogram). Nothing else in the library keeps a list of them; the places that
+derive from here:
+
+* ``einopt.core.ir`` (``UNARY_FUNCS``, ``BINARY_OPS``, ``COMMUTATIVE_OPS``, reserved words),
+  hence the text syntax (``einopt.core.parser``, ``einopt.core.syntax``) and canonical keys;
+* ``einopt.api`` and ``einopt`` (one constructor per function: ``einopt.relu``, ``einopt.absolute``);
+* ``einopt.core.interp`` (numpy forms, the exact integer mode) and ``einopt.codegen.te`` (TVM);
+* ``einopt.instantiate`` (ONNX op types and parameter attributes) and
+  ``einopt.frontend.importers_elementwise`` (ONNX op type -> operation);
+* ``einopt.frontend.partition`` (activations, tails), ``einopt.core.cost`` (FLOPs),
+  ``einopt.rules.boundary`` (zero and finiteness analysis);
+* the tests: ``tests/test_ops.py`` round-trips every row (syntax, API, interpreter, TVM, ONNX
+  Runtime, ONNX import, the facts on sample points); ``tests/strategies.py`` draws every row.
+
+Adding an element-wise function is one ``UnaryOp`` row in ``UNARY`` and nothing else. A row needs
+``name`` (a new word of the text syntax), ``onnx`` (a default-domain ONNX op type of the same
+meaning), ``numpy`` and ``tvm`` forms, and the three facts ``zero``, ``finite`` and ``exact``
+(``tests/test_ops.py`` checks them numerically, so a wrong one fails there). A function with one
+constant float parameter also gives ``param`` (its name in the Python API), ``onnx_param`` (the
+ONNX attribute), ``param_default`` (the attribute's ONNX default) and ``sample_params``. The rest
+has defaults: ``flops`` (4 for a transcendental function), ``activation`` (False only for a linear
+function such as ``neg``), ``tail``, ``api`` (when the Python name must differ, as ``absolute``
+for ``abs``) and ``sample_range`` (where the function is finite and moderate, for random tests).
+A row cannot yet say that its ONNX form needs more than that one attribute (HardSigmoid's alpha
+and beta), takes the parameter as an input (Pow's exponent) or needs a newer opset than the one
+emitted (Gelu: 20); such a function needs a field here and its use in ``einopt.instantiate``.
+
+TVM is imported lazily (``import einopt`` must not load it, nor numpy): a form receives the
+namespace it computes with, ``numpy`` or ``tvm.tirx``, as its first argument.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+__all__ = ["UnaryOp", "BinaryOp", "UNARY", "BINARY", "ZERO_RULES", "TVM_DTYPE"]
+
+# How a binary operator's result is 0 (the zero analysis of einopt.rules.boundary):
+# "both": where both operands are 0; "either": where one is and the other is finite
+# (0 * inf is NaN); "never": not provably (0 / 0 is NaN).
+ZERO_RULES: tuple[str, ...] = ("both", "either", "never")
+
+TVM_DTYPE = "float32"
+"""The dtype of TVM code (``einopt.codegen.te`` generates float32); constants in TVM forms have it."""
+
+
+def _tvm_const(t: Any, v: float) -> Any:
+    return t.const(v, TVM_DTYPE)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class UnaryOp:
+    """An element-wise function ``f(x)`` or ``f(x, p)`` with a constant float parameter ``p``.
+
+    Attributes
+    ----------
+    name : str
+        Its name in the IR and the text syntax (``relu(x)``, ``leaky_relu(x, 0.1)``).
+    onnx : str
+        The default-domain ONNX operator computing it.
+    numpy : callable
+        ``numpy(np, x, p)``: the reference form on an array ``x`` (``p`` is None without a
+        parameter). Constants are made with ``x.dtype.type`` so that float32 stays float32.
+    tvm : callable
+        ``tvm(tirx, x, p)``: the TVM form on a ``tvm.tirx`` expression (float32).
+    zero : bool
+        ``f(0) = 0`` (for every parameter): a read of a zero region stays zero.
+    finite : bool or callable
+        Finite arguments give finite results; a callable decides per parameter value.
+    exact : bool
+        Exact on integers: the interpreter's integer mode evaluates it (with an integral
+        parameter), otherwise it refuses it.
+    flops : int
+        FLOPs per element in the analytic cost (4 for a transcendental function).
+    activation : bool
+        Non-linear: an ONNX node of it is a subprogram of its own (``frontend.partition``).
+    tail : bool
+        A maximum of linear functions with constant slopes that joins the subprogram of the
+        linear node it reads (``frontend.partition.TAILS``).
+    api : str
+        Its name in the Python API (``einopt.<api>``); defaults to ``name``.
+    param : str or None
+        The parameter's name in the Python API (``slope``), None without a parameter.
+    onnx_param : str or None
+        The ONNX attribute carrying the parameter (``alpha``).
+    param_default : float or None
+        The ONNX attribute's default.
+    sample_params : tuple of float
+        Parameter values random tests use.
+    sample_range : (float, float)
+        Arguments on which the function is finite and moderate in float32; random tests feed it
+        only these (sqrt: ``[0, inf)``; exp: up to 8, so that sums of its values stay exact enough).
+    """
+
+    name: str
+    onnx: str
+    numpy: Callable[..., Any]
+    tvm: Callable[..., Any]
+    zero: bool
+    finite: bool | Callable[[float], bool]
+    exact: bool
+    flops: int = 1
+    activation: bool = True
+    tail: bool = False
+    api: str = ""
+    param: str | None = None
+    onnx_param: str | None = None
+    param_default: float | None = None
+    sample_params: tuple[float, ...] = ()
+    sample_range: tuple[float, float] = (-math.inf, math.inf)
+
+    def __post_init__(self) -> None:
+        _check_words(self.name, self.onnx, self.api or self.name)
+        given = (self.param, self.onnx_param, self.param_default, self.sample_params or None)
+        if any(v is None for v in given) and any(v is not None for v in given):
+            raise ValueError(
+                f"unary op {self.name}: a parameter needs param, onnx_param, param_default and "
+                "sample_params together (or none of them)"
+            )
+        if callable(self.finite) and self.param is None:
+            raise ValueError(f"unary op {self.name}: finite can depend only on a parameter it has")
+        lo, hi = self.sample_range
+        if not lo < hi:
+            raise ValueError(f"unary op {self.name}: empty sample_range {self.sample_range}")
+        if not self.api:
+            object.__setattr__(self, "api", self.name)
+
+    def keeps_finite(self, param: float | None) -> bool:
+        """Whether finite arguments give finite results with parameter ``param``."""
+        return self.finite(param) if callable(self.finite) else self.finite
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class BinaryOp:
+    """An element-wise binary operator ``a op b`` (infix) or ``op(a, b)`` (a call).
+
+    Attributes
+    ----------
+    name : str
+        Its name in the IR; the text syntax writes it infix (``+ - * /``, the grammar's own
+        arithmetic) or, for a word, as a call ``max(a, b)``.
+    title : str
+        The operation in words, for messages (``division``).
+    onnx : str
+        The default-domain ONNX operator computing it on two inputs.
+    numpy : callable
+        ``numpy(np, a, b)``: the reference form on arrays.
+    tvm : callable
+        ``tvm(tirx, a, b)``: the TVM form.
+    commutative : bool
+        Commutative and associative (up to rounding): canonical keys flatten and sort chains of
+        it, and matching tries both operand orders.
+    zero : str
+        One of :data:`ZERO_RULES`: where the result is provably 0.
+    finite : bool
+        Finite operands give a finite result (no overflow, no division by zero).
+    exact : bool
+        Exact on integers (the interpreter's integer mode).
+    activation : bool
+        Non-linear: an ONNX node of it is a subprogram of its own (``frontend.partition``).
+    onnx_variadic : str or None
+        The ONNX operator that folds any number of inputs with it (``Sum`` for ``+``), imported.
+    api : str or None
+        The Python API's constructor (``einopt.maximum``) for a call-syntax operator; infix
+        operators are built with Python's operators.
+    flops : int
+        FLOPs per element in the analytic cost.
+    """
+
+    name: str
+    title: str
+    onnx: str
+    numpy: Callable[..., Any]
+    tvm: Callable[..., Any]
+    commutative: bool
+    zero: str
+    finite: bool
+    exact: bool
+    activation: bool = False
+    onnx_variadic: str | None = None
+    api: str | None = None
+    flops: int = 1
+
+    def __post_init__(self) -> None:
+        if self.zero not in ZERO_RULES:
+            raise ValueError(f"binary op {self.name}: zero must be one of {ZERO_RULES}, got {self.zero!r}")
+        if self.infix == (self.api is not None):
+            raise ValueError(f"binary op {self.name}: a word operator needs an api name, a symbol none")
+        _check_words(self.onnx, *(w for w in (self.api, self.onnx_variadic) if w is not None))
+
+    @property
+    def infix(self) -> bool:
+        """Written between its operands (a symbol), not as a call (a word)."""
+        return not self.name.isidentifier()
+
+
+def _check_words(*words: str) -> None:
+    for w in words:
+        if not isinstance(w, str) or not w.isidentifier():
+            raise ValueError(f"element-wise op: {w!r} is not an identifier")
+
+
+def _table(rows: Iterable[UnaryOp] | Iterable[BinaryOp]) -> dict[str, Any]:
+    """Rows by name; two rows may not share a name, an ONNX op type or an API name."""
+    out: dict[str, Any] = {}
+    seen: dict[str, str] = {}
+    for row in rows:
+        for key in (row.name, row.onnx, row.api):
+            if key and seen.setdefault(key, row.name) != row.name:
+                raise ValueError(f"element-wise ops {seen[key]} and {row.name} both use {key!r}")
+        out[row.name] = row
+    return out
+
+
+UNARY: dict[str, UnaryOp] = _table(
+    [
+        UnaryOp(
+            name="neg",
+            onnx="Neg",
+            numpy=lambda np, x, p: np.negative(x),
+            tvm=lambda t, x, p: -x,
+            zero=True,
+            finite=True,
+            exact=True,
+            activation=False,  # linear: joins the linear subprograms
+        ),
+        UnaryOp(
+            name="relu",
+            onnx="Relu",
+            numpy=lambda np, x, p: np.maximum(x, x.dtype.type(0)),
+            tvm=lambda t, x, p: t.max(x, _tvm_const(t, 0.0)),
+            zero=True,
+            finite=True,
+            exact=True,
+        ),
+        UnaryOp(
+            name="sigmoid",
+            onnx="Sigmoid",
+            numpy=lambda np, x, p: x.dtype.type(1) / (x.dtype.type(1) + np.exp(-x)),
+            tvm=lambda t, x, p: t.sigmoid(x),
+            zero=False,  # sigmoid(0) = 1/2
+            finite=True,
+            exact=False,
+            flops=4,
+        ),
+        UnaryOp(
+            name="tanh",
+            onnx="Tanh",
+            numpy=lambda np, x, p: np.tanh(x),
+            tvm=lambda t, x, p: t.tanh(x),
+            zero=True,
+            finite=True,
+            exact=False,
+            flops=4,
+        ),
+        UnaryOp(
+            name="exp",
+            onnx="Exp",
+            numpy=lambda np, x, p: np.exp(x),
+            tvm=lambda t, x, p: t.exp(x),
+            zero=False,  # exp(0) = 1
+            finite=False,  # overflows
+            exact=False,
+            flops=4,
+            sample_range=(-math.inf, 8.0),
+        ),
+        UnaryOp(
+            name="abs",
+            onnx="Abs",
+            numpy=lambda np, x, p: np.abs(x),
+            tvm=lambda t, x, p: t.abs(x),
+            zero=True,
+            finite=True,
+            exact=True,
+            api="absolute",  # not Python's abs
+        ),
+        UnaryOp(
+            name="sqrt",
+            onnx="Sqrt",
+            numpy=lambda np, x, p: np.sqrt(x),
+            tvm=lambda t, x, p: t.sqrt(x),
+            zero=True,
+            finite=False,  # sqrt(-1) is NaN
+            exact=False,
+            sample_range=(0.0, math.inf),
+        ),
+        UnaryOp(
+            name="leaky_relu",
+            onnx="LeakyRelu",
+            numpy=lambda np, x, p: np.where(x > 0, x, x.dtype.type(p) * x),
+            # x if x > 0 else slope * x; both sides are pure, so a Select is safe.
+            tvm=lambda t, x, p: t.Select(x > _tvm_const(t, 0.0), x, x * _tvm_const(t, p)),
+            zero=True,
+            finite=lambda slope: abs(slope) <= 1.0,  # a steeper slope can overflow
+            exact=True,
+            tail=True,
+            param="slope",
+            onnx_param="alpha",
+            param_default=0.01,
+            sample_params=(0.01, 0.1, 0.2, 0.5),
+        ),
+    ]
+)
+"""The element-wise functions, by IR name."""
+
+BINARY: dict[str, BinaryOp] = _table(
+    [
+        BinaryOp(
+            name="+",
+            title="addition",
+            onnx="Add",
+            numpy=lambda np, a, b: np.add(a, b),
+            tvm=lambda t, a, b: a + b,
+            commutative=True,
+            zero="both",
+            finite=False,
+            exact=True,
+            onnx_variadic="Sum",
+        ),
+        BinaryOp(
+            name="-",
+            title="subtraction",
+            onnx="Sub",
+            numpy=lambda np, a, b: np.subtract(a, b),
+            tvm=lambda t, a, b: a - b,
+            commutative=False,
+            zero="both",
+            finite=False,
+            exact=True,
+        ),
+        BinaryOp(
+            name="*",
+            title="multiplication",
+            onnx="Mul",
+            numpy=lambda np, a, b: np.multiply(a, b),
+            tvm=lambda t, a, b: a * b,
+            commutative=True,
+            zero="either",
+            finite=False,
+            exact=True,
+        ),
+        BinaryOp(
+            name="/",
+            title="division",
+            onnx="Div",
+            numpy=lambda np, a, b: np.true_divide(a, b),
+            tvm=lambda t, a, b: a / b,
+            commutative=False,
+            zero="never",
+            finite=False,
+            exact=False,
+        ),
+        BinaryOp(
+            name="max",
+            title="maximum",
+            onnx="Max",
+            numpy=lambda np, a, b: np.maximum(a, b),
+            tvm=lambda t, a, b: t.max(a, b),
+            commutative=True,
+            zero="both",
+            finite=True,
+            exact=True,
+            activation=True,
+            onnx_variadic="Max",
+            api="maximum",
+        ),
+        BinaryOp(
+            name="min",
+            title="minimum",
+            onnx="Min",
+            numpy=lambda np, a, b: np.minimum(a, b),
+            tvm=lambda t, a, b: t.min(a, b),
+            commutative=True,
+            zero="both",
+            finite=True,
+            exact=True,
+            activation=True,
+            onnx_variadic="Min",
+            api="minimum",
+        ),
+    ]
+)
+"""The element-wise binary operators, by IR name."""
