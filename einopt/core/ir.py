@@ -24,7 +24,7 @@ import collections
 import dataclasses
 import math
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar, Union
 
 from einopt.core import ops
@@ -58,6 +58,9 @@ __all__ = [
     "tensors_in",
     "input_tensors",
     "set_formatter",
+    "children",
+    "walk",
+    "rebuild",
 ]
 
 
@@ -241,14 +244,8 @@ def _free_iters(root: Node) -> frozenset[Iter]:
             out |= memo["iters"]
         elif isinstance(e, Iter):
             out.add(e)
-        elif isinstance(e, (IAdd, ISub, IMul, Binary)):
-            stack += (e.a, e.b)
-        elif isinstance(e, (IFloorDiv, IMod)):
-            stack.append(e.a)
-        elif isinstance(e, Access):
-            stack.extend(e.indices)
-        elif isinstance(e, Unary):
-            stack.append(e.x)
+        else:
+            stack.extend(children(e))
     return frozenset(out)
 
 
@@ -612,19 +609,11 @@ def _tensors_by_name(scope: Scope) -> dict[str, Tensor]:
                     f"and {list(t.shape)} {t.dtype}"
                 )
 
-        stack: list[ValueExpr] = [scope.body]
-        while stack:
-            e = stack.pop()
+        for e in walk(scope.body, stop=Access):
             if isinstance(e, Access):
-                if isinstance(e.source, Tensor):
-                    add(e.source)
-                else:
-                    for t in _tensors_by_name(e.source).values():
-                        add(t)
-            elif isinstance(e, Binary):
-                stack += (e.a, e.b)
-            elif isinstance(e, Unary):
-                stack.append(e.x)
+                src = e.source
+                for t in (src,) if isinstance(src, Tensor) else _tensors_by_name(src).values():
+                    add(t)
         return found
 
     return _cached(scope, "tensors_by_name", compute)
@@ -698,19 +687,129 @@ class Program(Node):
 # --------------------------------------------------------------------------
 
 
-def _children(node: Node) -> Iterable[Node]:
-    if isinstance(node, Scope):
-        yield node.body
-    elif isinstance(node, Access):
-        yield node.source
-    elif isinstance(node, Binary):
-        yield node.a
-        yield node.b
-    elif isinstance(node, Unary):
-        yield node.x
-    elif isinstance(node, Program):
-        for _, s in node.bindings:
-            yield s
+# How each node class holds its sub-expressions: its children in order, and the node rebuilt
+# from new children with its other fields kept. The children of a value or index node are its
+# sub-values and sub-indices; an access's children are its indices, not its source (a scope is
+# closed: a body's traversal does not enter the scopes it reads, see ``scopes_in``). A scope's
+# child is its body (its iterators are binders, not sub-expressions); a program's children are
+# its bound scopes, in binding order.
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Shape:
+    children: Callable[[Any], tuple[Node, ...]]
+    rebuild: Callable[[Any, tuple], Node] | None  # None for a leaf: it has nothing to replace
+
+
+_LEAF = _Shape(lambda n: (), None)
+_OPERANDS = _Shape(lambda n: (n.a, n.b), lambda n, c: type(n)(*c))
+_DIVMOD = _Shape(lambda n: (n.a,), lambda n, c: type(n)(c[0], n.k))
+
+_SHAPES: dict[type, _Shape] = {
+    Iter: _LEAF,
+    IConst: _LEAF,
+    IAdd: _OPERANDS,
+    ISub: _OPERANDS,
+    IMul: _OPERANDS,
+    IFloorDiv: _DIVMOD,
+    IMod: _DIVMOD,
+    Const: _LEAF,
+    Binary: _Shape(lambda n: (n.a, n.b), lambda n, c: Binary(n.op, *c)),
+    Unary: _Shape(lambda n: (n.x,), lambda n, c: Unary(n.fn, c[0], n.param)),
+    Access: _Shape(lambda n: n.indices, lambda n, c: Access(n.source, c)),
+    Tensor: _LEAF,
+    Scope: _Shape(lambda n: (n.body,), lambda n, c: n.replace(body=c[0])),
+    Program: _Shape(
+        lambda n: tuple(s for _, s in n.bindings),
+        lambda n, c: n.replace(bindings=tuple((name, s) for (name, _), s in zip(n.bindings, c, strict=True))),
+    ),
+}
+
+
+def _shape(node: Node) -> _Shape:
+    shape = _SHAPES.get(type(node))
+    if shape is None:
+        raise TypeError(f"not an IR node: {node!r}")
+    return shape
+
+
+def children(node: Node) -> tuple[Node, ...]:
+    """The direct sub-expressions of ``node``, in field order.
+
+    ``a + b`` has ``(a, b)``, ``relu(x)`` has ``(x,)``, ``T[i, j+1]`` has its indices
+    ``(i, j+1)`` (not ``T``: a source is read, not contained), ``x // 2`` has ``(x,)``;
+    iterators, constants and tensors have none. A scope has its body, a program its bound
+    scopes in binding order.
+
+    Parameters
+    ----------
+    node : Node
+        Any IR node.
+
+    Returns
+    -------
+    tuple of Node
+        The children, possibly with repeats (``x * x``).
+    """
+    return _shape(node).children(node)
+
+
+def walk(root: Node, stop: type | tuple[type, ...] = ()) -> Iterator[Node]:
+    """Every node under ``root`` once: ``root`` first, then pre-order, left to right.
+
+    Iterative (bodies can be long chains). A subterm shared by two parents comes once,
+    where it is first reached. Scopes that an access reads are not entered (see
+    ``children``).
+
+    Parameters
+    ----------
+    root : Node
+        Any IR node.
+    stop : type or tuple of types, optional
+        Nodes of these classes are yielded but their children are not visited:
+        ``stop=Access`` walks the value nodes of a body without their indices.
+
+    Yields
+    ------
+    Node
+        Each distinct node once.
+    """
+    seen: set[Node] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        yield node
+        if not isinstance(node, stop):
+            stack.extend(reversed(_shape(node).children(node)))
+
+
+def rebuild(node: Node, fn: Callable[[Node], Node]) -> Node:
+    """``node`` with each child ``c`` replaced by ``fn(c)``, its other fields kept.
+
+    Returns ``node`` itself when ``fn`` returns every child unchanged, and an interned node
+    otherwise (validated: a replacement of the wrong kind raises ``IRError``). Not recursive:
+    ``fn`` decides whether to go deeper, so a bottom-up rewrite is
+    ``def go(x): return rewrite_one(rebuild(x, go))``.
+
+    Parameters
+    ----------
+    node : Node
+        Any IR node (a leaf comes back unchanged, ``fn`` is not called).
+    fn : callable
+        Maps a child to its replacement.
+
+    Returns
+    -------
+    Node
+        The rebuilt node.
+    """
+    shape = _shape(node)
+    old = shape.children(node)
+    new = tuple([fn(c) for c in old])
+    if all(a is b for a, b in zip(old, new, strict=True)):
+        return node
+    return shape.rebuild(node, new)
 
 
 def scopes_in(root: Node) -> list[Scope]:
@@ -736,15 +835,15 @@ def _reachable(root: Node, kind: type[Scope] | type[Tensor]) -> tuple:
 
     def compute() -> tuple:
         out: dict[int, Node] = {}
-        stack = list(reversed(list(_children(root))))
+        stack: list[Node] = [root]
         while stack:
             node = stack.pop()
-            if isinstance(node, Scope):
-                found: Iterable[Node] = _reachable(node, kind)
-            elif isinstance(node, Tensor):
-                found = (node,) if kind is Tensor else ()
+            if isinstance(node, Access):
+                found: Iterable[Node] = _reachable(node.source, kind)
+            elif isinstance(node, Scope) and node is not root:
+                found = _reachable(node, kind)
             else:
-                stack.extend(reversed(list(_children(node))))
+                stack.extend(reversed(children(node)))
                 continue
             for x in found:
                 out.setdefault(id(x), x)
