@@ -319,22 +319,19 @@ def may_vanish(scope: ir.Scope) -> bool:
     scope that may vanish. When it is False, no scan of an iterator's values can find a 0."""
 
     def compute() -> bool:
-        stack: list[ir.ValueExpr] = [scope.body]
-        while stack:
-            e = stack.pop()
-            if isinstance(e, ir.Const):
-                if e.value == 0.0:
-                    return True
-            elif isinstance(e, ir.Unary):
-                stack.append(e.x)
-            elif isinstance(e, ir.Binary):
-                stack += (e.a, e.b)
-            elif isinstance(e, ir.Access):
-                if _leaving(e) or isinstance(e.source, ir.Scope) and may_vanish(e.source):
-                    return True
+        for e in ir.walk(scope.body, stop=ir.Access):
+            if isinstance(e, ir.Const) and e.value == 0.0:
+                return True
+            if isinstance(e, ir.Access) and (_leaving(e) or _reads_vanishing(e)):
+                return True
         return False
 
     return ir._cached(scope, "may_vanish", compute)
+
+
+def _reads_vanishing(acc: ir.Access) -> bool:
+    """Whether ``acc`` reads a scope that may vanish."""
+    return isinstance(acc.source, ir.Scope) and may_vanish(acc.source)
 
 
 def _leaving(acc: ir.Access) -> list[ir.IndexExpr]:
@@ -355,8 +352,7 @@ def _vanishing_iterators(scope: ir.Scope) -> frozenset[ir.Iter]:
     def compute() -> frozenset[ir.Iter]:
         found: set[ir.Iter] = set()
         for acc in accesses(scope.body):
-            inner = isinstance(acc.source, ir.Scope) and may_vanish(acc.source)
-            for idx in acc.indices if inner else _leaving(acc):
+            for idx in acc.indices if _reads_vanishing(acc) else _leaving(acc):
                 found |= idx.iters()
         return frozenset(found)
 

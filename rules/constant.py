@@ -40,18 +40,7 @@ __all__ = ["RewritePreluMax", "RewritePreluRelu", "RewritePreluLeaky", "FoldChan
 
 def _subterms(body: ir.ValueExpr) -> list[ir.ValueExpr]:
     """Distinct value subterms of a body, parents before children, left to right (scopes not entered)."""
-    out: dict[ir.ValueExpr, None] = {}
-    stack = [body]
-    while stack:
-        x = stack.pop()
-        if x in out:
-            continue
-        out[x] = None
-        if isinstance(x, ir.Binary):
-            stack += (x.b, x.a)
-        elif isinstance(x, ir.Unary):
-            stack.append(x.x)
-    return list(out)
+    return list(ir.walk(body, stop=ir.Access))
 
 
 def _pairs(e: ir.ValueExpr, op: str) -> list[tuple[ir.ValueExpr, ir.ValueExpr]]:
@@ -323,8 +312,6 @@ def _constant_leaves(e: ir.ValueExpr, ctx: Context) -> list[ir.Access] | None:
             if not (isinstance(x.source, ir.Tensor) and ctx.is_constant(x.source)):
                 return None
             reads.append(x)
-        elif not isinstance(x, (ir.Binary, ir.Unary, ir.Const)):
-            return None
     return reads
 
 

@@ -46,12 +46,10 @@ def _occurrences(e: ir.ValueExpr, acc: ir.Access) -> int:
         if found is None:
             if x is acc:
                 found = 1
-            elif isinstance(x, ir.Binary):
-                found = go(x.a) + go(x.b)
-            elif isinstance(x, ir.Unary):
-                found = go(x.x)
-            else:
+            elif isinstance(x, ir.Access):
                 found = 0
+            else:
+                found = sum(map(go, ir.children(x)))
             memo[x] = found
         return found
 

@@ -55,6 +55,7 @@ from einopt.core.ir import (
     scopes_in,
 )
 from einopt.core.ops import BINARY, TVM_DTYPE, UNARY
+from einopt.core.rewrite import accesses
 
 __all__ = ["StageInfo", "Output", "Lowered", "lower"]
 
@@ -189,7 +190,7 @@ class _Lowerer:
         # Only a scope that another scope reads needs its padding materialised.
         self.read: set[Scope] = set()
         for s in self.scopes:
-            self.read.update(a.source for a in _accesses(s.body) if isinstance(a.source, Scope))
+            self.read.update(a.source for a in accesses(s.body) if isinstance(a.source, Scope))
         self.taken = {t.name for t in self.inputs}
         self.stage_names = {s: self._fresh(names.get(s, f"s{i}")) for i, s in enumerate(self.scopes)}
         self.buffers: dict[Scope, _Buffer] = {}
@@ -382,16 +383,6 @@ class _BodyLowerer:
             # if_then_else evaluates lazily, so the load never leaves the buffer.
             return tirx.if_then_else(tirx.all(*conds), load, _f32(0.0))
         return load
-
-
-def _accesses(e: ValueExpr):
-    if isinstance(e, Access):
-        yield e
-    elif isinstance(e, Binary):
-        yield from _accesses(e.a)
-        yield from _accesses(e.b)
-    elif isinstance(e, Unary):
-        yield from _accesses(e.x)
 
 
 def _interior(guards: list[_Guard], x: Iter, origin: int, n: int) -> tuple[int, int] | None:

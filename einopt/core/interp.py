@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import string
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -65,6 +65,7 @@ from einopt.core.ir import (
     ValueExpr,
     input_tensors,
     scopes_in,
+    walk,
 )
 from einopt.core.ops import BINARY, UNARY
 
@@ -175,18 +176,9 @@ def _as_exact_int(arr: np.ndarray, what: str) -> np.ndarray:
 # --------------------------------------------------------------------------
 
 
-def _values_in(e: ValueExpr) -> Iterator[ValueExpr]:
-    yield e
-    if isinstance(e, Binary):
-        yield from _values_in(e.a)
-        yield from _values_in(e.b)
-    elif isinstance(e, Unary):
-        yield from _values_in(e.x)
-
-
 def _check_exact(node: Scope | Program) -> None:
     for s in scopes_in(node):
-        for e in _values_in(s.body):
+        for e in walk(s.body, stop=Access):
             problem = _inexact(e)
             if problem:
                 raise EvaluationError(f"integer mode: {problem} has no exact integer meaning")

@@ -41,23 +41,13 @@ __all__ = [
 
 def accesses(e: ir.ValueExpr) -> list[ir.Access]:
     """Distinct accesses of a body, first first (nested scopes are closed: not entered)."""
-    out: dict[ir.Access, None] = {}
-    stack = [e]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, ir.Access):
-            out.setdefault(x)
-        elif isinstance(x, ir.Binary):
-            stack += (x.b, x.a)
-        elif isinstance(x, ir.Unary):
-            stack.append(x.x)
-    return list(out)
+    return [x for x in ir.walk(e, stop=ir.Access) if isinstance(x, ir.Access)]
 
 
 def transform(e: ir.ValueExpr, visit: Callable[[ir.ValueExpr], ir.ValueExpr | None]) -> ir.ValueExpr:
     """``e`` rebuilt top-down: where ``visit(x)`` returns a node, it replaces ``x`` (and is not
-    entered); where it returns ``None``, the operands of ``x`` are transformed. Shared subterms
-    are visited once."""
+    entered); where it returns ``None``, the operands of ``x`` are transformed (an access is a
+    leaf: its indices are not values). Shared subterms are visited once."""
     memo: dict[ir.ValueExpr, ir.ValueExpr] = {}
 
     def go(x: ir.ValueExpr) -> ir.ValueExpr:
@@ -65,12 +55,7 @@ def transform(e: ir.ValueExpr, visit: Callable[[ir.ValueExpr], ir.ValueExpr | No
         if out is None:
             out = visit(x)
             if out is None:
-                if isinstance(x, ir.Binary):
-                    out = x.replace(a=go(x.a), b=go(x.b))
-                elif isinstance(x, ir.Unary):
-                    out = x.replace(x=go(x.x))
-                else:
-                    out = x
+                out = x if isinstance(x, ir.Access) else ir.rebuild(x, go)
             memo[x] = out
         return out
 

@@ -64,16 +64,7 @@ def _is_constant(e: ir.ValueExpr) -> bool:
 
 
 def _has_access(e: ir.ValueExpr) -> bool:
-    stack = [e]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, ir.Access):
-            return True
-        if isinstance(x, ir.Binary):
-            stack += (x.a, x.b)
-        elif isinstance(x, ir.Unary):
-            stack.append(x.x)
-    return False
+    return any(isinstance(x, ir.Access) for x in ir.walk(e, stop=ir.Access))
 
 
 def constant_value(e: ir.ValueExpr) -> float:
