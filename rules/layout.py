@@ -65,16 +65,7 @@ def _identity_dims(namer: _Namer, ranges: list[tuple[int, int]]) -> list[ir.Iter
 
 def _divisors_in(e: ir.IndexExpr) -> set[int]:
     """The ``k`` of every ``// k`` and ``% k`` inside ``e``."""
-    out: set[int] = set()
-    stack = [e]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, (ir.IFloorDiv, ir.IMod)):
-            out.add(x.k)
-            stack.append(x.a)
-        elif isinstance(x, (ir.IAdd, ir.ISub, ir.IMul)):
-            stack += (x.a, x.b)
-    return out
+    return {x.k for x in ir.walk(e) if isinstance(x, (ir.IFloorDiv, ir.IMod))}
 
 
 def split_factors(e: ir.IndexExpr) -> list[int]:

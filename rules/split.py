@@ -93,17 +93,6 @@ def _range_points(scope: ir.Scope, x: ir.Iter) -> list[int]:
     return sorted(p for p in points if x.lo < p < x.hi)
 
 
-def _index_nodes(e: ir.IndexExpr) -> Iterator[ir.IndexExpr]:
-    stack = [e]
-    while stack:
-        n = stack.pop()
-        yield n
-        if isinstance(n, (ir.IAdd, ir.ISub, ir.IMul)):
-            stack += (n.b, n.a)
-        elif isinstance(n, (ir.IFloorDiv, ir.IMod)):
-            stack.append(n.a)
-
-
 def _residues(scope: ir.Scope, x: ir.Iter) -> list[int]:
     """Moduli k for which ``x = k*x' + q`` exposes structure: ``x`` inside ``// k`` or ``% k`` with a
     coefficient k does not divide, or ``x`` next to an iterator whose coefficient is k times finer."""
@@ -112,7 +101,7 @@ def _residues(scope: ir.Scope, x: ir.Iter) -> list[int]:
         for idx in a.indices:
             if x not in idx.iters():
                 continue
-            for n in _index_nodes(idx):
+            for n in ir.walk(idx):
                 if isinstance(n, (ir.IFloorDiv, ir.IMod)) and n.k > 1:
                     lf = linear_form(n.a)
                     if lf.coeff(x) % n.k:

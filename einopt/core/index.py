@@ -25,6 +25,7 @@ from einopt.core.ir import (
     ISub,
     Iter,
     _cached,
+    rebuild,
 )
 
 __all__ = ["LinearForm", "linear_form", "bounds", "simplify", "from_linear_form", "substitute"]
@@ -263,8 +264,4 @@ def substitute(e: IndexExpr, mapping: Mapping[Iter, IndexExpr]) -> IndexExpr:
     """``e`` with the iterators in ``mapping`` replaced (others kept); not simplified."""
     if isinstance(e, Iter):
         return mapping.get(e, e)
-    if isinstance(e, IConst):
-        return e
-    if isinstance(e, IFloorDiv | IMod):
-        return type(e)(substitute(e.a, mapping), e.k)
-    return type(e)(substitute(e.a, mapping), substitute(e.b, mapping))
+    return rebuild(e, lambda x: substitute(x, mapping))

@@ -725,10 +725,10 @@ _SHAPES: dict[type, _Shape] = {
 
 
 def _shape(node: Node) -> _Shape:
-    shape = _SHAPES.get(type(node))
-    if shape is None:
-        raise TypeError(f"not an IR node: {node!r}")
-    return shape
+    try:
+        return _SHAPES[type(node)]
+    except KeyError:
+        raise TypeError(f"not an IR node: {node!r}") from None
 
 
 def children(node: Node) -> tuple[Node, ...]:
@@ -781,7 +781,7 @@ def walk(root: Node, stop: type | tuple[type, ...] = ()) -> Iterator[Node]:
         seen.add(node)
         yield node
         if not isinstance(node, stop):
-            stack.extend(reversed(_shape(node).children(node)))
+            stack += _shape(node).children(node)[::-1]
 
 
 def rebuild(node: Node, fn: Callable[[Node], Node]) -> Node:
@@ -807,9 +807,10 @@ def rebuild(node: Node, fn: Callable[[Node], Node]) -> Node:
     shape = _shape(node)
     old = shape.children(node)
     new = tuple([fn(c) for c in old])
-    if all(a is b for a, b in zip(old, new, strict=True)):
-        return node
-    return shape.rebuild(node, new)
+    for a, b in zip(old, new):  # noqa: B905 - the same length by construction
+        if a is not b:
+            return shape.rebuild(node, new)
+    return node
 
 
 def scopes_in(root: Node) -> list[Scope]:

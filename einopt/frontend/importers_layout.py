@@ -95,11 +95,7 @@ def import_transpose(view: NodeView) -> tuple[ir.Scope, ...]:
 
 def _size(e: ir.IndexExpr) -> int:
     """Number of nodes of an index expression (to pick the simpler of two equal forms)."""
-    if isinstance(e, (ir.IAdd, ir.ISub, ir.IMul)):
-        return 1 + _size(e.a) + _size(e.b)
-    if isinstance(e, (ir.IFloorDiv, ir.IMod)):
-        return 1 + _size(e.a)
-    return 1
+    return 1 + sum(map(_size, ir.children(e)))
 
 
 def _unravel_ravel(in_shape: Sequence[int], its: Sequence[ir.Iter]) -> list[ir.IndexExpr]:

@@ -37,9 +37,7 @@ def _divmods(scope: ir.Scope) -> list[ir.IFloorDiv | ir.IMod]:
         e = stack.pop()
         if isinstance(e, (ir.IFloorDiv, ir.IMod)):
             out.append(e)
-            stack.append(e.a)
-        elif isinstance(e, (ir.IAdd, ir.ISub, ir.IMul)):
-            stack += (e.a, e.b)
+        stack += ir.children(e)
     return out
 
 
