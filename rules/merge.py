@@ -20,6 +20,7 @@ redirected to ``M``, and rebound scopes nobody reads any more are dropped.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator
 from types import MappingProxyType
 
@@ -50,24 +51,23 @@ Embed = tuple[tuple[int | None, int], ...]
 # --------------------------------------------------------------------------
 
 
-def _skeleton(e: ir.ValueExpr, memo: dict) -> tuple:
-    """The operator structure of a body: what must agree for two bodies to be zipped."""
-    found = memo.get(e)
-    if found is None:
-        if isinstance(e, ir.Access):
-            found = ("[]", e.source.rank)
-        elif isinstance(e, ir.Binary):
-            found = (e.op, _skeleton(e.a, memo), _skeleton(e.b, memo))
-        elif isinstance(e, ir.Unary):
-            found = (e.fn, e.param, _skeleton(e.x, memo))
-        else:
-            found = ("c", e)
-        memo[e] = found
-    return found
+def _skeleton(e: ir.ValueExpr) -> ir.ValueExpr:
+    """The operator structure of a body, what must agree for two bodies to be zipped: the body with
+    each read replaced by a hole of the read's rank (an interned node, compared by identity)."""
+
+    def compute() -> ir.ValueExpr:
+        return map_accesses(e, lambda x: _hole(x.source.rank))
+
+    return ir._cached(e, "merge.skeleton", compute)
 
 
-def scope_skeleton(s: ir.Scope, memo: dict) -> tuple:
-    return (len(s.traversal), len(s.summation), _skeleton(s.body, memo))
+@functools.cache
+def _hole(rank: int) -> ir.Access:
+    return ir.Access(ir.Tensor("_", (1,) * rank), (ir.IConst(0),) * rank)
+
+
+def scope_skeleton(s: ir.Scope) -> tuple:
+    return (len(s.traversal), len(s.summation), _skeleton(s.body))
 
 
 def zip_bodies(e1: ir.ValueExpr, e2: ir.ValueExpr) -> list[Pair]:
@@ -78,10 +78,8 @@ def zip_bodies(e1: ir.ValueExpr, e2: ir.ValueExpr) -> list[Pair]:
         a, b = stack.pop()
         if isinstance(a, ir.Access):
             out.setdefault((a, b))
-        elif isinstance(a, ir.Binary):
-            stack += ((a.b, b.b), (a.a, b.a))
-        elif isinstance(a, ir.Unary):
-            stack.append((a.x, b.x))
+        else:
+            stack += list(zip(ir.children(a), ir.children(b), strict=True))[::-1]
     return list(out)
 
 
@@ -399,19 +397,18 @@ def _rewire(program: ir.Program, on_access, on_plus, on_scope) -> ir.Program:
             out = scopes[s] = on_scope(s.replace(body=value(s.body)))
         return out
 
+    def access(x: ir.Access) -> ir.ValueExpr:
+        return on_access(x if isinstance(x.source, ir.Tensor) else x.replace(source=scope(x.source)))
+
     def value(x: ir.ValueExpr) -> ir.ValueExpr:
         out = values.get(x)
         if out is None:
             if isinstance(x, ir.Access):
-                out = on_access(x if isinstance(x.source, ir.Tensor) else x.replace(source=scope(x.source)))
-            elif isinstance(x, ir.Binary):
-                out = x.replace(a=value(x.a), b=value(x.b))
-                if out.op == "+":
-                    out = on_plus(out)
-            elif isinstance(x, ir.Unary):
-                out = x.replace(x=value(x.x))
+                out = access(x)
             else:
-                out = x
+                out = ir.rebuild(x, value)
+                if isinstance(out, ir.Binary) and out.op == "+":
+                    out = on_plus(out)
             values[x] = out
         return out
 
@@ -555,12 +552,11 @@ class MergeExpressions(Rule):
     math = "S1 = L f(W1), S2 = L f(W2) -> M = L f(W1 ++ W2); S1 = M[..], S2 = M[..] (concat, batch, join)"
 
     def match(self, program: ir.Program, ctx: Context = NO_CONTEXT) -> Iterator[Match | Failure]:
-        memo: dict = {}
         # Bound and nested scopes alike: the matmul-shaped scopes that conv derivations split off are nested.
         bound = [(k, label, scope) for k, (scope, label) in enumerate(scope_labels(program).items())]
         names = program.names()
         name = fresh_name("M", taken_names(program))
-        keys = [scope_skeleton(s, memo) for _, _, s in bound]
+        keys = [scope_skeleton(s) for _, _, s in bound]
         for u, (_, n1, s1) in enumerate(bound):
             for v in range(u + 1, len(bound)):
                 _, n2, s2 = bound[v]

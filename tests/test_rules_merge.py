@@ -276,3 +276,29 @@ def test_matmul_pair_values_with_numpy():
     want, got = evaluate(program, inputs), evaluate(after, inputs)
     np.testing.assert_allclose(got["Z"], want["Z"])
     np.testing.assert_allclose(got["Y2"], inputs["X"] @ inputs["W2"])
+
+
+def test_bodies_zip_when_only_their_reads_differ():
+    """Two scopes merge only when their operator structure (skeleton) agrees: the same operators,
+    functions, parameters and constants, reads of the same ranks in the same places."""
+    from einopt.rules.merge import scope_skeleton, zip_bodies
+
+    i, j = ir.Iter("i", 0, 3), ir.Iter("j", 0, 4)
+    A, B, C = ir.Tensor("A", (3, 4)), ir.Tensor("B", (4, 3)), ir.Tensor("C", (3,))
+
+    def body(x, y, c=2.0, fn="leaky_relu", p=0.1):
+        return ir.Unary(fn, x * y + c, p if fn == "leaky_relu" else None)
+
+    e1 = body(A[i, j], C[i])
+    e2 = body(B[j, i], C[2 - i])
+    assert scope_skeleton(ir.Scope((i, j), (), e1)) == scope_skeleton(ir.Scope((i, j), (), e2))
+    assert zip_bodies(e1, e2) == [(A[i, j], B[j, i]), (C[i], C[2 - i])]
+    for other in (
+        body(A[i, j], C[i], c=3.0),
+        body(A[i, j], C[i], p=0.2),
+        body(A[i, j], C[i], fn="relu"),
+        body(A[i, j], A[i, j]),
+        ir.Unary("leaky_relu", A[i, j] + C[i] + 2.0, 0.1),
+    ):
+        assert scope_skeleton(ir.Scope((i, j), (), other)) != scope_skeleton(ir.Scope((i, j), (), e1))
+    assert scope_skeleton(ir.Scope((i,), (j,), e1)) != scope_skeleton(ir.Scope((i, j), (), e1))
