@@ -47,7 +47,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "optimize": ("einopt.pipeline", "optimize"),
     "Options": ("einopt.pipeline", "Options"),
     "translate": ("einopt.frontend.translate", "translate_graph"),
-    "search": ("einopt.search", ""),  # the package, callable as its search()
+    "search": ("einopt.search", ""),  # the package
+    "superoptimize": ("einopt.search", "search"),
     "to_onnx": ("einopt.stages.export", "to_onnx"),
 }
 

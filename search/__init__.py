@@ -7,12 +7,8 @@ within a :class:`Budget` of depth and generated states (``budget.py``).
 The schedule (which rules, in which phase, under which restrictions) is data:
 ``schedule.py``, printable with ``einopt search --explain-schedule``.
 
-The package itself is callable: ``einopt.search(program, **kw)`` is
-``einopt.search.search(program, **kw)``.
+``einopt.superoptimize(program, **kw)`` is :func:`search` (``einopt.search.search``).
 """
-
-import sys
-import types
 
 from einopt.search.budget import DEFAULT_MAX_DEPTH, Budget
 from einopt.search.engine import (
@@ -44,13 +40,3 @@ __all__ = [
     "search",
 ]
 
-
-class _CallableModule(types.ModuleType):
-    """This package's module type: calling the module calls :func:`search`, so ``einopt.search``
-    is both the package and the public function."""
-
-    def __call__(self, *args, **kwargs) -> SearchResult:
-        return search(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -197,7 +197,7 @@ def test_other_run_time_weight_layouts_stay_accepted(text, op, steps):
 
 def test_search_keeps_the_widened_kernel_of_a_constant_weight():
     prog = as_program(einopt.parse(RELAXED.replace("r=-1:5", "r:5")))
-    result = einopt.search(prog, max_depth=1)
+    result = einopt.superoptimize(prog, max_depth=1)
     relaxed = [c for c in result.candidates if [t.rule for t in c.trace] == ["relax_boundary"]]
     assert relaxed, [[t.rule for t in c.trace] for c in result.candidates]
     w = np.random.default_rng(1).standard_normal((4, 1, 5))

@@ -27,7 +27,7 @@ def conv3x3() -> einopt.Program:
 
 @pytest.fixture(scope="module")
 def conv_result():
-    return einopt.search(conv3x3(), max_depth=1)
+    return einopt.superoptimize(conv3x3(), max_depth=1)
 
 
 def ort_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -42,12 +42,12 @@ def random_inputs(program: einopt.Program, seed: int = 0) -> dict[str, np.ndarra
     return {t.name: rng.standard_normal(t.shape) for t in program.inputs}
 
 
-def test_search_is_the_package_and_the_function(conv_result):
+def test_superoptimize_is_the_search_packages_function(conv_result):
     import einopt.search as package
     from einopt.search import Candidate, SearchResult, search
 
-    assert einopt.search is package and callable(einopt.search)
-    assert package.search is search
+    assert einopt.search is package and not callable(einopt.search)
+    assert einopt.superoptimize is package.search is search
     direct = search(conv3x3(), max_depth=1)
     assert isinstance(direct, SearchResult) and all(isinstance(c, Candidate) for c in direct.candidates)
     assert [c.key for c in direct.candidates] == [c.key for c in conv_result.candidates]
@@ -58,7 +58,7 @@ def test_lazy_public_names_in_a_fresh_interpreter(tmp_path):
     code = (
         "import einopt, types\n"
         f"p = einopt.parse({MATMUL!r})\n"
-        "r = einopt.search(p, max_depth=1)\n"
+        "r = einopt.superoptimize(p, max_depth=1)\n"
         "assert isinstance(einopt.search, types.ModuleType)\n"
         "assert r.best.operators == ('MatMul',), r.best.operators\n"
         "assert [n.op_type for n in einopt.to_onnx(r.best).graph.node] == ['MatMul']\n"
@@ -69,7 +69,7 @@ def test_lazy_public_names_in_a_fresh_interpreter(tmp_path):
 
 
 def test_search_takes_a_scope():
-    result = einopt.search(einopt.parse(MATMUL), max_depth=1)
+    result = einopt.superoptimize(einopt.parse(MATMUL), max_depth=1)
     assert result.best.program.outputs == ("Y",) and not result.best.trace
 
 
@@ -77,9 +77,9 @@ def test_bad_limits_raise_search_error():
     from einopt.search import SearchError
 
     with pytest.raises(SearchError, match="max_depth"):
-        einopt.search(conv3x3(), max_depth=-1)
+        einopt.superoptimize(conv3x3(), max_depth=-1)
     with pytest.raises(ValueError, match="jobs"):
-        einopt.search(conv3x3(), jobs=0)
+        einopt.superoptimize(conv3x3(), jobs=0)
 
 
 def test_every_candidate_exports_runs_and_equals_the_interpreter(conv_result):
