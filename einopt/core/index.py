@@ -13,7 +13,8 @@ keys) work on this view; the IR itself keeps the expression as written.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from einopt.core.ir import (
     IAdd,
@@ -82,24 +83,35 @@ def linear_form(e: IndexExpr) -> LinearForm:
 
 
 def _linear_form(e: IndexExpr) -> LinearForm:
-    if isinstance(e, IConst):
-        return LinearForm((), (), e.value)
-    if isinstance(e, Iter):
-        return LinearForm(((e, 1),), (), 0)
-    if isinstance(e, IAdd):
-        return _combine((linear_form(e.a), 1), (linear_form(e.b), 1))
-    if isinstance(e, ISub):
-        return _combine((linear_form(e.a), 1), (linear_form(e.b), -1))
-    if isinstance(e, IMul):
-        la, lb = linear_form(e.a), linear_form(e.b)
-        if la.is_constant:
-            return _combine((lb, la.const))
-        if lb.is_constant:
-            return _combine((la, lb.const))
-        return LinearForm((), ((e, 1),), 0)
-    if isinstance(e, (IFloorDiv, IMod)):
-        return LinearForm((), ((e, 1),), 0)
-    raise TypeError(f"not an index expression: {e!r}")
+    rule = _LINEAR_FORMS.get(type(e))
+    if rule is None:
+        raise TypeError(f"not an index expression: {e!r}")
+    return rule(e)
+
+
+def _atom(e: IndexExpr) -> LinearForm:
+    return LinearForm((), ((e, 1),), 0)
+
+
+def _product(e: IMul) -> LinearForm:
+    la, lb = linear_form(e.a), linear_form(e.b)
+    if la.is_constant:
+        return _combine((lb, la.const))
+    if lb.is_constant:
+        return _combine((la, lb.const))
+    return _atom(e)
+
+
+# The linear form of each index class, from its operands' (cached) forms.
+_LINEAR_FORMS: dict[type, Callable[[Any], LinearForm]] = {
+    IConst: lambda e: LinearForm((), (), e.value),  # c
+    Iter: lambda e: LinearForm(((e, 1),), (), 0),  # 1*x
+    IAdd: lambda e: _combine((linear_form(e.a), 1), (linear_form(e.b), 1)),  # a + b
+    ISub: lambda e: _combine((linear_form(e.a), 1), (linear_form(e.b), -1)),  # a - b
+    IMul: _product,  # c*b and a*c are linear; a product of two non-constants is an atom
+    IFloorDiv: _atom,  # a // k
+    IMod: _atom,  # a % k
+}
 
 
 # --------------------------------------------------------------------------
