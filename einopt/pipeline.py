@@ -40,10 +40,10 @@ from einopt.runtime.verify import (
     compare_models,
     verification_inputs,
 )
-from einopt.search.engine import DEFAULT_MAX_DEPTH
+from einopt.search.budget import Budget
 from einopt.stages.accept import MODEL_NOISE, Decision, Timer, accept_rewrites
 from einopt.stages.export import assemble
-from einopt.stages.partsearch import PartSearch, Progress, Settings, search_parts
+from einopt.stages.partsearch import DEFAULT_BUDGET, PartSearch, Progress, Settings, search_parts
 from einopt.stages.postopt import postoptimize
 from einopt.stages.predict import predict
 from einopt.stages.select import DEFAULT_TOP_K, select
@@ -53,11 +53,6 @@ log = logging.getLogger(__name__)
 
 MIN_OPSET = 7  # numpy-style broadcasting; older models pass through
 ACCEPT_MODES = ("measured", "verified")
-DEFAULT_TIME_BUDGET = 150.0
-"""Seconds of search per model by default: with the cost stage (at most 40 s), the selection (60 s), the
-whole-model acceptance (GCN at batch 16: two rounds, 32 s) and preparation, a model stays within 5
-minutes on a 2-core machine."""
-DEFAULT_PART_SEARCH = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,12 +64,16 @@ class Options:
     max_depth : int
         Explorative search depth per subprogram (0: no search, translate and
         re-instantiate only).
-    time_budget : float
-        Seconds the searches of the whole model may take (a search running
-        when they are spent stops at its own budget; subprograms not searched
-        by then keep their input). Selection and timing come on top.
-    part_search_s : float
-        Seconds one subprogram's search may take.
+    states_per_search : int or None
+        States one subprogram's search may generate (None: no limit).
+    states_per_model : int or None
+        States all the searches of the model may generate together (shared
+        out by :func:`einopt.stages.partsearch.search_parts`; subprograms not
+        searched by then keep their input; None: no limit).
+    deadline_s : float or None
+        Wall-clock seconds the search stage may take at most, a safety net:
+        a search cut short by it is reported and not cached, and the output
+        then depends on the machine (None: no deadline).
     jobs : int
         Processes searching distinct subprograms side by side (timing stays
         serial). The output does not depend on it.
@@ -108,12 +107,17 @@ class Options:
         The whole output must be faster than the input by more than ``1 + model_noise``
         times, 95% confident, in two separate comparisons (else the output is the input).
     part_budget_s, model_budget_s : float
-        Seconds of timed runs per subprogram and per whole-model comparison.
+        Seconds of timed runs per subprogram and per whole-model comparison
+        (timing, not search: the search is bounded by states).
+
+    ``budget`` (not a parameter) is the :class:`einopt.search.Budget` the
+    search fields make, the one the search stage is given.
     """
 
-    max_depth: int = DEFAULT_MAX_DEPTH
-    time_budget: float = DEFAULT_TIME_BUDGET
-    part_search_s: float = DEFAULT_PART_SEARCH
+    max_depth: int = DEFAULT_BUDGET.max_depth
+    states_per_search: int | None = DEFAULT_BUDGET.states_per_search
+    states_per_model: int | None = DEFAULT_BUDGET.states_per_model
+    deadline_s: float | None = DEFAULT_BUDGET.deadline_s
     jobs: int = 1
     top_k: int = DEFAULT_TOP_K
     ray: str | None = None
@@ -128,14 +132,16 @@ class Options:
     model_noise: float = MODEL_NOISE
     part_budget_s: float = 1.0
     model_budget_s: float = 10.0
+    budget: Budget = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("max_depth", "jobs", "top_k"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < (1 if name == "jobs" else 0):
                 raise ValueError(f"{name} must be an integer >= {1 if name == 'jobs' else 0}, not {value!r}")
-        if not self.time_budget > 0 or not self.part_search_s > 0:
-            raise ValueError("time_budget and part_search_s must be positive seconds")
+        # Made once, here; the search stage gets it as it is (a bad limit is a ValueError naming it).
+        budget = Budget(self.max_depth, self.states_per_search, self.states_per_model, self.deadline_s)
+        object.__setattr__(self, "budget", budget)
         if self.accept not in ACCEPT_MODES:
             raise ValueError(f"accept must be one of {', '.join(ACCEPT_MODES)}, not {self.accept!r}")
         if not 0 <= self.noise < 1:
@@ -387,21 +393,8 @@ def _search(
     """Every translated part searched (identical ones once; none at depth 0)."""
     if options.max_depth == 0:
         return {}
-    settings = Settings(
-        max_depth=options.max_depth,
-        part_budget_s=options.part_search_s,
-        exact=not options.verify,
-    )
-    deadline = time.monotonic() + options.time_budget
-    return search_parts(
-        parts,
-        settings,
-        store,
-        jobs=options.jobs,
-        deadline=deadline,
-        progress=progress,
-        ray_address=options.ray,
-    )
+    settings = Settings(budget=options.budget, exact=not options.verify)
+    return search_parts(parts, settings, store, jobs=options.jobs, progress=progress, ray_address=options.ray)
 
 
 class _Clock:

@@ -93,12 +93,26 @@ def test_search_controls_are_checked_in_cli_and_api_alike(tmp_path):
     from einopt.pipeline import Options
 
     src = _save(conv_block(), tmp_path / "in.onnx")
-    for flag, value in (("--max-depth", -1), ("--jobs", 0), ("--time-budget", 0), ("--top-k", -2)):
+    for flag, value in (
+        ("--max-depth", -1),
+        ("--jobs", 0),
+        ("--time-budget", 0),
+        ("--max-states", 0),
+        ("--model-states", -5),
+        ("--top-k", -2),
+    ):
         result = run("optimize", src, "-o", tmp_path / "o.onnx", flag, value)
         assert result.exit_code == EXIT_CODES["usage"], (flag, result.output)
         assert not (tmp_path / "o.onnx").exists()
-    for bad in ({"max_depth": -1}, {"jobs": 0}, {"time_budget": 0.0}, {"top_k": True}):
-        with pytest.raises(ValueError):
+    for bad in (
+        {"max_depth": -1},
+        {"jobs": 0},
+        {"deadline_s": 0.0},
+        {"states_per_search": 0},
+        {"states_per_model": 1.5},
+        {"top_k": True},
+    ):
+        with pytest.raises(ValueError, match=next(iter(bad))):
             Options(**bad)
 
 
@@ -228,12 +242,11 @@ def test_search_flag_defaults_are_the_api_defaults():
     Options' own."""
     from einopt.cli.model import optimize as command
     from einopt.pipeline import Options
+    from einopt.search import Budget
 
     defaults = {p.name: p.default for p in command.params}
     o = Options()
-    assert (defaults["max_depth"], defaults["time_budget"], defaults["part_search_s"]) == (
-        o.max_depth,
-        o.time_budget,
-        o.part_search_s,
-    )
+    names = ("max_depth", "states_per_search", "states_per_model", "deadline_s")
+    assert [defaults[n] for n in names] == [getattr(o, n) for n in names]
+    assert o.budget == Budget(o.max_depth, o.states_per_search, o.states_per_model, o.deadline_s)
     assert (defaults["jobs"], defaults["top_k"]) == (o.jobs, o.top_k) and o.ray is None

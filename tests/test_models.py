@@ -248,7 +248,7 @@ def test_round_trip(name):
     stays equal (the search is bounded to keep the suite short: every searched part still goes
     through selection, verification and acceptance)."""
     model = build(name, 1, size="small")
-    result = optimize(model, Options(seed=0, time_budget=20.0, part_search_s=4.0))
+    result = optimize(model, Options(seed=0, states_per_search=600, states_per_model=3_000))
     assert result.verified, (result.blocked, result.notes)
     onnx.checker.check_model(result.model)
     feeds = sample_inputs(model, seed=7)

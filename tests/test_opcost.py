@@ -17,8 +17,12 @@ from einopt.frontend.fold import prepare
 from einopt.frontend.translate import translate_graph
 from einopt.runtime.cache import MeasurementCache
 from einopt.runtime.opcost import Calibration, OpCosts, Prediction, node_costs
+from einopt.search import Budget
 from einopt.stages.partsearch import PartSearch, Settings, search_parts
 from einopt.stages.predict import predict
+
+# The LSTM cell's gate search finds 16 programs within its first 300 states.
+LSTM_SEARCH = Settings(Budget(states_per_search=500))
 
 F = onnx.TensorProto.FLOAT
 
@@ -259,7 +263,7 @@ def test_the_cost_stage_ranks_found_programs_by_measured_operators(tmp_path):
     model = prepare(lstm_cell(hidden=16), {}, fold=True).model
     parts = [p for p in translate_graph(model) if p.translated]
     store = MeasurementCache(tmp_path / "m.sqlite")
-    searches = search_parts(parts, Settings(part_budget_s=30.0), store)
+    searches = search_parts(parts, LSTM_SEARCH, store)
     (gates,) = [p for p in parts if len(searches[p.name].found) > 3]
     costs = OpCosts(store)
     out = predict(model, parts, searches, costs)
@@ -282,7 +286,7 @@ def test_programs_bound_beyond_the_slack_are_not_timed(tmp_path, monkeypatch):
     model = prepare(lstm_cell(hidden=16), {}, fold=True).model
     parts = [p for p in translate_graph(model) if p.translated]
     store = MeasurementCache(tmp_path / "m.sqlite")
-    searches = search_parts(parts, Settings(part_budget_s=30.0), store)
+    searches = search_parts(parts, LSTM_SEARCH, store)
     monkeypatch.setattr(einopt.stages.predict, "SLACK", 0.0)  # every derived program is hopeless
     costs = OpCosts(store)
     out = predict(model, parts, searches, costs)
@@ -312,7 +316,7 @@ def test_found_programs_too_big_for_memory_are_not_tried(tmp_path, monkeypatch):
     model = prepare(lstm_cell(hidden=16), {}, fold=True).model
     parts = [p for p in translate_graph(model) if p.translated]
     store = MeasurementCache(tmp_path / "m.sqlite")
-    searches = search_parts(parts, Settings(part_budget_s=30.0), store)
+    searches = search_parts(parts, LSTM_SEARCH, store)
     monkeypatch.setattr(einopt.stages.predict, "memory_limit", lambda: 0)  # nothing fits
     out = predict(model, parts, searches, OpCosts(store))
     derived = [f for p in parts for f in out[p.name].found if f.trace]

@@ -15,7 +15,8 @@ from onnx_models import assert_same_outputs, deconv_block, lstm_cell, prelu_bloc
 
 from einopt.pipeline import Options, optimize
 
-SMALL = {"part_search_s": 30.0, "time_budget": 60.0}
+# The PRelu blocks' searches complete within 200 states; the LSTM cell's finds its merged MatMuls in 1,000.
+SMALL = {"states_per_search": 1_000, "states_per_model": 2_000}
 
 
 def _assert_same(a, b):
@@ -40,10 +41,12 @@ def _rewritten(result, op):
 )
 def test_the_search_rewrites_a_subprogram_and_the_output_is_verified(build, op, new, tmp_path):
     model = build()
-    # The phases come from converging the depth-3 states (about 27 s alone for the deconv block):
-    # that search runs to depth 3 complete, so a loaded machine slows it but cannot cut it short.
+    # The phases come from converging the depth-3 states (7,800 states, 20 s for the deconv block): that
+    # search runs to depth 3 complete.
     limits = (
-        {"max_depth": 3, "part_search_s": 120.0, "time_budget": 240.0} if op == "ConvTranspose" else SMALL
+        {"max_depth": 3, "states_per_search": 10_000, "states_per_model": 10_000}
+        if op == "ConvTranspose"
+        else SMALL
     )
     result = optimize(model, Options(accept="verified", cache=tmp_path / "c.sqlite", **limits))
     part = _rewritten(result, op)
@@ -96,7 +99,7 @@ def test_candidates_past_the_selection_budget_are_not_timed_or_chosen(
 
 
 def test_a_second_run_searches_and_times_nothing(tmp_path, monkeypatch, every_candidate_timed):
-    from einopt.stages import partsearch, predict, select
+    from einopt.stages import predict, searchruns, select
 
     # What a first run cut short by a stage's budget (a loaded machine) a second run measures: that is
     # right, and not what this test is about.
@@ -105,8 +108,8 @@ def test_a_second_run_searches_and_times_nothing(tmp_path, monkeypatch, every_ca
     cache = tmp_path / "c.sqlite"
     first = optimize(prelu_block(), Options(cache=cache, **SMALL))
     calls = []
-    real = partsearch._search_one
-    monkeypatch.setattr(partsearch, "_search_one", lambda *a, **k: calls.append(a) or real(*a, **k))
+    real = searchruns._search_one
+    monkeypatch.setattr(searchruns, "_search_one", lambda *a, **k: calls.append(a) or real(*a, **k))
     second = optimize(prelu_block(), Options(cache=cache, **SMALL))
     assert calls == []
     assert first.acceptance["cache"] is not None, first.acceptance  # the first run measured something
@@ -188,8 +191,8 @@ def test_ctrl_c_during_the_search_leaves_no_output_and_a_usable_cache(tmp_path):
         out,
         "--cache",
         cache,
-        "--part-budget",
-        "120",
+        "--max-states",
+        "1000000",
     ]
     # from tmp_path: in a source checkout, the working directory's einopt/ is not the installed package
     proc = subprocess.Popen(

@@ -49,19 +49,33 @@ _shape_option = click.option(
     help="Explorative search depth per subprogram (0: no search, translate and re-instantiate only).",
 )
 @click.option(
-    "--time-budget",
-    default=150.0,
+    "--max-states",
+    "states_per_search",
+    default=10_000,
     show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
-    help="Seconds the searches of the whole model may take (the best found by then is used).",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="States one subprogram's search may generate (about a minute at 150 states/s).",
 )
 @click.option(
-    "--part-budget",
-    "part_search_s",
-    default=60.0,
+    "--model-states",
+    "states_per_model",
+    default=25_000,
+    show_default=True,
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="States all the searches of the model may generate together; subprograms they do not "
+    "reach keep their input. States, not seconds: the same searches on any machine, loaded or not.",
+)
+@click.option(
+    "--time-budget",
+    "deadline_s",
+    default=600.0,
     show_default=True,
     type=click.FloatRange(min=0, min_open=True),
-    help="Seconds one subprogram's search may take.",
+    metavar="SECONDS",
+    help="A wall-clock safety net for the whole search stage: searches still running then stop "
+    "with what they found (the output then depends on the machine).",
 )
 @click.option(
     "--jobs",
@@ -125,8 +139,9 @@ def optimize(
     source,
     output,
     max_depth,
-    time_budget,
-    part_search_s,
+    states_per_search,
+    states_per_model,
+    deadline_s,
     jobs,
     ray_address,
     top_k,
@@ -168,8 +183,9 @@ def optimize(
     try:
         options = Options(
             max_depth=max_depth,
-            time_budget=time_budget,
-            part_search_s=part_search_s,
+            states_per_search=states_per_search,
+            states_per_model=states_per_model,
+            deadline_s=deadline_s,
             jobs=jobs,
             ray=ray_address,
             top_k=top_k,

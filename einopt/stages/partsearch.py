@@ -11,14 +11,17 @@ part's own names; every one is verified on that part's own weights before it
 can reach an output, so a derivation that held for the weights it was found
 on and not for these fails verification and never gets further.
 
-``jobs`` processes search distinct subprograms side by side; the results do
-not depend on it (each search is one process's work, merged in part order).
+The searches of a model share one :class:`~einopt.search.budget.Budget`:
+``states_per_search`` generated states per search and ``states_per_model`` for
+all of them, given out deterministically (see :func:`search_parts`), so the
+same model, budget and cache give the same searches on any machine, loaded or
+not. ``jobs`` processes search distinct subprograms side by side; the results
+do not depend on it either (each search is one process's work, charged in
+part order).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -32,9 +35,12 @@ import numpy as np
 from einopt.core import ir
 from einopt.core.rewrite import binding_program, put_binding, rename_tensors
 from einopt.runtime.cache import MeasurementCache
-from einopt.search.engine import DEFAULT_CONVERGE_DEPTH, DEFAULT_MAX_DEPTH
+from einopt.search.budget import DEFAULT_MAX_DEPTH, Budget
+from einopt.search.engine import DEFAULT_CONVERGE_DEPTH
+from einopt.stages.searchruns import Allowance, Progress, RayUnavailable, Runs, Task, finished
 
 __all__ = [
+    "DEFAULT_BUDGET",
     "Settings",
     "Step",
     "Found",
@@ -47,8 +53,16 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FORMAT = 3
+FORMAT = 4
 """Version of what is stored per search; bump it when the search's output for a program changes."""
+
+DEFAULT_BUDGET = Budget(
+    max_depth=DEFAULT_MAX_DEPTH, states_per_search=10_000, states_per_model=25_000, deadline_s=600.0
+)
+"""A model's searches by default (``einopt optimize``): the search generates about 150 states per
+second on a 2-core machine that other work keeps busy (85-160 on the evaluation models' searches),
+so about what 60 s per search and 150 s per model searched before searches were bounded by states.
+The deadline only stops searches that would run away (on a far slower machine)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,11 +71,13 @@ class Settings:
 
     Parameters
     ----------
-    max_depth, converge_depth : int
-        Explorative and converging steps (see :func:`einopt.search.search`).
-    part_budget_s : float
-        Seconds one subprogram's search may take at most (the candidates
-        found by then are kept; the report says the search was cut short).
+    budget : Budget
+        Explorative depth and states per search and per model, and the
+        search stage's wall-clock safety net (:class:`einopt.search.Budget`).
+        A search cut short by its states keeps the candidates found by then
+        (the report says it was cut short).
+    converge_depth : int
+        Converging steps per explored state (see :func:`einopt.search.search`).
     candidates : int
         Ranked candidates kept per search (one per distinct work: the multiset
         of its nodes' operators and shapes). The analytic ranking is crude, so
@@ -71,14 +87,17 @@ class Settings:
         (when nothing is verified, nothing may rest on verification).
     """
 
-    max_depth: int = DEFAULT_MAX_DEPTH
+    budget: Budget = DEFAULT_BUDGET
     converge_depth: int = DEFAULT_CONVERGE_DEPTH
-    part_budget_s: float = 60.0
     candidates: int = 32
     exact: bool = False
 
     def key(self) -> list:
-        return [FORMAT, self.max_depth, self.converge_depth, self.part_budget_s, self.candidates, self.exact]
+        """What a stored search depends on besides its program. A search stored is one that ran with
+        the whole ``states_per_search`` or completed within less (see :func:`search_parts`), so the
+        model's states and the deadline are not part of it: a search is shared across models."""
+        b = self.budget
+        return [FORMAT, b.max_depth, self.converge_depth, b.states_per_search, self.candidates, self.exact]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,34 +183,6 @@ def weight_facts(constants: Mapping[str, np.ndarray], names: Sequence[str], exac
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class Progress:
-    """Where the searches of a model are, for a progress display.
-
-    ``event`` is ``"searching"`` (after each frontier step of a search in this
-    process), ``"done"`` (a search finished), ``"cached"`` (read from the
-    cache), ``"skipped"`` (the whole-model budget was spent first) or
-    ``"deeper"`` (a second, longer search of one the first pass cut short).
-    """
-
-    event: str
-    part: str
-    index: int  # of the distinct searches, from 0
-    total: int  # distinct searches in the model
-    states: int = 0
-    seconds: float = 0.0
-    best_speedup: float | None = None  # predicted: the input's estimate over the best candidate's
-
-
-@dataclasses.dataclass(frozen=True)
-class _Task:
-    """One distinct search: the canonical program (text) and its weights (canonical names)."""
-
-    key: str
-    text: str
-    constants: Mapping[str, np.ndarray]
-
-
 def _canonical_names(program: ir.Program) -> dict[str, str]:
     return {t.name: f"x{i}" for i, t in enumerate(program.inputs)} | {
         n: f"y{i}" for i, (n, _) in enumerate(program.bindings)
@@ -204,26 +195,34 @@ def search_parts(
     store: MeasurementCache,
     *,
     jobs: int = 1,
-    deadline: float | None = None,
     progress: Callable[[Progress], None] | None = None,
     ray_address: str | None = None,
 ) -> dict[str, PartSearch]:
     """Search every translated part (``einopt.frontend.translate.Part``), sharing identical ones.
+
+    The model's states (``settings.budget.states_per_model``) are given out in
+    two passes, in a fixed order. First every distinct search not in the
+    cache gets an equal share of half of them (at least :data:`MIN_SHARE`, at
+    most ``states_per_search``), so none is starved by the ones before it.
+    Then the searches that share cut short go again with the whole
+    ``states_per_search`` (expressions before whole subprograms, the costliest
+    by the input's estimate first), as long as states are left. Each search is
+    allowed, before it starts, what the searches before it in that order left
+    (they are charged the states they generated), so the searches are the
+    same with any ``jobs`` and on any machine. ``budget.deadline_s`` is a
+    safety net: no search starts after it, and one it cuts short is not
+    stored.
 
     Parameters
     ----------
     parts : sequence of Part
         The subprograms (parts without a program are skipped).
     settings : Settings
-        Search limits (they are part of the cache key).
+        The budget and other search settings (part of the cache key).
     store : MeasurementCache
         Where searches are looked up first and stored after.
     jobs : int
         Processes searching distinct subprograms side by side.
-    deadline : float, optional
-        ``time.monotonic()`` after which no new search starts (the parts not
-        searched by then keep only their input); a search running then stops
-        at its own budget.
     progress : callable, optional
         Called with a :class:`Progress` as the searches go.
     ray_address : str, optional
@@ -236,7 +235,9 @@ def search_parts(
     dict
         Part name -> its :class:`PartSearch`, for every translated part.
     """
-    tasks: dict[str, _Task] = {}
+    budget = settings.budget
+    wall = None if budget.deadline_s is None else time.time() + budget.deadline_s
+    tasks: dict[str, Task] = {}
     owner: dict[str, str] = {}  # task key -> the first part (or part/binding) with it
     of_part: dict[str, tuple[str, dict[str, str]]] = {}  # part -> (task key, canonical names)
     pieces: dict[str, list[tuple[str, str, dict[str, str]]]] = {}  # part -> (binding, key, names)
@@ -258,38 +259,26 @@ def search_parts(
             continue
         stored[k] = (found, True)
         if progress is not None:
-            progress(_finished("cached", owner[k], i, len(tasks), found))
-    order = {k: i for i, k in enumerate(tasks)}
-    # Two passes when the whole-model budget is tight: every search first gets an equal share of half
-    # of it (so none is starved by the ones before it), then the searches that share cut short go
-    # again, with their own budget, the costliest subprograms (by the input's estimate) first.
-    first = _first_share(len(todo), deadline, settings.part_budget_s)
-    ran = dict(_run(todo, first, settings, jobs, deadline, owner, progress, order, "done", ray_address))
-    again = [t for t in todo if t.key in ran and not _finished_search(ran[t.key], settings)]
+            progress(finished("cached", owner[k], i, len(tasks), found))
+    run = Runs(settings, jobs, wall, owner, progress, {k: i for i, k in enumerate(tasks)}, ray_address)
+    model = Allowance(budget.states_per_model)
+    share = _first_share(len(todo), budget)
+    ran = dict(run(todo, {t.key: share for t in todo}, {}, model, "done"))
+    again = [t for t in todo if t.key in ran and _cut_by_share(ran[t.key], budget)]
     # One expression's search goes deeper before a whole subprogram's: the latter explores the same
     # rewrites of each of its expressions, combined (what only it finds are the merges of expressions,
     # a few steps deep). Then the costliest (by the input's estimate) first.
     whole = {k for k, _ in of_part.values()} - {k for ps in pieces.values() for _, k, _ in ps}
     again.sort(key=lambda t: (t.key in whole, -_input_estimate(ran[t.key])))
-    if again and first < settings.part_budget_s:
-        for k, value in _run(
-            again,
-            settings.part_budget_s,
-            settings,
-            jobs,
-            deadline,
-            owner,
-            progress,
-            order,
-            "deeper",
-            ray_address,
-        ):
-            if value["stats"]["complete"] or value["budget_s"] > ran[k]["budget_s"]:
-                ran[k] = value
+    caps = {t.key: budget.states_per_search for t in again}
+    floors = {t.key: ran[t.key]["allowance"] for t in again}
+    for k, value in run(again, caps, floors, model, "deeper"):
+        if value["stats"]["complete"] or value["stats"]["generated"] > ran[k]["stats"]["generated"]:
+            ran[k] = value
     for k, value in ran.items():
         stored[k] = (value, False)
-        # A search cut shorter than its own budget (by the whole model's) is not what the key promises.
-        if _finished_search(value, settings):
+        # A search cut short by its share, or by the deadline, is not what the key promises.
+        if _finished_search(value, budget):
             store.keep(k, value)
     out: dict[str, PartSearch] = {}
     by_name = {p.name: p for p in parts}
@@ -314,7 +303,7 @@ def _task(
     program: ir.Program,
     constants: Mapping[str, np.ndarray],
     settings: Settings,
-    tasks: dict[str, _Task],
+    tasks: dict[str, Task],
     owner: dict[str, str],
     label: str,
 ) -> tuple[str, dict[str, str]]:
@@ -324,7 +313,7 @@ def _task(
     text = str(rename_tensors(program, names))
     k = _key(text, settings, weight_facts(constants, weights, settings.exact))
     if k not in tasks:
-        tasks[k] = _Task(k, text, {names[n]: constants[n] for n in weights})
+        tasks[k] = Task(k, text, {names[n]: constants[n] for n in weights})
         owner[k] = label
     return k, names
 
@@ -418,21 +407,32 @@ def _relabel(text: str, labels: Mapping[str, str]) -> str:
     return _NAME.sub(lambda m: labels.get(m.group(0), m.group(0)), text)
 
 
-def _first_share(searches: int, deadline: float | None, part_budget_s: float) -> float:
-    """Seconds each search gets in the first pass: an equal share of half the time left (at least
-    :data:`MIN_SHARE`, at most its own budget)."""
-    if deadline is None or searches == 0:
-        return part_budget_s
-    left = deadline - time.monotonic()
-    return min(part_budget_s, max(MIN_SHARE, 0.5 * left / searches))
+MIN_SHARE = 500
+"""States a search gets at least in the first pass, however many searches the model has (GCN's 91
+share 25,000: most need far fewer, and each is charged only what it used)."""
 
 
-MIN_SHARE = 2.0
-"""Seconds a subprogram's search gets at least in the first pass."""
+def _first_share(searches: int, budget: Budget) -> int | None:
+    """States each search gets in the first pass: an equal share of half the model's (at least
+    :data:`MIN_SHARE`, at most ``states_per_search``; None: no limit)."""
+    if budget.states_per_model is None or searches == 0:
+        return budget.states_per_search
+    share = max(MIN_SHARE, budget.states_per_model // (2 * searches))
+    return share if budget.states_per_search is None else min(share, budget.states_per_search)
 
 
-def _finished_search(value: dict, settings: Settings) -> bool:
-    return bool(value["stats"]["complete"]) or value["budget_s"] >= settings.part_budget_s
+def _cut_by_share(value: dict, budget: Budget) -> bool:
+    """Whether a search stopped at its allowance while ``states_per_search`` would have let it go on."""
+    per_search = budget.states_per_search
+    return value["stats"]["stopped"] == "states" and (per_search is None or value["allowance"] < per_search)
+
+
+def _finished_search(value: dict, budget: Budget) -> bool:
+    """Whether a search is what its key promises: complete, or cut by the whole ``states_per_search``."""
+    stats = value["stats"]
+    return bool(stats["complete"]) or (
+        stats["stopped"] == "states" and value["allowance"] == budget.states_per_search
+    )
 
 
 def _input_estimate(value: dict) -> float:
@@ -441,203 +441,6 @@ def _input_estimate(value: dict) -> float:
 
 def _key(text: str, settings: Settings, facts: list) -> str:
     return hashlib.sha256(json.dumps([text, settings.key(), facts]).encode()).hexdigest()
-
-
-def _finished(event: str, part: str, index: int, total: int, value: dict | None) -> Progress:
-    if value is None:
-        return Progress(event, part, index, total)
-    found = value["found"]
-    base = next((f["predicted_s"] for f in found if not f["trace"]), None)
-    best = min((f["predicted_s"] for f in found), default=None)
-    speedup = base / best if base and best else None
-    return Progress(event, part, index, total, value["stats"]["generated"], value["seconds"], speedup)
-
-
-def _run(
-    todo: Sequence[_Task],
-    budget: float,
-    settings: Settings,
-    jobs: int,
-    deadline: float | None,
-    owner: Mapping[str, str],
-    progress: Callable[[Progress], None] | None,
-    order: Mapping[str, int],
-    event: str,
-    ray_address: str | None,
-):
-    """(task key, stored value) per search run (``budget`` seconds each, at most), in the order of
-    ``todo``; ``event`` is what progress calls a finished one."""
-    total = len(order)
-
-    def report(task: _Task, event: str, value: dict | None) -> None:
-        if progress is not None:
-            progress(_finished(event, owner[task.key], order[task.key], total, value))
-
-    if ray_address is None and (jobs <= 1 or len(todo) < 2):
-        for task in todo:
-            if deadline is not None and time.monotonic() >= deadline:
-                log.info("search budget spent: %s keeps its input", owner[task.key])
-                report(task, "skipped", None)
-                continue
-            hook = None
-            if progress is not None:
-                hook = _hook(progress, owner[task.key], order[task.key], total)
-            value = _search_one(task, settings, _bounded(budget, deadline), hook)
-            report(task, event, value)
-            yield task.key, value
-        return
-    # In other processes (or on a Ray cluster) the whole-model deadline travels as wall-clock time.
-    wall = None if deadline is None else time.time() + (deadline - time.monotonic())
-    with _workers(jobs, ray_address) as submit:
-        results = [submit(_search_until, task, settings, budget, wall) for task in todo]
-        for task, result in zip(todo, results, strict=True):
-            value = result()
-            if value is None:
-                report(task, "skipped", None)
-                continue
-            report(task, event, value)
-            yield task.key, value
-
-
-@contextlib.contextmanager
-def _workers(jobs: int, ray_address: str | None):
-    """``submit(fn, *args) -> result()``: on a Ray cluster when an address is given, else in ``jobs``
-    local processes. Leaving early (an error, Ctrl-C) cancels what has not started."""
-    if ray_address is not None:
-        ray = _ray(ray_address)
-        remote = ray.remote(_search_until)
-        refs: list = []
-
-        def submit_ray(fn, *args):
-            ref = remote.remote(*args)
-            refs.append(ref)
-            return lambda: ray.get(ref)
-
-        try:
-            yield submit_ray
-        except BaseException:
-            for ref in refs:
-                ray.cancel(ref)
-            raise
-        return
-    with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
-        futures: list = []
-
-        def submit_local(fn, *args):
-            future = pool.submit(fn, *args)
-            futures.append(future)
-            return future.result
-
-        try:
-            yield submit_local
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
-
-
-def _ray(address: str):
-    """The ``ray`` module, connected to the cluster at ``address`` (a clear error without it)."""
-    try:
-        import ray
-    except ImportError:
-        raise RayUnavailable("--ray needs Ray: pip install 'einopt[ray]'") from None
-    if not ray.is_initialized():
-        try:
-            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
-        except Exception as e:  # noqa: BLE001 - Ray raises several kinds for an unreachable cluster
-            raise RayUnavailable(f"cannot connect to the Ray cluster at {address}: {e}") from None
-    return ray
-
-
-class RayUnavailable(RuntimeError):
-    """``--ray`` was given but Ray is not installed or its cluster cannot be reached."""
-
-
-def _search_until(task: _Task, settings: Settings, budget: float, wall_deadline: float | None) -> dict | None:
-    """:func:`_search_one` in a worker: the budget left at its start (None when none is)."""
-    if wall_deadline is not None:
-        left = wall_deadline - time.time()
-        if left <= 0:
-            return None
-        budget = min(budget, left)
-    return _search_one(task, settings, budget)
-
-
-def _hook(progress: Callable[[Progress], None], part: str, index: int, total: int):
-    """The search's progress callback as :class:`Progress` events; ``base`` (the input's predicted
-    cost) is filled in before the search starts."""
-    start = time.perf_counter()
-    base: list[float] = []
-
-    def hook(stats, depth: int, best) -> None:
-        speedup = base[0] / best.cost if best is not None and base and best.cost else None
-        elapsed = time.perf_counter() - start
-        progress(Progress("searching", part, index, total, stats.generated, elapsed, speedup))
-
-    hook.base = base
-    return hook
-
-
-def _search_one(task: _Task, settings: Settings, budget: float, hook=None) -> dict:
-    """Search one canonical program; the stored form of what it found (programs as text)."""
-    from einopt.core.parser import parse
-    from einopt.rules import Context
-    from einopt.search import search
-    from einopt.stages.export import as_program
-
-    program = as_program(parse(task.text))
-    if hook is not None:
-        hook.base.append(_input_cost(program, task.constants))
-    t0 = time.perf_counter()
-    result = search(
-        program,
-        ctx=Context(dict(task.constants)),
-        max_depth=settings.max_depth,
-        converge_depth=settings.converge_depth,
-        time_budget=budget,
-        max_candidates=settings.candidates,
-        progress=hook,
-    )
-    stats = result.stats
-    return {
-        "found": [
-            {
-                "program": str(c.program),
-                "trace": [[s.rule, s.where, s.summary] for s in c.trace],
-                "operators": list(c.operators),
-                "predicted_s": c.cost,
-                "work": list(c.work),
-            }
-            for c in result.candidates
-        ],
-        "stats": {
-            "generated": stats.generated,
-            "pruned": stats.pruned,
-            "expanded": stats.expanded,
-            "avoided_fraction": round(stats.avoided_fraction, 4),
-            "complete": stats.complete,
-        },
-        "seconds": round(time.perf_counter() - t0, 3),
-        "budget_s": budget,
-    }
-
-
-def _bounded(budget: float, deadline: float | None) -> float:
-    """``budget`` seconds, or what is left before ``deadline`` if that is less (at least 0.1)."""
-    return budget if deadline is None else max(0.1, min(budget, deadline - time.monotonic()))
-
-
-def _input_cost(program: ir.Program, constants: Mapping[str, np.ndarray]) -> float:
-    """The analytic estimate the search gives its input (what progress compares the best with)."""
-    from einopt.core.cost import estimate_seconds, model_cost
-    from einopt.stages.export import program_model
-
-    try:
-        model, _ = program_model(program, constants, light=True)
-    except ValueError:
-        return 0.0
-    return estimate_seconds(model_cost(model))
 
 
 def _part_search(value: dict | None, names: Mapping[str, str], cached: bool, same_as: str) -> PartSearch:
