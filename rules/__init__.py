@@ -122,4 +122,3 @@ def get(name: str) -> Rule:
         return REGISTRY[name]
     except KeyError:
         raise KeyError(f"no rule named {name!r} (known: {', '.join(sorted(REGISTRY))})") from None
-
