@@ -246,7 +246,27 @@ def test_search_flag_defaults_are_the_api_defaults():
 
     defaults = {p.name: p.default for p in command.params}
     o = Options()
-    names = ("max_depth", "states_per_search", "states_per_model", "deadline_s")
+    names = ("max_depth", "states_per_search", "states_per_model", "deadline_s", "noise", "model_noise")
     assert [defaults[n] for n in names] == [getattr(o, n) for n in names]
     assert o.budget == Budget(o.max_depth, o.states_per_search, o.states_per_model, o.deadline_s)
     assert (defaults["jobs"], defaults["top_k"]) == (o.jobs, o.top_k) and o.ray is None
+
+
+def test_noise_flags_reach_the_options_and_are_checked(tmp_path, monkeypatch):
+    from einopt import pipeline
+
+    src = _save(conv_block(), tmp_path / "in.onnx")
+    seen = []
+
+    def capture(source, options, progress=None):
+        seen.append(options)
+        raise KeyboardInterrupt  # stop before anything is written
+
+    monkeypatch.setattr(pipeline, "optimize", capture)
+    run("optimize", src, "-o", tmp_path / "o.onnx", "--noise", "0.1", "--model-noise", "0.03")
+    assert (seen[0].noise, seen[0].model_noise) == (0.1, 0.03)
+    for flag in ("--noise", "--model-noise"):
+        result = run("optimize", src, "-o", tmp_path / "o.onnx", flag, "1.5")
+        assert result.exit_code == EXIT_CODES["usage"] and flag in result.output
+    with pytest.raises(ValueError, match="model_noise"):
+        pipeline.Options(model_noise=-0.01)

@@ -111,6 +111,21 @@ _shape_option = click.option(
     "verified: keep every verified rewrite without timing anything (experts; the output may be slower).",
 )
 @click.option(
+    "--noise",
+    default=0.05,
+    show_default=True,
+    type=click.FloatRange(min=0, max=1, max_open=True),
+    help="A rewritten subprogram must be measured at least 1 + NOISE times faster than its original nodes.",
+)
+@click.option(
+    "--model-noise",
+    default=0.02,
+    show_default=True,
+    type=click.FloatRange(min=0, max=1, max_open=True),
+    help="The output is kept only when it is faster than the input by more than 1 + MODEL_NOISE, "
+    "95%% confident, in a whole-model round and again in a fresh confirmation.",
+)
+@click.option(
     "--cache",
     "cache_path",
     type=click.Path(dir_okay=False),
@@ -149,6 +164,8 @@ def optimize(
     npz,
     no_verify,
     accept,
+    noise,
+    model_noise,
     cache_path,
     no_cache,
     force,
@@ -194,6 +211,8 @@ def optimize(
             verify=not no_verify,
             seed=seed,
             accept=accept,
+            noise=noise,
+            model_noise=model_noise,
             cache=False if no_cache else (cache_path or True),
         )
     except ValueError as e:  # the same checks, and words, as the Python API
