@@ -17,15 +17,12 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from einopt.core import ir
 from einopt.search.budget import same_result
-
-if TYPE_CHECKING:
-    from einopt.stages.partsearch import Settings
+from einopt.stages.searchsettings import Settings
 
 __all__ = ["Allowance", "Progress", "RayUnavailable", "Runs", "Task", "finished"]
 
