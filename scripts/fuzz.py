@@ -1,12 +1,18 @@
 """Graph fuzzer: random ONNX models through ``einopt.optimize`` without verification, compared in ONNX Runtime.
 
-    python scripts/fuzz.py --graphs 5000 [--seed 0] [--special/--no-special] [--out fuzz-failures]
+    python scripts/fuzz.py --graphs 5000 [--seed 0] [--max-depth 0] [--special/--no-special] [--out fuzz-failures]
 
 Graph ``k`` of seed ``s`` is a random chain/DAG of 2-8 operators (opset 17,
 every op the importers translate; see ``tests/graph_strategies.py``), built
 from ``numpy.random.default_rng([s, k])``. Each one is optimized with
-``Options(verify=False, accept="verified")`` (so neither the safety net nor measured acceptance can hide a wrong rewrite) and
-the output model is compared with the original in ONNX Runtime
+``Options(verify=False, accept="verified")`` (so neither the safety net nor
+measured acceptance can hide a wrong rewrite, and every rewrite is kept).
+``--max-depth 0`` (the default) translates and re-instantiates without
+searching; ``--max-depth N`` searches every subprogram to depth ``N``
+without the measurement cache, within a modest budget of generated states
+(``graph_strategies.SEARCH_STATES`` per subprogram,
+``SEARCH_STATES_PER_GRAPH`` per graph; ``SEARCH_DEADLINE_S`` seconds only as
+a safety net). The output model is compared with the original in ONNX Runtime
 (``einopt.runtime.verify.compare``, default tolerance; NaN and infinity positions
 must match), both run without ONNX Runtime's graph optimizations (its
 optimizer has bugs of its own: it miscomputes ``Transpose -> MatMul`` with a
@@ -23,11 +29,23 @@ kernel (fused multiply-add, summation order), so two correct evaluations of
 the same contraction disagree there; ONNX Runtime's own kernels do. Every
 other exclusion is named in ``tests/graph_strategies.py`` with its reason.
 
-The summary counts graphs, wrong outputs, exceptions and invalid graphs
-(models that do not run even before einopt: a generator bug), per op type.
+An output that passes is also loaded with ONNX Runtime's graph
+optimizations on (``ORT_ENABLE_ALL``), as a user would run it: when that
+fails to load or run, or computes something else than the same output
+unoptimized, on the same data, and the original passes that check, the
+graph counts as "ORT optimizer refuses the output", a failure of its own
+(ONNX Runtime's Pad fusion, for one, took a run-time Pad of a Conv weight
+for padding of the input). When the original fails that check too, the
+output merely inherits ONNX Runtime's bug; the summary counts such inputs
+but not as failures.
+
+The summary counts graphs, wrong outputs, exceptions, ORT optimizer
+refusals and invalid graphs (models that do not run even before einopt: a
+generator bug), per op type.
 Each failing model is written to ``--out`` as ``<seed>-<k>.onnx`` (with
 ``<seed>-<k>.optimized.onnx`` when einopt produced one) for reproduction:
-``einopt optimize --no-verify <file>``. Exit status 1 when anything failed.
+``einopt optimize --no-verify --accept verified --max-depth N <file>``, ``N``
+the run's ``--max-depth``. Exit status 1 when anything failed.
 """
 
 from __future__ import annotations
@@ -47,11 +65,26 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 from graph_strategies import DATA_KINDS, RngDraw, build_graph, check_case  # noqa: E402
 
+STATUS_TEXT = {
+    "ok": "ok",
+    "wrong": "wrong",
+    "exception": "exception",
+    "ort": "ORT optimizer refuses the output",
+    "invalid": "invalid",
+}
+"""How each :class:`graph_strategies.Outcome` status is reported (every one but ``ok`` is a failure)."""
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--graphs", type=int, default=1000, help="how many graphs (default 1000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of graph 0 .. graphs-1 (default 0)")
+    parser.add_argument(
+        "--max-depth",
+        type=int,
+        default=0,
+        help="search every subprogram to this depth, bounded, without the cache (default 0: no search)",
+    )
     parser.add_argument(
         "--special",
         action=argparse.BooleanOptionalAction,
@@ -61,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("fuzz-failures"), help="folder for failing models")
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
     args = parser.parse_args(argv)
+    if args.max_depth < 0:
+        parser.error(f"--max-depth must be >= 0, not {args.max_depth}")
     logging.disable(
         logging.WARNING
     )  # rollbacks and pass-throughs are expected; the summary says what matters
@@ -72,8 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     for k in range(args.graphs):
         rng = np.random.default_rng([args.seed, k])
         case = build_graph(RngDraw(rng), rng)
-        outcome = check_case(case, k, kinds)
+        outcome = check_case(case, k, kinds, max_depth=args.max_depth, ort_optimizer=True)
         totals[outcome.status] += 1
+        if outcome.ort_input:
+            totals["ort_input"] += 1
+            if not args.quiet:
+                print(f"graph {args.seed}-{k}: not counted: {outcome.ort_input[:300]}")
         for op in set(case.ops):
             per_op[op]["graphs"] += 1
             per_op[op][outcome.status] += 1
@@ -86,18 +125,23 @@ def main(argv: list[str] | None = None) -> int:
             onnx.save(outcome.optimized, args.out / f"{stem}.optimized.onnx")
         if not args.quiet:
             where = f" on {outcome.kind} data" if outcome.kind else ""
-            print(f"graph {stem}: {outcome.status}{where}: {' -> '.join(case.ops)}: {outcome.detail[:300]}")
+            what = STATUS_TEXT[outcome.status]
+            print(f"graph {stem}: {what}{where}: {' -> '.join(case.ops)}: {outcome.detail[:300]}")
     seconds = time.perf_counter() - start
 
-    failed = totals["wrong"] + totals["exception"] + totals["invalid"]
+    failed = sum(totals[s] for s in STATUS_TEXT if s != "ok")
+    search = f"search depth {args.max_depth}" if args.max_depth else "no search"
     print(
-        f"{args.graphs} graphs (seed {args.seed}, data: {', '.join(kinds)}) in {seconds:.1f} s: "
-        f"{totals['wrong']} wrong outputs, {totals['exception']} exceptions, {totals['invalid']} invalid graphs"
+        f"{args.graphs} graphs (seed {args.seed}, {search}, data: {', '.join(kinds)}) in {seconds:.1f} s: "
+        f"{totals['wrong']} wrong outputs, {totals['exception']} exceptions, "
+        f"{totals['ort']} outputs the ORT optimizer refuses, {totals['invalid']} invalid graphs"
     )
-    print(f"{'op':<20}{'graphs':>8}{'wrong':>8}{'exceptions':>12}")
+    if totals["ort_input"]:
+        print(f"{totals['ort_input']} inputs ONNX Runtime's optimizer mishandles itself (not counted)")
+    print(f"{'op':<20}{'graphs':>8}{'wrong':>8}{'exceptions':>12}{'ORT refuses':>13}")
     for op in sorted(per_op):
         c = per_op[op]
-        print(f"{op:<20}{c['graphs']:>8}{c['wrong']:>8}{c['exception']:>12}")
+        print(f"{op:<20}{c['graphs']:>8}{c['wrong']:>8}{c['exception']:>12}{c['ort']:>13}")
     if failed:
         print(f"failing models written to {args.out}/")
     return 1 if failed else 0

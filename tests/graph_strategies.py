@@ -51,6 +51,8 @@ __all__ = [
     "build_graph",
     "graphs",
     "feeds",
+    "check_case",
+    "ort_optimizer_refusal",
 ]
 
 T = TypeVar("T")
@@ -821,19 +823,35 @@ def feeds(case: GraphCase, rng: np.random.Generator, kind: str) -> dict[str, np.
 DATA_KINDS = ("ordinary", "integer", "special")
 
 
+SEARCH_STATES = 2_000
+"""States one subprogram's search may generate when :func:`check_case` searches (random graphs are
+small: most searches at depth 3 generate a few hundred at most)."""
+SEARCH_STATES_PER_GRAPH = 6_000
+"""States the searches of one graph may generate together."""
+SEARCH_DEADLINE_S = 60.0
+"""Wall-clock seconds after which a graph's searches stop anyway (a safety net; the state budgets
+keep what is searched independent of the machine)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """What happened to one graph; ``detail`` says how.
 
     ``status``: ``ok``, ``wrong`` (an output differs), ``exception`` (einopt
-    raised, or its output does not load or run) or ``invalid`` (the generated
-    model itself does not run: a generator bug).
+    raised, or its output does not load or run), ``ort`` (ONNX Runtime's
+    graph optimizer refuses the output: it does not load or run at
+    ``ORT_ENABLE_ALL``, or computes something else there than unoptimized,
+    while the original passes the same check) or ``invalid`` (the generated
+    model itself does not run: a generator bug). ``ort_input`` says how ONNX
+    Runtime's optimizer mishandles the original model itself, when it does
+    and the output inherits that (not the output's failure).
     """
 
     status: str
     detail: str = ""
     kind: str = ""  # the data kind that showed a wrong output
     optimized: onnx.ModelProto | None = None
+    ort_input: str = ""
 
 
 def _unoptimized_session(model: onnx.ModelProto) -> Any:
@@ -854,17 +872,76 @@ def _unoptimized_session(model: onnx.ModelProto) -> Any:
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def check_case(case: GraphCase, seed: int, kinds: Sequence[str] = DATA_KINDS) -> Outcome:
+def _optimized_session(model: onnx.ModelProto) -> Any:
+    """An ONNX Runtime CPU session with every graph optimization on (``ORT_ENABLE_ALL``)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def ort_optimizer_refusal(
+    model: onnx.ModelProto, datasets: Sequence[tuple[str, dict[str, np.ndarray]]]
+) -> tuple[str, str] | None:
+    """How ONNX Runtime's graph optimizer mishandles ``model``, as ``(data kind, detail)``; None when
+    it loads it at ``ORT_ENABLE_ALL`` and computes what ``ORT_DISABLE_ALL`` computes on every data set
+    of ``datasets`` (``(kind, feeds)`` pairs; :func:`einopt.runtime.verify.compare`, default tolerance).
+    """
+    from einopt.runtime.verify import Tolerance, compare
+
+    names = [o.name for o in model.graph.output]
+    try:
+        session = _optimized_session(model)
+    except Exception as e:  # noqa: BLE001 - every refusal is reported
+        return "", f"does not load at ORT_ENABLE_ALL: {type(e).__name__}: {e}"
+    plain = _unoptimized_session(model)
+    for kind, data in datasets:
+        want = dict(zip(names, plain.run(names, data), strict=True))
+        try:
+            got = dict(zip(names, session.run(names, data), strict=True))
+        except Exception as e:  # noqa: BLE001
+            return kind, f"does not run at ORT_ENABLE_ALL: {type(e).__name__}: {e}"
+        c = compare(want, got, Tolerance())
+        if not c.ok:
+            return kind, f"differs between ORT_ENABLE_ALL and ORT_DISABLE_ALL: {c.message}"
+    return None
+
+
+def check_case(
+    case: GraphCase,
+    seed: int,
+    kinds: Sequence[str] = DATA_KINDS,
+    max_depth: int = 0,
+    ort_optimizer: bool = False,
+) -> Outcome:
     """``einopt.optimize`` with verification off, then the output against the original on every data kind.
 
     Equal means :func:`einopt.runtime.verify.compare` with the default tolerance:
-    NaN and infinity positions must match exactly.
+    NaN and infinity positions must match exactly. ``max_depth`` > 0 searches
+    every subprogram to that depth (without the measurement cache, within
+    :data:`SEARCH_STATES` states per subprogram, :data:`SEARCH_STATES_PER_GRAPH`
+    per graph and :data:`SEARCH_DEADLINE_S` seconds). With
+    ``ort_optimizer``, an output that passes is also loaded with ONNX
+    Runtime's graph optimizations on (:func:`ort_optimizer_refusal`): status
+    ``ort`` when it mishandles the output but not the original.
     """
     import einopt
     from einopt.runtime.verify import Tolerance, compare
 
+    options = einopt.Options(max_depth=max_depth, verify=False, accept="verified")
+    if max_depth:
+        options = dataclasses.replace(
+            options,
+            cache=False,
+            states_per_search=SEARCH_STATES,
+            states_per_model=SEARCH_STATES_PER_GRAPH,
+            deadline_s=SEARCH_DEADLINE_S,
+        )
     try:
-        result = einopt.optimize(case.model, einopt.Options(max_depth=0, verify=False, accept="verified"))
+        result = einopt.optimize(case.model, options)
     except Exception as e:  # noqa: BLE001 - the fuzzer reports every exception
         return Outcome("exception", f"{type(e).__name__}: {e}")
     names = [o.name for o in case.model.graph.output]
@@ -879,8 +956,10 @@ def check_case(case: GraphCase, seed: int, kinds: Sequence[str] = DATA_KINDS) ->
             "exception", f"the output does not load: {type(e).__name__}: {e}", optimized=result.model
         )
     rng = np.random.default_rng(seed)
+    datasets = []
     for kind in kinds:
         data = feeds(case, rng, kind)
+        datasets.append((kind, data))
         try:
             ref = dict(zip(names, original.run(names, data), strict=True))
         except Exception as e:  # noqa: BLE001
@@ -892,4 +971,11 @@ def check_case(case: GraphCase, seed: int, kinds: Sequence[str] = DATA_KINDS) ->
         c = compare(ref, got, Tolerance())
         if not c.ok:
             return Outcome("wrong", c.message, kind, result.model)
+    if ort_optimizer:
+        refused = ort_optimizer_refusal(result.model, datasets)
+        if refused is not None:
+            inherited = ort_optimizer_refusal(case.model, datasets)
+            if inherited is None:
+                return Outcome("ort", f"the output {refused[1]}", refused[0], result.model)
+            return Outcome("ok", optimized=result.model, ort_input=f"the original {inherited[1]}")
     return Outcome("ok", optimized=result.model)
