@@ -45,10 +45,11 @@ from einopt.rules.base import (
     TensorFacts,
 )
 from einopt.rules.derive import (
+    Apply,
     DerivationError,
     NotEquivalentError,
-    Step,
     Trace,
+    TraceStep,
     apply_rule,
     check_equivalent,
     derive,
@@ -66,8 +67,9 @@ __all__ = [
     "NO_CONTEXT",
     "TensorFacts",
     "get",
-    "Step",
+    "Apply",
     "Trace",
+    "TraceStep",
     "DerivationError",
     "NotEquivalentError",
     "apply_rule",

@@ -1,10 +1,12 @@
 """Derivations: named rules applied in sequence, each step checked numerically.
 
-A derivation is a list of :class:`Step` (a rule name, and which of its matches
-to take); :func:`derive` applies them one by one, checks every new program
-against the previous one with the reference interpreter
-(:func:`check_equivalent`), and records a readable :class:`Trace`: the rule,
-where it applied, what it did and the program after it, in the text syntax.
+A derivation is a list of :class:`Apply` requests (a rule name, and which of
+its matches to take); :func:`derive` applies them one by one, checks every new
+program against the previous one with the reference interpreter
+(:func:`check_equivalent`), and records a readable :class:`Trace` of
+:class:`TraceStep`: the rule, where it applied, what it did and the program
+after it, in the text syntax. The search records its derivations with the same
+:class:`TraceStep`, and the search cache keeps them without their programs.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from einopt.rules.base import NO_CONTEXT, Context, Failure, Match
 __all__ = [
     "DerivationError",
     "NotEquivalentError",
-    "Step",
+    "Apply",
     "Trace",
     "TraceStep",
     "apply_rule",
@@ -115,18 +117,19 @@ def check_equivalent(
 
 
 @dataclasses.dataclass(frozen=True)
-class Step:
-    """One step of a derivation: apply ``rule`` at ``at`` (a scope label), taking the
+class Apply:
+    """A requested derivation step: apply ``rule`` at ``at`` (a scope label), taking the
     match whose summary contains ``choose`` (the one whose summary *is* ``choose`` when several
-    contain it); each may be omitted when only one match is left."""
+    contain it); each may be omitted when only one match is left. What it did is a :class:`TraceStep`."""
 
     rule: str
     at: str | None = None
     choose: str | None = None
 
 
-def apply_rule(program: ir.Program, step: Step | str, ctx: Context = NO_CONTEXT) -> tuple[ir.Program, Match]:
-    """Apply one step to a program; exactly one match must fit the step.
+def apply_rule(program: ir.Program, step: Apply | str, ctx: Context = NO_CONTEXT) -> tuple[ir.Program, Match]:
+    """Apply one requested step (a rule name alone: its only match) to a program; exactly one match
+    must fit it.
 
     Raises
     ------
@@ -137,7 +140,7 @@ def apply_rule(program: ir.Program, step: Step | str, ctx: Context = NO_CONTEXT)
     from einopt.rules import get
 
     if isinstance(step, str):
-        step = Step(step)
+        step = Apply(step)
     rule = get(step.rule)
     found = list(rule.match(program, ctx))
     candidates = [
@@ -164,13 +167,25 @@ def apply_rule(program: ir.Program, step: Step | str, ctx: Context = NO_CONTEXT)
 
 @dataclasses.dataclass(frozen=True)
 class TraceStep:
-    """A rule application: which rule, where, what it did, and the program after it."""
+    """A rule applied: which rule, where (a scope or binding label), what it did, and what is known
+    of the program after it.
+
+    ``program`` is the program after the step (None where only the step is kept: a found program
+    read back from the search cache). ``phase`` is the search phase that took it (``"explore"``,
+    ``"converge"`` or ``"cleanup"``; ``""`` outside a search), ``checked`` the interpreter modes
+    :func:`derive` checked it in (``()`` when unchecked).
+    """
 
     rule: str
     where: str
     summary: str
-    program: ir.Program
-    checked: tuple[str, ...]
+    program: ir.Program | None = None
+    phase: str = ""
+    checked: tuple[str, ...] = ()
+
+    def text(self) -> str:
+        """``rule @ where: summary`` (without ``@ where`` when it has no place)."""
+        return f"{self.rule} @ {self.where}: {self.summary}" if self.where else f"{self.rule}: {self.summary}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,13 +220,14 @@ def _indent(text: str) -> str:
 
 def derive(
     program: ir.Program,
-    steps: Sequence[Step | str],
+    steps: Sequence[Apply | str],
     ctx: Context = NO_CONTEXT,
     *,
     verify: bool = True,
     seed: int = 0,
 ) -> Trace:
-    """Apply ``steps`` in order, checking each result against the program before it.
+    """Take the requested ``steps`` (:class:`Apply`, or a rule name alone) in order, checking each
+    result against the program before it.
 
     Raises
     ------
@@ -228,6 +244,6 @@ def derive(
                 checked = check_equivalent(current, new, ctx, seed=seed)
             except DerivationError as e:
                 raise NotEquivalentError(f"E{k} ({match}) is not equivalent: {e}") from None
-        taken.append(TraceStep(match.rule, match.where, match.summary, new, checked))
+        taken.append(TraceStep(match.rule, match.where, match.summary, new, checked=checked))
         current = new
     return Trace(program, tuple(taken))

@@ -22,7 +22,7 @@ import numpy as np
 from einopt.core import ir
 from einopt.core.parser import parse
 from einopt.rules.base import Context
-from einopt.rules.derive import Step, Trace, derive
+from einopt.rules.derive import Apply, Trace, derive
 
 __all__ = ["PaperDerivation", "DERIVATIONS"]
 
@@ -34,7 +34,7 @@ class PaperDerivation:
     name: str
     title: str
     text: str
-    steps: tuple[Step, ...]
+    steps: tuple[Apply, ...]
     weights: tuple[str, ...] = ()  # inputs that are model weights (known when instantiating)
     constants: Callable[[], dict[str, np.ndarray]] | None = None  # values constant-aware rules rely on
     assumed_finite: tuple[str, ...] = ()  # activations the derivation assumes finite (see Context)
@@ -69,8 +69,8 @@ def _seeded(shapes: dict[str, tuple[int, ...]], names: list[str]) -> dict[str, n
     return {n: rng.choice(_WEIGHT_VALUES, shapes[n]) for n in sorted(names)}
 
 
-def _s(rule: str, choose: str | None = None, at: str | None = None) -> Step:
-    return Step(rule, at, choose)
+def _s(rule: str, choose: str | None = None, at: str | None = None) -> Apply:
+    return Apply(rule, at, choose)
 
 
 _CONV3X3 = "L[h:6, w:5, f:4] Sum[r:3, s:3, c:3] A[h+r-1, w+s-1, c] * K[r, s, f, c] where A: [6, 5, 3], K: [3, 3, 4, 3]"
@@ -98,7 +98,7 @@ return Z
 where X: [1, 3, 5, 5], W: [4, 3, 1, 1], A: [4, 1, 1]"""
 
 
-def _phase_steps(part: str) -> tuple[Step, ...]:
+def _phase_steps(part: str) -> tuple[Apply, ...]:
     """Turn one residue part of a stride-2 ConvTranspose into a stride-1 2x2 convolution."""
     return (
         _s("substitute_variables", "split Sum kh by 2 into q, r", at=part),
@@ -135,7 +135,7 @@ return Z
 where X: [1, 4, 6, 6], W1: [2, 4, 3, 1], W2: [2, 4, 1, 3]"""
 
 
-def _merge(at: str, way: str) -> Step:
+def _merge(at: str, way: str) -> Apply:
     return _s("merge_expressions", way, at=at)
 
 

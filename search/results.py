@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from einopt.core import ir
+from einopt.rules.derive import TraceStep
 
 __all__ = ["SearchError", "TraceStep", "Candidate", "RuleStats", "Stats", "SearchResult"]
 
@@ -14,20 +15,11 @@ class SearchError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class TraceStep:
-    """One derivation step: the rule, where it applied, what it did, and the program after it
-    (in its normal form)."""
-
-    rule: str
-    where: str
-    summary: str
-    program: ir.Program
-    phase: str
-
-
-@dataclasses.dataclass(frozen=True)
 class Candidate:
     """A fully instantiable program equal to the input, with how it was derived and what it runs as.
+
+    ``trace`` is its derivation from the input, one :class:`~einopt.rules.TraceStep` per rule
+    applied, each with its search ``phase`` and the program after it (in its normal form).
 
     ``operators`` lists what it instantiates to: ONNX op types (layout ops
     included) and eOperators as ``"eop:NAME"``; scopes folded at compile time

@@ -7,7 +7,7 @@ import einopt
 from einopt.core import ir
 from einopt.core.interp import evaluate
 from einopt.core.rewrite import binding_program, put_binding
-from einopt.rules.derive import Step, apply_rule
+from einopt.rules.derive import Apply, apply_rule
 
 # A conv-like binding read by two later ones; y0 has a nonzero origin (t from -1), so reads of it
 # through a stand-in tensor must shift.
@@ -45,7 +45,7 @@ def test_putting_a_binding_back_gives_the_program():
 def test_a_derived_binding_goes_back_with_its_new_bindings():
     program = einopt.parse(PROGRAM)
     alone = binding_program(program, "y0")
-    derived, _ = apply_rule(alone, Step("split_expression", at="y0", choose="split t of y0 at 4"))
+    derived, _ = apply_rule(alone, Apply("split_expression", at="y0", choose="split t of y0 at 4"))
     assert len(derived.bindings) > 1
     out = put_binding(program, "y0", derived)
     assert out.outputs == program.outputs and len(out.bindings) > len(program.bindings)

@@ -10,7 +10,7 @@ from rules_support import Example, NearMiss, affine_index, apply_all, as_program
 
 from einopt.core import ir
 from einopt.core.interp import evaluate
-from einopt.rules import Step, derive, get
+from einopt.rules import Apply, derive, get
 
 PRELU = "L[n:2, c:3, h:4] max(X[n, c, h], 0) + A[c] * min(X[n, c, h], 0) where X: [2, 3, 4], A: [3]"
 # The same form with every operand order flipped.
@@ -269,7 +269,7 @@ def test_fsrcnn_prelu_becomes_two_convolutions_and_a_relu():
     ctx = context(consts)
     steps = [
         "rewrite_prelu_relu",
-        Step("fold_channel_scale", choose="fold A[f, 0, 0] into"),
+        Apply("fold_channel_scale", choose="fold A[f, 0, 0] into"),
         "fold_channel_scale",
     ]
     trace = derive(load(FSRCNN_BIASED), steps, ctx)

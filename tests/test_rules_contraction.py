@@ -9,7 +9,7 @@ from rules_support import Example, NearMiss, affine_index, apply_all, as_program
 from einopt.core import ir
 from einopt.core.parser import parse
 from einopt.core.rewrite import substitute_iters
-from einopt.rules import Step, derive, get
+from einopt.rules import Apply, derive, get
 
 GATES = "ifgo"
 
@@ -248,7 +248,7 @@ def test_contractions_of_unrelated_shape_are_not_candidates():
 
 def test_gates_then_concat_merge_share_the_concatenated_input():
     program = parse(lstm(GATES))
-    steps = [Step("merge_summations", f"pre_{g}") for g in GATES]
+    steps = [Apply("merge_summations", f"pre_{g}") for g in GATES]
     merged = derive(program, steps).result
     xh = {
         acc.source for g in GATES for acc in [merged.scope(f"pre_{g}").body.a] if isinstance(acc, ir.Access)
@@ -259,9 +259,9 @@ def test_gates_then_concat_merge_share_the_concatenated_input():
     fused = derive(
         merged,
         [
-            Step("merge_expressions", "pre_i, pre_f", "concat"),
-            Step("merge_expressions", "M, pre_g", "concat"),
-            Step("merge_expressions", "M1, pre_o", "concat"),
+            Apply("merge_expressions", "pre_i, pre_f", "concat"),
+            Apply("merge_expressions", "M, pre_g", "concat"),
+            Apply("merge_expressions", "M1, pre_o", "concat"),
         ],
     ).result
     check_result(program, fused)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from rules_support import load
 
-from einopt.rules import Context, DerivationError, Step, apply_rule, check_equivalent, derive
+from einopt.rules import Apply, Context, DerivationError, apply_rule, check_equivalent, derive
 
 CONV = "L[h:5, w:4, f:2] Sum[r:3, s:3, c:2] A[h+r-1, w+s-1, c] * K[r, s, f, c] where A: [5, 4, 2], K: [3, 3, 2, 2]"
 
@@ -51,15 +51,15 @@ def test_apply_rule_needs_exactly_one_match():
     with pytest.raises(DerivationError, match="6 matches") as e:
         apply_rule(p, "split_summation")
     assert "Sum[r, s] outside, Sum[c] inside" in str(e.value)
-    new, match = apply_rule(p, Step("split_summation", at="Y", choose="Sum[c] inside"))
+    new, match = apply_rule(p, Apply("split_summation", at="Y", choose="Sum[c] inside"))
     assert match.rule == "split_summation" and new is not p
     with pytest.raises(DerivationError, match="no match"):
-        apply_rule(p, Step("split_summation", at="Z"))
+        apply_rule(p, Apply("split_summation", at="Z"))
 
 
 def test_derive_records_a_checked_trace():
     p = load(CONV)
-    trace = derive(p, [Step("split_summation", choose="Sum[c] inside")])
+    trace = derive(p, [Apply("split_summation", choose="Sum[c] inside")])
     assert trace.start is p and len(trace.steps) == 1
     assert trace.steps[0].checked == ("float64", "int")
     text = trace.format()

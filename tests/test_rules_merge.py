@@ -14,7 +14,7 @@ from einopt.core import ir
 from einopt.core.interp import evaluate
 from einopt.core.parser import parse
 from einopt.frontend.importers import translate_single_node
-from einopt.rules import Step, derive, get
+from einopt.rules import Apply, derive, get
 
 GCN = """Y1 = L[i:3, f:4] Sum[k:5] X[i, k] * W1[k, f]
 Y2 = L[i:3, f:6] Sum[k:5] X[i, k] * W2[k, f]
@@ -111,9 +111,9 @@ def test_four_gates_merge_in_three_concat_steps():
     trace = derive(
         program,
         [
-            Step("merge_expressions", "G0, G1", "concat"),
-            Step("merge_expressions", "M, G2", "concat"),
-            Step("merge_expressions", "M1, G3", "concat"),
+            Apply("merge_expressions", "G0, G1", "concat"),
+            Apply("merge_expressions", "M, G2", "concat"),
+            Apply("merge_expressions", "M1, G3", "concat"),
         ],
     )
     result = trace.result
@@ -155,16 +155,16 @@ def _conv_transpose_program() -> ir.Program:
     return program
 
 
-def phase_steps(y: str, h: str = "h", w: str = "w") -> list[Step]:
+def phase_steps(y: str, h: str = "h", w: str = "w") -> list[Apply]:
     """ConvTranspose stride 2 -> four phase convolutions -> one convolution over (phase, position)."""
     return [
-        Step("split_expression", y, f"split {h} of {y} by residue 2"),
-        Step("split_expression", f"{y}0", f"split {w} of {y}0 by residue 2"),
-        Step("split_expression", f"{y}1", f"split {w} of {y}1 by residue 2"),
-        Step("merge_expressions", f"{y}00, {y}01"),
-        Step("merge_expressions", f"{y}10, {y}11"),
-        Step("merge_expressions", "M, M1"),
-        Step("merge_expressions", f"{y}0, {y}1"),
+        Apply("split_expression", y, f"split {h} of {y} by residue 2"),
+        Apply("split_expression", f"{y}0", f"split {w} of {y}0 by residue 2"),
+        Apply("split_expression", f"{y}1", f"split {w} of {y}1 by residue 2"),
+        Apply("merge_expressions", f"{y}00, {y}01"),
+        Apply("merge_expressions", f"{y}10, {y}11"),
+        Apply("merge_expressions", "M, M1"),
+        Apply("merge_expressions", f"{y}0, {y}1"),
     ]
 
 

@@ -53,14 +53,14 @@ def rules(names: tuple[str, ...], family: str | None) -> None:
 
 
 def _parse_step(spec: str):
-    """``RULE[@WHERE][:CHOOSE]`` -> a Step."""
-    from einopt.rules import Step
+    """``RULE[@WHERE][:CHOOSE]`` -> the requested step (an :class:`~einopt.rules.Apply`)."""
+    from einopt.rules import Apply
 
     head, _, choose = spec.partition(":")
     rule, _, at = head.partition("@")
     if not rule.strip():
         raise CliError(f"bad --step {spec!r}: expected RULE[@WHERE][:TEXT]", "bad_input")
-    return Step(rule.strip(), at.strip() or None, choose.strip() or None)
+    return Apply(rule.strip(), at.strip() or None, choose.strip() or None)
 
 
 def _as_program(node: Scope | Program) -> Program:

@@ -40,6 +40,7 @@ from einopt.instantiate.plan import (
     Context,
     DepthToSpace,
     Expand,
+    LayoutStep,
     Literal,
     Match,
     Pad,
@@ -47,7 +48,6 @@ from einopt.instantiate.plan import (
     Scale,
     Slice,
     SpaceToDepth,
-    Step,
     Transpose,
 )
 
@@ -444,7 +444,7 @@ class _Emitter:
             self.key_of[out] = key
         return out
 
-    def steps(self, name: str, steps: tuple[Step, ...]) -> str:
+    def steps(self, name: str, steps: tuple[LayoutStep, ...]) -> str:
         for st in steps:
             value = self.known.get(name)
             if isinstance(value, _Shaped):

@@ -38,12 +38,12 @@ from einopt.instantiate.plan import (
     NO_CONTEXT,
     Context,
     Failure,
+    LayoutStep,
     Literal,
     Match,
     Operand,
     OpNode,
     Scale,
-    Step,
     Transpose,
     normalize,
     steps_cost,
@@ -117,7 +117,9 @@ def _contraction(scope: ir.Scope, need_sum: bool = True) -> _Contraction | Failu
     return _Contraction(scale, tuple(views), scope.traversal, scope.summation)
 
 
-def _with_scale(steps: tuple[Step, ...], scale: float, shape: tuple[int, ...]) -> tuple[Step, ...]:
+def _with_scale(
+    steps: tuple[LayoutStep, ...], scale: float, shape: tuple[int, ...]
+) -> tuple[LayoutStep, ...]:
     return normalize(steps + (Scale(scale),), shape)
 
 

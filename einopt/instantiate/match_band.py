@@ -39,6 +39,7 @@ from einopt.instantiate.plan import (
     NO_CONTEXT,
     Context,
     Failure,
+    LayoutStep,
     Literal,
     Match,
     Operand,
@@ -47,7 +48,6 @@ from einopt.instantiate.plan import (
     Reshape,
     Scale,
     Slice,
-    Step,
     Transpose,
     normalize,
 )
@@ -166,7 +166,7 @@ def match_band(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
     assert cols is not None
     # A: [Bt, L, X] -> rows padded to d*M -> [Bt*d, nc, Bk, X] (residues into the batch)
     X = inner.extent
-    a_steps: list[Step] = [
+    a_steps: list[LayoutStep] = [
         *f.plain.steps,
         *arrange(f.plain.labels, f.plain.shape, [f.batch, (f.i,), (inner,)]),
     ]
@@ -182,7 +182,7 @@ def match_band(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
     # B: [Bt, R, Y] -> rows padded to d*(M + W - 1) -> [Bt*d, M + W - 1, Y]
     Y = cols.extent
     R = f.rows.extent
-    b_steps: list[Step] = [
+    b_steps: list[LayoutStep] = [
         *f.banded.steps,
         *arrange(f.banded.labels, f.banded.shape, [f.batch, (f.rows,), (cols,)]),
     ]
@@ -197,7 +197,7 @@ def match_band(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
     if f.kind == "G2BMM":
         ops = (gather, OpNode("Transpose", (3,), (("perm", (0, 1, 3, 2)),)), OpNode("MatMul", (0, 4)))
         # [Bt*d, nc, Bk, J] -> the strip S[e, e + w] -> [Bt*d, nc, Bk, W]
-        post: list[Step] = [
+        post: list[LayoutStep] = [
             Reshape((Bt * d, nc, Bk * J)),
             Pad((0, 0, 0, 0, 0, Bk)),
             Reshape((Bt * d, nc, Bk, J + 1)),
@@ -217,7 +217,7 @@ def match_band(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
     return Match(f.kind, operands, ops, normalize(post, (Bt * d, nc, Bk, J if f.kind == "G2BMM" else Y)))
 
 
-def _residues(Bt: int, n: int, padded: int, d: int, X: int, out: tuple[int, ...]) -> list[Step]:
+def _residues(Bt: int, n: int, padded: int, d: int, X: int, out: tuple[int, ...]) -> list[LayoutStep]:
     """``[Bt, n, X]`` with rows ``d*a + r`` zero-padded to ``padded >= n`` rows, residues ``r``
     moved into the batch: ``out`` (``[Bt*d, ..., X]``, rows ``a`` in order)."""
     pad = [Pad((0, 0, 0, 0, padded - n, 0))] if padded > n else []

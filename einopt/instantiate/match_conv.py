@@ -43,13 +43,13 @@ from einopt.instantiate.plan import (
     Context,
     Expand,
     Failure,
+    LayoutStep,
     Match,
     Operand,
     OpNode,
     Pad,
     Scale,
     Slice,
-    Step,
     normalize,
     steps_shape,
 )
@@ -84,7 +84,7 @@ class _Core:
     attrs: tuple[tuple[str, object], ...]
     f: ir.Iter | None
     out_groups: tuple[tuple[ir.Iter, ...], ...]
-    out_steps: tuple[Step, ...]  # on the raw result, before ``finish`` (ConvTranspose's zero margins)
+    out_steps: tuple[LayoutStep, ...]  # on the raw result, before ``finish`` (ConvTranspose's zero margins)
     raw_shape: tuple[int, ...]  # the operator's output shape
     consumes: tuple[ir.Scope, ...] = ()
 
@@ -248,7 +248,7 @@ def _weight_view(w: ir.Access) -> View | Failure:
     return view
 
 
-def _flip(labels: Sequence[Hashable], ks: list[ir.Iter]) -> tuple[Step, ...]:
+def _flip(labels: Sequence[Hashable], ks: list[ir.Iter]) -> tuple[LayoutStep, ...]:
     """Reverse the weight (dimensions ``labels``) along kernel iterators ``ks``."""
     if not ks:
         return ()
@@ -330,7 +330,7 @@ def _x_operand(
         return Failure(
             f"the input has {shape[channel.dim]} channels, not groups * Cg = {channel.groups * channel.cg}"
         )
-    steps: list[Step] = []
+    steps: list[LayoutStep] = []
     if slices:
         dims, starts, ends, stps = zip(*sorted(slices), strict=True)
         steps.append(Slice(starts, ends, dims, stps))
@@ -605,7 +605,7 @@ def _conv_transpose_attempt(
     if any(out_pads):
         attrs.append(("output_padding", tuple(out_pads)))
     out_groups = (tuple(batch), (f,) if f else ()) + tuple((sp.o,) for sp in spatial)
-    out_steps: tuple[Step, ...] = ()
+    out_steps: tuple[LayoutStep, ...] = ()
     if any(lead) or any(trail):
         out_steps = (Pad((0, 0, *lead, 0, 0, *trail)),)
     raw = tuple(_size(g) for g in out_groups[:2]) + tuple(

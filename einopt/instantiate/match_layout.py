@@ -26,13 +26,13 @@ from einopt.instantiate.plan import (
     Context,
     DepthToSpace,
     Failure,
+    LayoutStep,
     Literal,
     Match,
     Operand,
     OpNode,
     Reshape,
     SpaceToDepth,
-    Step,
     Transpose,
     normalize,
 )
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 CHECK_LIMIT = 1 << 22
 
 
-def step_label(steps: Sequence[Step]) -> str:
+def step_label(steps: Sequence[LayoutStep]) -> str:
     """``"Slice+Transpose"`` for the steps' operator types (``"Identity"`` for none)."""
     return "+".join(type(st).__name__ for st in steps) or "Identity"
 
@@ -96,7 +96,7 @@ def match_flatten(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure
     return Match("Flatten", (Operand(operand.source),), (op,))
 
 
-def layout_plan(traversal: Sequence[ir.Iter], acc: ir.Access) -> tuple[Step, ...] | Failure:
+def layout_plan(traversal: Sequence[ir.Iter], acc: ir.Access) -> tuple[LayoutStep, ...] | Failure:
     """Steps computing ``L traversal: acc`` from ``acc.source``, checked against the index map."""
     src_shape = tuple(acc.source.shape)
     out_shape = tuple(t.extent for t in traversal)
@@ -127,7 +127,7 @@ def layout_plan(traversal: Sequence[ir.Iter], acc: ir.Access) -> tuple[Step, ...
 # Candidates for index maps that are not simple views
 # --------------------------------------------------------------------------
 
-Candidate = Callable[[tuple[int, ...], tuple[int, ...], np.ndarray], tuple[Step, ...] | None]
+Candidate = Callable[[tuple[int, ...], tuple[int, ...], np.ndarray], tuple[LayoutStep, ...] | None]
 
 
 def _bijective(m: np.ndarray, size: int) -> bool:
@@ -150,18 +150,22 @@ def _deduce_perm(m: np.ndarray, shape: tuple[int, ...]) -> tuple[int, ...] | Non
     return tuple(moving) + tuple(a for a, n in enumerate(shape) if n == 1)
 
 
-def _reshape(src: tuple[int, ...], out: tuple[int, ...], m: np.ndarray) -> tuple[Step, ...] | None:
+def _reshape(src: tuple[int, ...], out: tuple[int, ...], m: np.ndarray) -> tuple[LayoutStep, ...] | None:
     return (Reshape(out),) if math.prod(src) == math.prod(out) else None
 
 
-def _transpose_reshape(src: tuple[int, ...], out: tuple[int, ...], m: np.ndarray) -> tuple[Step, ...] | None:
+def _transpose_reshape(
+    src: tuple[int, ...], out: tuple[int, ...], m: np.ndarray
+) -> tuple[LayoutStep, ...] | None:
     if not _bijective(m, math.prod(src)):
         return None
     perm = _deduce_perm(m, src)
     return None if perm is None else (Transpose(perm), Reshape(out))
 
 
-def _reshape_transpose(src: tuple[int, ...], out: tuple[int, ...], m: np.ndarray) -> tuple[Step, ...] | None:
+def _reshape_transpose(
+    src: tuple[int, ...], out: tuple[int, ...], m: np.ndarray
+) -> tuple[LayoutStep, ...] | None:
     size = math.prod(src)
     if not _bijective(m, size):
         return None
@@ -185,14 +189,16 @@ def _block(depth: tuple[int, ...], space: tuple[int, ...]) -> int | None:
 
 
 def _depth_to_space(mode: str) -> Candidate:
-    def candidate(src: tuple[int, ...], out: tuple[int, ...], m: np.ndarray) -> tuple[Step, ...] | None:
+    def candidate(src: tuple[int, ...], out: tuple[int, ...], m: np.ndarray) -> tuple[LayoutStep, ...] | None:
         b = _block(src, out)
         return None if b is None else (DepthToSpace(b, mode),)
 
     return candidate
 
 
-def _space_to_depth(src: tuple[int, ...], out: tuple[int, ...], m: np.ndarray) -> tuple[Step, ...] | None:
+def _space_to_depth(
+    src: tuple[int, ...], out: tuple[int, ...], m: np.ndarray
+) -> tuple[LayoutStep, ...] | None:
     b = _block(out, src)
     return None if b is None else (SpaceToDepth(b),)
 

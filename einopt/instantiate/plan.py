@@ -3,9 +3,10 @@
 A :class:`Match` describes how to compute one scope with ONNX operators:
 ``operands`` (a tensor, scope or literal array read through layout ``steps``),
 ``ops`` (operator nodes over operands and earlier ops) and ``post`` (layout
-steps on the result). Steps are small frozen records with a numpy meaning
-(``apply``), so a constant operand is transformed at compile time and a layout
-plan can be checked against the scope's integer index map.
+steps on the result). A :class:`LayoutStep` (Slice, Pad, Transpose, ...) is a
+small frozen record with a numpy meaning (``apply``), so a constant operand is
+transformed at compile time and a layout plan can be checked against the
+scope's integer index map.
 
 
 The analyses that build plans (views of accesses, arranging dimensions,
@@ -24,7 +25,7 @@ import numpy as np
 from einopt.core import ir
 
 __all__ = [
-    "Step",
+    "LayoutStep",
     "Slice",
     "Pad",
     "Transpose",
@@ -53,7 +54,7 @@ __all__ = [
 # --------------------------------------------------------------------------
 
 
-class Step:
+class LayoutStep:
     """A layout (or scaling) transformation of one array, with a numpy meaning."""
 
     __slots__ = ()
@@ -67,7 +68,7 @@ class Step:
 
 
 @dataclasses.dataclass(frozen=True)
-class Slice(Step):
+class Slice(LayoutStep):
     """ONNX ``Slice`` with non-negative starts (an end of ``-(n+1)`` runs to the start)."""
 
     starts: tuple[int, ...]
@@ -89,7 +90,7 @@ class Slice(Step):
 
 
 @dataclasses.dataclass(frozen=True)
-class Pad(Step):
+class Pad(LayoutStep):
     """ONNX ``Pad`` with zeros; ``pads`` is all befores then all afters."""
 
     pads: tuple[int, ...]
@@ -104,7 +105,7 @@ class Pad(Step):
 
 
 @dataclasses.dataclass(frozen=True)
-class Transpose(Step):
+class Transpose(LayoutStep):
     perm: tuple[int, ...]
 
     def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -115,7 +116,7 @@ class Transpose(Step):
 
 
 @dataclasses.dataclass(frozen=True)
-class Reshape(Step):
+class Reshape(LayoutStep):
     shape: tuple[int, ...]
 
     def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -128,7 +129,7 @@ class Reshape(Step):
 
 
 @dataclasses.dataclass(frozen=True)
-class Expand(Step):
+class Expand(LayoutStep):
     """Broadcast size-1 dimensions to ``shape``."""
 
     shape: tuple[int, ...]
@@ -141,7 +142,7 @@ class Expand(Step):
 
 
 @dataclasses.dataclass(frozen=True)
-class Scale(Step):
+class Scale(LayoutStep):
     """Multiply by a constant (a ``Mul``; folded into constant operands)."""
 
     factor: float
@@ -154,7 +155,7 @@ class Scale(Step):
 
 
 @dataclasses.dataclass(frozen=True)
-class DepthToSpace(Step):
+class DepthToSpace(LayoutStep):
     blocksize: int
     mode: str  # "DCR" or "CRD"
 
@@ -174,7 +175,7 @@ class DepthToSpace(Step):
 
 
 @dataclasses.dataclass(frozen=True)
-class SpaceToDepth(Step):
+class SpaceToDepth(LayoutStep):
     blocksize: int
 
     def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -189,22 +190,22 @@ class SpaceToDepth(Step):
         return t.reshape(self.out_shape(arr.shape))
 
 
-def steps_shape(steps: Iterable[Step], shape: tuple[int, ...]) -> tuple[int, ...]:
+def steps_shape(steps: Iterable[LayoutStep], shape: tuple[int, ...]) -> tuple[int, ...]:
     for st in steps:
         shape = st.out_shape(shape)
     return shape
 
 
-def apply_steps(steps: Iterable[Step], arr: np.ndarray, fill: Any = 0) -> np.ndarray:
+def apply_steps(steps: Iterable[LayoutStep], arr: np.ndarray, fill: Any = 0) -> np.ndarray:
     for st in steps:
         arr = st.apply(arr, fill)
     return arr
 
 
-def normalize(steps: Iterable[Step], shape: tuple[int, ...]) -> tuple[Step, ...]:
+def normalize(steps: Iterable[LayoutStep], shape: tuple[int, ...]) -> tuple[LayoutStep, ...]:
     """Equal steps without no-ops: identity transposes and reshapes, chained reshapes merged,
     chained transposes composed, transposes that only move size-1 dimensions turned into reshapes."""
-    out: list[tuple[Step, tuple[int, ...]]] = []  # (step, its input shape)
+    out: list[tuple[LayoutStep, tuple[int, ...]]] = []  # (step, its input shape)
     cur = tuple(shape)
     for st in steps:
         nxt = st.out_shape(cur)
@@ -244,7 +245,7 @@ _STEP_COST: dict[type, float] = {
 }
 
 
-def steps_cost(steps: Sequence[Step], constant: bool) -> float:
+def steps_cost(steps: Sequence[LayoutStep], constant: bool) -> float:
     """How much ``steps`` cost: nodes at run time, or a (small) new initializer when constant."""
     if constant:
         return 0.01 * bool(steps)
@@ -275,7 +276,7 @@ class Operand:
     """An operator input: ``source`` read through ``steps``."""
 
     source: Source
-    steps: tuple[Step, ...] = ()
+    steps: tuple[LayoutStep, ...] = ()
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -303,7 +304,7 @@ class Match:
     op_type: str
     operands: tuple[Operand, ...]
     ops: tuple[OpNode, ...] = ()
-    post: tuple[Step, ...] = ()
+    post: tuple[LayoutStep, ...] = ()
     consumes: tuple[ir.Scope, ...] = ()
 
     @property
@@ -312,7 +313,7 @@ class Match:
         return dict(self.ops[-1].attrs) if self.ops else {}
 
     @property
-    def steps(self) -> tuple[Step, ...]:
+    def steps(self) -> tuple[LayoutStep, ...]:
         """Layout steps of a pure layout match (operand 0's steps, then ``post``)."""
         return (self.operands[0].steps if not self.ops else ()) + self.post
 

@@ -30,12 +30,12 @@ from einopt.instantiate.plan import (
     Context,
     Expand,
     Failure,
+    LayoutStep,
     Literal,
     Pad,
     Reshape,
     Slice,
     Source,
-    Step,
     Transpose,
     apply_steps,
     normalize,
@@ -172,7 +172,7 @@ class View:
 
     source: ir.Tensor | ir.Scope | Literal
     labels: tuple[ir.Iter, ...]
-    steps: tuple[Step, ...]
+    steps: tuple[LayoutStep, ...]
     valid: tuple[tuple[int, int] | None, ...]
 
     @property
@@ -288,7 +288,7 @@ def _simple_view(acc: ir.Access) -> View | Failure:
             continue
         shown = ", ".join(it.name for it in its)
         return Failure(f"dimensions {dims} of {name} read iterators {shown} jointly: not a view")
-    steps: list[Step] = []
+    steps: list[LayoutStep] = []
     if len(mid_shape) != len(shape):
         steps.append(Reshape(tuple(mid_shape)))
     if slices:
@@ -444,7 +444,7 @@ def _split(idx: ir.IndexExpr, origin: int, name: str) -> tuple[list[ir.Iter], in
 
 def arrange(
     labels: Sequence[Hashable], shape: Sequence[int], groups: Sequence[Sequence[Hashable]]
-) -> tuple[Step, ...]:
+) -> tuple[LayoutStep, ...]:
     """Steps from dimensions ``labels`` to one dimension per group (row-major merge; () -> size 1).
 
     Every label must be in exactly one group, except size-1 dimensions, which may be dropped.
@@ -461,7 +461,7 @@ def arrange(
     return normalize((Transpose(perm), Reshape(target)), shape)
 
 
-def finish(groups: Sequence[Sequence[ir.Iter]], traversal: Sequence[ir.Iter]) -> tuple[Step, ...]:
+def finish(groups: Sequence[Sequence[ir.Iter]], traversal: Sequence[ir.Iter]) -> tuple[LayoutStep, ...]:
     """Steps from a result with one dimension per group to the scope's traversal layout."""
     shape = tuple(math.prod(it.extent for it in g) for g in groups)
     labels = [it for g in groups for it in g]
@@ -491,14 +491,14 @@ def index_map(traversal: Sequence[ir.Iter], acc: ir.Access) -> np.ndarray:
     return np.broadcast_to(np.where(ok, flat, -1), out_shape)
 
 
-def plan_map(shape: tuple[int, ...], steps: Sequence[Step]) -> np.ndarray:
+def plan_map(shape: tuple[int, ...], steps: Sequence[LayoutStep]) -> np.ndarray:
     """The index map of ``steps`` applied to a source of ``shape`` (-1 for inserted zeros)."""
     return apply_steps(steps, np.arange(math.prod(shape), dtype=np.int64).reshape(shape), fill=-1)
 
 
 def to_traversal(
     labels: Sequence[ir.Iter], shape: Sequence[int], traversal: Sequence[ir.Iter]
-) -> tuple[Step, ...]:
+) -> tuple[LayoutStep, ...]:
     """Steps from dimensions labelled by iterators to the traversal layout (Expand for unread ones)."""
     steps = list(arrange(labels, shape, [(t,) if t in labels else () for t in traversal]))
     if any(t not in labels and t.extent > 1 for t in traversal):

@@ -34,6 +34,7 @@ import numpy as np
 
 from einopt.core import ir
 from einopt.core.rewrite import binding_program, put_binding, rename_tensors
+from einopt.rules.derive import TraceStep
 from einopt.runtime.cache import MeasurementCache
 from einopt.search.budget import Budget
 from einopt.stages.searchruns import Allowance, Progress, RayUnavailable, Runs, Task, finished
@@ -42,7 +43,6 @@ from einopt.stages.searchsettings import DEFAULT_BUDGET, Settings
 __all__ = [
     "DEFAULT_BUDGET",
     "Settings",
-    "Step",
     "Found",
     "PartSearch",
     "Progress",
@@ -55,23 +55,11 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
-class Step:
-    """One derivation step of a found program: the rule, where it applied, and what it did."""
-
-    rule: str
-    where: str
-    summary: str
-
-    def text(self) -> str:
-        return f"{self.rule} @ {self.where}: {self.summary}" if self.where else f"{self.rule}: {self.summary}"
-
-
-@dataclasses.dataclass(frozen=True)
 class Found:
     """A program the search found equal to a subprogram, in that subprogram's names."""
 
     program: ir.Program
-    trace: tuple[Step, ...]
+    trace: tuple[TraceStep, ...]  # without their programs (the search cache keeps none)
     operators: tuple[str, ...]
     predicted_s: (
         float  # seconds: the search's analytic estimate, or measured operators' (einopt.stages.predict)
@@ -321,7 +309,7 @@ def _with_pieces(
             try:
                 program = put_binding(part.program, binding, f.program)
                 steps = tuple(
-                    Step(s.rule, _relabel(s.where, labels), _relabel(s.summary, labels)) for s in f.trace
+                    TraceStep(s.rule, _relabel(s.where, labels), _relabel(s.summary, labels)) for s in f.trace
                 )
                 found.append(_costed(program, steps, part.constants))
             except (ir.IRError, ValueError) as e:
@@ -342,7 +330,7 @@ def _with_pieces(
     return dataclasses.replace(search, found=tuple(unique), stats=stats, seconds=round(seconds, 3))
 
 
-def _costed(program: ir.Program, trace: tuple[Step, ...], constants: Mapping[str, np.ndarray]) -> Found:
+def _costed(program: ir.Program, trace: tuple[TraceStep, ...], constants: Mapping[str, np.ndarray]) -> Found:
     """``program`` as a found program, costed as the search costs its candidates."""
     from einopt.search.candidates import analytic, operators
     from einopt.stages.export import program_model, weight_names
@@ -411,7 +399,7 @@ def _part_search(value: dict | None, names: Mapping[str, str], cached: bool, sam
         except (ir.IRError, ValueError) as e:  # a found name that clashes with the part's: skip it
             log.info("a stored candidate does not rename back: %s", e)
             continue
-        steps = tuple(Step(*s) for s in f["trace"])
+        steps = tuple(TraceStep(*s) for s in f["trace"])
         found.append(
             Found(program, steps, tuple(f["operators"]), float(f["predicted_s"]), work=tuple(f["work"]))
         )

@@ -73,7 +73,7 @@ class Candidate:
         t = self.measured
         return {
             "depth": self.found.depth,
-            "trace": [dataclasses.asdict(s) for s in self.found.trace],
+            "trace": [{"rule": s.rule, "where": s.where, "summary": s.summary} for s in self.found.trace],
             "operators": list(self.found.operators),
             "predicted_s": self.found.predicted_s,
             "estimated_s": self.found.estimated_s,
