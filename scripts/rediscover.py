@@ -2,6 +2,7 @@
 
     python scripts/rediscover.py                      # paper sizes, default depths, 120 s per case
     python scripts/rediscover.py --size small --budget 30
+    python scripts/rediscover.py --max-states 20000   # at most 20,000 states per case (any machine)
     python scripts/rediscover.py --converge-depth 0   # converging derivation off
     python scripts/rediscover.py --jobs 2             # both cores (same candidates, see search's jobs)
 
@@ -28,21 +29,26 @@ from rich.table import Table
 
 from einopt.examples.rediscover import CASES
 from einopt.rules import check_equivalent
-from einopt.search import DEFAULT_CONVERGE_DEPTH, DEFAULT_MAX_DEPTH, search
+from einopt.search import DEFAULT_CONVERGE_DEPTH, DEFAULT_MAX_DEPTH, Budget, search
 
 
 @click.command()
 @click.option("--size", type=click.Choice(["full", "small"]), default="full", show_default=True)
-@click.option("--budget", type=float, default=120.0, show_default=True, help="Seconds per case.")
+@click.option(
+    "--budget", type=float, default=120.0, show_default=True, help="Seconds per case (a wall-clock deadline)."
+)
+@click.option("--max-states", type=click.IntRange(min=1), help="States generated per case, at most.")
 @click.option("--max-depth", type=int, default=DEFAULT_MAX_DEPTH, show_default=True)
 @click.option("--converge-depth", type=int, default=DEFAULT_CONVERGE_DEPTH, show_default=True)
 @click.option("--case", "only", multiple=True, type=click.Choice(sorted(CASES)), help="Only these cases.")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Search processes.")
 @click.option("--json", "as_json", type=click.Path(dir_okay=False), help="Also write the rows as JSON.")
-def main(size, budget, max_depth, converge_depth, only, jobs, as_json) -> None:
+def main(size, budget, max_states, max_depth, converge_depth, only, jobs, as_json) -> None:
     console = Console() if sys.stdout.isatty() else Console(width=220)
+    states = f", {max_states:,} states" if max_states else ""
     table = Table(
-        title=f"Rediscovery ({size} size, depth {max_depth}/{converge_depth}, {budget:g} s per case, jobs {jobs})"
+        title=f"Rediscovery ({size} size, depth {max_depth}/{converge_depth}, {budget:g} s{states} per case, "
+        f"jobs {jobs})"
     )
     for col in (
         "case",
@@ -68,9 +74,8 @@ def main(size, budget, max_depth, converge_depth, only, jobs, as_json) -> None:
         r = search(
             program,
             ctx=ctx,
-            max_depth=max_depth,
+            budget=Budget(max_depth=max_depth, states_per_search=max_states, deadline_s=budget),
             converge_depth=converge_depth,
-            time_budget=budget,
             jobs=jobs,
             max_candidates=10_000,
         )
@@ -100,6 +105,7 @@ def main(size, budget, max_depth, converge_depth, only, jobs, as_json) -> None:
             "avoided_fraction": round(s.avoided_fraction, 4),
             "seconds": round(s.seconds, 2),
             "complete": s.complete,
+            "stopped": s.stopped,
             "states_per_second": round(s.generated / s.seconds) if s.seconds else None,
             "jobs": jobs,
             "load_average": os.getloadavg()[0],
@@ -115,7 +121,7 @@ def main(size, budget, max_depth, converge_depth, only, jobs, as_json) -> None:
             f"{s.pruned:,}",
             f"{s.pruned_fraction:.0%}",
             f"{s.avoided_fraction:.1%} of {s.considered:,}",
-            f"{s.seconds:.1f}" + ("" if s.complete else " (budget)"),
+            f"{s.seconds:.1f}" + (f" ({s.stopped})" if s.stopped else ""),
             f"{row['states_per_second']:,}" if row["states_per_second"] else "-",
             einnet,
         )

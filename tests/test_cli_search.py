@@ -109,11 +109,40 @@ def test_quiet_prints_nothing():
     assert result.stdout == ""
 
 
-def test_time_budget_returns_what_was_found():
+def test_max_states_returns_what_was_found_by_then():
+    # conv3x3_offset_reduce generates 656 states to depth 4
+    args = ("search", "--example", "conv3x3_offset_reduce", "--max-depth", 4, "--max-states", 120)
+    result = run(*args, "--json")
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.stdout)["stats"]
+    assert (stats["generated"], stats["complete"], stats["stopped"]) == (120, False, "states")
+    text = run(*args)
+    assert "the search stopped at its --max-states" in text.stdout
+
+
+def test_max_states_gives_the_same_candidates_with_jobs():
+    args = (
+        "search",
+        "--example",
+        "conv3x3_offset_reduce",
+        "--max-depth",
+        4,
+        "--max-states",
+        300,
+        "--top",
+        10,
+    )
+    args += ("--json",)
+    one, two = (json.loads(run(*args, "--jobs", jobs).stdout) for jobs in (1, 2))
+    assert one["candidates"] == two["candidates"]
+    assert one["stats"]["generated"] == two["stats"]["generated"] == 300
+
+
+def test_time_budget_is_a_safety_net_that_says_so():
     result = run("search", "--example", "conv3x3", "--max-depth", 5, "--time-budget", 1e-6, "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert data["stats"]["complete"] is False
+    assert (data["stats"]["complete"], data["stats"]["stopped"]) == (False, "deadline")
     assert [c["depth"] for c in data["candidates"]] == [0]  # only the input, costed before any step
 
 
@@ -183,6 +212,7 @@ def test_help_states_the_search_defaults():
         (["-e", MATMUL, "--jobs", "-3"], "usage", "--jobs"),
         (["-e", MATMUL, "--time-budget", "0"], "usage", "--time-budget must be positive"),
         (["-e", MATMUL, "--time-budget", "-5"], "usage", "--time-budget must be positive"),
+        (["-e", MATMUL, "--max-states", "0"], "usage", "--max-states must be a positive integer"),
         (["-e", MATMUL, "--top", "0"], "usage", "--top must be at least 1"),
         (["-e", MATMUL, "--onnx", "/nonexistent/dir/out.onnx"], "bad_input", "does not exist"),
     ],

@@ -19,13 +19,14 @@ from einopt.cli.source import load_node, make_inputs, with_source
 
 if TYPE_CHECKING:
     from einopt.core.ir import Program
-    from einopt.search import Candidate, SearchResult, Stats
+    from einopt.search import Budget, Candidate, SearchResult, Stats
 
 # The search's parameters by the flags that set them, for its error messages.
 _FLAGS = {
     "max_depth": "--max-depth",
     "converge_depth": "--converge-depth",
-    "time_budget": "--time-budget",
+    "states_per_search": "--max-states",
+    "deadline_s": "--time-budget",
     "jobs": "--jobs",
 }
 
@@ -43,10 +44,18 @@ _FLAGS = {
     help="Converging steps per explored state, 0 for none [default: einopt.search.DEFAULT_CONVERGE_DEPTH, 6].",
 )
 @click.option(
+    "--max-states",
+    type=int,
+    metavar="N",
+    help="Stop at exactly N generated states with the candidates found so far "
+    "(the same ones on any machine, with any --jobs) [default: no limit].",
+)
+@click.option(
     "--time-budget",
     type=float,
     metavar="SECONDS",
-    help="Stop after this many seconds with the candidates found so far.",
+    help="A wall-clock safety net: stop after this many seconds with the candidates found so far "
+    "(what they are then depends on the machine) [default: none].",
 )
 @click.option("--jobs", type=int, default=1, show_default=True, help="Worker processes.")
 @click.option("--top", type=int, default=5, show_default=True, help="Candidates to show.")
@@ -74,6 +83,7 @@ def search_command(
     shapes,
     max_depth,
     converge_depth,
+    max_states,
     time_budget,
     jobs,
     top,
@@ -97,11 +107,10 @@ def search_command(
 
     program = as_program(load_node(source, expr, example, shapes))
     check_writable(onnx_path)
-    limits = {
-        k: v for k, v in (("max_depth", max_depth), ("converge_depth", converge_depth)) if v is not None
-    }
+    budget = _budget(max_depth, max_states, time_budget)
+    limits = {"converge_depth": converge_depth} if converge_depth is not None else {}
     show = not (as_json or is_quiet())
-    result = _run(program, dict(limits, time_budget=time_budget, jobs=jobs, max_candidates=top + 1), show)
+    result = _run(program, dict(limits, budget=budget, jobs=jobs, max_candidates=top + 1), show)
     shown = result.candidates[:top]
     if onnx_path:
         _write_best(program, result, onnx_path)
@@ -116,20 +125,30 @@ def _run(program: Program, kwargs: dict[str, Any], live: bool) -> SearchResult:
     out = console()
     if not (live and out.is_terminal):
         return _search(program, kwargs, None)
-    from einopt.search import DEFAULT_MAX_DEPTH
-
     start = time.perf_counter()
-    limit = kwargs.get("max_depth", DEFAULT_MAX_DEPTH)
+    budget = kwargs["budget"]
+    of = f"/{budget.states_per_search}" if budget.states_per_search is not None else ""
     with out.status("searching ...") as status:
 
         def progress(stats: Stats, depth: int, best: Candidate | None) -> None:
             rate = stats.generated / max(time.perf_counter() - start, 1e-9)
             status.update(
-                f"searching: depth {depth}/{limit}, {stats.generated} states ({rate:.0f}/s), "
+                f"searching: depth {depth}/{budget.max_depth}, {stats.generated}{of} states ({rate:.0f}/s), "
                 f"best {_seconds(best.cost) if best else '-'}"
             )
 
         return _search(program, kwargs, progress)
+
+
+def _budget(max_depth: int | None, max_states: int | None, time_budget: float | None) -> Budget:
+    """The search's :class:`einopt.search.Budget` from the flags (bad ones as usage errors)."""
+    from einopt.search import DEFAULT_MAX_DEPTH, Budget, SearchError
+
+    depth = DEFAULT_MAX_DEPTH if max_depth is None else max_depth
+    try:
+        return Budget(max_depth=depth, states_per_search=max_states, deadline_s=time_budget)
+    except SearchError as e:
+        raise _usage(e) from None
 
 
 def _search(program: Program, kwargs: dict[str, Any], progress) -> SearchResult:
@@ -139,10 +158,14 @@ def _search(program: Program, kwargs: dict[str, Any], progress) -> SearchResult:
     try:
         return search(program, progress=progress, **kwargs)
     except SearchError as e:
-        message = str(e)
-        for name, flag in _FLAGS.items():
-            message = message.replace(name, flag)
-        raise CliError(message, "usage") from None
+        raise _usage(e) from None
+
+
+def _usage(e: Exception) -> CliError:
+    message = str(e)
+    for name, flag in _FLAGS.items():
+        message = message.replace(name, flag)
+    return CliError(message, "usage")
 
 
 def _write_best(program: Program, result: SearchResult, path: str) -> None:
@@ -231,10 +254,17 @@ def _print(
         f"{st.generated} states generated, {st.pruned} pruned ({st.pruned_fingerprint} seen before, "
         f"{st.pruned_cost} by cost), {st.expanded} expanded in {st.seconds:.2f} s"
     )
-    if not st.complete:
-        click.echo("the time budget ran out: these are the candidates found so far")
+    if st.stopped in _STOPPED:
+        click.echo(f"{_STOPPED[st.stopped]}: these are the candidates found so far")
     if onnx_path:
         click.echo(f"wrote the best candidate to {onnx_path} (checked in ONNX Runtime)")
+
+
+# What cut a search short, by Stats.stopped.
+_STOPPED = {
+    "states": "the search stopped at its --max-states",
+    "deadline": "the --time-budget ran out (the candidates depend on the machine)",
+}
 
 
 def _seconds(s: float) -> str:
