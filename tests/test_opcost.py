@@ -264,14 +264,14 @@ def test_the_cost_stage_ranks_found_programs_by_measured_operators(tmp_path):
     parts = [p for p in translate_graph(model) if p.translated]
     store = MeasurementCache(tmp_path / "m.sqlite")
     searches = search_parts(parts, LSTM_SEARCH, store)
-    (gates,) = [p for p in parts if len(searches[p.name].found) > 3]
+    (gates,) = [p for p in parts if len(searches[p.name].candidates) > 3]
     costs = OpCosts(store)
     out = predict(model, parts, searches, costs)
-    ranked = out[gates.name].found
-    assert len(ranked) == len(searches[gates.name].found)
-    assert [f.predicted_s for f in ranked] == sorted(f.predicted_s for f in ranked)
-    assert all(f.estimated_s is not None for f in ranked)
-    assert {f.estimated_s for f in ranked} == {f.predicted_s for f in searches[gates.name].found}
+    ranked = out[gates.name].candidates
+    assert len(ranked) == len(searches[gates.name].candidates)
+    assert [f.cost for f in ranked] == sorted(f.cost for f in ranked)
+    assert all(f.estimated_cost is not None for f in ranked)
+    assert {f.estimated_cost for f in ranked} == {f.cost for f in searches[gates.name].candidates}
     measured = costs.measured
     assert measured > 0
     # a second stage over the same searches times nothing
@@ -293,9 +293,9 @@ def test_programs_bound_beyond_the_slack_are_not_timed(tmp_path, monkeypatch):
     inputs = {n.cost.key for p in parts for n in _input_nodes(model, p) if n.cost.kind == "timed"}
     assert costs.measured == len(inputs)
     for p in parts:
-        for f in out[p.name].found:
+        for f in out[p.name].candidates:
             if f.trace:  # bounded: its unmeasured nodes at the peak rates
-                assert f.predicted_s > 0
+                assert f.cost > 0
     store.close()
 
 
@@ -319,9 +319,9 @@ def test_found_programs_too_big_for_memory_are_not_tried(tmp_path, monkeypatch):
     searches = search_parts(parts, LSTM_SEARCH, store)
     monkeypatch.setattr(einopt.stages.predict, "memory_limit", lambda: 0)  # nothing fits
     out = predict(model, parts, searches, OpCosts(store))
-    derived = [f for p in parts for f in out[p.name].found if f.trace]
-    assert derived and all(f.predicted_s == float("inf") for f in derived)
-    assert all(f.predicted_s < float("inf") for p in parts for f in out[p.name].found if not f.trace)
+    derived = [f for p in parts for f in out[p.name].candidates if f.trace]
+    assert derived and all(f.cost == float("inf") for f in derived)
+    assert all(f.cost < float("inf") for p in parts for f in out[p.name].candidates if not f.trace)
     store.close()
 
 

@@ -257,8 +257,8 @@ def test_every_parts_best_candidate_is_timed_before_any_runner_up():
 
     from einopt.stages.select import _timing_order
 
-    def cand(predicted_s):
-        return SimpleNamespace(found=SimpleNamespace(predicted_s=predicted_s))
+    def cand(cost):
+        return SimpleNamespace(candidate=SimpleNamespace(cost=cost))
 
     # part a: input 10 s, candidates saving 8 and 7 s; part b: input 3 s, candidates saving 1 and 2 s
     pending = {"a": [cand(10.0), cand(2.0), cand(3.0)], "b": [cand(3.0), cand(2.0), cand(1.0)]}
@@ -273,8 +273,8 @@ def test_candidates_predicted_to_save_nothing_are_timed_last():
 
     from einopt.stages.select import _rounds, _timing_order
 
-    def cand(predicted_s):
-        return SimpleNamespace(found=SimpleNamespace(predicted_s=predicted_s))
+    def cand(cost):
+        return SimpleNamespace(candidate=SimpleNamespace(cost=cost))
 
     # part a: predicted slower only; part b: two candidates predicted faster; c: the input again
     pending = {"a": [cand(1.0), cand(1.1)], "b": [cand(5.0), cand(4.0), cand(4.5)], "c": [cand(2.0)]}

@@ -57,10 +57,10 @@ def test_what_an_expression_alone_finds_goes_back_into_its_subprogram(part, tmp_
     store = MeasurementCache(tmp_path / "c.sqlite")
     found = search_parts([part], DEPTH_1, store)[part.name]
     store.close()
-    derived = [f for f in found.found if f.trace]
+    derived = [f for f in found.candidates if f.trace]
     assert derived, found.stats
     assert len({f.work for f in derived}) == len(derived)  # one candidate per work
-    assert [f.predicted_s for f in found.found] == sorted(f.predicted_s for f in found.found)
+    assert [f.cost for f in found.candidates] == sorted(f.cost for f in found.candidates)
     # every step is labelled in the subprogram's canonical names (bindings y0, y1; inputs x0, ...)
     assert all(s.where.startswith(("y0", "y1")) for f in derived for s in f.trace)
     rng = np.random.default_rng(1)
@@ -86,7 +86,7 @@ def test_an_expression_searched_alone_is_shared_and_cached(part, tmp_path, monke
     second = search_parts([part], settings, store)[part.name]
     store.close()
     assert len(calls) == 3
-    assert [f.program for f in second.found] == [f.program for f in first.found]
+    assert [f.program for f in second.candidates] == [f.program for f in first.candidates]
     assert all(q["cached"] for q in second.stats["pieces"])
 
 
@@ -97,7 +97,11 @@ def _model_parts():
 
 def _searched(result) -> dict:
     return {
-        name: ([(f.program, f.trace) for f in ps.found], ps.stats.get("generated"), ps.stats.get("complete"))
+        name: (
+            [(f.program, f.trace) for f in ps.candidates],
+            ps.stats.get("generated"),
+            ps.stats.get("complete"),
+        )
         for name, ps in result.items()
     }
 

@@ -111,8 +111,8 @@ def layout_plan(traversal: Sequence[ir.Iter], acc: ir.Access) -> tuple[LayoutSte
     if not small:
         return Failure(f"{view.reason}; the exhaustive layout check is limited to {CHECK_LIMIT} elements")
     m = np.asarray(index_map(traversal, acc))
-    for name, candidate in _CANDIDATES.items():
-        steps = candidate(src_shape, out_shape, m)
+    for name, guess in _GUESSES.items():
+        steps = guess(src_shape, out_shape, m)
         if steps is None:
             continue
         steps = normalize(steps, src_shape)
@@ -124,10 +124,12 @@ def layout_plan(traversal: Sequence[ir.Iter], acc: ir.Access) -> tuple[LayoutSte
 
 
 # --------------------------------------------------------------------------
-# Candidates for index maps that are not simple views
+# Guesses for index maps that are not simple views
 # --------------------------------------------------------------------------
 
-Candidate = Callable[[tuple[int, ...], tuple[int, ...], np.ndarray], tuple[LayoutStep, ...] | None]
+# A guess at the layout steps that turn an array of one shape into another with the given index map
+# (None: this kind of plan cannot); every guess is checked against the map before it is used.
+LayoutGuess = Callable[[tuple[int, ...], tuple[int, ...], np.ndarray], tuple[LayoutStep, ...] | None]
 
 
 def _bijective(m: np.ndarray, size: int) -> bool:
@@ -188,12 +190,12 @@ def _block(depth: tuple[int, ...], space: tuple[int, ...]) -> int | None:
     return b
 
 
-def _depth_to_space(mode: str) -> Candidate:
-    def candidate(src: tuple[int, ...], out: tuple[int, ...], m: np.ndarray) -> tuple[LayoutStep, ...] | None:
+def _depth_to_space(mode: str) -> LayoutGuess:
+    def guess(src: tuple[int, ...], out: tuple[int, ...], m: np.ndarray) -> tuple[LayoutStep, ...] | None:
         b = _block(src, out)
         return None if b is None else (DepthToSpace(b, mode),)
 
-    return candidate
+    return guess
 
 
 def _space_to_depth(
@@ -203,8 +205,8 @@ def _space_to_depth(
     return None if b is None else (SpaceToDepth(b),)
 
 
-# Tried in order; each candidate's plan is then checked against the index map.
-_CANDIDATES: dict[str, Candidate] = {
+# Tried in order; each guess is then checked against the index map.
+_GUESSES: dict[str, LayoutGuess] = {
     "Reshape": _reshape,
     "DepthToSpace(DCR)": _depth_to_space("DCR"),
     "DepthToSpace(CRD)": _depth_to_space("CRD"),

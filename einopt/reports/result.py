@@ -197,7 +197,7 @@ def part_result(state: PartState, rounds: Sequence[ModelRound], accept: str) -> 
         return PartResult(p.name, p.kind, ops, status, reason, new_ops, text, None, search=search)
     err = chosen.verified.max_abs_error if chosen.verified is not None else None
     new_ops = _new_ops(chosen.instantiated)
-    trace = chosen.found.trace_text()
+    trace = chosen.candidate.trace_text()
     if state.kept:
         status = "accepted" if accept == "measured" else "rewritten"
         reason = verdict.reason if verdict else "verified, not timed"
@@ -215,7 +215,7 @@ def part_result(state: PartState, rounds: Sequence[ModelRound], accept: str) -> 
 def _search_report(selection: Selection) -> dict[str, object]:
     """The report's ``search`` entry of a part: the search's counts and every candidate tried."""
     s = selection.search
-    base = s.input.predicted_s if s.input is not None else None
+    base = s.input.cost if s.input is not None else None
     return {
         "stats": dict(s.stats),
         "seconds": s.seconds,

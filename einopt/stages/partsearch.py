@@ -37,13 +37,13 @@ from einopt.core.rewrite import binding_program, put_binding, rename_tensors
 from einopt.rules.derive import TraceStep
 from einopt.runtime.cache import MeasurementCache
 from einopt.search.budget import Budget
+from einopt.search.results import Candidate
 from einopt.stages.searchruns import Allowance, Progress, RayUnavailable, Runs, Task, finished
 from einopt.stages.searchsettings import DEFAULT_BUDGET, Settings
 
 __all__ = [
     "DEFAULT_BUDGET",
     "Settings",
-    "Found",
     "PartSearch",
     "Progress",
     "RayUnavailable",
@@ -55,40 +55,19 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
-class Found:
-    """A program the search found equal to a subprogram, in that subprogram's names."""
-
-    program: ir.Program
-    trace: tuple[TraceStep, ...]  # without their programs (the search cache keeps none)
-    operators: tuple[str, ...]
-    predicted_s: (
-        float  # seconds: the search's analytic estimate, or measured operators' (einopt.stages.predict)
-    )
-    estimated_s: float | None = None  # the search's analytic estimate, once predicted_s is measured
-    work: tuple[str, ...] = ()  # its nodes (operator and input shapes), sorted: one work, one candidate
-    timed_share: float | None = None  # of predicted_s, from nodes timed alone (the rest estimated)
-
-    @property
-    def depth(self) -> int:
-        return len(self.trace)
-
-    def trace_text(self) -> str:
-        return "; ".join(s.text() for s in self.trace)
-
-
-@dataclasses.dataclass(frozen=True)
 class PartSearch:
-    """What one subprogram's search found (ranked by predicted cost, the input among them)."""
+    """What one subprogram's search found: its candidates in the subprogram's own names (ranked by
+    cost, the input among them; their traces without programs, as the search cache keeps them)."""
 
-    found: tuple[Found, ...]
+    candidates: tuple[Candidate, ...]
     stats: Mapping[str, object]  # generated, pruned, expanded, complete, ... (einopt.search.Stats)
     seconds: float  # of the search that produced it (0 when it came from the cache in this run)
     cached: bool  # read from the cache file
     same_as: str = ""  # the subprogram whose search this one shares ("" : its own)
 
     @property
-    def input(self) -> Found | None:
-        return next((f for f in self.found if not f.trace), None)
+    def input(self) -> Candidate | None:
+        return next((c for c in self.candidates if not c.trace), None)
 
     @classmethod
     def not_searched(cls, same_as: str = "") -> PartSearch:
@@ -275,7 +254,7 @@ def _with_pieces(
     part owns): ``whole`` and ``pieces`` give each one's."""
     if not pieces:
         return search
-    found = list(search.found)
+    found = list(search.candidates)
     stats = dict(search.stats)
     whole = {k: stats[k] for k in ("generated", "complete", "searched") if k in stats} | {
         "seconds": search.seconds
@@ -305,39 +284,41 @@ def _with_pieces(
         # The piece's names (canonical there) as the part's own search labels them.
         labels = {v: names[n] for n, v in piece_names.items()}
         piece = _part_search(value, {v: n for n, v in piece_names.items()}, cached, "")
-        for f in [f for f in piece.found if f.trace][:PIECE_CANDIDATES]:
+        for c in [c for c in piece.candidates if c.trace][:PIECE_CANDIDATES]:
             try:
-                program = put_binding(part.program, binding, f.program)
+                program = put_binding(part.program, binding, c.program)
                 steps = tuple(
-                    TraceStep(s.rule, _relabel(s.where, labels), _relabel(s.summary, labels)) for s in f.trace
+                    TraceStep(s.rule, _relabel(s.where, labels), _relabel(s.summary, labels)) for s in c.trace
                 )
                 found.append(_costed(program, steps, part.constants))
             except (ir.IRError, ValueError) as e:
                 log.info("%s: %s's candidate does not fit back: %s", part.name, binding, e)
-    if search.input is None and len(found) > len(search.found):
+    if search.input is None and len(found) > len(search.candidates):
         # The whole part was not searched: its input is a candidate all the same.
         found.append(_costed(part.program, (), part.constants))
     # One candidate per work (the whole part's search and a binding's may find the same program),
     # the cheapest and shallowest.
-    found.sort(key=lambda f: (f.predicted_s, f.depth))
+    found.sort(key=lambda c: (c.cost, c.depth))
     works: set[tuple[str, ...]] = set()
     unique = []
-    for f in found:
-        if not f.trace or not f.work or f.work not in works:
-            unique.append(f)
-            works.add(f.work)
+    for c in found:
+        if not c.trace or not c.work or c.work not in works:
+            unique.append(c)
+            works.add(c.work)
     stats |= {"searched": True, "whole": whole, "pieces": details}
-    return dataclasses.replace(search, found=tuple(unique), stats=stats, seconds=round(seconds, 3))
+    return dataclasses.replace(search, candidates=tuple(unique), stats=stats, seconds=round(seconds, 3))
 
 
-def _costed(program: ir.Program, trace: tuple[TraceStep, ...], constants: Mapping[str, np.ndarray]) -> Found:
-    """``program`` as a found program, costed as the search costs its candidates."""
+def _costed(
+    program: ir.Program, trace: tuple[TraceStep, ...], constants: Mapping[str, np.ndarray]
+) -> Candidate:
+    """``program`` as a candidate, costed as the search costs its candidates."""
     from einopt.search.candidates import analytic, operators
     from einopt.stages.export import program_model, weight_names
 
     model, inst = program_model(program, dict(constants), light=True)
     seconds, work = analytic(model, weight_names(constants, inst))
-    return Found(program, trace, operators(model), seconds, work=work)
+    return Candidate(program, trace, operators(model), seconds, work=work)
 
 
 _NAME = re.compile(r"\b[xy]\d+")
@@ -401,6 +382,6 @@ def _part_search(value: dict | None, names: Mapping[str, str], cached: bool, sam
             continue
         steps = tuple(TraceStep(*s) for s in f["trace"])
         found.append(
-            Found(program, steps, tuple(f["operators"]), float(f["predicted_s"]), work=tuple(f["work"]))
+            Candidate(program, steps, tuple(f["operators"]), float(f["predicted_s"]), work=tuple(f["work"]))
         )
     return PartSearch(tuple(found), dict(value["stats"]), float(value["seconds"]), cached, same_as)

@@ -24,8 +24,9 @@ from onnx import helper
 
 from einopt.frontend.translate import Part, value_types
 from einopt.runtime.opcost import OpCosts, footprint, memory_limit, node_costs
+from einopt.search.results import Candidate
 from einopt.stages.export import program_model, weight_names
-from einopt.stages.partsearch import Found, PartSearch
+from einopt.stages.partsearch import PartSearch
 
 __all__ = ["predict", "SLACK", "BUDGET_S"]
 
@@ -66,25 +67,26 @@ def predict(
     Returns
     -------
     dict
-        Part name -> its search, each :class:`Found` with ``predicted_s`` measured
-        and ``estimated_s`` the search's analytic estimate.
+        Part name -> its search, each :class:`~einopt.search.Candidate` with ``cost`` measured
+        (``timed_share`` of it from nodes timed alone) and ``estimated_cost`` the search's analytic
+        estimate.
     """
     deadline = time.monotonic() + (BUDGET_S if budget_s is None else budget_s)
     types = value_types(model)
     nodes: dict[tuple[str, int], list] = {}
     for p in parts:
         search = searches.get(p.name)
-        if p.program is None or search is None or not search.found:
+        if p.program is None or search is None or not search.candidates:
             continue
-        for i, f in enumerate(search.found):
+        for i, c in enumerate(search.candidates):
             try:
-                m, weights = _original(model, p, types) if not f.trace else _light(f, p)
+                m, weights = _original(model, p, types) if not c.trace else _light(c, p)
                 nodes[(p.name, i)] = node_costs(m, weights)
             except Exception as e:  # noqa: BLE001 - what cannot be built keeps its analytic estimate
                 log.info("%s: cannot cost a found program: %s", p.name, e)
     # The inputs first: a program that takes at least SLACK times its input's time (its unmeasured
     # nodes at the machine's peak rates) is never timed, so its nodes are not measured either.
-    inputs = {name: k for name, k in nodes if not searches[name].found[k].trace}
+    inputs = {name: k for name, k in nodes if not searches[name].candidates[k].trace}
     costs.measure((n for name, k in inputs.items() for n in nodes[(name, k)]), deadline)
     costs.learn(n for ns in nodes.values() for n in ns)
     base = {name: costs.prediction(nodes[(name, k)]).seconds for name, k in inputs.items()}
@@ -98,23 +100,23 @@ def predict(
     too_big = {key for key, ns in nodes.items() if key not in inputs.items() and _largest(ns) > limit}
     skip = hopeless | too_big
     _measure_promising(costs, {key: ns for key, ns in nodes.items() if key not in skip}, base, deadline)
-    new: dict[str, list[Found]] = {n: list(s.found) for n, s in searches.items()}
+    new: dict[str, list[Candidate]] = {n: list(s.candidates) for n, s in searches.items()}
     for name in sorted({name for name, _ in too_big}):
         count = sum(1 for n, _ in too_big if n == name)
         log.info("%s: %d found programs need more memory than this machine has to spare", name, count)
     for (name, i), ns in nodes.items():
-        f = new[name][i]
+        c = new[name][i]
         if (name, i) in too_big:
-            new[name][i] = dataclasses.replace(f, predicted_s=math.inf, estimated_s=f.predicted_s)
+            new[name][i] = dataclasses.replace(c, cost=math.inf, estimated_cost=c.cost)
             continue
         pr = costs.prediction(ns, bound=(name, i) in hopeless)
         new[name][i] = dataclasses.replace(
-            f, predicted_s=pr.seconds, estimated_s=f.predicted_s, timed_share=pr.timed_fraction
+            c, cost=pr.seconds, estimated_cost=c.cost, timed_share=pr.timed_fraction
         )
     out = dict(searches)
-    for name, found in new.items():
-        ranked = sorted(found, key=lambda f: (f.predicted_s, f.depth))
-        out[name] = dataclasses.replace(searches[name], found=tuple(ranked))
+    for name, cands in new.items():
+        ranked = sorted(cands, key=lambda c: (c.cost, c.depth))
+        out[name] = dataclasses.replace(searches[name], candidates=tuple(ranked))
     return out
 
 
@@ -146,8 +148,8 @@ def _largest(nodes) -> int:
     return max((footprint(n.cost) for n in nodes), default=0)
 
 
-def _light(f: Found, p: Part) -> tuple[onnx.ModelProto, frozenset[str]]:
-    m, inst = program_model(f.program, dict(p.constants), light=True)
+def _light(c: Candidate, p: Part) -> tuple[onnx.ModelProto, frozenset[str]]:
+    m, inst = program_model(c.program, dict(p.constants), light=True)
     return m, weight_names(p.constants, inst)
 
 

@@ -1,12 +1,13 @@
-"""The pipeline's selection stage: which of a subprogram's found programs runs fastest, measured.
+"""The pipeline's selection stage: which of a subprogram's candidates runs fastest, measured.
 
-Per subprogram, the search's ranked programs become :class:`Candidate` s:
-its input re-instantiated (preferring the original operators) and the best
+Per subprogram, some of the search's ranked candidates
+(:class:`einopt.search.Candidate`) are tried, each trial a :class:`Trial`:
+the input re-instantiated (preferring the original operators) and the best
 ``top_k`` derived programs whose predicted cost is within
 :data:`PREDICTED_SLACK` of the input's (the analytic estimate is crude; the
 measurement decides). Each is instantiated, verified on the values that
 really reach the subprogram, and, in measured mode, timed against the
-original nodes side by side (through the measurement cache). The candidate
+original nodes side by side (through the measurement cache). The trial
 measured fastest is chosen; measured acceptance (:mod:`einopt.stages.accept`) then
 decides whether it reaches the output at all. A candidate the search found
 and the measurement rejected stays in the report with its timing: that is
@@ -29,10 +30,11 @@ from einopt.frontend.translate import Part
 from einopt.instantiate.emit import Instantiated, instantiate, original_ops
 from einopt.runtime.timing import Comparison
 from einopt.runtime.verify import Agreement, Tolerance, first_line, part_pairs, verify_parts
+from einopt.search.results import Candidate
 from einopt.stages.accept import Timer, is_unchanged
-from einopt.stages.partsearch import Found, PartSearch
+from einopt.stages.partsearch import PartSearch
 
-__all__ = ["Candidate", "Selection", "PREDICTED_SLACK", "DEFAULT_TOP_K", "BUDGET_S", "NOT_TIMED", "select"]
+__all__ = ["Trial", "Selection", "PREDICTED_SLACK", "DEFAULT_TOP_K", "BUDGET_S", "NOT_TIMED", "select"]
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +44,11 @@ PREDICTED_SLACK = 2.0
 DEFAULT_TOP_K = 3
 """Derived programs timed per subprogram, at most (best predicted first)."""
 SLOW_RUN = 4.0
-"""A candidate whose one verification run took this many times the original's (and over
+"""A trial whose one verification run took this many times the original's (and over
 :data:`SLOW_RUN_S`) is not timed: no noise hides a loss that large, and timing it would cost minutes."""
 SLOW_RUN_S = 0.2
 NOT_TIMED = "not timed"
-"""How the reason of a candidate the selection had no time left for starts."""
+"""How the reason of a trial the selection had no time left for starts."""
 BUDGET_S = 60.0
 """Seconds the stage may take for one model, verification included, before it stops timing: the
 candidates predicted to save the most time go first, and those not timed by then are not chosen
@@ -54,11 +56,12 @@ candidates predicted to save the most time go first, and those not timed by then
 
 
 @dataclasses.dataclass(frozen=True)
-class Candidate:
-    """One way to compute a subprogram, from search to selection to assembly."""
+class Trial:
+    """One candidate of a subprogram as selection tries it: instantiated, verified, timed, and why it
+    was not chosen; the chosen one goes on to assembly."""
 
     part: str
-    found: Found  # program, derivation trace, operators, predicted cost
+    candidate: Candidate  # program, derivation trace, operators, predicted cost
     instantiated: Instantiated | None = None
     verified: Agreement | None = None
     measured: Comparison | None = None  # against the original nodes, side by side
@@ -67,18 +70,20 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        return "input" if not self.found.trace else f"depth {self.found.depth}"
+        return "input" if not self.candidate.trace else f"depth {self.candidate.depth}"
 
     def as_dict(self, input_predicted: float | None) -> dict:
-        t = self.measured
+        """The trial as the report's ``search.candidates`` entry (``input_predicted``: the cost of
+        its part's input, for the predicted speedup)."""
+        c, t = self.candidate, self.measured
         return {
-            "depth": self.found.depth,
-            "trace": [{"rule": s.rule, "where": s.where, "summary": s.summary} for s in self.found.trace],
-            "operators": list(self.found.operators),
-            "predicted_s": self.found.predicted_s,
-            "estimated_s": self.found.estimated_s,
-            "timed_share": self.found.timed_share,
-            "predicted_speedup": _ratio(input_predicted, self.found.predicted_s),
+            "depth": c.depth,
+            "trace": [{"rule": s.rule, "where": s.where, "summary": s.summary} for s in c.trace],
+            "operators": list(c.operators),
+            "predicted_s": c.cost,
+            "estimated_s": c.estimated_cost,
+            "timed_share": c.timed_share,
+            "predicted_speedup": _ratio(input_predicted, c.cost),
             "measured_speedup": t.speedup if t is not None else None,
             "verified": None if self.verified is None else self.verified.ok,
             "unchanged": self.unchanged,
@@ -88,10 +93,10 @@ class Candidate:
 
 @dataclasses.dataclass(frozen=True)
 class Selection:
-    """What selection made of one subprogram: the chosen candidate and every one it tried."""
+    """What selection made of one subprogram: the chosen trial and every one it made."""
 
-    chosen: Candidate | None
-    tried: tuple[Candidate, ...]
+    chosen: Trial | None
+    tried: tuple[Trial, ...]
     search: PartSearch
 
     @property
@@ -99,7 +104,7 @@ class Selection:
         base = self.search.input
         if self.chosen is None or base is None:
             return None
-        return _ratio(base.predicted_s, self.chosen.found.predicted_s)
+        return _ratio(base.cost, self.chosen.candidate.cost)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -154,10 +159,10 @@ def select(
     budget_s = BUDGET_S if budget_s is None else budget_s
     deadline = time.monotonic() + budget_s
     opset = default_opset(model)
-    pending: dict[str, list[Candidate]] = {}
+    pending: dict[str, list[Trial]] = {}
     for p in parts:
         search = searches.get(p.name)
-        pending[p.name] = [_instantiated(model, p, f, opset, taken) for f in _worth_trying(p, search, top_k)]
+        pending[p.name] = [_instantiated(model, p, c, opset, taken) for c in _worth_trying(p, search, top_k)]
     by_name = {p.name: p for p in parts}
     alive = {
         (name, i): c
@@ -170,7 +175,7 @@ def select(
     }
     emitted = {_pseudo(name, i): c.instantiated for (name, i), c in alive.items()}
     timing = timer is not None and feeds is not None
-    # Untimed, every candidate is verified. Timed, candidates go in rounds (every part's best predicted
+    # Untimed, every trial is verified. Timed, trials go in rounds (every part's best predicted
     # one first, see _timing_order), each verified then timed, until the budget runs out: a slow
     # verification of runners-up (Longformer at batch 16) cannot leave every part's best untimed.
     rounds = _rounds(_timing_order(alive, pending)) if timing else [list(alive)]
@@ -209,11 +214,11 @@ def _verified(
     keys: list[tuple[str, int]],
     pseudo: dict[str, Part],
     emitted: dict[str, Instantiated],
-    pending: dict[str, list[Candidate]],
+    pending: dict[str, list[Trial]],
     datasets: Sequence[Mapping[str, np.ndarray]],
     tolerance: Tolerance,
 ) -> list[tuple[str, int]]:
-    """Verify the candidates ``keys`` on the values that reach their parts (recorded in ``pending``;
+    """Verify the trials ``keys`` on the values that reach their parts (recorded in ``pending``;
     one that differs, or runs too slowly to time, is rejected); the keys that passed, in order."""
     if not datasets:
         return list(keys)
@@ -235,7 +240,7 @@ def _verified(
 
 
 def _rounds(order: list[tuple[str, int]]) -> list[list[tuple[str, int]]]:
-    """``order`` cut where a part comes again: each round holds at most one candidate per part."""
+    """``order`` cut where a part comes again: each round holds at most one trial per part."""
     out: list[list[tuple[str, int]]] = []
     for key in order:
         if not out or any(name == key[0] for name, _ in out[-1]):
@@ -245,9 +250,9 @@ def _rounds(order: list[tuple[str, int]]) -> list[list[tuple[str, int]]]:
 
 
 def _timing_order(
-    alive: dict[tuple[str, int], Candidate], pending: dict[str, list[Candidate]]
+    alive: dict[tuple[str, int], Trial], pending: dict[str, list[Trial]]
 ) -> list[tuple[str, int]]:
-    """Candidates in the order they are timed: those predicted to save time before those predicted
+    """Trials in the order they are timed: those predicted to save time before those predicted
     not to (the prediction is crude, so they are still timed when the budget allows); within each,
     every part's best predicted one first (the parts predicted to save the most first), then every
     part's second, and so on; so one part's runners-up cannot use up the budget before another
@@ -260,14 +265,14 @@ def _timing_order(
     return sorted(alive, key=lambda key: (saving[key] <= 0, rank[key], -saving[key], key))
 
 
-def _predicted_saving(cands: list[Candidate], c: Candidate) -> float:
-    """Seconds ``c`` is predicted to save against its part's input (the first candidate)."""
-    base = cands[0].found.predicted_s if cands else 0.0
-    return (base or 0.0) - (c.found.predicted_s or 0.0)
+def _predicted_saving(trials: list[Trial], trial: Trial) -> float:
+    """Seconds ``trial`` is predicted to save against its part's input (the first trial)."""
+    base = trials[0].candidate.cost if trials else 0.0
+    return (base or 0.0) - (trial.candidate.cost or 0.0)
 
 
 def _slow(run_seconds: tuple[float, float] | None) -> str:
-    """Why a candidate is too slow to be worth timing ("" if it may be)."""
+    """Why a trial is too slow to be worth timing ("" if it may be)."""
     if run_seconds is None:
         return ""
     before, after = run_seconds
@@ -276,39 +281,41 @@ def _slow(run_seconds: tuple[float, float] | None) -> str:
     return ""
 
 
-def _worth_trying(p: Part, search: PartSearch | None, top_k: int) -> list[Found]:
+def _worth_trying(p: Part, search: PartSearch | None, top_k: int) -> list[Candidate]:
     """The input, then the best ``top_k`` derived programs predicted within the slack of it."""
     if p.program is None:
         return []
     base = search.input if search is not None else None
     if base is None:
-        base = Found(p.program, (), (), 0.0)
+        base = Candidate(p.program, (), (), 0.0)
     derived = [
-        f
-        for f in (search.found if search is not None else ())
-        if f.trace and (not base.predicted_s or f.predicted_s <= PREDICTED_SLACK * base.predicted_s)
+        c
+        for c in (search.candidates if search is not None else ())
+        if c.trace and (not base.cost or c.cost <= PREDICTED_SLACK * base.cost)
     ]
     return [base, *derived[:top_k]]
 
 
-def _instantiated(model: onnx.ModelProto, p: Part, found: Found, opset: int, taken: set[str]) -> Candidate:
-    cand = Candidate(p.name, found)
+def _instantiated(
+    model: onnx.ModelProto, p: Part, candidate: Candidate, opset: int, taken: set[str]
+) -> Trial:
+    trial = Trial(p.name, candidate)
     try:
         inst = instantiate(
-            found.program,
+            candidate.program,
             onnx_names=p.names,
             constants=p.constants,
             opset=opset,
             prefix=p.name + "/",
             taken_function_names=taken,
-            preferred=original_ops(model, p) if not found.trace else None,
+            preferred=original_ops(model, p) if not candidate.trace else None,
         )
     except Exception as e:  # noqa: BLE001 - one bad candidate must not sink the part; the report says why
-        log.warning("%s (%s): instantiation failed: %s", p.name, cand.label, first_line(e))
-        return dataclasses.replace(cand, rejected=f"instantiation failed: {first_line(e)}")
+        log.warning("%s (%s): instantiation failed: %s", p.name, trial.label, first_line(e))
+        return dataclasses.replace(trial, rejected=f"instantiation failed: {first_line(e)}")
     unchanged = not inst.functions and _same_nodes(model, p, inst, opset)
     return dataclasses.replace(
-        cand,
+        trial,
         instantiated=inst,
         unchanged=unchanged,
         rejected="re-instantiated as the same nodes" if unchanged else "",
@@ -328,17 +335,17 @@ def _same_nodes(model: onnx.ModelProto, p: Part, inst: Instantiated, opset: int)
     )
 
 
-def _choose(cands: list[Candidate], timed: bool) -> tuple[Candidate | None, list[Candidate]]:
-    """The fastest measured candidate (untimed: the best predicted) among those verified and changed;
+def _choose(trials: list[Trial], timed: bool) -> tuple[Trial | None, list[Trial]]:
+    """The fastest measured trial (untimed: the best predicted) among those verified and changed;
     the others marked with why they lost."""
-    ok = [c for c in cands if c.instantiated is not None and not c.unchanged and not c.rejected]
+    ok = [c for c in trials if c.instantiated is not None and not c.unchanged and not c.rejected]
     if timed:
         ok = [c for c in ok if c.measured is not None]
-        best = max(ok, key=lambda c: (c.measured.speedup, -c.found.depth), default=None)
+        best = max(ok, key=lambda c: (c.measured.speedup, -c.candidate.depth), default=None)
     else:
-        best = min(ok, key=lambda c: (c.found.predicted_s, c.found.depth), default=None)
+        best = min(ok, key=lambda c: (c.candidate.cost, c.candidate.depth), default=None)
     tried = []
-    for c in cands:
+    for c in trials:
         if c is best or c.rejected:
             tried.append(c)
         elif timed and c.measured is not None:
