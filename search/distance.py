@@ -29,7 +29,7 @@ from einopt.instantiate.match import match_gemm, match_matmul
 from einopt.instantiate.match_band import band_form
 from einopt.instantiate.match_conv import match_conv, match_conv_transpose
 from einopt.instantiate.match_elementwise import match_elementwise
-from einopt.instantiate.plan import NO_CONTEXT, Context, Failure, Match
+from einopt.instantiate.plan import NO_MATCH_CONTEXT, MatchContext, OperatorMatch, Refusal
 
 __all__ = [
     "TARGETS",
@@ -52,33 +52,33 @@ INTENSITY_THRESHOLD = 3.0
 (method.md section 4: the paper says 4, its code 3); below it an eOperator is fine (memory bound)."""
 
 
-def _band(scope: ir.Scope, kind: str) -> Match | Failure:
+def _band(scope: ir.Scope, kind: str) -> OperatorMatch | Refusal:
     """A band product of ``kind`` (:func:`einopt.instantiate.match_band.band_form`: G2BMM
     ``C[b, i, w] = Sum_k A[b, i, k] * B[b, i + d*w + c, k]`` or GBMM
     ``C[b, i, n] = Sum_w A[b, i, w] * B[b, i + d*w + c, n]``), which instantiation runs as blocked
     batched MatMuls."""
     form = band_form(scope)
-    if isinstance(form, Failure):
+    if isinstance(form, Refusal):
         return form
-    return Match(kind, ()) if form.kind == kind else Failure(f"a {form.kind}, not a {kind}")
+    return OperatorMatch(kind, ()) if form.kind == kind else Refusal(f"a {form.kind}, not a {kind}")
 
 
-def match_g2bmm(scope: ir.Scope, ctx: Context) -> Match | Failure:
+def match_g2bmm(scope: ir.Scope, ctx: MatchContext) -> OperatorMatch | Refusal:
     """General-to-band matmul (Longformer's band of ``Q K^T``)."""
     return _band(scope, "G2BMM")
 
 
-def match_gbmm(scope: ir.Scope, ctx: Context) -> Match | Failure:
+def match_gbmm(scope: ir.Scope, ctx: MatchContext) -> OperatorMatch | Refusal:
     """General band matmul (the band of scores times ``V``)."""
     return _band(scope, "GBMM")
 
 
-def _matmul(scope: ir.Scope, ctx: Context) -> Match | Failure:
+def _matmul(scope: ir.Scope, ctx: MatchContext) -> OperatorMatch | Refusal:
     found = match_matmul(scope, ctx)
-    return found if isinstance(found, Match) else match_gemm(scope, ctx)
+    return found if isinstance(found, OperatorMatch) else match_gemm(scope, ctx)
 
 
-TARGETS: dict[str, Callable[[ir.Scope, Context], Match | Failure]] = {
+TARGETS: dict[str, Callable[[ir.Scope, MatchContext], OperatorMatch | Refusal]] = {
     "MatMul": _matmul,
     "Conv": match_conv,
     "ConvTranspose": match_conv_transpose,
@@ -122,7 +122,7 @@ def _channel_groups(scope: ir.Scope) -> int:
     return min((max(0, len(its[w] - its[x]) - 1) for w, x in sides), default=0)
 
 
-def mismatches(scope: ir.Scope, target: str, ctx: Context = NO_CONTEXT) -> int:
+def mismatches(scope: ir.Scope, target: str, ctx: MatchContext = NO_MATCH_CONTEXT) -> int:
     """Index positions of ``scope`` that ``target``'s canonical expression cannot read as they are.
 
     A read of a constant (a weight, or a scope only weights feed) counts at most 1: one
@@ -138,20 +138,20 @@ def mismatches(scope: ir.Scope, target: str, ctx: Context = NO_CONTEXT) -> int:
     return n
 
 
-def distance(scope: ir.Scope, target: str, ctx: Context) -> int:
+def distance(scope: ir.Scope, target: str, ctx: MatchContext) -> int:
     """0 when ``target``'s matcher accepts ``scope``, else 1 + its mismatched index positions."""
     found = TARGETS[target](scope, ctx)
-    return 0 if isinstance(found, Match) else 1 + mismatches(scope, target, ctx)
+    return 0 if isinstance(found, OperatorMatch) else 1 + mismatches(scope, target, ctx)
 
 
-def nearest(scope: ir.Scope, ctx: Context) -> tuple[int, str]:
+def nearest(scope: ir.Scope, ctx: MatchContext) -> tuple[int, str]:
     """The smallest distance of ``scope`` to any target, and that target (first in table order on
     ties): :func:`distance` for each, stopping at the first that accepts, with the mismatches
     counted once per kind of target (convolutions read windows, the others do not)."""
     best: tuple[int, str] | None = None
     counted: dict[bool, int] = {}
     for t, matcher in TARGETS.items():
-        if isinstance(matcher(scope, ctx), Match):
+        if isinstance(matcher(scope, ctx), OperatorMatch):
             return 0, t
         conv = t in ("Conv", "ConvTranspose")
         if conv not in counted:
@@ -190,16 +190,16 @@ def reads_only(node: ir.Scope | ir.ValueExpr, constants: frozenset[str]) -> bool
     return all(t.name in constants for t in ir.tensors_in(node))
 
 
-def matcher_context(root: ir.Program | ir.Scope, constants: frozenset[str]) -> Context:
+def matcher_context(root: ir.Program | ir.Scope, constants: frozenset[str]) -> MatchContext:
     """The matchers' context for a program (or a scope on its own, bound as a program's one output):
     constant tensors (and scopes only they feed) and bound scopes."""
     tensors = frozenset(t for t in ir.input_tensors(root) if t.name in constants)
     scopes = frozenset(s for s in ir.scopes_in(root) if reads_only(s, constants))
     bound = frozenset(s for _, s in root.bindings) if isinstance(root, ir.Program) else frozenset({root})
-    return Context(constant=tensors | scopes, bound=bound)
+    return MatchContext(constant=tensors | scopes, bound=bound)
 
 
-def nearest_memo(scope: ir.Scope, ctx: Context, memo: dict | None) -> int:
+def nearest_memo(scope: ir.Scope, ctx: MatchContext, memo: dict | None) -> int:
     """:func:`nearest`'s distance, memoised per scope (scopes are interned)."""
     if memo is not None and scope in memo:
         return memo[scope]
@@ -209,12 +209,12 @@ def nearest_memo(scope: ir.Scope, ctx: Context, memo: dict | None) -> int:
     return d
 
 
-def compute_scopes(root: ir.Program | ir.Scope, ctx: Context) -> Iterator[ir.Scope]:
+def compute_scopes(root: ir.Program | ir.Scope, ctx: MatchContext) -> Iterator[ir.Scope]:
     """The scopes of ``root`` that must run as operators: compute bound and not folded at compile time."""
     return (s for s in ir.scopes_in(root) if s not in ctx.constant and is_compute(s))
 
 
-def program_distance(root: ir.Program | ir.Scope, ctx: Context, memo: dict | None = None) -> int:
+def program_distance(root: ir.Program | ir.Scope, ctx: MatchContext, memo: dict | None = None) -> int:
     """Sum of :func:`nearest` distances over the compute scopes of a program (or of a scope on its
     own); 0 when every one is an operator."""
     return sum(nearest_memo(s, ctx, memo) for s in compute_scopes(root, ctx))

@@ -125,10 +125,10 @@ def tiny_model(nodes, inputs, outputs, inits=(), functions=()) -> onnx.ModelProt
 def disable_operators(monkeypatch) -> None:
     """No predefined operator matches: every subprogram becomes an eOperator (so it differs from the original)."""
     from einopt.instantiate import emit, match
-    from einopt.instantiate.plan import Failure
+    from einopt.instantiate.plan import Refusal
 
     monkeypatch.setattr(
-        emit, "MATCHERS", {"Nothing": lambda scope, ctx=None: Failure("disabled for this test")}
+        emit, "MATCHERS", {"Nothing": lambda scope, ctx=None: Refusal("disabled for this test")}
     )
     monkeypatch.setattr(match, "PREFERRED", {})
 

@@ -26,7 +26,7 @@ from test_instantiate import run_onnx
 import einopt
 from einopt.core import ir
 from einopt.instantiate.match import MATCHERS, match
-from einopt.instantiate.plan import Context, Failure, Match, Pad
+from einopt.instantiate.plan import MatchContext, OperatorMatch, Pad, Refusal
 from einopt.stages.export import as_program
 
 ENABLE_ALL = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -138,10 +138,10 @@ def test_ort_optimizer_on_a_run_time_weight(op, w_shape, steps, loads):
 def test_conv_matcher_pads_only_a_constant_weight():
     scope = einopt.parse(RELAXED)
     refused = MATCHERS["Conv"](scope)
-    assert isinstance(refused, Failure) and REFUSAL in refused.reason
+    assert isinstance(refused, Refusal) and REFUSAL in refused.reason
     (w,) = [t for t in ir.input_tensors(scope) if t.name == "W"]
-    accepted = MATCHERS["Conv"](scope, Context(constant=frozenset({w})))
-    assert isinstance(accepted, Match) and accepted.attrs["kernel_shape"] == (6,)
+    accepted = MATCHERS["Conv"](scope, MatchContext(constant=frozenset({w})))
+    assert isinstance(accepted, OperatorMatch) and accepted.attrs["kernel_shape"] == (6,)
     assert any(isinstance(st, Pad) for st in accepted.operands[1].steps)
     m, failures = match(scope)
     assert m is not None and m.op_type != "Conv" and REFUSAL in dict(failures)["Conv"].reason

@@ -23,10 +23,10 @@ from einopt.core.interp import eval_index
 from einopt.instantiate.match import MATCHERS, match
 from einopt.instantiate.match_layout import layout_plan
 from einopt.instantiate.plan import (
-    Context,
-    Failure,
-    Match,
+    MatchContext,
+    OperatorMatch,
     Pad,
+    Refusal,
     Reshape,
     Slice,
     Transpose,
@@ -226,7 +226,7 @@ MATCH_CASES = [
 )
 def test_match(text, op, attrs):
     m, failures = match(scope_of(text))
-    assert isinstance(m, Match), failures
+    assert isinstance(m, OperatorMatch), failures
     assert m.op_type == op, failures
     got = m.attrs
     assert {k: got.get(k) for k in attrs} == attrs
@@ -355,7 +355,7 @@ NEAR_MISSES = [
 def test_near_miss(text, matcher, reason, chosen):
     scope = scope_of(text)
     refused = MATCHERS[matcher](scope)
-    assert isinstance(refused, Failure)
+    assert isinstance(refused, Refusal)
     assert reason in refused.reason
     m, failures = match(scope)
     assert dict(failures)[matcher].reason == refused.reason
@@ -429,7 +429,7 @@ def test_random_layout_views(seed):
     X = ir.Tensor("X", shape)
     scope = ir.Scope(tuple(_perm(rng, its)), (), X[tuple(idx)])
     steps = layout_plan(scope.traversal, scope.body)
-    assert not isinstance(steps, Failure), steps
+    assert not isinstance(steps, Refusal), steps
     np.testing.assert_array_equal(plan_map(shape, steps), index_map(scope.traversal, scope.body))
     run_onnx(einopt.program({"out": scope}), seed=seed)
 
@@ -483,7 +483,7 @@ def test_bias_matchers_refuse_a_bound_product():
         return Y
         where A: [4, 3], B: [3, 5], C: [5]"""
     )
-    bound = Context(bound=frozenset(s for _, s in prog.bindings))
+    bound = MatchContext(bound=frozenset(s for _, s in prog.bindings))
     m, failures = match(prog.scope("Y"), bound)
     assert m.op_type == "Add" and "program binding" in dict(failures)["Gemm"].reason
     m2, _ = match(prog.scope("Y"))
@@ -507,7 +507,7 @@ def test_extent_one_iterator_merges_under_any_name(inner, one):
     x = ir.Tensor("X", (8,))
     w, r = ir.Iter(inner, 0, 8), ir.Iter(one, 0, 1)
     v = simple_view(x[w + r])
-    assert not isinstance(v, Failure), v
+    assert not isinstance(v, Refusal), v
     assert v.labels == (w, r) and v.shape == (8, 1)
 
 
@@ -573,7 +573,7 @@ def test_single_iterator_agrees_with_enumerating_the_range(extent, lo, inner, ou
         total, s, c = fit
         return {p: c + s * p for p in range(it.extent) if 0 <= c + s * p < total}
 
-    if not isinstance(got, Failure):  # sound: exactly the reads the access makes
+    if not isinstance(got, Refusal):  # sound: exactly the reads the access makes
         assert got[0] == int(np.prod(size)) and reads(got) == reads_all
     if fits:  # complete: every strided view the enumeration finds
-        assert not isinstance(got, Failure), got
+        assert not isinstance(got, Refusal), got

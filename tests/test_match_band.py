@@ -7,7 +7,7 @@ import pytest
 from test_instantiate import as_program, run_onnx
 
 from einopt.instantiate.match_band import band_form, block_rows, match_band
-from einopt.instantiate.plan import Failure, Match
+from einopt.instantiate.plan import OperatorMatch, Refusal
 
 G2BMM = "L[b:{b}, i:{m}, w:{w}] Sum[k:{k}] A[b, i, k] * B[b, i + {d}*w + {c}, k] where A: [{b}, {m}, {k}], B: [{b}, {r}, {k}]"
 GBMM = "L[b:{b}, i:{m}, n:{k}] Sum[w:{w}] A[b, i, w] * B[b, i + {d}*w + {c}, n] where A: [{b}, {m}, {w}], B: [{b}, {r}, {k}]"
@@ -28,7 +28,7 @@ def test_band_products_run_as_blocked_matmuls(text, m, w, d, c, r):
     program = as_program(text.format(b=3, m=m, w=w, k=4, d=d, c=c, r=r))
     ((_, scope),) = program.bindings
     found = match_band(scope)
-    assert isinstance(found, Match), found
+    assert isinstance(found, OperatorMatch), found
     _, ops = run_onnx(program)
     assert "MatMul" in ops and "Gather" in ops and "Einsum" not in ops, ops
 
@@ -69,7 +69,7 @@ def test_a_band_read_through_a_nested_scope_with_an_origin():
 def test_what_is_not_a_band_product_is_refused(text, why):
     ((_, scope),) = as_program(text).bindings
     found = band_form(scope)
-    assert isinstance(found, Failure) and why in found.reason, found
+    assert isinstance(found, Refusal) and why in found.reason, found
 
 
 @pytest.mark.parametrize(

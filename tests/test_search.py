@@ -21,7 +21,7 @@ from rules_support import contractions
 
 import einopt
 from einopt.core import ir
-from einopt.instantiate.plan import Match
+from einopt.instantiate.plan import OperatorMatch
 from einopt.rules import NO_CONTEXT, REGISTRY, Context, check_equivalent
 from einopt.rules.paper import DERIVATIONS
 from einopt.search import DEFAULT_SCHEDULE, Budget, SearchError, search
@@ -380,7 +380,7 @@ def _assert_distance_agrees_with_matchers(scope: ir.Scope) -> set[str]:
     for target, matcher in TARGETS.items():
         d = distance(scope, target, ctx)
         assert isinstance(d, int)
-        if isinstance(matcher(scope, ctx), Match):
+        if isinstance(matcher(scope, ctx), OperatorMatch):
             assert d == 0, target
             zero.add(target)
         else:

@@ -37,12 +37,12 @@ from einopt.frontend.onnx_graph import unique_name
 from einopt.instantiate import EINSUM_OPSET, EOP_DOMAIN, eop
 from einopt.instantiate.match import MATCHERS, match
 from einopt.instantiate.plan import (
-    Context,
     DepthToSpace,
     Expand,
     LayoutStep,
     Literal,
-    Match,
+    MatchContext,
+    OperatorMatch,
     Pad,
     Reshape,
     Scale,
@@ -358,7 +358,7 @@ class _Emitter:
         }
         const_tensors = {t for t in program.inputs if t.name in constants}
         self.const_scopes = const_scopes
-        self.ctx = Context(
+        self.ctx = MatchContext(
             constant=frozenset(const_tensors | const_scopes),
             bound=frozenset(s for _, s in program.bindings),
             opset=opset,
@@ -506,7 +506,7 @@ class _Emitter:
         log.debug("%s: %s", label, how)
         return value
 
-    def emit_match(self, m: Match, label: str) -> str:
+    def emit_match(self, m: OperatorMatch, label: str) -> str:
         values = [self.steps(self.value_of(op.source, label), op.steps) for op in m.operands]
         for op in m.ops:
             inputs = ["" if i is None else values[i] for i in op.inputs]

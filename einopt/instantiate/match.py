@@ -1,10 +1,10 @@
 """Operator matching: which predefined ONNX operator computes a scope, with which attributes.
 
-``MATCHERS`` is a table of ``fn(scope, ctx) -> Match | Failure``, tried in
+``MATCHERS`` is a table of ``fn(scope, ctx) -> OperatorMatch | Refusal``, tried in
 order (the order is the preference: fused forms such as Conv with bias come
-before the element-wise Add that would also match). A :class:`Failure`
-carries a human-readable reason, a :class:`Match` the operator, its derived
-attributes and the operands with their layout steps.
+before the element-wise Add that would also match). A :class:`Refusal`
+carries a human-readable reason, an :class:`OperatorMatch` the operator, its
+derived attributes and the operands with their layout steps.
 
 Matching follows the iterator mapping table: iterators are grouped by the
 accesses they appear in (for ``C[m, n] = Sum_k A[m, k] B[k, n]``: m in {A, C},
@@ -35,14 +35,14 @@ from einopt.instantiate.match_conv import match_conv, match_conv_transpose
 from einopt.instantiate.match_elementwise import PATTERNS, match_elementwise
 from einopt.instantiate.match_layout import match_concat, match_flatten, match_layout
 from einopt.instantiate.plan import (
-    NO_CONTEXT,
-    Context,
-    Failure,
+    NO_MATCH_CONTEXT,
     LayoutStep,
     Literal,
-    Match,
+    MatchContext,
     Operand,
+    OperatorMatch,
     OpNode,
+    Refusal,
     Scale,
     Transpose,
     normalize,
@@ -59,9 +59,9 @@ from einopt.instantiate.views import (
 )
 
 __all__ = [
-    "Match",
-    "Failure",
-    "Context",
+    "OperatorMatch",
+    "Refusal",
+    "MatchContext",
     "Matcher",
     "MATCHERS",
     "PREFERRED",
@@ -75,7 +75,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Matcher = Callable[[ir.Scope, Context], Match | Failure]
+Matcher = Callable[[ir.Scope, MatchContext], OperatorMatch | Refusal]
 
 
 # Single-sided output iterators tried as broadcast batch dimensions (all subsets up to this many).
@@ -95,20 +95,20 @@ class _Contraction:
     summation: tuple[ir.Iter, ...]
 
 
-def _contraction(scope: ir.Scope, need_sum: bool = True) -> _Contraction | Failure:
+def _contraction(scope: ir.Scope, need_sum: bool = True) -> _Contraction | Refusal:
     if need_sum and not scope.summation:
-        return Failure("no summation: not a contraction")
+        return Refusal("no summation: not a contraction")
     prod = as_product(scope.body)
-    if isinstance(prod, Failure):
+    if isinstance(prod, Refusal):
         return prod
     scale, factors = prod
     if not factors:
-        return Failure("no access in the body")
+        return Refusal("no access in the body")
     views = []
     for a in factors:
         v = simple_view(a)
-        if isinstance(v, Failure):
-            return Failure(f"operand {a}: {v.reason}")
+        if isinstance(v, Refusal):
+            return Refusal(f"operand {a}: {v.reason}")
         views.append(v)
     read = {it for v in views for it in v.labels}
     for s in scope.summation:
@@ -142,21 +142,21 @@ class _Groups:
     k: tuple[ir.Iter, ...]
 
 
-def _product_groups(c: _Contraction, va: View, vb: View, allow_batch: bool) -> Iterator[_Groups] | Failure:
+def _product_groups(c: _Contraction, va: View, vb: View, allow_batch: bool) -> Iterator[_Groups] | Refusal:
     """Every iterator correspondence of ``Sum_k A * B`` with a MatMul (or Gemm when no batch)."""
     la, lb = set(va.labels), set(vb.labels)
     missing = [t.name for t in c.traversal if t not in la | lb and t.extent > 1]
     if missing:
-        return Failure(f"output iterator(s) {', '.join(missing)} read by neither operand")
+        return Refusal(f"output iterator(s) {', '.join(missing)} read by neither operand")
     alone = [s.name for s in c.summation if (s in la) != (s in lb)]
     if alone:
-        return Failure(f"{', '.join(alone)} summed within one operand alone (a reduction, not a product)")
+        return Refusal(f"{', '.join(alone)} summed within one operand alone (a reduction, not a product)")
     ks = [s for s in c.summation if s in la and s in lb]
     if not ks:
-        return Failure("no iterator is summed over both operands")
+        return Refusal("no iterator is summed over both operands")
     common = [t for t in c.traversal if t in la and t in lb]
     if common and not allow_batch:
-        return Failure(f"{', '.join(t.name for t in common)} in both operands and the output: batched")
+        return Refusal(f"{', '.join(t.name for t in common)} in both operands and the output: batched")
     a_only = [t for t in c.traversal if t in la and t not in lb]
     b_only = [t for t in c.traversal if t in lb and t not in la]
     single = a_only + b_only
@@ -182,32 +182,32 @@ def _product_groups(c: _Contraction, va: View, vb: View, allow_batch: bool) -> I
     return gen()
 
 
-def _best(cands: Iterator[tuple[float, Match]]) -> tuple[float, Match] | None:
+def _best(cands: Iterator[tuple[float, OperatorMatch]]) -> tuple[float, OperatorMatch] | None:
     """The cheapest candidate (the first of equally cheap ones)."""
-    best: tuple[float, Match] | None = None
+    best: tuple[float, OperatorMatch] | None = None
     for cost, m in cands:
         if best is None or cost < best[0]:
             best = (cost, m)
     return best
 
 
-def _matmul_candidates(c: _Contraction, ctx: Context) -> Iterator[tuple[float, Match]] | Failure:
+def _matmul_candidates(c: _Contraction, ctx: MatchContext) -> Iterator[tuple[float, OperatorMatch]] | Refusal:
     reasons = []
-    found: list[Iterator[tuple[float, Match]]] = []
+    found: list[Iterator[tuple[float, OperatorMatch]]] = []
     for va, vb in ((c.views[0], c.views[1]), (c.views[1], c.views[0])):
         gs = _product_groups(c, va, vb, allow_batch=True)
-        if isinstance(gs, Failure):
+        if isinstance(gs, Refusal):
             reasons.append(gs.reason)
             continue
         found.append(_matmul_from(c, ctx, va, vb, gs))
     if not found:
-        return Failure(reasons[0])
+        return Refusal(reasons[0])
     return itertools.chain(*found)
 
 
 def _matmul_from(
-    c: _Contraction, ctx: Context, va: View, vb: View, gs: Iterator[_Groups]
-) -> Iterator[tuple[float, Match]]:
+    c: _Contraction, ctx: MatchContext, va: View, vb: View, gs: Iterator[_Groups]
+) -> Iterator[tuple[float, OperatorMatch]]:
     const_a, const_b = ctx.is_constant(va.source), ctx.is_constant(vb.source)
     scale_on_a = const_a and not const_b
     for g in gs:
@@ -222,7 +222,10 @@ def _matmul_from(
         post = finish([(t,) for t in g.batch] + [g.m, g.n], c.traversal)
         cost = steps_cost(a_steps, const_a) + steps_cost(b_steps, const_b) + steps_cost(post, False)
         ops = (OpNode("MatMul", (0, 1)),)
-        yield cost, Match("MatMul", (Operand(va.source, a_steps), Operand(vb.source, b_steps)), ops, post)
+        yield (
+            cost,
+            OperatorMatch("MatMul", (Operand(va.source, a_steps), Operand(vb.source, b_steps)), ops, post),
+        )
 
 
 def _batch_groups(batch: Sequence[ir.Iter], labels: Sequence[ir.Iter]) -> list[tuple[ir.Iter, ...]]:
@@ -233,7 +236,7 @@ def _batch_groups(batch: Sequence[ir.Iter], labels: Sequence[ir.Iter]) -> list[t
     return groups
 
 
-def match_matmul(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
+def match_matmul(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
     """``L b.., m.., n.. Sum k..: A[..] * B[..]`` as (batched, broadcast) MatMul.
 
     Groups of several iterators are merged by Reshape; operands and the result
@@ -241,15 +244,15 @@ def match_matmul(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
     correspondence wins (fewest run-time Transposes).
     """
     c = _contraction(scope)
-    if isinstance(c, Failure):
+    if isinstance(c, Refusal):
         return c
     if len(c.views) != 2:
-        return Failure(f"a product of {len(c.views)} accesses: MatMul takes two")
+        return Refusal(f"a product of {len(c.views)} accesses: MatMul takes two")
     cands = _matmul_candidates(c, ctx)
-    if isinstance(cands, Failure):
+    if isinstance(cands, Refusal):
         return cands
     best = _best(cands)
-    return best[1] if best else Failure("no iterator correspondence")
+    return best[1] if best else Refusal("no iterator correspondence")
 
 
 # --------------------------------------------------------------------------
@@ -257,7 +260,7 @@ def match_matmul(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
 # --------------------------------------------------------------------------
 
 
-def match_gemm(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
+def match_gemm(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
     """2-D products with transA/transB, alpha, and a bias ``L m, n: S[m, n] + beta * C[..]``.
 
     Without a bias, Gemm is chosen only when it is cheaper than MatMul (its
@@ -266,7 +269,7 @@ def match_gemm(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
     return _match_gemm(scope, ctx, versus_matmul=True)
 
 
-def match_gemm_any(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
+def match_gemm_any(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
     """Gemm wherever it computes the scope, even without a bias and when MatMul is as cheap.
 
     Not in the matching table; preferred for a scope that was a Gemm originally.
@@ -274,56 +277,56 @@ def match_gemm_any(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failur
     return _match_gemm(scope, ctx, versus_matmul=False)
 
 
-def _match_gemm(scope: ir.Scope, ctx: Context, versus_matmul: bool) -> Match | Failure:
+def _match_gemm(scope: ir.Scope, ctx: MatchContext, versus_matmul: bool) -> OperatorMatch | Refusal:
     form = split_bias(scope, ctx)
     if isinstance(form, BiasForm):
         c = _contraction(form.inner)
-        if isinstance(c, Failure):
-            return Failure(f"bias form, product: {c.reason}")
+        if isinstance(c, Refusal):
+            return Refusal(f"bias form, product: {c.reason}")
         if len(c.views) != 2:
-            return Failure(f"bias form, product of {len(c.views)} accesses: Gemm takes two")
+            return Refusal(f"bias form, product of {len(c.views)} accesses: Gemm takes two")
         c = dataclasses.replace(c, traversal=form.traversal)
         found = _gemm(c, ctx, form)
-        if isinstance(found, Failure):
-            return Failure(f"bias form: {found.reason}")
+        if isinstance(found, Refusal):
+            return Refusal(f"bias form: {found.reason}")
         return dataclasses.replace(found[1], consumes=(form.inner,))
     if not scope.summation:
         return form
     c = _contraction(scope)
-    if isinstance(c, Failure):
+    if isinstance(c, Refusal):
         return c
     if len(c.views) != 2:
-        return Failure(f"a product of {len(c.views)} accesses: Gemm takes two")
+        return Refusal(f"a product of {len(c.views)} accesses: Gemm takes two")
     found = _gemm(c, ctx, None)
-    if isinstance(found, Failure):
+    if isinstance(found, Refusal):
         return found
     cost, gemm = found
     if not versus_matmul:
         return gemm
     plain = _matmul_candidates(c, ctx)
-    best = None if isinstance(plain, Failure) else _best(plain)
+    best = None if isinstance(plain, Refusal) else _best(plain)
     if best is not None and best[0] <= cost:
-        return Failure("no bias, and MatMul is as cheap (no operand needs a run-time transpose)")
+        return Refusal("no bias, and MatMul is as cheap (no operand needs a run-time transpose)")
     return gemm
 
 
-def _gemm(c: _Contraction, ctx: Context, bias: BiasForm | None) -> tuple[float, Match] | Failure:
+def _gemm(c: _Contraction, ctx: MatchContext, bias: BiasForm | None) -> tuple[float, OperatorMatch] | Refusal:
     reasons = []
-    cands: list[Iterator[tuple[float, Match]]] = []
+    cands: list[Iterator[tuple[float, OperatorMatch]]] = []
     for va, vb in ((c.views[0], c.views[1]), (c.views[1], c.views[0])):
         gs = _product_groups(c, va, vb, allow_batch=False)
-        if isinstance(gs, Failure):
+        if isinstance(gs, Refusal):
             reasons.append(gs.reason)
             continue
         cands.append(_gemm_from(c, ctx, va, vb, gs, bias))
     if not cands:
-        return Failure(reasons[0])
-    return _best(itertools.chain(*cands)) or Failure("the bias does not broadcast to [M, N]")
+        return Refusal(reasons[0])
+    return _best(itertools.chain(*cands)) or Refusal("the bias does not broadcast to [M, N]")
 
 
 def _gemm_from(
-    c: _Contraction, ctx: Context, va: View, vb: View, gs: Iterator[_Groups], bias: BiasForm | None
-) -> Iterator[tuple[float, Match]]:
+    c: _Contraction, ctx: MatchContext, va: View, vb: View, gs: Iterator[_Groups], bias: BiasForm | None
+) -> Iterator[tuple[float, OperatorMatch]]:
     const_a, const_b = ctx.is_constant(va.source), ctx.is_constant(vb.source)
     for g in gs:
         bias_op = None
@@ -367,7 +370,7 @@ def _gemm_from(
             if bias_op is not None:
                 operands += (bias_op,)
             op = OpNode("Gemm", tuple(range(len(operands))), attrs)
-            yield cost, Match("Gemm", operands, (op,), post)
+            yield cost, OperatorMatch("Gemm", operands, (op,), post)
 
 
 # --------------------------------------------------------------------------
@@ -375,36 +378,36 @@ def _gemm_from(
 # --------------------------------------------------------------------------
 
 
-def match_reduce_sum(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
+def match_reduce_sum(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
     """``L x Sum y: X[..]`` (bare or view indices) as ReduceSum over the summed dimensions."""
     c = _contraction(scope)
-    if isinstance(c, Failure):
+    if isinstance(c, Refusal):
         return c
     if len(c.views) != 1:
-        return Failure(f"a product of {len(c.views)} accesses: not a single-tensor reduction")
+        return Refusal(f"a product of {len(c.views)} accesses: not a single-tensor reduction")
     (v,) = c.views
     axes = [d for d, it in enumerate(v.labels) if it in c.summation]
     if not axes:
-        return Failure("the summed iterators are not read: not a reduction")
+        return Refusal("the summed iterators are not read: not a reduction")
     rest = [it for it in v.labels if it not in c.summation]
     post = finish([(it,) for it in rest], c.traversal)
     if c.scale != 1.0:  # on the (smaller) result
         post = normalize((Scale(c.scale), *post), tuple(it.extent for it in rest))
     operands = (Operand(v.source, v.steps), Operand(Literal(np.asarray(axes, dtype=np.int64))))
     op = OpNode("ReduceSum", (0, 1), (("keepdims", 0),))
-    return Match("ReduceSum", operands, (op,), post)
+    return OperatorMatch("ReduceSum", operands, (op,), post)
 
 
-def match_einsum(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
+def match_einsum(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
     """Any product of accesses with view indices, summed: ``Einsum`` (the contraction fallback)."""
     if ctx.opset is not None and ctx.opset < EINSUM_OPSET:
-        return Failure(f"Einsum needs opset {EINSUM_OPSET} (emitting for {ctx.opset})")
+        return Refusal(f"Einsum needs opset {EINSUM_OPSET} (emitting for {ctx.opset})")
     c = _contraction(scope, need_sum=False)
-    if isinstance(c, Failure):
+    if isinstance(c, Refusal):
         return c
     its = list(c.traversal) + list(c.summation)
     if len(its) > len(string.ascii_lowercase):
-        return Failure(f"{len(its)} iterators: more than Einsum's {len(string.ascii_lowercase)} letters")
+        return Refusal(f"{len(its)} iterators: more than Einsum's {len(string.ascii_lowercase)} letters")
     letter = dict(zip(its, string.ascii_lowercase, strict=False))
     read = {it for v in c.views for it in v.labels}
     present = [t for t in c.traversal if t in read]
@@ -420,7 +423,7 @@ def match_einsum(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
     if scaled is None:
         post = normalize((Scale(c.scale), *post), tuple(t.extent for t in present))
     op = OpNode("Einsum", tuple(range(len(operands))), (("equation", eq),))
-    return Match("Einsum", operands, (op,), post)
+    return OperatorMatch("Einsum", operands, (op,), post)
 
 
 # --------------------------------------------------------------------------
@@ -461,10 +464,10 @@ PREFERRED: dict[str, Matcher] = {
 
 def match(
     scope: ir.Scope,
-    ctx: Context = NO_CONTEXT,
+    ctx: MatchContext = NO_MATCH_CONTEXT,
     matchers: dict[str, Matcher] | None = None,
     prefer: str = "",
-) -> tuple[Match | None, tuple[tuple[str, Failure], ...]]:
+) -> tuple[OperatorMatch | None, tuple[tuple[str, Refusal], ...]]:
     """The first matcher (in table order) that accepts ``scope``, and the failures before it.
 
     A match that fuses a scope in ``ctx.bound`` is refused (that scope is
@@ -479,7 +482,7 @@ def match(
     if fn is None or (found is not None and found.op_type == prefer):
         return found, failures
     r = fn(scope, ctx)
-    if not isinstance(r, Match) or _fuses_binding(r, ctx):
+    if not isinstance(r, OperatorMatch) or _fuses_binding(r, ctx):
         return found, failures
     if found is not None and layout_cost(r, ctx) > layout_cost(found, ctx):
         return found, failures
@@ -488,23 +491,23 @@ def match(
 
 
 def _first_match(
-    scope: ir.Scope, ctx: Context, table: dict[str, Matcher]
-) -> tuple[Match | None, tuple[tuple[str, Failure], ...]]:
-    failures: list[tuple[str, Failure]] = []
+    scope: ir.Scope, ctx: MatchContext, table: dict[str, Matcher]
+) -> tuple[OperatorMatch | None, tuple[tuple[str, Refusal], ...]]:
+    failures: list[tuple[str, Refusal]] = []
     for k, (name, fn) in enumerate(table.items()):
         r = fn(scope, ctx)
-        if isinstance(r, Match):
+        if isinstance(r, OperatorMatch):
             if not _fuses_binding(r, ctx):
                 if name in COMPUTE and layout_cost(r, ctx) > 0:
                     r = _cheapest_compute(scope, ctx, r, list(table.items())[k + 1 :])
                 log.debug("matched %s as %s", scope, r.op_type)
                 return r, tuple(failures)
-            r = Failure("fuses a scope that is a program binding")
+            r = Refusal("fuses a scope that is a program binding")
         failures.append((name, r))
     return None, tuple(failures)
 
 
-def _fuses_binding(m: Match, ctx: Context) -> bool:
+def _fuses_binding(m: OperatorMatch, ctx: MatchContext) -> bool:
     """True when ``m`` fuses a scope that is a program binding (computed anyway, so it would run twice)."""
     return any(s in ctx.bound for s in m.consumes)
 
@@ -516,14 +519,14 @@ COMPUTE = frozenset({"Gemm", "ConvTranspose", "Conv", "MatMul"})
 TRANSPOSE_COST = steps_cost((Transpose((1, 0)),), constant=False)
 
 
-def layout_cost(m: Match, ctx: Context) -> float:
+def layout_cost(m: OperatorMatch, ctx: MatchContext) -> float:
     """Run-time layout work a match adds around its operators (transposes of activations cost most)."""
     return sum(steps_cost(o.steps, ctx.is_constant(o.source)) for o in m.operands) + steps_cost(m.post, False)
 
 
 def _cheapest_compute(
-    scope: ir.Scope, ctx: Context, first: Match, later: Sequence[tuple[str, Matcher]]
-) -> Match:
+    scope: ir.Scope, ctx: MatchContext, first: OperatorMatch, later: Sequence[tuple[str, Matcher]]
+) -> OperatorMatch:
     """``first``, unless a later compute matcher saves at least one run-time transpose.
 
     A 1x1 convolution at batch > 1 matches Gemm only through transposes of
@@ -534,7 +537,7 @@ def _cheapest_compute(
         if name not in COMPUTE:
             continue
         r = fn(scope, ctx)
-        if isinstance(r, Match) and not _fuses_binding(r, ctx):
+        if isinstance(r, OperatorMatch) and not _fuses_binding(r, ctx):
             c = layout_cost(r, ctx)
             if c <= cost - TRANSPOSE_COST:
                 best, cost = r, c

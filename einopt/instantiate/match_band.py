@@ -36,15 +36,15 @@ import numpy as np
 from einopt.core import ir
 from einopt.core.index import bounds, linear_form
 from einopt.instantiate.plan import (
-    NO_CONTEXT,
-    Context,
-    Failure,
+    NO_MATCH_CONTEXT,
     LayoutStep,
     Literal,
-    Match,
+    MatchContext,
     Operand,
+    OperatorMatch,
     OpNode,
     Pad,
+    Refusal,
     Reshape,
     Scale,
     Slice,
@@ -76,21 +76,21 @@ class Band:
     dilation: int
 
 
-def band_form(scope: ir.Scope) -> Band | Failure:
+def band_form(scope: ir.Scope) -> Band | Refusal:
     """``scope`` as a band product, or why it is not one (memoised on the interned scope: the
     search's distance asks for G2BMM and GBMM, and instantiation again)."""
     return ir._cached(scope, "band_form", lambda: _band_form(scope))
 
 
-def _band_form(scope: ir.Scope) -> Band | Failure:
+def _band_form(scope: ir.Scope) -> Band | Refusal:
     if len(scope.summation) != 1:
-        return Failure("band product: not summed over exactly one iterator")
+        return Refusal("band product: not summed over exactly one iterator")
     found = as_product(scope.body)
-    if isinstance(found, Failure):
+    if isinstance(found, Refusal):
         return found
     scale, reads = found
     if len(reads) != 2:
-        return Failure(f"band product: a product of {len(reads)} reads, not two")
+        return Refusal(f"band product: a product of {len(reads)} reads, not two")
     trav, (k,) = set(scope.traversal), scope.summation
     reason = "band product: no read has exactly one diagonal index i + d*w + c"
     for x, y in (reads, reads[::-1]):
@@ -128,11 +128,11 @@ def _band_form(scope: ir.Scope) -> Band | Failure:
             banded = simple_view(
                 ir.Access(y.source, tuple(rows if d == band[0] else f for d, f in enumerate(y.indices)))
             )
-            if isinstance(plain, Failure) or isinstance(banded, Failure):
-                reason = f"band product: {(plain if isinstance(plain, Failure) else banded).reason}"
+            if isinstance(plain, Refusal) or isinstance(banded, Refusal):
+                reason = f"band product: {(plain if isinstance(plain, Refusal) else banded).reason}"
                 continue
             return Band(kind, scale, plain, banded, batch, i, w, k, n, rows, cw)
-    return Failure(reason)
+    return Refusal(reason)
 
 
 def _covers(traversal: set[ir.Iter], read: set[ir.Iter]) -> bool:
@@ -150,10 +150,10 @@ def block_rows(window: int, rows: int) -> int:
     return max(1, min(b, rows))
 
 
-def match_band(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
+def match_band(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
     """A band product as blocked batched MatMuls (see the module docstring)."""
     f = band_form(scope)
-    if isinstance(f, Failure):
+    if isinstance(f, Refusal):
         return f
     d, W, L = f.dilation, f.w.extent, f.i.extent
     Bt = math.prod(it.extent for it in f.batch)
@@ -214,7 +214,9 @@ def match_band(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
     if f.scale != 1.0:
         post.append(Scale(f.scale))
     post += finish([f.batch, (f.i,), (out_cols,)], scope.traversal)
-    return Match(f.kind, operands, ops, normalize(post, (Bt * d, nc, Bk, J if f.kind == "G2BMM" else Y)))
+    return OperatorMatch(
+        f.kind, operands, ops, normalize(post, (Bt * d, nc, Bk, J if f.kind == "G2BMM" else Y))
+    )
 
 
 def _residues(Bt: int, n: int, padded: int, d: int, X: int, out: tuple[int, ...]) -> list[LayoutStep]:

@@ -39,15 +39,15 @@ from collections.abc import Hashable, Sequence
 from einopt.core import ir
 from einopt.core.index import linear_form
 from einopt.instantiate.plan import (
-    NO_CONTEXT,
-    Context,
+    NO_MATCH_CONTEXT,
     Expand,
-    Failure,
     LayoutStep,
-    Match,
+    MatchContext,
     Operand,
+    OperatorMatch,
     OpNode,
     Pad,
+    Refusal,
     Scale,
     Slice,
     normalize,
@@ -119,37 +119,37 @@ class _Spatial:
 # --------------------------------------------------------------------------
 
 
-def match_conv(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
+def match_conv(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
     """``L n, f, o.. Sum c, k..: X[n, c, s*o + d*k - p, ..] * W[f, c, k..]`` (any layout), with bias."""
     return _with_bias(scope, ctx, _conv_core)
 
 
-def match_conv_transpose(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
+def match_conv_transpose(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
     """``Sum c, k..: X[n, c, o + p - d*k, ..] * W[c, f, k..]``, strides through the ``U`` scope."""
     return _with_bias(scope, ctx, _conv_transpose_core)
 
 
-def _with_bias(scope: ir.Scope, ctx: Context, core_fn) -> Match | Failure:
+def _with_bias(scope: ir.Scope, ctx: MatchContext, core_fn) -> OperatorMatch | Refusal:
     form = split_bias(scope, ctx)
     if isinstance(form, BiasForm):
         core = core_fn(form.inner, ctx)
-        if isinstance(core, Failure):
-            return Failure(f"bias form, product: {core.reason}")
+        if isinstance(core, Refusal):
+            return Refusal(f"bias form, product: {core.reason}")
         return _bias_match(core, form)
     if not scope.summation:
         return form
     core = core_fn(scope, ctx)
-    if isinstance(core, Failure):
+    if isinstance(core, Refusal):
         return core
     return _assemble(core, scope.traversal, None, ())
 
 
-def _bias_match(core: _Core, form: BiasForm) -> Match | Failure:
+def _bias_match(core: _Core, form: BiasForm) -> OperatorMatch | Refusal:
     """``B`` of shape ``[F]``: the bias along the output channel, or broadcast along it when constant in it."""
     view: View = form.bias
     if not set(view.labels) <= {core.f}:
         shown = ", ".join(it.name for it in view.labels)
-        return Failure(
+        return Refusal(
             f"the bias varies along {shown}, not the output channel alone: not a {core.op_type} bias"
         )
     channels = core.f.extent if core.f is not None else 1
@@ -162,36 +162,36 @@ def _bias_match(core: _Core, form: BiasForm) -> Match | Failure:
 
 def _assemble(
     core: _Core, traversal: tuple[ir.Iter, ...], bias: Operand | None, consumes: tuple[ir.Scope, ...]
-) -> Match:
+) -> OperatorMatch:
     operands = (core.x, core.w) + ((bias,) if bias is not None else ())
     op = OpNode(core.op_type, tuple(range(len(operands))), core.attrs)
     post = normalize(core.out_steps + finish(core.out_groups, traversal), core.raw_shape)
-    return Match(core.op_type, operands, (op,), post, core.consumes + consumes)
+    return OperatorMatch(core.op_type, operands, (op,), post, core.consumes + consumes)
 
 
 def _size(group: tuple[ir.Iter, ...]) -> int:
     return math.prod(it.extent for it in group)
 
 
-def _attempts(scope: ir.Scope, ctx: Context, attempt) -> _Core | Failure:
+def _attempts(scope: ir.Scope, ctx: MatchContext, attempt) -> _Core | Refusal:
     """Try both tensor correspondences (which factor is the input, which the weight)."""
     prod = as_product(scope.body)
-    if isinstance(prod, Failure):
+    if isinstance(prod, Refusal):
         return prod
     scale, factors = prod
     if not scope.summation:
-        return Failure("no summation")
+        return Refusal("no summation")
     if len(factors) != 2:
-        return Failure(f"a product of {len(factors)} accesses, not input * weight")
+        return Refusal(f"a product of {len(factors)} accesses, not input * weight")
     reasons = []
     for x, w in ((factors[0], factors[1]), (factors[1], factors[0])):
         r = attempt(scope, x, w, scale, ctx)
-        if not isinstance(r, Failure):
+        if not isinstance(r, Refusal):
             return r
         reasons.append(r.reason)
     if reasons[0] == reasons[1]:
-        return Failure(reasons[0])
-    return Failure(f"with {factors[0]} as input: {reasons[0]}; with {factors[1]} as input: {reasons[1]}")
+        return Refusal(reasons[0])
+    return Refusal(f"with {factors[0]} as input: {reasons[0]}; with {factors[1]} as input: {reasons[1]}")
 
 
 # --------------------------------------------------------------------------
@@ -201,7 +201,7 @@ def _attempts(scope: ir.Scope, ctx: Context, attempt) -> _Core | Failure:
 
 def _parse_channel(
     dim: int, idx: ir.IndexExpr, origin: int, summ: frozenset, weight_iters: set
-) -> _Channel | Failure:
+) -> _Channel | Refusal:
     """``c + Cg*(f // Fg)``, ``c + Cg*f`` (Fg = 1), ``c`` (one group) or ``f // Fg`` / ``f`` (Cg = 1)."""
     lf = linear_form(idx)
     coeffs = dict(lf.coeffs)
@@ -209,10 +209,10 @@ def _parse_channel(
     cs = [it for it in coeffs if it in summ]
     fs = [it for it in coeffs if it not in summ]
     if len(cs) > 1 or len(fs) > 1 or len(lf.atoms) > 1 or (fs and lf.atoms):
-        return Failure(shape_msg)
+        return Refusal(shape_msg)
     c = cs[0] if cs else None
     if c is not None and coeffs[c] != 1:
-        return Failure(f"{shape_msg}: {c.name} has coefficient {coeffs[c]}")
+        return Refusal(f"{shape_msg}: {c.name} has coefficient {coeffs[c]}")
     cg = c.extent if c is not None else 1
     const = lf.const + (c.lo if c is not None else 0) - origin
     f, fg, a = None, 1, 0
@@ -223,28 +223,28 @@ def _parse_channel(
         atom, a = lf.atoms[0]
         inner = positional(atom.a) if isinstance(atom, ir.IFloorDiv) else None
         if inner is None or len(inner[0]) != 1 or inner[1] != 0 or next(iter(inner[0].values())) != 1:
-            return Failure(shape_msg)
+            return Refusal(shape_msg)
         f = next(iter(inner[0]))
         fg = atom.k
         if f.lo != 0:
-            return Failure(f"{shape_msg}: the group iterator {f.name} starts at {f.lo}, not 0")
+            return Refusal(f"{shape_msg}: the group iterator {f.name} starts at {f.lo}, not 0")
     if f is None:
         return _Channel(dim, c, None, cg, 1, 1, const)
     if f not in weight_iters:
-        return Failure(f"{shape_msg}: {f.name} is not an output channel of the weight")
+        return Refusal(f"{shape_msg}: {f.name} is not an output channel of the weight")
     if a != cg:
-        return Failure(f"{shape_msg} (Cg = {cg}, but the group term has coefficient {a})")
+        return Refusal(f"{shape_msg} (Cg = {cg}, but the group term has coefficient {a})")
     if const != 0:
-        return Failure(f"{shape_msg}: offset {const}")
+        return Refusal(f"{shape_msg}: offset {const}")
     if f.extent % fg:
-        return Failure(f"{shape_msg}: {f.extent} output channels do not split into groups of {fg}")
+        return Refusal(f"{shape_msg}: {f.extent} output channels do not split into groups of {fg}")
     return _Channel(dim, c, f, cg, fg, f.extent // fg, 0)
 
 
-def _weight_view(w: ir.Access) -> View | Failure:
+def _weight_view(w: ir.Access) -> View | Refusal:
     view = simple_view(w)
-    if isinstance(view, Failure):
-        return Failure(f"weight {w}: {view.reason}")
+    if isinstance(view, Refusal):
+        return Refusal(f"weight {w}: {view.reason}")
     return view
 
 
@@ -258,11 +258,11 @@ def _flip(labels: Sequence[Hashable], ks: list[ir.Iter]) -> tuple[LayoutStep, ..
     )
 
 
-def _output_channel(scope: ir.Scope, weight_iters: set[ir.Iter]) -> ir.Iter | None | Failure:
+def _output_channel(scope: ir.Scope, weight_iters: set[ir.Iter]) -> ir.Iter | None | Refusal:
     """The one traversal iterator the weight varies with (the output channel), if any."""
     f_its = [t for t in scope.traversal if t in weight_iters]
     if len(f_its) > 1:
-        return Failure(
+        return Refusal(
             f"the weight varies with several output iterators ({', '.join(t.name for t in f_its)})"
         )
     return f_its[0] if f_its else None
@@ -276,25 +276,25 @@ def _check_roles(
     spatial: list[_Spatial],
     weight: set,
     read: frozenset,
-) -> Failure | None:
+) -> Refusal | None:
     roles = batch + ([f] if f else []) + [sp.o for sp in spatial]
     c = channel.c if channel else None
     sums = ([c] if c else []) + [sp.k for sp in spatial if sp.k is not None]
     if len(set(roles)) != len(roles) or len(set(sums)) != len(sums):
-        return Failure("an iterator plays two roles (batch, channel, spatial)")
+        return Refusal("an iterator plays two roles (batch, channel, spatial)")
     for t in scope.traversal:
         if t not in roles and (t in read or t.extent > 1):
-            return Failure(f"output iterator {t.name} is neither batch, output channel nor spatial")
+            return Refusal(f"output iterator {t.name} is neither batch, output channel nor spatial")
     for s in scope.summation:
         if s not in sums and (s in read or s.extent > 1):
-            return Failure(f"summed iterator {s.name} is neither an input channel nor a kernel iterator")
+            return Refusal(f"summed iterator {s.name} is neither an input channel nor a kernel iterator")
     if c is not None and c not in weight:
-        return Failure(f"the weight does not read the input channel iterator {c.name}")
+        return Refusal(f"the weight does not read the input channel iterator {c.name}")
     extra = weight - set(sums) - ({f} if f else set())
     if extra:
-        return Failure(f"the weight reads {', '.join(sorted(it.name for it in extra))} outside its roles")
+        return Refusal(f"the weight reads {', '.join(sorted(it.name for it in extra))} outside its roles")
     if not spatial:
-        return Failure("no spatial dimension s*o + d*k + e (a plain contraction)")
+        return Refusal("no spatial dimension s*o + d*k + e (a plain contraction)")
     return None
 
 
@@ -307,13 +307,13 @@ def _x_operand(
     slices: list[tuple[int, int, int, int]],
     pads: dict[int, tuple[int, int]],
     batch: list[ir.Iter],
-) -> Operand | Failure:
+) -> Operand | Refusal:
     """The input read through its windows, arranged as ``[batch, channel, spatial..]``."""
     shape = tuple(x_src.shape)
     for dim, it, e in batch_dims:
         win = window_1d(1, e, it.extent, shape[dim])
         if win is None:
-            return Failure(f"the batch dimension {dim} is read only outside its range")
+            return Refusal(f"the batch dimension {dim} is read only outside its range")
         sl, pad = win
         if sl is not None:
             slices.append((dim, *sl))
@@ -321,13 +321,13 @@ def _x_operand(
     if channel is not None and channel.groups == 1:
         win = window_1d(1, channel.offset, channel.cg, shape[channel.dim])
         if win is None:
-            return Failure("the input channels are read only outside their range")
+            return Refusal("the input channels are read only outside their range")
         sl, pad = win
         if sl is not None:
             slices.append((channel.dim, *sl))
         pads[channel.dim] = pad
     elif channel is not None and shape[channel.dim] != channel.groups * channel.cg:
-        return Failure(
+        return Refusal(
             f"the input has {shape[channel.dim]} channels, not groups * Cg = {channel.groups * channel.cg}"
         )
     steps: list[LayoutStep] = []
@@ -360,13 +360,15 @@ def _x_operand(
 # --------------------------------------------------------------------------
 
 
-def _conv_core(scope: ir.Scope, ctx: Context) -> _Core | Failure:
+def _conv_core(scope: ir.Scope, ctx: MatchContext) -> _Core | Refusal:
     return _attempts(scope, ctx, _conv_attempt)
 
 
-def _conv_attempt(scope: ir.Scope, x: ir.Access, w: ir.Access, scale: float, ctx: Context) -> _Core | Failure:
+def _conv_attempt(
+    scope: ir.Scope, x: ir.Access, w: ir.Access, scale: float, ctx: MatchContext
+) -> _Core | Refusal:
     wv = _weight_view(w)
-    if isinstance(wv, Failure):
+    if isinstance(wv, Refusal):
         return wv
     weight = set(wv.labels)
     summ = frozenset(scope.summation)
@@ -384,7 +386,7 @@ def _conv_attempt(scope: ir.Scope, x: ir.Access, w: ir.Access, scale: float, ctx
             if len(ts) == 1 and len(ks) == 1 and ts[0] not in weight and ks[0] in weight:
                 o, k = ts[0], ks[0]
                 if coeffs[o] <= 0:
-                    return Failure(f"spatial index {idx}: stride {coeffs[o]} of {o.name} is not positive")
+                    return Refusal(f"spatial index {idx}: stride {coeffs[o]} of {o.name} is not positive")
                 spatial.append(_Spatial(j, o, k, coeffs[o], coeffs[k], e))
                 continue
             if len(ts) == 1 and not ks and ts[0] not in weight:
@@ -392,24 +394,24 @@ def _conv_attempt(scope: ir.Scope, x: ir.Access, w: ir.Access, scale: float, ctx
                     spatial.append(_Spatial(j, ts[0], None, coeffs[ts[0]], 1, e))
                     continue
                 if coeffs[ts[0]] != 1:
-                    return Failure(f"batch index {idx} is not a bare iterator")
+                    return Refusal(f"batch index {idx} is not a bare iterator")
                 batch_dims.append((j, ts[0], e))
                 continue
             if not ts and not ks:
-                return Failure(f"input dimension {j} is read at a constant index {idx}")
+                return Refusal(f"input dimension {j} is read at a constant index {idx}")
         if any(it not in summ and it not in weight for it in idx.iters()):
-            return Failure(f"spatial index {idx} is not s*o + d*k + e (one output and one kernel iterator)")
+            return Refusal(f"spatial index {idx} is not s*o + d*k + e (one output and one kernel iterator)")
         if channel is not None:
-            return Failure(f"two channel-like input dimensions: {x.indices[channel.dim]} and {idx}")
+            return Refusal(f"two channel-like input dimensions: {x.indices[channel.dim]} and {idx}")
         ch = _parse_channel(j, idx, origin[j], summ, weight)
-        if isinstance(ch, Failure):
+        if isinstance(ch, Refusal):
             return ch
         channel = ch
     f = _output_channel(scope, weight)
-    if isinstance(f, Failure):
+    if isinstance(f, Refusal):
         return f
     if channel is not None and channel.f is not None and channel.f is not f:
-        return Failure("the group term is not the output channel")
+        return Refusal("the group term is not the output channel")
     batch = [t for t in scope.traversal if any(t is b for _, b, _ in batch_dims)]
     bad = _check_roles(scope, batch, f, channel, spatial, weight, x.iters() | weight)
     if bad:
@@ -419,7 +421,7 @@ def _conv_attempt(scope: ir.Scope, x: ir.Access, w: ir.Access, scale: float, ctx
             [j for j, _, _ in batch_dims] + ([channel.dim] if channel else []) + [sp.dim for sp in spatial]
         )
         if order != sorted(order):
-            return Failure(
+            return Refusal(
                 "a strided read without a kernel iterator outside Conv's [batch, channel, spatial] order"
             )
     flips = [sp.k for sp in spatial if sp.d < 0]
@@ -433,7 +435,7 @@ def _conv_attempt(scope: ir.Scope, x: ir.Access, w: ir.Access, scale: float, ctx
         length = (sp.o.extent - 1) * sp.s + (sp.width - 1) * d + 1
         start, end = max(e, 0), min(e + length, shape[sp.dim])
         if start >= end:
-            return Failure(f"spatial index {x.indices[sp.dim]} reads only padding")
+            return Refusal(f"spatial index {x.indices[sp.dim]} reads only padding")
         kept = shape[sp.dim] if shape[sp.dim] - end < sp.s else end  # Conv rounds < s extra positions away
         if start > 0 or kept < shape[sp.dim]:
             slices.append((sp.dim, start, kept, 1))
@@ -442,7 +444,7 @@ def _conv_attempt(scope: ir.Scope, x: ir.Access, w: ir.Access, scale: float, ctx
         strides.append(sp.s)
         dilations.append(d)
     x_op = _x_operand(src, len(shape), batch_dims, channel, [sp.dim for sp in spatial], slices, pads, batch)
-    if isinstance(x_op, Failure):
+    if isinstance(x_op, Refusal):
         return x_op
     c = channel.c if channel else None
     w_groups = [(f,) if f else (), (c,) if c else ()] + [(sp.k,) if sp.k else () for sp in spatial]
@@ -461,7 +463,7 @@ def _conv_attempt(scope: ir.Scope, x: ir.Access, w: ir.Access, scale: float, ctx
         # padded the input, and the model no longer loads. Layout steps between the two do not
         # protect it (ONNX Runtime's transpose optimizer cancels Transposes around a Pad), so a
         # weight is padded only at compile time; its other layout steps run fine.
-        return Failure(
+        return Refusal(
             f"the weight {source_name(w.source)} is computed at run time and would need zero padding "
             "(ONNX Runtime's Pad fusion takes a Pad feeding a Conv for the input's padding)"
         )
@@ -474,15 +476,15 @@ def _conv_attempt(scope: ir.Scope, x: ir.Access, w: ir.Access, scale: float, ctx
 # --------------------------------------------------------------------------
 
 
-def _conv_transpose_core(scope: ir.Scope, ctx: Context) -> _Core | Failure:
+def _conv_transpose_core(scope: ir.Scope, ctx: MatchContext) -> _Core | Refusal:
     return _attempts(scope, ctx, _conv_transpose_attempt)
 
 
-def _zero_insertion(acc: ir.Access, ctx: Context):
+def _zero_insertion(acc: ir.Access, ctx: MatchContext):
     """``U[.., E // s, E % s, ..]`` over ``U = L .., i, p, ..: X[.., i, ..]`` (p in [0, 1)).
 
     Returns ``(X access source, [(index E, stride s) per X dimension], (U,))``,
-    None when ``acc`` does not read such a scope, or a Failure.
+    None when ``acc`` does not read such a scope, or a Refusal.
     """
     u = acc.source
     if not isinstance(u, ir.Scope) or u in ctx.bound or u.summation or not isinstance(u.body, ir.Access):
@@ -502,7 +504,7 @@ def _zero_insertion(acc: ir.Access, ctx: Context):
     for d in zeros:
         idx = acc.indices[d]
         if not isinstance(idx, ir.IMod):
-            return Failure(f"the zero-insertion dimension of U is read with {idx}, not (..) % s")
+            return Refusal(f"the zero-insertion dimension of U is read with {idx}, not (..) % s")
         mods[(idx.a, idx.k)] = d
     dims: list[tuple[ir.IndexExpr, int]] = [None] * x0.rank  # type: ignore[list-item]
     for it, j in read.items():
@@ -513,16 +515,16 @@ def _zero_insertion(acc: ir.Access, ctx: Context):
         else:
             dims[j] = (idx, 1)
     if mods:
-        return Failure("a (..) % s read of U has no matching (..) // s")
+        return Refusal("a (..) % s read of U has no matching (..) // s")
     return x0, dims, (u,)
 
 
 def _conv_transpose_attempt(
-    scope: ir.Scope, x: ir.Access, w: ir.Access, scale: float, ctx: Context
-) -> _Core | Failure:
+    scope: ir.Scope, x: ir.Access, w: ir.Access, scale: float, ctx: MatchContext
+) -> _Core | Refusal:
     summ = frozenset(scope.summation)
     through = _zero_insertion(x, ctx)
-    if isinstance(through, Failure):
+    if isinstance(through, Refusal):
         return through
     if through is None:
         src, dims, consumes = x.source, [(i, 1) for i in x.indices], ()
@@ -542,9 +544,9 @@ def _conv_transpose_attempt(
             if len(ts) == 1 and len(ks) == 1 and ts[0] not in w_iters and ks[0] in w_iters:
                 o, k = ts[0], ks[0]
                 if coeffs[o] != 1:
-                    return Failure(f"spatial index {idx}: {o.name} has coefficient {coeffs[o]}, not 1")
+                    return Refusal(f"spatial index {idx}: {o.name} has coefficient {coeffs[o]}, not 1")
                 if coeffs[k] > 0 and s == 1:
-                    return Failure(
+                    return Refusal(
                         f"spatial index {idx} adds the kernel iterator: a Conv, not a ConvTranspose"
                     )
                 spatial.append(_Spatial(j, o, k, s, -coeffs[k], e))
@@ -553,13 +555,13 @@ def _conv_transpose_attempt(
                 batch_dims.append((j, ts[0], e))
                 continue
         if s != 1 or channel is not None:
-            return Failure(f"input index {idx} is neither o + p - d*k nor an input channel")
+            return Refusal(f"input index {idx} is neither o + p - d*k nor an input channel")
         ch = _parse_channel(j, idx, origin[j], summ, w_iters)
-        if isinstance(ch, Failure):
+        if isinstance(ch, Refusal):
             return ch
         channel = ch
     f = _output_channel(scope, w_iters)
-    if isinstance(f, Failure):
+    if isinstance(f, Refusal):
         return f
     batch = [t for t in scope.traversal if any(t is b for _, b, _ in batch_dims)]
     bad = _check_roles(scope, batch, f, channel, spatial, w_iters, x.iters() | w_iters)
@@ -568,7 +570,7 @@ def _conv_transpose_attempt(
     groups = channel.groups if channel else 1
     x_channel = (dims[channel.dim][0], origin[channel.dim]) if channel else None
     w_op = _ct_weight(w, channel, x_channel, f, spatial)
-    if isinstance(w_op, Failure):
+    if isinstance(w_op, Refusal):
         return w_op
     begins, ends, out_pads, lead, trail = [], [], [], [], []
     for i, sp in enumerate(spatial):
@@ -578,7 +580,7 @@ def _conv_transpose_attempt(
         full = (shape[sp.dim] - 1) * sp.s + (sp.k.extent - 1) * d + 1
         w0, w1 = pb, pb + sp.o.extent
         if w1 <= 0 or w0 >= full:
-            return Failure(f"spatial index {dims[sp.dim][0]} reads only zeros")
+            return Refusal(f"spatial index {dims[sp.dim][0]} reads only zeros")
         begin = max(w0, 0)
         if w1 <= full:
             end, op, extra = full - w1, 0, 0
@@ -592,7 +594,7 @@ def _conv_transpose_attempt(
         trail.append(extra)
         spatial[i] = dataclasses.replace(sp, d=d, e=pb)
     x_op = _x_operand(src, len(shape), batch_dims, channel, [sp.dim for sp in spatial], [], {}, batch)
-    if isinstance(x_op, Failure):
+    if isinstance(x_op, Refusal):
         return x_op
     w_op = Operand(w_op.source, normalize(w_op.steps + (Scale(scale),), tuple(w.source.shape)))
     attrs = [
@@ -620,7 +622,7 @@ def _ct_weight(
     x_channel: tuple[ir.IndexExpr, int] | None,
     f: ir.Iter | None,
     spatial: list[_Spatial],
-) -> Operand | Failure:
+) -> Operand | Refusal:
     """The weight as ``[C, F/G, K..]``: ``W[c, f, k..]`` for one group, else
     ``W[<the input's channel index>, f % Fg, k..]``."""
     flips = [sp.k for sp in spatial if sp.d < 0]
@@ -628,7 +630,7 @@ def _ct_weight(
     shape = tuple(w.source.shape)
     if channel is None or channel.groups == 1:
         wv = _weight_view(w)
-        if isinstance(wv, Failure):
+        if isinstance(wv, Refusal):
             return wv
         w_groups = [(c,) if c else (), (f,) if f else ()] + [(sp.k,) for sp in spatial]
         steps = wv.steps + _flip(wv.labels, flips) + arrange(wv.labels, wv.shape, w_groups)
@@ -648,15 +650,15 @@ def _ct_weight(
         elif pf is not None and pf[1] == 0 and len(pf[0]) == 1:
             ((k, a),) = pf[0].items()
             if k not in kernels or a != 1 or n != k.extent:
-                return Failure(f"weight index {idx} is not a kernel iterator")
+                return Refusal(f"weight index {idx} is not a kernel iterator")
             labels.append(k)
         elif pf is not None and not pf[0] and pf[1] == 0 and n == 1 and channel.fg == 1:
             labels.append(_MEMBER)
         else:
-            return Failure(f"grouped weight index {idx} is not the input channel index, {f} % Fg or a kernel")
+            return Refusal(f"grouped weight index {idx} is not the input channel index, {f} % Fg or a kernel")
     need = [_CHANNEL, _MEMBER] + [sp.k for sp in spatial]
     if len(labels) != len(need) or set(labels) != set(need):
-        return Failure(f"grouped weight {w} is not W[c + Cg*(f // Fg), f % Fg, k..]")
+        return Refusal(f"grouped weight {w} is not W[c + Cg*(f // Fg), f % Fg, k..]")
     steps = _flip(labels, flips) + arrange(
         labels, shape, [(_CHANNEL,), (_MEMBER,)] + [(sp.k,) for sp in spatial]
     )

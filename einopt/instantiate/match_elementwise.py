@@ -19,13 +19,13 @@ import numpy as np
 from einopt.core import ir
 from einopt.instantiate import BINARY_OPS, UNARY_OPS, UNARY_PARAM
 from einopt.instantiate.plan import (
-    NO_CONTEXT,
-    Context,
-    Failure,
+    NO_MATCH_CONTEXT,
     Literal,
-    Match,
+    MatchContext,
     Operand,
+    OperatorMatch,
     OpNode,
+    Refusal,
     Reshape,
     normalize,
     steps_shape,
@@ -138,7 +138,7 @@ class _Builder:
     def scalar(self, v: float) -> int:
         return self.operand(Operand(Literal(np.asarray(v, dtype=np.float32))), ("literal", float(v)))
 
-    def value(self, e: ir.ValueExpr | float) -> int | Failure:
+    def value(self, e: ir.ValueExpr | float) -> int | Refusal:
         if isinstance(e, float):
             return self.scalar(e)
         if e in self.memo:
@@ -148,25 +148,25 @@ class _Builder:
         for hit in (p(e) for p in PATTERNS.values()):
             if hit is not None:
                 args = [self.value(a) for a in hit.args]
-                bad = next((a for a in args if isinstance(a, Failure)), None)
+                bad = next((a for a in args if isinstance(a, Refusal)), None)
                 return bad or self.op(OpNode(hit.op_type, tuple(args), hit.attrs), e)
         if isinstance(e, ir.Access):
             return self.access(e)
         if isinstance(e, ir.Binary):
             a, b = self.value(e.a), self.value(e.b)
-            bad = next((x for x in (a, b) if isinstance(x, Failure)), None)
+            bad = next((x for x in (a, b) if isinstance(x, Refusal)), None)
             return bad or self.op(OpNode(BINARY_OPS[e.op], (a, b)), e)
         if isinstance(e, ir.Unary):
             x = self.value(e.x)
-            if isinstance(x, Failure):
+            if isinstance(x, Refusal):
                 return x
             attrs = ((UNARY_PARAM[e.fn], e.param),) if e.fn in UNARY_PARAM else ()
             return self.op(OpNode(UNARY_OPS[e.fn], (x,), attrs), e)
-        return Failure(f"cannot map {type(e).__name__} to an element-wise operator")
+        return Refusal(f"cannot map {type(e).__name__} to an element-wise operator")
 
-    def access(self, acc: ir.Access) -> int | Failure:
+    def access(self, acc: ir.Access) -> int | Refusal:
         view = simple_view(acc)
-        if isinstance(view, Failure):
+        if isinstance(view, Refusal):
             return view
         first = next((d for d, t in enumerate(self.traversal) if t in view.labels), len(self.traversal))
         groups = [(t,) if t in view.labels else () for t in self.traversal[first:]]
@@ -185,16 +185,16 @@ def _strip(shape: tuple[int, ...]) -> tuple[int, ...]:
     return shape
 
 
-def match_elementwise(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
+def match_elementwise(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
     """Binary/unary operators over broadcast accesses (``L n, f: X[n, f] * s[f] + 1.0``)."""
     if scope.summation:
-        return Failure("sums over iterators: not element-wise")
+        return Refusal("sums over iterators: not element-wise")
     b = _Builder(scope.traversal)
     root = b.value(scope.body)
-    if isinstance(root, Failure):
+    if isinstance(root, Refusal):
         return root
     if not b.ops:
-        return Failure("no operator in the body (a layout or a constant)")
+        return Refusal("no operator in the body (a layout or a constant)")
     n = len(b.operands)
 
     def renumber(v: int | None) -> int | None:
@@ -202,7 +202,7 @@ def match_elementwise(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Fai
 
     ops = tuple(dataclasses.replace(op, inputs=tuple(renumber(v) for v in op.inputs)) for op in b.ops)
     if renumber(root) != n + len(ops) - 1:
-        return Failure("the result is not the last operator")  # cannot happen: the root is built last
+        return Refusal("the result is not the last operator")  # cannot happen: the root is built last
     present = scope.body.iters()
     first = next((d for d, t in enumerate(scope.traversal) if t in present), len(scope.traversal))
     groups = [(t,) if t in present else () for t in scope.traversal[first:]]
@@ -212,4 +212,4 @@ def match_elementwise(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Fai
     if rank < len(groups):  # every operand dropped leading size-1 dims, so the result lacks them too
         grouped = tuple(math.prod(t.extent for t in g) for g in groups)
         post = normalize((Reshape(grouped), *post), grouped[len(groups) - rank :])
-    return Match(label, tuple(b.operands), ops, post)
+    return OperatorMatch(label, tuple(b.operands), ops, post)

@@ -22,15 +22,15 @@ from einopt.core import ir
 from einopt.core.index import substitute
 from einopt.core.rewrite import operands as chain_operands
 from einopt.instantiate.plan import (
-    NO_CONTEXT,
-    Context,
+    NO_MATCH_CONTEXT,
     DepthToSpace,
-    Failure,
     LayoutStep,
     Literal,
-    Match,
+    MatchContext,
     Operand,
+    OperatorMatch,
     OpNode,
+    Refusal,
     Reshape,
     SpaceToDepth,
     Transpose,
@@ -56,7 +56,7 @@ def step_label(steps: Sequence[LayoutStep]) -> str:
     return "+".join(type(st).__name__ for st in steps) or "Identity"
 
 
-def match_layout(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
+def match_layout(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
     """A single access without summation as a chain of layout operators.
 
     ``L i, j: X[j, i]`` is a Transpose, ``X[2*i + 1]`` a Slice with step 2,
@@ -65,51 +65,51 @@ def match_layout(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
     compositions (Slice then Transpose) several steps.
     """
     if scope.summation:
-        return Failure("sums over iterators: not a layout operator")
+        return Refusal("sums over iterators: not a layout operator")
     body = scope.body
     if not isinstance(body, ir.Access):
-        return Failure("the body is not a single access")
+        return Refusal("the body is not a single access")
     steps = layout_plan(scope.traversal, body)
-    if isinstance(steps, Failure):
+    if isinstance(steps, Refusal):
         return steps
-    return Match(step_label(steps), (Operand(body.source, steps),))
+    return OperatorMatch(step_label(steps), (Operand(body.source, steps),))
 
 
-def match_flatten(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
+def match_flatten(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
     """A layout that is one Reshape of ``X`` to ``[prod(shape[:axis]), prod(shape[axis:])]`` as ``Flatten``.
 
     Not in the matching table (Reshape says the same); preferred for a scope
     that was a Flatten originally. Of equal axes (size-1 dimensions), the last.
     """
     m = match_layout(scope, ctx)
-    if isinstance(m, Failure):
+    if isinstance(m, Refusal):
         return m
     (operand,) = m.operands
     steps, shape = operand.steps, tuple(operand.source.shape)
     if len(steps) != 1 or not isinstance(steps[0], Reshape) or len(steps[0].shape) != 2:
-        return Failure(f"the layout is {step_label(steps)}, not one Reshape to two dimensions")
+        return Refusal(f"the layout is {step_label(steps)}, not one Reshape to two dimensions")
     rows = steps[0].shape[0]
     axes = [a for a in range(len(shape) + 1) if math.prod(shape[:a]) == rows]
     if not axes:
-        return Failure(f"no leading dimensions of {list(shape)} multiply to {rows}")
+        return Refusal(f"no leading dimensions of {list(shape)} multiply to {rows}")
     op = OpNode("Flatten", (0,), (("axis", axes[-1]),))
-    return Match("Flatten", (Operand(operand.source),), (op,))
+    return OperatorMatch("Flatten", (Operand(operand.source),), (op,))
 
 
-def layout_plan(traversal: Sequence[ir.Iter], acc: ir.Access) -> tuple[LayoutStep, ...] | Failure:
+def layout_plan(traversal: Sequence[ir.Iter], acc: ir.Access) -> tuple[LayoutStep, ...] | Refusal:
     """Steps computing ``L traversal: acc`` from ``acc.source``, checked against the index map."""
     src_shape = tuple(acc.source.shape)
     out_shape = tuple(t.extent for t in traversal)
     small = max(math.prod(src_shape), math.prod(out_shape)) <= CHECK_LIMIT
     view = simple_view(acc)
-    if not isinstance(view, Failure):
+    if not isinstance(view, Refusal):
         steps = normalize(view.steps + to_traversal(view.labels, view.shape, traversal), src_shape)
         if small and not np.array_equal(plan_map(src_shape, steps), index_map(traversal, acc)):
             log.warning("layout plan %s does not reproduce %s", steps, acc)
-            return Failure(f"the view plan {step_label(steps)} does not reproduce the index map")
+            return Refusal(f"the view plan {step_label(steps)} does not reproduce the index map")
         return steps
     if not small:
-        return Failure(f"{view.reason}; the exhaustive layout check is limited to {CHECK_LIMIT} elements")
+        return Refusal(f"{view.reason}; the exhaustive layout check is limited to {CHECK_LIMIT} elements")
     m = np.asarray(index_map(traversal, acc))
     for name, guess in _GUESSES.items():
         steps = guess(src_shape, out_shape, m)
@@ -120,7 +120,7 @@ def layout_plan(traversal: Sequence[ir.Iter], acc: ir.Access) -> tuple[LayoutSte
         if got.shape == m.shape and np.array_equal(got, m):
             log.debug("layout %s matched as %s", acc, name)
             return steps
-    return Failure(f"{view.reason}; no Reshape/Transpose/DepthToSpace/SpaceToDepth reproduces the index map")
+    return Refusal(f"{view.reason}; no Reshape/Transpose/DepthToSpace/SpaceToDepth reproduces the index map")
 
 
 # --------------------------------------------------------------------------
@@ -221,23 +221,23 @@ _GUESSES: dict[str, LayoutGuess] = {
 # --------------------------------------------------------------------------
 
 
-def match_concat(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
+def match_concat(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
     """A sum of accesses whose in-range parts are disjoint slabs along one axis.
 
     ``L i: A[i] + B[i - 4]`` with ``A: [4]`` and ``i:10`` is
     ``Concat(A, B[:6])``; gaps between slabs are filled with zeros.
     """
     if scope.summation:
-        return Failure("sums over iterators: not a concatenation")
+        return Refusal("sums over iterators: not a concatenation")
     terms = chain_operands(scope.body, "+")
     if len(terms) < 2 or not all(isinstance(t, ir.Access) for t in terms):
-        return Failure("the body is not a sum of two or more accesses")
+        return Refusal("the body is not a sum of two or more accesses")
     trav = scope.traversal
     boxes: list[list[tuple[int, int]]] = []
     for k, term in enumerate(terms):
         view = simple_view(term)
-        if isinstance(view, Failure):
-            return Failure(f"term {k + 1}: {view.reason}")
+        if isinstance(view, Refusal):
+            return Refusal(f"term {k + 1}: {view.reason}")
         box = []
         for t in trav:
             if t not in view.labels:
@@ -245,30 +245,30 @@ def match_concat(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
                 continue
             valid = view.valid[view.labels.index(t)]
             if valid is None:
-                return Failure(
+                return Refusal(
                     f"term {k + 1} reads {t.name} jointly with other iterators; its extent is unclear"
                 )
             box.append(valid)
         boxes.append(box)
     partial = sorted({d for box in boxes for d, t in enumerate(trav) if box[d] != (0, t.extent)})
     if not partial:
-        return Failure("every term covers the whole output: a sum, not a concatenation")
+        return Refusal("every term covers the whole output: a sum, not a concatenation")
     segments: dict[int, list[tuple[int, int]]] = {}
     for d in partial:
         found = _segments(sorted({box[d] for box in boxes}), trav[d].extent)
         if isinstance(found, str):
-            return Failure(f"terms {found} along {trav[d].name}")
+            return Refusal(f"terms {found} along {trav[d].name}")
         segments[d] = found
     cells: dict[tuple[tuple[int, int], ...], int] = {}
     for k, box in enumerate(boxes):
         cell = tuple(box[d] for d in partial)
         if cell in cells:
-            return Failure(f"terms {cells[cell] + 1} and {k + 1} cover the same slab")
+            return Refusal(f"terms {cells[cell] + 1} and {k + 1} cover the same slab")
         cells[cell] = k
     operands: list[Operand] = []
     ops: list[OpNode] = []
 
-    def leaf(cell: tuple[tuple[int, int], ...]) -> int | Failure:
+    def leaf(cell: tuple[tuple[int, int], ...]) -> int | Refusal:
         """The operand of one cell of the grid (zeros where no term reads)."""
         at = dict(zip(partial, cell, strict=True))
         k = cells.get(cell)
@@ -279,12 +279,12 @@ def match_concat(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
         cuts = {trav[d]: ir.Iter(trav[d].name, trav[d].lo + a, trav[d].lo + b) for d, (a, b) in at.items()}
         acc = ir.Access(terms[k].source, tuple(substitute(i, cuts) for i in terms[k].indices))
         steps = layout_plan(tuple(cuts.get(x, x) for x in trav), acc)
-        if isinstance(steps, Failure):
-            return Failure(f"term {k + 1}: {steps.reason}")
+        if isinstance(steps, Refusal):
+            return Refusal(f"term {k + 1}: {steps.reason}")
         operands.append(Operand(acc.source, steps))
         return len(operands) - 1
 
-    def joined(prefix: tuple[tuple[int, int], ...]) -> int | Failure:
+    def joined(prefix: tuple[tuple[int, int], ...]) -> int | Refusal:
         """The concatenation of every cell under ``prefix`` (innermost cut axis first)."""
         if len(prefix) == len(partial):
             return leaf(prefix)
@@ -292,7 +292,7 @@ def match_concat(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
         pieces = []
         for seg in segments[axis]:
             v = joined((*prefix, seg))
-            if isinstance(v, Failure):
+            if isinstance(v, Refusal):
                 return v
             pieces.append(v)
         if len(pieces) == 1:
@@ -301,13 +301,13 @@ def match_concat(scope: ir.Scope, ctx: Context = NO_CONTEXT) -> Match | Failure:
         return -len(ops)  # resolved below: ops are numbered after every operand
 
     top = joined(())
-    if isinstance(top, Failure):
+    if isinstance(top, Refusal):
         return top
     if not ops:
-        return Failure("a single term: not a concatenation")
+        return Refusal("a single term: not a concatenation")
     n = len(operands)
     ops = [OpNode(o.op_type, tuple(n - i - 1 if i < 0 else i for i in o.inputs), o.attrs) for o in ops]
-    return Match("Concat", tuple(operands), tuple(ops))
+    return OperatorMatch("Concat", tuple(operands), tuple(ops))
 
 
 def _segments(intervals: list[tuple[int, int]], extent: int) -> list[tuple[int, int]] | str:

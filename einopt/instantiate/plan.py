@@ -1,6 +1,6 @@
-"""What an operator match says: layout steps, operands, operator nodes, failures.
+"""What an operator match says: layout steps, operands, operator nodes, refusals.
 
-A :class:`Match` describes how to compute one scope with ONNX operators:
+An :class:`OperatorMatch` describes how to compute one scope with ONNX operators:
 ``operands`` (a tensor, scope or literal array read through layout ``steps``),
 ``ops`` (operator nodes over operands and earlier ops) and ``post`` (layout
 steps on the result). A :class:`LayoutStep` (Slice, Pad, Transpose, ...) is a
@@ -38,10 +38,10 @@ __all__ = [
     "Source",
     "Operand",
     "OpNode",
-    "Match",
-    "Failure",
-    "Context",
-    "NO_CONTEXT",
+    "OperatorMatch",
+    "Refusal",
+    "MatchContext",
+    "NO_MATCH_CONTEXT",
     "normalize",
     "steps_shape",
     "apply_steps",
@@ -293,8 +293,9 @@ class OpNode:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Match:
-    """How to compute a scope with predefined operators.
+class OperatorMatch:
+    """How to compute a scope with predefined operators (what a matcher returns when it accepts the
+    scope; not a rule's :class:`einopt.rules.Match`).
 
     The result is the last op's output (operand 0 when ``ops`` is empty, a pure
     layout match) followed by ``post``. ``consumes`` lists the inline scopes
@@ -319,8 +320,8 @@ class Match:
 
 
 @dataclasses.dataclass(frozen=True)
-class Failure:
-    """Why a matcher refused a scope."""
+class Refusal:
+    """Why a matcher refused a scope (a rule's near miss is an :class:`einopt.rules.Failure`)."""
 
     reason: str
 
@@ -329,8 +330,8 @@ class Failure:
 
 
 @dataclasses.dataclass(frozen=True)
-class Context:
-    """What a matcher may know besides the scope.
+class MatchContext:
+    """What a matcher may know besides the scope (a rule's is an :class:`einopt.rules.Context`).
 
     ``constant``: tensors and scopes whose values are known at compile time
     (layout steps on them are free). ``bound``: scopes materialised as program
@@ -347,4 +348,4 @@ class Context:
 
 
 # The context of a scope matched on its own: nothing constant, nothing bound.
-NO_CONTEXT = Context()
+NO_MATCH_CONTEXT = MatchContext()

@@ -27,12 +27,12 @@ from einopt.core import ir
 from einopt.core.index import bounds, linear_form, simplify
 from einopt.core.interp import eval_index
 from einopt.instantiate.plan import (
-    Context,
     Expand,
-    Failure,
     LayoutStep,
     Literal,
+    MatchContext,
     Pad,
+    Refusal,
     Reshape,
     Slice,
     Source,
@@ -83,7 +83,7 @@ def iter_list(e: ir.IndexExpr) -> tuple[ir.Iter, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def as_product(body: ir.ValueExpr) -> tuple[float, list[ir.Access]] | Failure:
+def as_product(body: ir.ValueExpr) -> tuple[float, list[ir.Access]] | Refusal:
     """``body`` as ``scale * A1 * A2 * ...`` (constants, ``neg`` and ``/ constant`` fold into scale)."""
     scale = 1.0
     factors: list[ir.Access] = []
@@ -104,7 +104,7 @@ def as_product(body: ir.ValueExpr) -> tuple[float, list[ir.Access]] | Failure:
             factors.append(e)
         else:
             what = e.op if isinstance(e, ir.Binary) else getattr(e, "fn", type(e).__name__)
-            return Failure(f"the body is not a product of accesses (it uses {what!r})")
+            return Refusal(f"the body is not a product of accesses (it uses {what!r})")
     return scale, factors
 
 
@@ -203,7 +203,7 @@ def _components(indices: Sequence[ir.IndexExpr]) -> list[tuple[list[int], list[i
     return out
 
 
-def simple_view(acc: ir.Access) -> View | Failure:
+def simple_view(acc: ir.Access) -> View | Refusal:
     """The view of an access (memoised on the interned access: matchers ask again and again).
 
     See :func:`_simple_view`.
@@ -211,7 +211,7 @@ def simple_view(acc: ir.Access) -> View | Failure:
     return ir._cached(acc, "simple_view", lambda: _simple_view(acc))
 
 
-def _simple_view(acc: ir.Access) -> View | Failure:
+def _simple_view(acc: ir.Access) -> View | Refusal:
     """Decompose an access into layout steps with one labelled dimension per iterator.
 
     Each group of source dimensions sharing iterators must be one of: a
@@ -238,7 +238,7 @@ def _simple_view(acc: ir.Access) -> View | Failure:
             lo, hi = bounds(idxs[0])
             q = lo - origin[d]
             if lo != hi or not 0 <= q < shape[d]:
-                return Failure(
+                return Refusal(
                     f"{name} is read at constant index {idxs[0]} outside dimension {d} (size {shape[d]}): "
                     "only zeros"
                 )
@@ -250,12 +250,12 @@ def _simple_view(acc: ir.Access) -> View | Failure:
             continue
         if len(its) == 1:
             res = _single_iterator(acc, dims, its[0], name)
-            if isinstance(res, Failure):
+            if isinstance(res, Refusal):
                 return res
             size, s, c = res
             win = window_1d(s, c, its[0].extent, size)
             if win is None:
-                return Failure(f"{name} is read only outside its range along dimension(s) {dims}")
+                return Refusal(f"{name} is read only outside its range along dimension(s) {dims}")
             sl, pad = win
             axis = len(mid_shape)
             mid_shape.append(size)
@@ -268,13 +268,13 @@ def _simple_view(acc: ir.Access) -> View | Failure:
             continue
         if len(dims) == 1:
             res = _split(idxs[0], origin[dims[0]], name)
-            if isinstance(res, Failure):
+            if isinstance(res, Refusal):
                 return res
             order, s, c = res
             total = math.prod(it.extent for it in order)
             win = window_1d(s, c, total, shape[dims[0]])
             if win is None:
-                return Failure(f"{name} is read only outside its range along dimension {dims[0]}")
+                return Refusal(f"{name} is read only outside its range along dimension {dims[0]}")
             sl, pad = win
             axis = len(mid_shape)
             mid_shape.append(shape[dims[0]])
@@ -287,7 +287,7 @@ def _simple_view(acc: ir.Access) -> View | Failure:
             valid += [(0, it.extent) if full else None for it in order]
             continue
         shown = ", ".join(it.name for it in its)
-        return Failure(f"dimensions {dims} of {name} read iterators {shown} jointly: not a view")
+        return Refusal(f"dimensions {dims} of {name} read iterators {shown} jointly: not a view")
     steps: list[LayoutStep] = []
     if len(mid_shape) != len(shape):
         steps.append(Reshape(tuple(mid_shape)))
@@ -302,7 +302,7 @@ def _simple_view(acc: ir.Access) -> View | Failure:
 
 def _single_iterator(
     acc: ir.Access, dims: list[int], it: ir.Iter, name: str
-) -> tuple[int, int, int] | Failure:
+) -> tuple[int, int, int] | Refusal:
     """One iterator reading consecutive dimensions: ``(merged size, step, offset)`` over positions."""
     src = acc.source
     shape, origin = tuple(src.shape), src.origin
@@ -311,7 +311,7 @@ def _single_iterator(
         if pf is not None:
             return shape[dims[0]], pf[0][it], pf[1]
     if dims != list(range(dims[0], dims[0] + len(dims))):
-        return Failure(f"dimensions {dims} of {name} read {it.name} jointly but are not adjacent")
+        return Refusal(f"dimensions {dims} of {name} read {it.name} jointly but are not adjacent")
     sizes = [shape[d] for d in dims]
     total = math.prod(sizes)
     shown = ", ".join(str(acc.indices[d]) for d in dims)
@@ -324,15 +324,15 @@ def _single_iterator(
         spread = np.linspace(_SAMPLE, n - _SAMPLE - 1, _SAMPLE).astype(np.int64)
         sample = np.concatenate([np.arange(_SAMPLE), spread, np.arange(n - _SAMPLE, n)])
         res = _strided_fit(acc, dims, sizes, it, sample)
-        if isinstance(res, Failure):
-            return Failure(f"{name}[{shown}] {res.reason} of {it.name}")
+        if isinstance(res, Refusal):
+            return Refusal(f"{name}[{shown}] {res.reason} of {it.name}")
         if not _even_steps(acc, dims, sizes, it, spread):
-            return Failure(f"{name}[{shown}] is not a strided view of {it.name}")
+            return Refusal(f"{name}[{shown}] is not a strided view of {it.name}")
     res = _strided_fit(acc, dims, sizes, it, np.arange(n, dtype=np.int64))
     if res is None:
-        return Failure(f"{name}[{shown}] is read only outside its range")
-    if isinstance(res, Failure):
-        return Failure(f"{name}[{shown}] {res.reason} of {it.name}")
+        return Refusal(f"{name}[{shown}] is read only outside its range")
+    if isinstance(res, Refusal):
+        return Refusal(f"{name}[{shown}] {res.reason} of {it.name}")
     return (total, *res)
 
 
@@ -384,7 +384,7 @@ def _affine_flat(acc: ir.Access, dims: list[int], sizes: list[int], it: ir.Iter)
 
 def _strided_fit(
     acc: ir.Access, dims: list[int], sizes: list[int], it: ir.Iter, points: np.ndarray
-) -> tuple[int, int] | Failure | None:
+) -> tuple[int, int] | Refusal | None:
     """Fit the flattened read as ``step * p + offset`` over the positions ``points`` of ``it``.
 
     ``points`` is increasing and starts ``0, 1, 2, ...``: the step comes from the first two
@@ -407,20 +407,20 @@ def _strided_fit(
         p1 = int(points[where[1]])
         ds = int(flat[where[1]] - flat[where[0]])
         if ds % (p1 - p0) or ds == 0:
-            return Failure("is not a strided view")
+            return Refusal("is not a strided view")
         s = ds // (p1 - p0)
     c = int(flat[where[0]]) - s * p0
     expect = c + s * points
     if not (np.array_equal((expect >= 0) & (expect < total), ok) and np.array_equal(flat[ok], expect[ok])):
-        return Failure("is not a row-major (reshape) view")
+        return Refusal("is not a row-major (reshape) view")
     return s, c
 
 
-def _split(idx: ir.IndexExpr, origin: int, name: str) -> tuple[list[ir.Iter], int, int] | Failure:
+def _split(idx: ir.IndexExpr, origin: int, name: str) -> tuple[list[ir.Iter], int, int] | Refusal:
     """One dimension read as a row-major merge ``s*(i*J + j) + c``: ``(iterators outer first, s, c)``."""
     pf = positional(idx, origin)
     if pf is None:
-        return Failure(f"index {idx} of {name} is not affine in its iterators")
+        return Refusal(f"index {idx} of {name} is not affine in its iterators")
     coeffs, c = pf
     # outer first; of equal coefficients, extent-1 iterators innermost (so names never decide)
     order = sorted(coeffs, key=lambda it: (-abs(coeffs[it]), it.extent == 1, it.name))
@@ -433,7 +433,7 @@ def _split(idx: ir.IndexExpr, origin: int, name: str) -> tuple[list[ir.Iter], in
         stride *= it.extent
     if not ok:
         shown = ", ".join(f"{it.name} (extent {it.extent})" for it in order)
-        return Failure(f"index {idx} of {name} merges {shown} non-contiguously: not a reshape")
+        return Refusal(f"index {idx} of {name} merges {shown} non-contiguously: not a reshape")
     return order, s, c
 
 
@@ -526,14 +526,14 @@ class BiasForm:
     beta: float
 
 
-def split_bias(scope: ir.Scope, ctx: Context) -> BiasForm | Failure:
+def split_bias(scope: ir.Scope, ctx: MatchContext) -> BiasForm | Refusal:
     """Recognise ``S[..] + B[..]`` or ``S[..] + c`` (either order, ``beta * B`` allowed), S an inline
     summing scope."""
     if scope.summation:
-        return Failure("not a bias form: the outer scope sums")
+        return Refusal("not a bias form: the outer scope sums")
     body = scope.body
     if not (isinstance(body, ir.Binary) and body.op == "+"):
-        return Failure("not a bias form S[..] + B[..]")
+        return Refusal("not a bias form S[..] + B[..]")
     reasons = []
     for inner, other in ((body.a, body.b), (body.b, body.a)):
         if not (isinstance(inner, ir.Access) and isinstance(inner.source, ir.Scope)):
@@ -560,7 +560,7 @@ def split_bias(scope: ir.Scope, ctx: Context) -> BiasForm | Failure:
             reasons.append("the bias term is not an access (or a constant times an access)")
             continue
         view = simple_view(bias)
-        if isinstance(view, Failure):
+        if isinstance(view, Refusal):
             reasons.append(f"bias: {view.reason}")
             continue
         labels = tuple(to_inner.get(it, it) for it in view.labels)
@@ -570,7 +570,7 @@ def split_bias(scope: ir.Scope, ctx: Context) -> BiasForm | Failure:
             dataclasses.replace(view, labels=labels),
             beta,
         )
-    return Failure("not a bias form: " + ("; ".join(reasons) or "no inline scope is added"))
+    return Refusal("not a bias form: " + ("; ".join(reasons) or "no inline scope is added"))
 
 
 def _pairs_const(e: ir.ValueExpr) -> list[tuple[float, ir.ValueExpr]]:
