@@ -98,7 +98,9 @@ def test_candidates_past_the_selection_budget_are_not_timed_or_chosen(
     assert result.model.SerializeToString() == model.SerializeToString()
 
 
-def test_a_second_run_searches_and_times_nothing(tmp_path, monkeypatch, every_candidate_timed):
+def test_a_second_run_searches_nothing_and_times_only_the_confirmation(
+    tmp_path, monkeypatch, every_candidate_timed
+):
     from einopt.stages import predict, searchruns, select
 
     # What a first run cut short by a stage's budget (a loaded machine) a second run measures: that is
@@ -113,8 +115,17 @@ def test_a_second_run_searches_and_times_nothing(tmp_path, monkeypatch, every_ca
     second = optimize(prelu_block(), Options(cache=cache, **SMALL))
     assert calls == []
     assert first.acceptance["cache"] is not None, first.acceptance  # the first run measured something
-    assert second.acceptance["cache"]["measured"] == 0, (first.acceptance, second.acceptance)
-    assert second.model.SerializeToString() == first.model.SerializeToString()
+    # Only the whole model's fresh confirmation (and its retakes) is timed again: every other timing
+    # comes from the cache.
+    made = [r for r in second.acceptance["rounds"] if not r["cached"]]
+    assert all(r["stage"] in ("confirm", "retake") for r in made), second.acceptance["rounds"]
+    assert second.acceptance["cache"]["measured"] == len(made), (first.acceptance, second.acceptance)
+    kept = [
+        bool(r.get("confirmation") and not r["confirmation"]["rolled_back"])
+        for r in (first.acceptance, second.acceptance)
+    ]
+    if kept[0] == kept[1]:  # a fresh confirmation may decide otherwise on a loaded machine
+        assert second.model.SerializeToString() == first.model.SerializeToString()
     assert all(p.search["cached"] for p in second.parts if p.search)
 
 

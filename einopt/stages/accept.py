@@ -333,9 +333,12 @@ def _steady(
     fresh: bool,
 ) -> Comparison | None:
     """``model`` timed against ``original`` until the input's median lies within ``band`` of
-    ``reference`` (set by the first timing); each timing that drifted is recorded as a retake. None
-    (and a round rolling back ``kept``) when it still drifts after :data:`MAX_RETAKES` retakes."""
+    ``reference`` (set by the first timing made in this run: one from the cache was made on another
+    day and says nothing about the machine now); each timing that drifted is recorded as a retake.
+    None (and a round rolling back ``kept``) when it still drifts after :data:`MAX_RETAKES` retakes."""
     t = timer.model(original, model, feeds, fresh=fresh)
+    if t.cached:
+        return t
     if not reference:
         reference.append(t.before.median_ms)
         return t
