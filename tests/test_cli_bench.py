@@ -133,8 +133,12 @@ def test_part_pairs_in_small_capture_groups_match_one_big_capture():
     from einopt.runtime import modelio
     from einopt.runtime.verify import part_pairs
 
-    result = optimize(lstm_cell(hidden=8), Options(seed=0))
+    result = optimize(
+        lstm_cell(hidden=8),
+        Options(seed=0, accept="verified", states_per_search=1_000, states_per_model=2_000),
+    )
     ws = result.workspace
+    assert ws.parts, "no rewrite to pair"
     whole = list(part_pairs(ws.model, ws.parts, ws.emitted, ws.feeds))
     one_by_one = list(part_pairs(ws.model, ws.parts, ws.emitted, ws.feeds, max_bytes=0))
     assert [p.name for p in whole] == [p.name for p in one_by_one] == [p.name for p in ws.parts]

@@ -333,7 +333,7 @@ def test_banded_attention_structure(elements: bool) -> None:
 @pytest.mark.parametrize("elements", [False, True], ids=["gather", "gather-elements"])
 def test_banded_attention_round_trip(elements: bool) -> None:
     model = banded_attention(elements)
-    result = optimize(model, Options(accept="verified"))
+    result = optimize(model, Options(accept="verified", states_per_search=1_000, states_per_model=3_000))
     assert result.verified
     statuses = {p.name: p.status for p in result.parts}
     assert [s for s in statuses.values() if s == "rewritten"], statuses

@@ -245,10 +245,23 @@ def test_band_indices():
 @pytest.mark.parametrize("name", NAMES)
 def test_round_trip(name):
     """Every small model (each op kind of the full one) survives `einopt optimize`, search included, and
-    stays equal (the search is bounded to keep the suite short: every searched part still goes
-    through selection, verification and acceptance)."""
+    stays equal (the search is bounded to keep the suite short; nothing is timed: every searched part
+    still goes through selection and verification, and every verified rewrite is kept)."""
+    _round_trip(name, "verified")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_round_trip_measured(name):
+    """The same with measured acceptance: cost stage, timed selection, whole-model rounds and the
+    confirmation on every model (the slow tier)."""
+    _round_trip(name, "measured")
+
+
+def _round_trip(name: str, accept: str) -> None:
     model = build(name, 1, size="small")
-    result = optimize(model, Options(seed=0, states_per_search=600, states_per_model=3_000))
+    options = Options(seed=0, accept=accept, states_per_search=300, states_per_model=1_200)
+    result = optimize(model, options)
     assert result.verified, (result.blocked, result.notes)
     onnx.checker.check_model(result.model)
     feeds = sample_inputs(model, seed=7)

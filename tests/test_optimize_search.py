@@ -33,7 +33,12 @@ def _rewritten(result, op):
     [
         # the 4 phase Conv 2x2 of ONNX's ConvTranspose k4 s2 p1, found at depth 3, interleaved back by
         # Concats along the unit residue axes or by Concat + DepthToSpace
-        (deconv_block, "ConvTranspose", lambda ops: "ConvTranspose" not in ops and ops.count("Conv") == 4),
+        pytest.param(  # 7,800 states at depth 3: the slow tier
+            deconv_block,
+            "ConvTranspose",
+            lambda ops: "ConvTranspose" not in ops and ops.count("Conv") == 4,
+            marks=pytest.mark.slow,
+        ),
         (prelu_block, "PRelu", lambda ops: "PRelu" not in ops and "Max" in ops),
         (lambda: lstm_cell(hidden=4), "MatMul", lambda ops: sum(o in ("MatMul", "Gemm") for o in ops) < 8),
     ],
@@ -118,8 +123,9 @@ def test_a_second_run_searches_nothing_and_times_only_the_confirmation(
     # Only the whole model's fresh confirmation (and its retakes) is timed again: every other timing
     # comes from the cache.
     made = [r for r in second.acceptance["rounds"] if not r["cached"]]
-    assert all(r["stage"] in ("confirm", "retake") for r in made), second.acceptance["rounds"]
-    assert second.acceptance["cache"]["measured"] == len(made), (first.acceptance, second.acceptance)
+    assert made and all(r["stage"] in ("confirm", "retake") for r in made), second.acceptance["rounds"]
+    # each made once, or twice when its first timing was disturbed (Timer times it again)
+    assert len(made) <= second.acceptance["cache"]["measured"] <= 2 * len(made), second.acceptance
     kept = [
         bool(r.get("confirmation") and not r["confirmation"]["rolled_back"])
         for r in (first.acceptance, second.acceptance)

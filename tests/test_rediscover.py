@@ -31,8 +31,13 @@ SETTINGS = {
 
 NOT_YET: dict[str, str] = {}
 
+# The cases that need about 10,000 states (30 s each on 2 cores) run in the slow tier (pytest -m slow).
+SLOW = {"convtranspose_phases", "convtranspose_onnx"}
 
-@pytest.mark.parametrize("name", list(CASES))
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW else []) for n in CASES]
+)
 def test_the_search_rediscovers(name):
     if name in NOT_YET:
         pytest.xfail(NOT_YET[name])
