@@ -78,4 +78,3 @@ def compile(node: Scope | Program, target: str = "llvm") -> CompiledKernel:  # n
 def cuda_source(node: Scope | Program) -> str:
     """CUDA C source of ``node`` (builds for target ``"cuda"``; needs no GPU)."""
     return compile(node, "cuda").device_source
-
