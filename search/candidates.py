@@ -26,8 +26,6 @@ from einopt.search.results import Candidate, Stats, TraceStep
 __all__ = [
     "Costing",
     "program_flops",
-    "program_bytes",
-    "estimate",
     "analytic",
     "operators",
     "contractions",
@@ -47,13 +45,9 @@ def program_flops(program: ir.Program, constants: frozenset[str] = frozenset()) 
     return _sizes(program, constants)[0]
 
 
-def program_bytes(program: ir.Program, constants: frozenset[str] = frozenset()) -> int:
-    """Bytes a program moves at least: its inputs read once, and every scope written once (scopes
-    that read only ``constants`` are folded at compile time and move nothing)."""
-    return _sizes(program, constants)[1]
-
-
 def _sizes(program: ir.Program, constants: frozenset[str]) -> tuple[int, int]:
+    """FLOPs and the bytes a program moves at least: its inputs read once, and every scope written
+    once (scopes that read only ``constants`` are folded at compile time and move nothing)."""
     flops = 0
     elements = sum(math.prod(t.shape) for t in program.inputs if t.name not in constants)
     for scope in ir.scopes_in(program):
@@ -69,12 +63,6 @@ def _seconds(flops: int, nbytes: int) -> float:
     from einopt.core.cost import BANDWIDTH, PEAK_FLOPS
 
     return flops / PEAK_FLOPS + nbytes / BANDWIDTH
-
-
-def estimate(program: ir.Program, constants: frozenset[str] = frozenset()) -> float:
-    """Seconds by the analytic roofline of :func:`einopt.core.cost.estimate_seconds`, from the program as
-    written (no instantiation): what cost pruning compares."""
-    return _seconds(*_sizes(program, constants))
 
 
 def contractions(program: ir.Program) -> int:
