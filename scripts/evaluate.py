@@ -133,7 +133,7 @@ TARGETS = {
     ("longformer", 1): 1.4,
 }
 """Issue 14's speedup targets (ORT median / einopt median); every other row: >= 0.98 (never slower)."""
-NEVER_SLOWER = 0.98
+NEVER_SLOWER = 0.99
 GEOMEAN_TARGET = 1.2
 MINUTES_TARGET = 5.0
 
