@@ -60,7 +60,7 @@ _shape_option = click.option(
 @click.option(
     "--model-states",
     "states_per_model",
-    default=25_000,
+    default=50_000,
     show_default=True,
     type=click.IntRange(min=1),
     metavar="N",

@@ -332,7 +332,7 @@ def _relabel(text: str, labels: Mapping[str, str]) -> str:
 
 MIN_SHARE = 500
 """States a search gets at least in the first pass, however many searches the model has (GCN's 91
-share 25,000: most need far fewer, and each is charged only what it used)."""
+share 50,000: most need far fewer, and each is charged only what it used)."""
 
 
 def _first_share(searches: int, budget: Budget) -> int | None:

@@ -15,7 +15,7 @@ FORMAT = 4
 """Version of what is stored per search; bump it when the search's output for a program changes."""
 
 DEFAULT_BUDGET = Budget(
-    max_depth=DEFAULT_MAX_DEPTH, states_per_search=10_000, states_per_model=25_000, deadline_s=600.0
+    max_depth=DEFAULT_MAX_DEPTH, states_per_search=10_000, states_per_model=50_000, deadline_s=600.0
 )
 """A model's searches by default (``einopt optimize``): the search generates about 150 states per
 second on a 2-core machine that other work keeps busy (85-160 on the evaluation models' searches),
