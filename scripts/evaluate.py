@@ -203,6 +203,25 @@ def update_readme(readme: Path, table: str) -> None:
     readme.write_text(f"{before}{START}\n{table}{END}{after}")
 
 
+def write_summary(rows: list[dict], command: str, out: Path) -> str:
+    """results/summary.json and results/results.md from the rows so far; the table."""
+    machine = {}
+    for r in rows:
+        if "error" not in r:
+            machine = json.loads((out / r["file"]).read_text())["bench"]["machine"]
+            break
+    summary = {
+        "date": datetime.date.today().isoformat(),
+        "command": command,
+        "machine": machine,
+        "rows": rows,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    table = markdown(rows, machine, command)
+    (out / "results.md").write_text(table)
+    return table
+
+
 def main() -> None:
     from einopt.models import MODELS
 
@@ -233,25 +252,13 @@ def main() -> None:
     command = "python scripts/evaluate.py" + (" --size small" if args.size == "small" else "")
     command += f" --jobs {args.jobs}" if args.jobs > 1 else ""
     command += f" --max-depth {args.max_depth}" if args.max_depth is not None else ""
+    command += f" --models {' '.join(args.models)}" if args.models != list(MODELS) else ""
     rows = []
     for name in args.models:
         for batch in batches:
             print(f"{name} batch {batch}", flush=True)
             rows.append(run_pair(name, batch, args, args.build, args.out))
-    machine = {}
-    for r in rows:
-        if "error" not in r:
-            machine = json.loads((args.out / r["file"]).read_text())["bench"]["machine"]
-            break
-    summary = {
-        "date": datetime.date.today().isoformat(),
-        "command": command,
-        "machine": machine,
-        "rows": rows,
-    }
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    table = markdown(rows, machine, command)
-    (args.out / "results.md").write_text(table)
+            table = write_summary(rows, command, args.out)  # after every pair: a stopped run keeps its table
     print(table)
     if (
         not args.no_readme
