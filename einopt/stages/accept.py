@@ -10,9 +10,9 @@ of interleaved runs lies above ``1 + band``. While it is not, the accepted
 rewrites are rolled back, a kind at a time (rewrites with the same original
 and new operators, such as a network's channel shuffles, go together),
 smallest measured gain first, half of the kinds at a time while many
-remain. A round whose input ran slower or faster than in the first round
-by more than the band (the machine changed under the measurement) is
-retaken, not compared. The model that survives is timed against the input
+remain. A round whose input ran slower or faster than in the timing before
+it by more than the band (the machine changed under the measurement) is
+retaken, not compared, until two timings in a row agree. The model that survives is timed against the input
 once more in a fresh comparison (new sessions, new interleaving); when that
 does not confirm the gain, the output is the input. Local timings cannot
 see layout interactions inside ONNX Runtime (a Reshape between two
@@ -249,9 +249,10 @@ def accept_model(
     :data:`BISECT_FROM` remain) and the rest is timed again. A timing that
     stays disturbed after a second try (see :meth:`Timer.model`) and does
     not confirm a gain rolls back everything: what cannot be measured is not
-    kept. A timing whose input ran more than ``band`` away from the first
-    round's input is retaken (:data:`MAX_RETAKES` times), not compared; when
-    the drift persists, everything is rolled back.
+    kept. A timing whose input ran more than ``band`` away from the input of
+    the timing before it is retaken (:data:`MAX_RETAKES` times), not
+    compared, until two in a row agree; when the input keeps moving,
+    everything is rolled back.
 
     Parameters
     ----------
@@ -332,22 +333,25 @@ def _steady(
     kept: tuple[str, ...],
     fresh: bool,
 ) -> Comparison | None:
-    """``model`` timed against ``original`` until the input's median lies within ``band`` of
-    ``reference`` (set by the first timing made in this run: one from the cache was made on another
-    day and says nothing about the machine now); each timing that drifted is recorded as a retake.
-    None (and a round rolling back ``kept``) when it still drifts after :data:`MAX_RETAKES` retakes."""
+    """``model`` timed against ``original``, compared only once the input's median agrees within
+    ``band`` with the input's median of the timing before it (``reference``: the last one compared in
+    this run; one from the cache was made on another run and says nothing about the machine now).
+
+    A timing whose input drifted from the one before it is recorded as a retake and made again; the
+    retake is compared when its input agrees with the drifted one (the machine has settled at another
+    speed: an input 4% faster for good is no reason to distrust paired ratios). None (and a round
+    rolling back ``kept``) when the input still moves after :data:`MAX_RETAKES` retakes."""
     t = timer.model(original, model, feeds, fresh=fresh)
     if t.cached:
         return t
-    if not reference:
-        reference.append(t.before.median_ms)
-        return t
+    previous = reference[-1] if reference else None
     for attempt in range(MAX_RETAKES + 1):
-        drift = t.before.median_ms / reference[0]
+        drift = t.before.median_ms / previous if previous else 1.0
         if abs(drift - 1.0) <= band:
+            reference.append(t.before.median_ms)
             return t
         why = (
-            f"the input ran {t.before.median_ms:.3g} ms against {reference[0]:.3g} ms in the first round "
+            f"the input ran {t.before.median_ms:.3g} ms against {previous:.3g} ms in the timing before "
             f"({drift:.2f}x, beyond the {band:.0%} band): the machine changed under the measurement"
         )
         if attempt == MAX_RETAKES:
@@ -356,6 +360,7 @@ def _steady(
             return None
         log.info("whole model: %s; timing it again", why)
         rounds.append(ModelRound(kept, t, (), "retake", why))
+        previous = t.before.median_ms
         t = timer.model(original, model, feeds, fresh=True)
     return t  # not reached
 
