@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
+from einopt.frontend.onnx_graph import DEFAULT_DOMAINS
 from einopt.runtime import bench
 from einopt.runtime.cache import MeasurementCache, resolve_path
 from einopt.runtime.graphkey import content_key, timing_key
@@ -378,7 +379,7 @@ def rewrite_kind(model: onnx.ModelProto, part: Part, inst: Instantiated) -> str:
     def op(n: onnx.NodeProto) -> str:
         if n.op_type in bodies and n.domain == bodies[n.op_type].domain:
             return "{" + " ".join(op(m) for m in bodies[n.op_type].node) + "}"
-        return n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+        return n.op_type if n.domain in DEFAULT_DOMAINS else f"{n.domain}.{n.op_type}"
 
     old = " ".join(model.graph.node[i].op_type for i in part.nodes)
     return f"{old} -> {' '.join(op(n) for n in inst.nodes)}"
