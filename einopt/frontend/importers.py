@@ -29,6 +29,8 @@ from einopt.frontend.importers_elementwise import ELEMENTWISE_IMPORTERS
 from einopt.frontend.importers_gather import GATHER_IMPORTERS
 from einopt.frontend.importers_layout import LAYOUT_IMPORTERS
 from einopt.frontend.importers_linear import LINEAR_IMPORTERS
+from einopt.frontend.importers_max import MAX_IMPORTERS
+from einopt.frontend.importers_reduce import REDUCE_IMPORTERS
 from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset, unique_name
 from einopt.frontend.operand import Importer, NodeView, Operand, Unsupported, node_attrs
 
@@ -42,6 +44,8 @@ IMPORTERS: dict[str, Importer] = {
     **CONV_IMPORTERS,
     **LAYOUT_IMPORTERS,
     **GATHER_IMPORTERS,
+    **REDUCE_IMPORTERS,
+    **MAX_IMPORTERS,
 }
 """Importer per ONNX op type (default domain)."""
 

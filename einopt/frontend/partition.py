@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 import onnx
 
 from einopt.core.ops import BINARY, UNARY
+from einopt.frontend import importers_max, importers_reduce
 
 # Non-linear element-wise ops: subprogram boundaries, translated on their own
 # so later fusion can absorb them into an eOperator. The IR's operations say so in
@@ -33,6 +34,8 @@ ACTIVATIONS: frozenset[str] = frozenset(
     {"PRelu", "Clip"}
     | {op.onnx for op in UNARY.values() if op.activation}
     | {name for op in BINARY.values() if op.activation for name in (op.onnx, op.onnx_variadic) if name}
+    | importers_reduce.NONLINEAR
+    | importers_max.NONLINEAR
 )
 
 TAILS: frozenset[str] = frozenset({"PRelu"} | {op.onnx for op in UNARY.values() if op.tail})

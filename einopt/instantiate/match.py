@@ -31,9 +31,12 @@ import numpy as np
 from einopt.core import ir
 from einopt.instantiate import BINARY_OPS, EINSUM_OPSET, UNARY_OPS
 from einopt.instantiate.match_band import match_band
+from einopt.instantiate.match_contrib import CONTRIB_MATCHERS, CONTRIB_PREFERRED
 from einopt.instantiate.match_conv import match_conv, match_conv_transpose
 from einopt.instantiate.match_elementwise import PATTERNS, match_elementwise
 from einopt.instantiate.match_layout import match_concat, match_flatten, match_layout
+from einopt.instantiate.match_max import MAX_MATCHERS, MAX_PREFERRED
+from einopt.instantiate.match_reduce import REDUCE_MATCHERS, REDUCE_PREFERRED
 from einopt.instantiate.plan import (
     NO_MATCH_CONTEXT,
     LayoutStep,
@@ -433,11 +436,14 @@ def match_einsum(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> Opera
 MATCHERS: dict[str, Matcher] = {
     "Layout": match_layout,
     "Concat": match_concat,
+    **CONTRIB_MATCHERS,
     "Gemm": match_gemm,
     "ConvTranspose": match_conv_transpose,
     "Conv": match_conv,
     "MatMul": match_matmul,
     "ReduceSum": match_reduce_sum,
+    **REDUCE_MATCHERS,
+    **MAX_MATCHERS,
     "Elementwise": match_elementwise,
     "Band": match_band,
     "Einsum": match_einsum,
@@ -459,6 +465,9 @@ PREFERRED: dict[str, Matcher] = {
     **dict.fromkeys(
         ("Transpose", "Reshape", "Slice", "Pad", "Expand", "DepthToSpace", "SpaceToDepth"), match_layout
     ),
+    **REDUCE_PREFERRED,
+    **MAX_PREFERRED,
+    **CONTRIB_PREFERRED,
 }
 
 
