@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 from einopt import api as _api
-from einopt.api import L, Sum, iters, program, tensor
+from einopt.api import L, Max, Sum, iters, program, tensor
 from einopt.core.ir import (
     Access,
     Binary,
@@ -60,6 +60,7 @@ __all__ = [
     "IRError",
     "Iter",
     "L",
+    "Max",
     "ParseError",
     "Program",
     "Scope",

@@ -1,6 +1,6 @@
 """Python API for writing expressions by operator overloading.
 
-    >>> from einopt import tensor, iters, L, Sum
+    >>> from einopt import tensor, iters, L, Sum  # and Max, for a maximum over iterators
     >>> h, w, f, r, s, c = iters("h:56 w:56 f:64 r:3 s:3 c:64")
     >>> A, K = tensor("A", (56, 56, 64)), tensor("K", (3, 3, 64, 64))
     >>> conv = L(h, w, f)(Sum(r, s, c)(A[h + r - 1, w + s - 1, c] * K[r, s, f, c]))
@@ -55,25 +55,34 @@ def iters(spec: str) -> tuple[Iter, ...]:
 
 
 class _Summed:
-    """``Sum(r, s)(body)``: a body with pending summation, waiting for ``L(...)``."""
+    """``Sum(r, s)(body)`` or ``Max(r, s)(body)``: a body with a pending reduction, waiting for ``L(...)``."""
 
-    __slots__ = ("summation", "body")
+    __slots__ = ("summation", "body", "reduce")
 
-    def __init__(self, summation: tuple[Iter, ...], body: ValueExpr) -> None:
+    def __init__(self, summation: tuple[Iter, ...], body: ValueExpr, reduce: str = "sum") -> None:
         self.summation = summation
         self.body = body
+        self.reduce = reduce
 
 
 class Sum:
     """Summation iterators: ``Sum(r, s, c)(body)``, to be wrapped by ``L(...)``."""
 
     __slots__ = ("its",)
+    reduce = "sum"
 
     def __init__(self, *its: Iter) -> None:
         self.its = its
 
     def __call__(self, body: ValueLike) -> _Summed:
-        return _Summed(self.its, as_value(body))
+        return _Summed(self.its, as_value(body), self.reduce)
+
+
+class Max(Sum):
+    """Iterators to take the maximum over: ``L(i)(Max(j)(X[i, j]))`` is ``L[i] Max[j] X[i, j]``."""
+
+    __slots__ = ()
+    reduce = "max"
 
 
 class L:
@@ -91,7 +100,7 @@ class L:
 
     def __call__(self, body: ValueLike | _Summed) -> Scope:
         if isinstance(body, _Summed):
-            return Scope(self.its, body.summation, body.body, self.pad)
+            return Scope(self.its, body.summation, body.body, self.pad, body.reduce)
         return Scope(self.its, (), as_value(body), self.pad)
 
 

@@ -82,7 +82,7 @@ class Rewriter:
         return self.value(e)
 
     def run_scope(self, s: Scope) -> Scope:
-        return self.scope(Scope(s.traversal, s.summation, self.run_value(s.body), s.pad))
+        return self.scope(Scope(s.traversal, s.summation, self.run_value(s.body), s.pad, s.reduce))
 
 
 def substitute(body: ValueExpr, mapping: dict[Iter, IndexExpr]) -> ValueExpr:
@@ -120,6 +120,7 @@ class Rename(Rewriter):
             tuple(mapping[it] for it in s.summation),
             substitute(s.body, mapping),
             s.pad,
+            s.reduce,
         )
 
 
@@ -130,7 +131,7 @@ class ShuffleSummation(Rewriter):
     def scope(self, s: Scope) -> Scope:
         summation = list(s.summation)
         self.rng.shuffle(summation)
-        return Scope(s.traversal, tuple(summation), s.body, s.pad)
+        return Scope(s.traversal, tuple(summation), s.body, s.pad, s.reduce)
 
 
 class Commute(Rewriter):
@@ -208,7 +209,7 @@ class SwapTraversal(ScopeMutator):
         pad = list(s.pad)
         if pad:
             pad[i], pad[j] = pad[j], pad[i]
-        return Scope(tuple(trav), s.summation, s.body, tuple(pad))
+        return Scope(tuple(trav), s.summation, s.body, tuple(pad), s.reduce)
 
 
 class ChangeRange(ScopeMutator):
@@ -227,6 +228,7 @@ class ChangeRange(ScopeMutator):
             tuple(swap.get(it, it) for it in s.summation),
             substitute(s.body, swap),
             s.pad,
+            s.reduce,
         )
 
 
@@ -235,7 +237,17 @@ class ChangePad(ScopeMutator):
         pad = list(s.pad) or [(0, 0)] * s.rank
         d = self.rng.randrange(s.rank)
         pad[d] = (pad[d][0] + 1, pad[d][1])
-        return Scope(s.traversal, s.summation, s.body, tuple(pad))
+        return Scope(s.traversal, s.summation, s.body, tuple(pad), s.reduce)
+
+
+class ChangeReduction(ScopeMutator):
+    """A sum scope becomes a max scope and back (only where there is something to reduce)."""
+
+    def applies(self, s: Scope) -> bool:
+        return bool(s.summation)
+
+    def mutate(self, s: Scope) -> Scope:
+        return s.replace(reduce="sum" if s.reduce == "max" else "max")
 
 
 class IndexMutator(Mutator):
@@ -346,6 +358,7 @@ MUTATORS = [
     SwapTraversal,
     ChangeRange,
     ChangePad,
+    ChangeReduction,
     ChangeCoefficient,
     ChangeDivMod,
     ChangeIndexConstant,
@@ -456,6 +469,7 @@ def ref_form(s: Scope) -> str:
             (
                 [(it.lo, it.hi) for it in s.traversal],
                 s.pad,
+                s.reduce,
                 [(it.lo, it.hi) for it in perm],
                 ref_value(s.body, names),
             )

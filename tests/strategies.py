@@ -27,6 +27,8 @@ Options (all strategies accept them):
   ``min(x, 8.0)``). With ``finite=False`` anything goes, including constants
   ``inf``, ``nan`` and ``-0.0`` (useful for syntax round trips).
 * ``binary_ops`` / ``unary_fns``: restrict the operators explicitly.
+* ``allow_max`` (off by default, so that existing draws are unchanged): a scope
+  with summation iterators is sometimes a max scope (``L[..] Max[..] f``).
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ class _Ctx:
     allow_nested: bool
     allow_pad: bool
     tensors: dict[str, Tensor]
+    allow_max: bool = False
     # Scopes built so far: nested ones may be read again (shared subexpressions).
     made: list[Scope] = dataclasses.field(default_factory=list)
     # Program bindings readable from the scope being built.
@@ -134,6 +137,7 @@ def _make_ctx(
     finite: bool,
     binary_ops: Sequence[str] | None,
     unary_fns: Sequence[str] | None,
+    allow_max: bool = False,
 ) -> _Ctx:
     if binary_ops is None:
         binary_ops = INTEGER_BINARY_OPS if integer_safe else BINARY_OPS
@@ -159,6 +163,7 @@ def _make_ctx(
         allow_divmod=allow_divmod,
         allow_nested=allow_nested,
         allow_pad=allow_pad,
+        allow_max=allow_max,
     )
 
 
@@ -331,7 +336,9 @@ def _scope(ctx: _Ctx, depth: int) -> Scope:
         pad = tuple((ctx.int(0, 2), ctx.int(0, 2)) for _ in traversal)
         if all(p == (0, 0) for p in pad):
             pad = ()
-    return Scope(traversal, summation, body, pad)
+    # Drawn only when allowed, so that the draws of every other strategy stay as they were.
+    reduce = "max" if ctx.allow_max and summation and ctx.rarely(2) else "sum"
+    return Scope(traversal, summation, body, pad, reduce)
 
 
 @st.composite
@@ -346,6 +353,7 @@ def scopes(
     finite: bool = True,
     binary_ops: Sequence[str] | None = None,
     unary_fns: Sequence[str] | None = None,
+    allow_max: bool = False,
 ) -> Scope:
     """A random closed ``Scope``; nested scopes go ``max_depth`` levels deep."""
     ctx = _make_ctx(
@@ -358,6 +366,7 @@ def scopes(
         finite=finite,
         binary_ops=binary_ops,
         unary_fns=unary_fns,
+        allow_max=allow_max,
     )
     return _sub(ctx, _scope, max_depth)
 
@@ -374,6 +383,7 @@ def programs(
     finite: bool = True,
     binary_ops: Sequence[str] | None = None,
     unary_fns: Sequence[str] | None = None,
+    allow_max: bool = False,
 ) -> Program:
     """A random ``Program``: 2-3 bindings, later ones reading earlier ones, 1-2 outputs.
 
@@ -390,6 +400,7 @@ def programs(
         finite=finite,
         binary_ops=binary_ops,
         unary_fns=unary_fns,
+        allow_max=allow_max,
     )
     bindings: list[tuple[str, Scope]] = []
     for name in BINDING_NAMES[: ctx.int(2, 3)]:

@@ -48,6 +48,7 @@ from einopt.core.ir import (
     Unary,
 )
 from einopt.core.ops import BINARY, UNARY
+from einopt.core.syntax import parse
 
 from paper import conv_reference, fig5_chain
 from strategies import programs, random_inputs, scopes
@@ -106,10 +107,11 @@ def naive(node, inputs, exact=False):
             out = np.zeros(s.shape, dtype=object)
             for point in itertools.product(*(range(it.lo, it.hi) for it in s.traversal)):
                 env = dict(zip(s.traversal, point, strict=True))
-                total = 0
+                values = []
                 for red in itertools.product(*(range(it.lo, it.hi) for it in s.summation)):
                     env.update(zip(s.summation, red, strict=True))
-                    total += value(s.body, env)
+                    values.append(value(s.body, env))
+                total = max(values) if s.reduce == "max" else sum(values)
                 out[tuple(p - it.lo for p, it in zip(point, s.traversal, strict=True))] = total
             memo[s] = out
         return memo[s]
@@ -181,6 +183,67 @@ def test_chunked_evaluation_matches_naive(s, seed):
     finally:
         interp._BUDGET = saved
     assert_close(got, naive(s, inputs))
+
+
+@settings(max_examples=150)
+@given(scopes(allow_max=True), SEEDS)
+def test_max_scopes_match_naive(s, seed):
+    inputs = random_inputs(s, np.random.default_rng(seed))
+    assert_close(evaluate(s, inputs), naive(s, inputs))
+
+
+@settings(max_examples=80)
+@given(scopes(integer_safe=True, allow_max=True), SEEDS)
+def test_max_scopes_int_mode_matches_naive_exactly(s, seed):
+    inputs = random_inputs(s, np.random.default_rng(seed), integer=True)
+    assert_close(evaluate(s, inputs, mode="int"), naive(s, inputs, exact=True), exact=True)
+
+
+@settings(max_examples=60)
+@given(programs(allow_max=True), SEEDS)
+def test_programs_with_max_scopes_match_naive(p, seed):
+    inputs = random_inputs(p, np.random.default_rng(seed))
+    assert_close(evaluate(p, inputs), naive(p, inputs))
+
+
+@settings(max_examples=60)
+@given(scopes(allow_max=True), SEEDS)
+def test_chunked_max_evaluation_matches_naive(s, seed):
+    inputs = random_inputs(s, np.random.default_rng(seed))
+    saved = interp._BUDGET
+    interp._BUDGET = 4
+    try:
+        got = evaluate(s, inputs)
+    finally:
+        interp._BUDGET = saved
+    assert_close(got, naive(s, inputs))
+
+
+def test_max_scope_takes_the_maximum_and_reads_zero_outside():
+    x = np.array([[-3.0, -1.0, -2.0], [4.0, -5.0, 6.0]])
+    inside = parse("L[i:2] Max[j:3] X[i, j] where X: [2, 3]")
+    np.testing.assert_array_equal(evaluate(inside, {"X": x}), [-1.0, 6.0])
+    # A window that leaves X reads 0 there: the row of negatives now has maximum 0 (no -inf padding).
+    window = parse("L[i:2] Max[j:4] X[i, j - 1] where X: [2, 3]")
+    np.testing.assert_array_equal(evaluate(window, {"X": x}), [0.0, 6.0])
+    # An iterator the body does not read repeats one value: the maximum is that value (a sum would
+    # multiply it by the extent).
+    unread = parse("L[i:2] Max[j:3, k:5] X[i, j] where X: [2, 3]")
+    np.testing.assert_array_equal(evaluate(unread, {"X": x}), [-1.0, 6.0])
+    # Reading a max scope outside its traversal gives 0, like any scope.
+    outer = parse("L[i:3] {L[a:2] Max[b:3] X[a, b]}[i] - 1.0 where X: [2, 3]")
+    np.testing.assert_array_equal(evaluate(outer, {"X": x}), [-2.0, 5.0, -1.0])
+    np.testing.assert_array_equal(evaluate(inside, {"X": x}, mode="int"), [-1, 6])
+
+
+def test_max_scope_softmax_form():
+    x = np.random.default_rng(0).standard_normal((3, 5)) * 50
+    softmax = parse(
+        "L[i:3, j:5] exp(X[i, j] - {L[a:3] Max[b:5] X[a, b]}[i])"
+        " / {L[c:3] Sum[d:5] exp(X[c, d] - {L[a:3] Max[b:5] X[a, b]}[c])}[i] where X: [3, 5]"
+    )
+    e = np.exp(x - x.max(1, keepdims=True))
+    np.testing.assert_allclose(evaluate(softmax, {"X": x}), e / e.sum(1, keepdims=True), rtol=1e-12)
 
 
 # --------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import pickle
 import pytest
 from hypothesis import given, settings
 
-from einopt import L, Sum, iters, program, tensor
+from einopt import L, Max, Sum, iters, program, tensor
 from einopt.core.ir import (
     Access,
     Binary,
@@ -80,6 +80,19 @@ def test_scope_shape_and_origin():
     assert s.origin == (-1, 0)
 
 
+def test_max_scope_is_its_own_node_and_keeps_its_kind():
+    i, j = iters("i:2 j:3")
+    A = tensor("A", (2, 3))
+    peak, total = L(i)(Max(j)(A[i, j])), L(i)(Sum(j)(A[i, j]))
+    assert peak is not total and (peak.reduce, total.reduce) == ("max", "sum")
+    assert peak.is_max and not total.is_max
+    assert Scope((i,), (j,), A[i, j], (), "max") is peak
+    # replace, rebuild and pickling keep the reduction.
+    assert peak.replace(body=A[i, j] * 2.0).reduce == "max"
+    assert rebuild(peak, lambda b: b * 2.0).reduce == "max"
+    assert pickle.loads(pickle.dumps(peak)) is peak
+
+
 @pytest.mark.parametrize(
     "build, message",
     [
@@ -102,6 +115,8 @@ def test_scope_shape_and_origin():
         (lambda: Scope((Iter("i", 0, 2),), (), Const(1.0), ((0, 0),)), "all zeros"),
         (lambda: Scope((Iter("i", 0, 2),), (), Const(1.0), ((1, -1),)), "before, after"),
         (lambda: Scope((Iter("i", 0, 2),), (), Const(1.0), ((True, 0),)), "before, after"),
+        (lambda: Scope((Iter("i", 0, 2),), (Iter("j", 0, 2),), Const(1.0), (), "min"), "unknown reduction"),
+        (lambda: Scope((Iter("i", 0, 2),), (), Const(1.0), (), "max"), "at least one reduction iterator"),
         (
             lambda: L(Iter("i", 0, 2))(
                 tensor("A", (2,))[Iter("i", 0, 2)] + tensor("A", (3,))[Iter("i", 0, 2)]

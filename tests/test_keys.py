@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from einopt.api import L, Sum, iters, leaky_relu, maximum, minimum, program, relu, tanh, tensor
+from einopt.api import L, Max, Sum, iters, leaky_relu, maximum, minimum, program, relu, tanh, tensor
 from einopt.core.index import linear_form
 from einopt.core.ir import (
     Binary,
@@ -62,7 +62,7 @@ FAST = settings(max_examples=100, deadline=None, derandomize=True)
 
 
 @FAST
-@given(scopes(), st.randoms(use_true_random=False))
+@given(scopes(allow_max=True), st.randoms(use_true_random=False))
 def test_key_invariant_under_equivalent_rewrites(s, rng):
     t = equivalent(s, rng)
     assert ref_form(t) == ref_form(s)
@@ -70,7 +70,7 @@ def test_key_invariant_under_equivalent_rewrites(s, rng):
 
 
 @FAST
-@given(scopes(), st.randoms(use_true_random=False))
+@given(scopes(allow_max=True), st.randoms(use_true_random=False))
 def test_each_rewrite_alone_keeps_the_key(s, rng):
     for cls in (Rename, ShuffleSummation, Commute):
         assert key(cls(rng).run_scope(s)) == key(s), cls.__name__
@@ -78,7 +78,7 @@ def test_each_rewrite_alone_keeps_the_key(s, rng):
 
 @settings(max_examples=60, deadline=None, derandomize=True)
 @pytest.mark.parametrize("cls", MUTATORS, ids=lambda c: c.__name__)
-@given(s=scopes(), rng=st.randoms(use_true_random=False))
+@given(s=scopes(allow_max=True), rng=st.randoms(use_true_random=False))
 def test_key_changes_under_mutation(cls, s, rng):
     t = mutate(s, cls, rng)
     if t is None:
@@ -264,6 +264,14 @@ EQUAL = {
         L(k)(Sum(i, j, *iters("x:2"))(B[k, i])),
         L(k)(Sum(*iters("y:2"), j, i)(B[k, j])),
     ),
+    "max iterators reordered and renamed": (
+        L(k)(Max(i, j)(B[i, j] * B[j, k])),
+        L(*iters("y:8"))(
+            Max(*iters("x:8"), *iters("z:8"))(
+                B[iters("z:8")[0], iters("x:8")[0]] * B[iters("x:8")[0], iters("y:8")[0]]
+            )
+        ),
+    ),
 }
 
 
@@ -304,6 +312,9 @@ DIFFERENT = {
     "nested scope differs": (fig5_e2(), fig5_e2(off=2)),
     "summation vs traversal": (L(i)(Sum(j)(B[i, j])), L(i, j)(B[i, j])),
     "which summation iterator": (L(k)(Sum(i, j)(B[i, j] * B[i, k])), L(k)(Sum(i, j)(B[i, j] * B[j, k]))),
+    "max vs sum": (L(i)(Max(j)(B[i, j])), L(i)(Sum(j)(B[i, j]))),
+    "max vs sum of one point": (L(i)(Max(*iters("x:1"))(B[i, 0])), L(i)(Sum(*iters("x:1"))(B[i, 0]))),
+    "max vs no reduction": (L(i)(Max(*iters("x:1"))(B[i, 0])), L(i)(B[i, 0])),
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 
 import einopt.examples
-from einopt import L, Sum, iters, leaky_relu, maximum, minimum, neg, program, relu, sigmoid, tensor
+from einopt import L, Max, Sum, iters, leaky_relu, maximum, minimum, neg, program, relu, sigmoid, tensor
 from einopt.core.ir import (
     Const,
     IAdd,
@@ -59,6 +59,15 @@ PARSE_TABLE = [
     (
         "L[i:4, j:4] {L[a:4, b:4] Sum[k:8] X[a,k]*Y[k,b]}[i, j] * 2 where X: [4, 8], Y: [8, 4]",
         L(i, j)(_matmul()[i, j] * 2.0),
+    ),
+    ("L[i:4] Max[k:8] X[i, k] where X: [4, 8]", L(i)(Max(k)(X[i, k]))),
+    ("L[i:4] Max[k:8, j=-1:3] X[i, k] * V[j]", L(i)(Max(k, Iter("j", -1, 3))(X[i, k] * V[Iter("j", -1, 3)]))),
+    (
+        "L[i:4] {L[a:4] Max[k:8] X[a, k]}[i] + {L[a:4] Sum[k:8] X[a, k]}[i]",
+        L(i)(
+            L(iters("a:4")[0])(Max(k)(X[iters("a:4")[0], k]))[i]
+            + L(iters("a:4")[0])(Sum(k)(X[iters("a:4")[0], k]))[i]
+        ),
     ),
     ("L[i:4] V[i] + 1 - 2", L(i)(V[i] + 1.0 - 2.0)),
     ("L[i:4] V[i] + (1 - 2)", L(i)(V[i] + (Const(1.0) - 2.0))),
@@ -289,6 +298,19 @@ def test_random_scopes_round_trip(e):
     assert parse(format_expr(e, declare=False), shapes=shapes) is e
 
 
+@given(scopes(max_depth=3, finite=False, allow_max=True))
+@settings(max_examples=150, deadline=None, derandomize=True)
+def test_random_scopes_with_max_round_trip(e):
+    text = format_node(e)
+    assert parse(text) is e, text
+
+
+@given(programs(finite=False, max_depth=2, allow_max=True))
+@settings(max_examples=80, deadline=None, derandomize=True)
+def test_random_programs_with_max_round_trip(p):
+    assert parse(format_node(p)) is p
+
+
 @given(scopes(integer_safe=True, max_depth=1))
 @settings(max_examples=60, deadline=None, derandomize=True)
 def test_random_integer_scopes_round_trip(e):
@@ -353,6 +375,9 @@ ERROR_TABLE = [
     ("L[i 4] 1", 1, 5, "expected ':' or '=' after iterator i"),
     ("L[i:x] 1", 1, 5, "expected the end of i's range (an integer), got 'x'"),
     ("L[i:4] Sum[] 1", 1, 12, "expected an iterator name, got ']'"),
+    ("L[i:4] Max[] V[i]", 1, 12, "expected an iterator name, got ']'"),
+    ("L[i:4] Max V[i]", 1, 12, "expected '[' after 'Max'"),
+    ("L[i:4] Max[j:2 V[i]", 1, 16, "to close 'Max['"),
     ("L[i:4]\n  V[i] *\n  (V[i] +)\n", 3, 10, "expected a value"),
     # Programs.
     ("P = L[i:4] V[i]\nreturn Q", 2, 8, "'Q' is not bound"),

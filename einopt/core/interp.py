@@ -5,8 +5,9 @@ Every derivation rule and every lowering is tested against it, so it follows
 the semantics of ``einopt.core.ir`` literally:
 
 * a scope ``L[x] Sum[y] f`` evaluates ``f`` at every point of ``x`` and ``y``
-  and sums over ``y``; array position ``p`` in dimension ``d`` of the result
-  holds traversal value ``x[d].lo + p``;
+  and sums over ``y``; a max scope ``L[x] Max[y] f`` takes the maximum over
+  ``y`` instead (``y`` is never empty there); array position ``p`` in dimension
+  ``d`` of the result holds traversal value ``x[d].lo + p``;
 * reading an input tensor outside ``0 <= i < shape`` or a scope outside its
   traversal ranges yields 0 (a scope's ``pad`` does not change values);
 * index ``//`` and ``%`` are floor division and modulo (Python/numpy).
@@ -18,8 +19,10 @@ does the rest. The body is expanded into a signed sum of products; each product
 is contracted with ``np.einsum`` over the summation iterators it reads and is
 multiplied by the extent of those it does not read. A term whose largest
 operand would exceed ``_BUDGET`` elements is evaluated in chunks of a summation
-range. Nested scopes are evaluated once per call (nodes are interned, so
-identity is structural equality) and then gathered from.
+range. A max scope evaluates its body over the whole iteration space of the
+iterators it reads and takes the maximum over the summation axes, in chunks of
+a summation range likewise. Nested scopes are evaluated once per call (nodes
+are interned, so identity is structural equality) and then gathered from.
 
 Modes: ``"float64"`` (default), ``"float32"`` (inputs cast to float32, every
 operation in float32) and ``"int"``: exact integer arithmetic in int64 for
@@ -36,6 +39,7 @@ also turn an overflow ``inf * 0`` into a different NaN or infinity).
 
 from __future__ import annotations
 
+import functools
 import math
 import string
 from collections.abc import Callable, Mapping
@@ -278,12 +282,35 @@ class _Evaluator:
         """The materialised value of ``s`` (computed once per call)."""
         out = self.scopes.get(s)
         if out is None:
-            out = np.zeros(s.shape, dtype=self.dtype)
             frame = _Frame(s, {it: (it.lo, it.hi) for it in s.traversal + s.summation})
-            for coef, factors in _terms(s.body, self.exact):
-                out += self.term(frame, coef, factors)
-            self.scopes[s] = out
+            out = self.scopes[s] = _REDUCERS[s.reduce](self, frame)
         return out
+
+    def total(self, frame: _Frame) -> np.ndarray:
+        """A sum scope: its body's terms, each contracted over the summation iterators."""
+        out = np.zeros(frame.scope.shape, dtype=self.dtype)
+        for coef, factors in _terms(frame.scope.body, self.exact):
+            out += self.term(frame, coef, factors)
+        return out
+
+    def maximum(self, frame: _Frame) -> np.ndarray:
+        """A max scope: the body at every point it depends on, maximised over the summation axes."""
+        s = frame.scope
+        body = s.body
+        size = math.prod(frame.shape_of(body.iters()))
+        if size > _BUDGET:
+            split = [it for it in s.summation if it in body.iters() and frame.extent(it) > 1]
+            if split:
+                it = max(split, key=frame.extent)
+                lo, hi = frame.dom[it]
+                step = max(1, (hi - lo) * _BUDGET // size)
+                parts = [self.maximum(frame.restrict(it, a, min(a + step, hi))) for a in range(lo, hi, step)]
+                return functools.reduce(np.maximum, parts)
+        v = self.value(frame, body)
+        v = v.reshape((1,) * (len(frame.axes) - v.ndim) + v.shape)
+        # Summation axes the body does not read have size 1 here: the maximum of one repeated value.
+        v = v.max(axis=tuple(range(len(s.traversal), len(frame.axes))))
+        return np.array(np.broadcast_to(v, s.shape), dtype=self.dtype)
 
     def term(self, frame: _Frame, coef: float | int, factors: tuple[ValueExpr, ...]) -> np.ndarray:
         """``coef * Sum[summation] prod(factors)`` as a traversal-shaped array."""
@@ -392,6 +419,13 @@ class _Evaluator:
         if mask is not None:
             out = np.where(mask, out, self.scalar(0))
         return out
+
+
+# How each kind of scope (``Scope.reduce``) is evaluated.
+_REDUCERS: dict[str, Callable[[_Evaluator, _Frame], np.ndarray]] = {
+    "sum": _Evaluator.total,
+    "max": _Evaluator.maximum,
+}
 
 
 def _slice_view(

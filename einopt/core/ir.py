@@ -13,7 +13,14 @@ Semantics (the reference interpreter ``einopt.core.interp`` is the specification
   its body only uses its own iterators. Its result is a tensor indexed by the
   *values* of its traversal iterators, so ``S[i]`` reads the element computed
   at traversal value ``i`` (ranges may start below zero).
-* Reading any tensor or scope outside its range yields 0.
+* A scope reduces its body over its summation iterators by its ``reduce``
+  (:data:`REDUCTIONS`): ``"sum"`` (the default, ``Sum``) adds, ``"max"``
+  (``L[traversal] Max[summation] body``) takes the maximum. A max scope has at
+  least one reduction iterator: the maximum over none is the body itself, which
+  the IR writes one way only, as a scope without reduction.
+* Reading any tensor or scope outside its range yields 0. So the maximum over a
+  window that leaves a tensor's range includes those zeros: it is not a
+  max-pooling with ``-inf`` padding.
 * The order of summation iterators is irrelevant; the order of traversal
   iterators is the output layout.
 """
@@ -51,6 +58,7 @@ __all__ = [
     "BINARY_OPS",
     "UNARY_FUNCS",
     "DTYPES",
+    "REDUCTIONS",
     "RESERVED_NAMES",
     "as_index",
     "as_value",
@@ -357,9 +365,13 @@ UNARY_FUNCS: dict[str, bool] = {op.name: op.param is not None for op in ops.UNAR
 
 DTYPES: tuple[str, ...] = ("float32", "float64", "float16", "int32", "int64")
 
+REDUCTIONS: dict[str, str] = {"sum": "Sum", "max": "Max"}
+"""How a scope reduces its body over its summation iterators: each kind and its text-syntax keyword.
+The interpreter, the keys, codegen and eOperators each read the kind from their own table."""
+
 # Words of the text syntax; no tensor, iterator or binding may be called so.
 RESERVED_NAMES: frozenset[str] = frozenset(
-    {"L", "Sum", "where", "return", "inf", "nan", *UNARY_FUNCS}
+    {"L", *REDUCTIONS.values(), "where", "return", "inf", "nan", *UNARY_FUNCS}
     | {op.name for op in ops.BINARY.values() if not op.infix}
 )
 
@@ -520,18 +532,30 @@ class Scope(_Indexable, Node):
     the materialised buffer carries before and after the computed range. It
     does not change the value (reads outside the range are 0 anyway); it lets
     codegen read the padded region without guards.
+
+    ``reduce`` is how the body is reduced over the summation iterators
+    (:data:`REDUCTIONS`): ``"sum"``, or ``"max"`` (``L[traversal] Max[summation]
+    body``, which needs at least one summation iterator).
     """
 
     traversal: tuple[Iter, ...]
     summation: tuple[Iter, ...]
     body: ValueExpr
     pad: tuple[tuple[int, int], ...] = ()
+    reduce: str = "sum"
 
     def __post_init__(self) -> None:
         if not isinstance(self.traversal, tuple) or not self.traversal:
             raise IRError("a scope needs at least one traversal iterator")
         if not isinstance(self.summation, tuple):
             raise IRError("summation iterators must be a tuple")
+        if self.reduce not in REDUCTIONS:
+            raise IRError(f"unknown reduction {self.reduce!r} (expected one of {', '.join(REDUCTIONS)})")
+        if self.reduce != "sum" and not self.summation:
+            raise IRError(
+                f"a {self.reduce} scope needs at least one reduction iterator "
+                f"(over none it is its body: write a scope without reduction)"
+            )
         for it in self.traversal + self.summation:
             if not isinstance(it, Iter):
                 raise IRError(f"scope iterators must be Iter, got {it!r}")
@@ -561,6 +585,11 @@ class Scope(_Indexable, Node):
     @property
     def rank(self) -> int:
         return len(self.traversal)
+
+    @property
+    def is_max(self) -> bool:
+        """Whether the scope takes the maximum over its summation iterators."""
+        return self.reduce == "max"
 
     @property
     def shape(self) -> tuple[int, ...]:

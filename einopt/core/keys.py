@@ -15,7 +15,12 @@ outside it and is cached on the scope. Its canonical form is::
 
     L[lo:hi,...] P[before:after,...] S[lo:hi,...] <body>
 
-with the pad part only when the scope has padding. Inside, iterators are
+with the pad part only when the scope has padding. A max scope writes
+``M[lo:hi,...]`` for its reduction iterators where a sum scope writes ``S``
+(a max scope always has some), so a max scope and a sum scope never share a
+key; a sum scope's form is the same as before max scopes existed. The order
+of a max scope's iterators does not matter either, and they are ordered the
+same way (below). Inside, iterators are
 renamed: the traversal iterator at position ``i`` becomes ``t{i}``, summation
 iterators become ``s0, s1, ...`` in a canonical order (below). The body is
 written in prefix form:
@@ -462,12 +467,17 @@ def _scope_form(s: Scope) -> str:
     if not summation:
         return head + _value(s.body, dict(zip(traversal, table, strict=False)))
     best = None
+    marker = _REDUCTION_MARKERS[s.reduce]
     for order in _summation_orders(s) if len(summation) > 1 else (summation,):
         names = dict(zip(traversal + order, table, strict=False))
-        text = head + "S[" + _ranges(order) + "]" + _value(s.body, names)
+        text = head + marker + _ranges(order) + "]" + _value(s.body, names)
         if best is None or text < best:
             best = text
     return best
+
+
+# How the reduction iterators of each kind of scope open in the canonical form.
+_REDUCTION_MARKERS: dict[str, str] = {"sum": "S[", "max": "M["}
 
 
 @functools.cache

@@ -15,6 +15,7 @@ from typing import Any
 
 from einopt.core.ir import (
     DTYPES,
+    REDUCTIONS,
     RESERVED_NAMES,
     UNARY_FUNCS,
     Access,
@@ -348,17 +349,21 @@ class _Parser:
             pad = self.pad(len(traversal))
         self.expect("]", "to close 'L[' (or ',' before another iterator)")
         summation = []
-        if self.accept("Sum"):
-            self.expect("[", "after 'Sum'")
-            summation.append(self.iterdecl(bound))
-            while self.accept(","):
+        reduce = "sum"
+        for kind, keyword in REDUCTIONS.items():
+            if self.accept(keyword):
+                reduce = kind
+                self.expect("[", f"after '{keyword}'")
                 summation.append(self.iterdecl(bound))
-            self.expect("]", "to close 'Sum[' (or ',' before another iterator)")
+                while self.accept(","):
+                    summation.append(self.iterdecl(bound))
+                self.expect("]", f"to close '{keyword}[' (or ',' before another iterator)")
+                break
         self.env.append(bound)
         body = self.value()
         self.env.pop()
         self.depth -= 1
-        return self.build(start, Scope, tuple(traversal), tuple(summation), body, pad)
+        return self.build(start, Scope, tuple(traversal), tuple(summation), body, pad, reduce)
 
     def iterdecl(self, bound: dict[str, Iter]) -> Iter:
         tok = self.name("an iterator name")

@@ -9,7 +9,7 @@ Grammar (whitespace and newlines are free; ``#`` comments to end of line)::
     expr     := scope ["where" decls]
     program  := (NAME "=" scope [";"])+ "return" NAME ("," NAME)* ["where" decls]
     scope    := "L" "[" iterdecl ("," iterdecl)* ["|" "pad" INT ":" INT ("," INT ":" INT)*] "]"
-                ["Sum" "[" iterdecl ("," iterdecl)* "]"] value
+                [("Sum" | "Max") "[" iterdecl ("," iterdecl)* "]"] value
     iterdecl := NAME ":" INT | NAME "=" INT ":" INT          (INT may be negative here)
     value    := term (("+" | "-") term)*
     term     := factor (("*" | "/") factor)*
@@ -26,6 +26,9 @@ Grammar (whitespace and newlines are free; ``#`` comments to end of line)::
 the ``NUMBER`` is the parameter of those with one: ``leaky_relu(x, 0.1)``) and ``OP`` a binary
 operator of ``einopt.core.ops.BINARY`` written as a call (``max``, ``min``).
 
+``Sum`` adds the body over its iterators, ``Max`` takes the maximum (``REDUCTIONS`` of
+``einopt.core.ir``).
+
 ``-2`` is the constant -2 while ``-x`` is ``(-1)*x`` (``neg(x)`` for values),
 so every node has exactly one printed form and ``parse(format_node(e)) is e``.
 A rank-0 tensor is declared ``A: []`` and read ``A[]``. Parsing lives in
@@ -39,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from einopt.core.ir import (
+    REDUCTIONS,
     Access,
     Binary,
     Const,
@@ -145,7 +149,7 @@ class _Printer:
             head += " | pad " + ", ".join(f"{a}:{b}" for a, b in s.pad)
         text = f"L[{head}] "
         if s.summation:
-            text += f"Sum[{', '.join(_iterdecl(it) for it in s.summation)}] "
+            text += f"{REDUCTIONS[s.reduce]}[{', '.join(_iterdecl(it) for it in s.summation)}] "
         return text + self.value(s.body)[0]
 
     # -- values ----------------------------------------------------------
