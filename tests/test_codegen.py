@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import einopt.codegen
-from einopt import L, Sum, iters, program, tensor
+from einopt import L, Max, Sum, exp, iters, program, tensor
 from einopt.codegen import DeviceUnavailableError
 from einopt.core.interp import evaluate
 from einopt.core.ir import Binary, Unary
@@ -211,6 +211,41 @@ def test_random_scopes_match_interpreter(node, seed):
 @given(programs(), st.integers(0, 2**16))
 def test_random_programs_match_interpreter(node, seed):
     check(node, seed)
+
+
+@tvm_test
+@settings(_random, max_examples=30)
+@given(scopes(allow_max=True), st.integers(0, 2**16))
+def test_random_scopes_with_max_match_interpreter(node, seed):
+    check(node, seed)
+
+
+@tvm_test
+@settings(_random, max_examples=15)
+@given(programs(allow_max=True), st.integers(0, 2**16))
+def test_random_programs_with_max_match_interpreter(node, seed):
+    check(node, seed)
+
+
+@tvm_test
+def test_max_scopes_softmax_and_padding():
+    i, j, a, b = iters("i:4 j:8 a:4 b=-1:9")
+    X = tensor("X", (4, 8))
+    peak = L(a, pad=[(1, 2)])(Max(b)(X[a, b]))  # a window over X's zero border, padded when read
+    exps = L(i, j)(exp(X[i, j] - peak[i]))
+    total = L(a)(Sum(*iters("c:8"))(exps[a, iters("c:8")[0]]))
+    check(program({"Y": L(i, j)(exps[i, j] / total[i] + peak[i - 1])}, {"P": peak, "E": exps, "S": total}))
+
+
+@tvm_test
+def test_max_of_minus_infinity_is_minus_infinity():
+    # The maximum starts from -inf, not from float32's lowest finite value.
+    i, j = iters("i:2 j:3")
+    X = tensor("X", (2, 3))
+    kernel = einopt.codegen.compile(L(i)(Max(j)(X[i, j])))
+    x = np.full((2, 3), -np.inf, dtype=np.float32)
+    x[1, 2] = -1.0
+    np.testing.assert_array_equal(kernel(X=x), [-np.inf, -1.0])
 
 
 # --------------------------------------------------------------------------

@@ -5,7 +5,8 @@ Every scope becomes one ``te.compute`` stage, computed once and materialised:
 * the stage has shape ``scope.shape``; the compute variable ``p`` of a
   traversal iterator ``x`` stands for the traversal value ``x.lo + p``;
 * summation iterators become ``te.reduce_axis`` over ``[0, extent)`` shifted
-  by ``lo``, and the body is wrapped in ``te.sum``;
+  by ``lo``, and the body is wrapped in the scope's reducer (``_REDUCERS``:
+  ``te.sum``, or a maximum whose identity is ``-inf``);
 * reading a scope at traversal value ``v`` reads array position ``v - lo``.
 
 Reads outside a tensor's (or scope's) valid range yield 0, as in the reference
@@ -123,6 +124,16 @@ _INDEX_DIVMOD: dict[type, Callable] = {
 
 def _f32(v: float) -> tirx.PrimExpr:
     return tirx.const(v, DTYPE)
+
+
+# How each kind of scope (``Scope.reduce``) reduces its body. The maximum starts from -inf (TVM's
+# ``te.max`` starts from the dtype's lowest finite value, which an all ``-inf`` window would return).
+_REDUCERS: dict[str, Callable] = {
+    "sum": te.sum,
+    "max": te.comm_reducer(
+        lambda a, b: tirx.max(a, b), lambda dtype: tirx.const(float("-inf"), dtype), "max"
+    ),
+}
 
 
 # --------------------------------------------------------------------------
@@ -282,7 +293,7 @@ class _Lowerer:
                 env[it] = ax.var + it.lo if it.lo else ax.var
             body = _BodyLowerer(self, env, guards).value(s.body)
             if axes:
-                return te.sum(body, axis=axes)
+                return _REDUCERS[s.reduce](body, axis=axes)
             conds = _pad_conditions(s, p, origin) if pad_guard else []
             if conds:
                 return tirx.if_then_else(tirx.all(*conds), body, _f32(0.0))
