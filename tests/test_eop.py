@@ -252,6 +252,46 @@ CASES = [
     ("int64_input", "L[i:3] A[2 - i] * 2.0 where A: int64[3]", "MulEop", {"Cast"}, set(), 0),
     ("other_dtypes", "L[i:3] A[i] + B[i] where A: float64[3], B: float16[3]", "AddEop", {"Cast"}, set(), 0),
     ("pad_ignored", "L[i:3 | pad 1:2] A[i] * 2.0 where A: [3]", "MulEop", {"Mul"}, {"Pad"}, 0),
+    (
+        "reduce_max",
+        "L[i:3, k:2] Max[j:4] A[i, j, k] where A: [3, 4, 2]",
+        "MaxReduce",
+        {"ReduceMax"},
+        {"ReduceSum", "Einsum", "Gather"},
+        0,
+    ),
+    (
+        "max_pool",  # a 2x2 window of stride 2: s unrolled into two strided reads, r reshaped off
+        "L[c:2, h:3, w:2] Max[r:2, s:2] A[c, 2*h + r, 2*w + s] where A: [2, 6, 5]",
+        "OffsetMaxReduce",
+        {"Max", "Slice", "ReduceMax"},
+        {"Gather", "Sum", "ReduceSum"},
+        0,
+    ),
+    (
+        "max_window_leaving_the_tensor",  # reads 0 outside A, as the interpreter does
+        "L[h:5] Max[r:3] A[h + r - 1] where A: [5]",
+        "OffsetMaxReduce",
+        {"Max", "Pad"},
+        {"Gather"},
+        0,
+    ),
+    (
+        "max_wide_window",  # too many copies to unroll: a Gather and a ReduceMax
+        "L[h:4] Max[r:30] A[h + r] where A: [33]",
+        "OffsetMaxReduce",
+        {"ReduceMax", "Gather"},
+        set(),
+        120,
+    ),
+    (
+        "max_of_expression_unread_iterator",
+        "L[i:3] Max[j:4, k:5] exp(A[i, j] - B[j]) where A: [3, 4], B: [4]",
+        "SubExpMaxReduce",
+        {"ReduceMax", "Exp"},
+        {"ReduceSum"},
+        0,
+    ),
 ]
 
 
@@ -272,6 +312,8 @@ def test_case_matches_interpreter(text, name, uses, avoids, index_size):
 
 
 OPSET_CASES = [
+    "reduce_max",
+    "max_wide_window",
     "offset_reduce",
     "matmul",
     "transpose_shift",
@@ -382,6 +424,22 @@ def test_refusals(name, opset, message):
 @given(scopes(), st.integers(0, 2**32 - 1))
 def test_random_scopes_match_interpreter(scope, seed):
     _run(scope, seed=seed)
+
+
+@settings(max_examples=30)
+@given(scopes(allow_max=True), st.integers(0, 2**32 - 1))
+def test_random_scopes_with_max_match_interpreter(scope, seed):
+    _run(scope, seed=seed)
+
+
+def test_softmax_program_scopes_match_interpreter():
+    text = (
+        "L[i:3, j:5] exp(X[i, j] - {L[a:3] Max[b:5] X[a, b]}[i])"
+        " / {L[c:3] Sum[d:5] exp(X[c, d] - {L[a:3] Max[b:5] X[a, b]}[c])}[i] where X: [3, 5]"
+    )
+    scope = einopt.parse(text)
+    for s in ir.scopes_in(scope):
+        _run(s)
 
 
 @settings(max_examples=15)

@@ -32,7 +32,10 @@ grouped into dimensions sharing iterators, each group merged and read with one
 products: a product summed over iterators is an ``Einsum`` (``Mul`` +
 ``ReduceSum`` before opset 12), a single summed factor a ``ReduceSum``, other
 arithmetic element-wise operators (``BINARY_OPS``, ``UNARY_OPS``) with ``Transpose``
-and ``Reshape`` lining operands up for broadcasting; terms are added. A term
+and ``Reshape`` lining operands up for broadcasting; terms are added. A max scope's
+body is computed element-wise over the iterators it reads and reduced by one
+``ReduceMax`` over the summation iterators among them (a maximum over an
+iterator the body does not read is the body: nothing to reduce). A term
 that is only a read outside its source is dropped; a product with such a read
 is computed (``0 * inf`` is NaN, as in the interpreter).
 
@@ -183,23 +186,31 @@ def eop_name(scope: ir.Scope) -> str:
     access), ``Contract`` (a sum over a product of accesses), ``Fill`` (a
     constant); otherwise the names of up to four distinct operators in
     evaluation order (``AddRelu``), followed by ``Reduce`` when summed. A
+    maximum says ``MaxReduce`` where a sum says ``Reduce`` (``OffsetMaxReduce``
+    for a pooling window). A
     name that is an ONNX operator type gets the suffix ``Eop`` (``AddEop``):
     ONNX Runtime mistakes such calls for the operator.
     """
     body = scope.body
+    reduce = ("Max" if scope.is_max else "") + "Reduce"
     if isinstance(body, ir.Access):
         if not scope.summation:
             return "Relayout"
         adds = any(len(i.iters()) >= 2 for i in body.indices)
-        return "OffsetReduce" if adds else "Reduce"
+        return ("Offset" if adds else "") + reduce
     factors = _product_factors(body)
-    if scope.summation and factors is not None and sum(isinstance(f, ir.Access) for f in factors) >= 2:
+    if (
+        scope.summation
+        and not scope.is_max
+        and factors is not None
+        and sum(isinstance(f, ir.Access) for f in factors) >= 2
+    ):
         return "Contract"
     ops: dict[str, None] = {}
     _op_names(body, ops)
     if not ops:
         return "Fill"
-    name = "".join(list(ops)[:4]) + ("Reduce" if scope.summation else "")
+    name = "".join(list(ops)[:4]) + (reduce if scope.summation else "")
     return name + "Eop" if name in _onnx_op_types() else name
 
 
@@ -342,7 +353,20 @@ class _Lowerer:
     # ---- the whole body --------------------------------------------------
 
     def body(self) -> _Val:
-        """The scope's body summed over its summation iterators (a value over traversal iterators)."""
+        """The scope's body reduced over its summation iterators (a value over traversal iterators)."""
+        return _REDUCERS[self.scope.reduce](self)
+
+    def maximum(self) -> _Val:
+        """A max scope's body, element-wise, then ``ReduceMax`` over the summation iterators it reads."""
+        v = self.value(self.scope.body)
+        used = [it for it in v.axes if it in self.scope.summation]
+        if not used:
+            return v
+        reduced = self.g.reduce("ReduceMax", v.name, [v.axes.index(it) for it in used])
+        return _Val(reduced, tuple(it for it in v.axes if it not in used))
+
+    def total(self) -> _Val:
+        """A sum scope's body as a signed sum of products, each contracted over the summation iterators."""
         parts = [
             self.term(coef, factors)
             for coef, factors in _terms(self.scope.body)
@@ -489,6 +513,10 @@ class _Lowerer:
                 x = gather(self.g, x, a, rank, [dims[m] for m in grp], its)
                 rank += len(its) - 1
         return _Val(x, tuple(it for _, its in layout for it in its))
+
+
+# How each kind of scope (``Scope.reduce``) is lowered.
+_REDUCERS = {"sum": _Lowerer.total, "max": _Lowerer.maximum}
 
 
 def _check_index_size(acc: ir.Access, its: list[ir.Iter]) -> None:

@@ -15,8 +15,8 @@ from onnx import helper, numpy_helper
 
 __all__ = ["Graph"]
 
-# From this opset ReduceSum takes its axes as an input instead of an attribute.
-_REDUCE_AXES_INPUT_OPSET = 13
+# From which opset each reduction takes its axes as an input instead of an attribute.
+_REDUCE_AXES_INPUT_OPSET: dict[str, int] = {"ReduceSum": 13, "ReduceMax": 18}
 
 
 class Graph:
@@ -80,11 +80,16 @@ class Graph:
             x = before.input[0]
         return self.op("Reshape", [x, self.ints(shape)])
 
+    def reduce(self, op_type: str, x: str, axes: Sequence[int]) -> str:
+        """``x`` reduced by ``op_type`` (``ReduceSum``, ``ReduceMax``) over ``axes`` (dropped), in the
+        form the opset wants."""
+        if self.opset >= _REDUCE_AXES_INPUT_OPSET[op_type]:
+            return self.op(op_type, [x, self.ints(axes)], keepdims=0)
+        return self.op(op_type, [x], axes=list(axes), keepdims=0)
+
     def reduce_sum(self, x: str, axes: Sequence[int]) -> str:
         """``x`` summed over ``axes`` (dropped), in the form the opset wants."""
-        if self.opset >= _REDUCE_AXES_INPUT_OPSET:
-            return self.op("ReduceSum", [x, self.ints(axes)], keepdims=0)
-        return self.op("ReduceSum", [x], axes=list(axes), keepdims=0)
+        return self.reduce("ReduceSum", x, axes)
 
     def set_output(self, value: str, output: str) -> None:
         """Make ``value`` the function's output and drop the nodes it does not need."""

@@ -54,7 +54,8 @@ def split_iterators(scope: ir.Scope) -> ir.Scope:
     # Iterators of extent 1 are constants: reading them leaves nothing to gather.
     units = {it: ir.IConst(it.lo) for it in scope.traversal + scope.summation if it.extent == 1}
     body = map_indices(scope.body, _substituting(units))
-    current = ir.Scope(scope.traversal, scope.summation, body)
+    # Splitting is a bijection of the iteration space: a maximum over it is kept, like a sum.
+    current = ir.Scope(scope.traversal, scope.summation, body, (), scope.reduce)
     while True:
         count = len(_divmods(current))
         for it, k in _split_candidates(current):
@@ -69,12 +70,18 @@ def split_iterators(scope: ir.Scope) -> ir.Scope:
             def replaced(its: tuple[ir.Iter, ...], it: ir.Iter = it, new=(hq, hr)) -> tuple[ir.Iter, ...]:
                 return tuple(y for x in its for y in (new if x is it else (x,)))
 
-            candidate = ir.Scope(replaced(current.traversal), replaced(current.summation), body)
+            candidate = ir.Scope(
+                replaced(current.traversal), replaced(current.summation), body, (), current.reduce
+            )
             if len(_divmods(candidate)) < count:
                 current = candidate
                 break
         else:
             return current
+
+
+# How the unrolled copies of a body are combined, per kind of scope: ``Max[r] f`` is ``max(f(0), f(1), ..)``.
+_UNROLLED: dict[str, str] = {"sum": "+", "max": "max"}
 
 
 def unroll_summation(scope: ir.Scope) -> ir.Scope:
@@ -84,7 +91,9 @@ def unroll_summation(scope: ir.Scope) -> ir.Scope:
     each a Slice/Pad, instead of a Gather of nine times the output: much
     faster in ONNX Runtime. The cheapest set of iterators (product of extents
     at most ``_MAX_UNROLL``) after which no access needs a Gather is chosen;
-    with none, the scope is unchanged.
+    with none, the scope is unchanged. A max scope's copies are combined by
+    ``max`` (a max-pooling window becomes a maximum of shifted strided reads);
+    with every iterator unrolled it is a scope without reduction.
     """
     if not any(plan_access(a)[3] for a in accesses(scope.body) if not reads_nothing(a)):
         return scope
@@ -108,7 +117,9 @@ def unroll_summation(scope: ir.Scope) -> ir.Scope:
         return scope
     _, its, copies = best
     summation = tuple(it for it in scope.summation if it not in its)
-    return ir.Scope(scope.traversal, summation, functools.reduce(lambda a, b: ir.Binary("+", a, b), copies))
+    op = _UNROLLED[scope.reduce]
+    body = functools.reduce(lambda a, b: ir.Binary(op, a, b), copies)
+    return ir.Scope(scope.traversal, summation, body, (), scope.reduce if summation else "sum")
 
 
 def _split_candidates(scope: ir.Scope) -> list[tuple[ir.Iter, int]]:
