@@ -1,18 +1,49 @@
-"""Optimize and benchmark every evaluation model at batch 1 and 16; write results/ and the README table.
+"""Optimize and benchmark the evaluation models and the shared exporter models; write results/ and the README tables.
 
-    python scripts/evaluate.py                         # every model of einopt.models.MODELS x batch 1, 16
+    python scripts/evaluate.py                         # every generator x batch 1, 16, then every shared model
     python scripts/evaluate.py --models dcgan lstm --batch 1 --no-readme
-    python scripts/evaluate.py --size small            # the reduced test sizes (quick check)
+    python scripts/evaluate.py --models shared         # only the shared exporter models (``generated``: only the generators)
+    python scripts/evaluate.py --models bert_tiny lstm # names from either section
+    python scripts/evaluate.py --size small            # the generators at the reduced test sizes (quick check)
+    python scripts/evaluate.py --models espcn_x3 --max-states 100 --model-states 300 --budget 1 --no-readme
 
-The model list is the MODELS table (11 models: the 8 of EinNet's evaluation
-took about 30 min; MobileNetV2, SqueezeNet 1.1 and ShuffleNetV2 add a few). Each
-(model, batch) pair runs as its own ``einopt optimize --bench`` process
-(the product's command line, one global ONNX Runtime thread pool, interleaved
-medians, equality checked first), so one model's memory and threads never
-disturb the next. Per pair, results/NAME_bsN.json is the full report and
-results/NAME_bsN.html the HTML report; results/summary.json and
-results/results.md collect the table, which replaces the block between the
-``results:start`` / ``results:end`` markers in README.md.
+Generated models: the MODELS table of ``einopt.models`` (11 models: the 8 of
+EinNet's evaluation took about 30 min; MobileNetV2, SqueezeNet 1.1 and
+ShuffleNetV2 add a few), at each batch of ``--batch`` (default 1 and 16).
+
+Shared models: the real ``torch.onnx`` exports in ``--shared DIR`` (default
+``../shared/models``: ``NAME.onnx``, ``NAME.npz`` holding the inputs ``x0..``
+and PyTorch's outputs ``y0..``, and ``index.json`` naming the exporter and
+input shapes). Their inputs are fixed, so each is one row, without a batch.
+Their rows also check einopt's output against PyTorch's outputs in ONNX
+Runtime (at the verification tolerance of ``einopt.runtime.verify``), list
+what passes through einopt untranslated and why, and carry the issue-27
+targets. Without the folder the section is skipped with a message.
+``--models`` takes names of either section, or ``generated`` / ``shared`` for
+a whole section.
+
+Each row runs as its own ``einopt optimize --bench`` process (the product's
+command line, one global ONNX Runtime thread pool, interleaved medians,
+equality checked first), so one model's memory and threads never disturb the
+next. Per row, results/STEM.json is the full report and results/STEM.html the
+HTML report (STEM: ``NAME_bsN`` for a generated model, ``NAME`` for a shared
+one); results/summary.json and results/results.md collect the tables, which
+replace the blocks between the ``results:start`` / ``results:end`` and the
+``shared-results:start`` / ``shared-results:end`` markers in README.md when a
+section ran whole.
+
+OpenVINO column: OpenVINO's speedup over ONNX Runtime on the same input model
+(ORT median / OpenVINO median, interleaved in one process after the einopt
+run, in a fresh process of its own; ORT set up as einopt times it, OpenVINO
+with as many inference threads, one stream, the latency hint and float32
+precision, so that it does not switch to bf16 where the CPU has it). Where
+OpenVINO's outputs differ from ORT's beyond the tolerance the cell says so.
+OpenVINO is a benchmark-only extra (``pip install -e .[bench]`` or ``pip
+install openvino``), never a dependency of einopt: without it the column reads
+"n/a (pip install openvino)". ``--no-openvino`` leaves the column out of the
+measurement. Both runtimes keep their threads spinning for a while after a
+run, so on a machine with few cores each disturbs the other's next run a
+little; the rounds alternate which runs first.
 """
 
 from __future__ import annotations
@@ -25,51 +56,70 @@ import shlex
 import subprocess
 import sys
 import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+import numpy as np
+
+# scripts/ is on sys.path when this file runs as a script (and in the side process it spawns)
+from evaluate_checks import SideJob, openvino_text, run_side, split_reference
 
 ROOT = Path(__file__).resolve().parent.parent
 START, END = "<!-- results:start -->", "<!-- results:end -->"
+SHARED_START, SHARED_END = "<!-- shared-results:start -->", "<!-- shared-results:end -->"
+SECTIONS = ("generated", "shared")
+"""Words ``--models`` takes for a whole section."""
 
 
-def run_pair(name: str, batch: int, args: argparse.Namespace, build: Path, out: Path) -> dict:
-    """Build one model, run ``einopt optimize --bench`` on it, and return its summary row."""
-    from einopt.models import write
+# ----------------------------------------------------------------------------- running einopt
 
-    stem = f"{name}_bs{batch}" + ("_small" if args.size == "small" else "")
-    model = write(name, batch, build, size=args.size, seed=0)
-    cmd = [
+
+def einopt_command(model: Path, inputs: Path, stem: str, args: argparse.Namespace) -> list[str]:
+    """The ``einopt optimize --bench`` command line of one row (reports into ``args.out``)."""
+    return [
         *shlex.split(args.einopt),
         "-q",
         "optimize",
         str(model),
         "-o",
-        str(build / f"{stem}.einopt.onnx"),
+        str(args.build / f"{stem}.einopt.onnx"),
         "--inputs",
-        str(model.with_suffix(".npz")),
+        str(inputs),
         "--bench",
         "--budget",
         str(args.budget),
         "--report",
-        str(out / f"{stem}.json"),
+        str(args.out / f"{stem}.json"),
         "--html",
-        str(out / f"{stem}.html"),
+        str(args.out / f"{stem}.html"),
         *(["--cache", str(args.cache)] if args.cache else ["--no-cache"]),
         *(["--max-depth", str(args.max_depth)] if args.max_depth is not None else []),
+        *(["--max-states", str(args.max_states)] if args.max_states is not None else []),
+        *(["--model-states", str(args.model_states)] if args.model_states is not None else []),
         *(["--jobs", str(args.jobs)] if args.jobs > 1 else []),
     ]
+
+
+def run_einopt(cmd: list[str], stem: str, out: Path) -> tuple[dict | None, dict]:
+    """Run one ``einopt optimize`` command: its report (None when it failed) and the row's start."""
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - start
-    row = {"model": name, "batch": batch, "file": f"{stem}.json", "wall_s": round(wall, 1)}
+    row: dict = {"file": f"{stem}.json", "wall_s": round(wall, 1)}
     if proc.returncode != 0:
         killed = proc.returncode == -9  # the kernel's OOM killer, in practice
         fallback = "killed (SIGKILL: out of memory)" if killed else f"exit {proc.returncode}"
         row["error"] = (proc.stderr.strip().splitlines() or [fallback])[-1]
         print(f"  {stem}: FAILED: {row['error']}", file=sys.stderr)
-        return row
-    report = json.loads((out / f"{stem}.json").read_text())
+        return None, row
+    return json.loads((out / f"{stem}.json").read_text()), row
+
+
+def report_fields(report: dict) -> dict:
+    """A row's columns from an ``einopt optimize --bench`` report."""
     b = report["bench"]
-    row |= {
+    return {
         "ort_ms": b["original"]["median_ms"],
         "einopt_ms": b["optimized"]["median_ms"],
         "spread_ms": [
@@ -87,6 +137,7 @@ def run_pair(name: str, batch: int, args: argparse.Namespace, build: Path, out: 
         "rolled_back": report["counts"].get("rolled_back", 0),
         "translated": report["counts"].get("translated", 0),
         "nodes": report["counts"].get("nodes", 0),
+        "threads": (b.get("machine") or {}).get("threads"),
         "unreliable": b.get("unreliable", ""),
         "load_average": (b.get("machine") or {}).get("load_average"),
         "cache": (report.get("acceptance") or {}).get("cache"),
@@ -101,11 +152,135 @@ def run_pair(name: str, batch: int, args: argparse.Namespace, build: Path, out: 
             if p["status"] == "accepted" and p.get("trace")
         },
     }
+
+
+def run_pair(name: str, batch: int, args: argparse.Namespace) -> dict:
+    """Build one generated model, run ``einopt optimize --bench`` on it, and return its summary row."""
+    from einopt.models import write
+
+    stem = f"{name}_bs{batch}" + ("_small" if args.size == "small" else "")
+    model = write(name, batch, args.build, size=args.size, seed=0)
+    feeds = model.with_suffix(".npz")
+    report, row = run_einopt(einopt_command(model, feeds, stem, args), stem, args.out)
+    row = {"model": name, "batch": batch} | row
+    if report is None:
+        return row
+    row |= report_fields(report)
+    side = run_side(SideJob(model, feeds, row["threads"], args.budget, not args.no_openvino))
+    row["openvino"] = side.get("openvino")
     print(
-        f"  {stem}: {row['ort_ms']:.3g} -> {row['einopt_ms']:.3g} ms, {row['speedup']:.2f}x, "
-        f"kernels {row['kernels'][0]} -> {row['kernels'][1]} ({wall:.0f} s)"
+        f"  {stem}: {row['ort_ms']:.3g} -> {row['einopt_ms']:.3g} ms, {_speedup_text(row)}, "
+        f"kernels {row['kernels'][0]} -> {row['kernels'][1]}, OpenVINO {openvino_text(row['openvino'])} "
+        f"({row['wall_s']:.0f} s)"
     )
     return row
+
+
+def run_shared(name: str, entry: Mapping, args: argparse.Namespace) -> dict:
+    """Run ``einopt optimize --bench`` on one shared model; compare its output with PyTorch's; its row."""
+    source, reference = args.shared / f"{name}.onnx", args.shared / f"{name}.npz"
+    feeds_path = args.build / f"{name}.inputs.npz"
+    first = {"model": name, "exporter": entry.get("exporter", "?")}
+    try:
+        with np.load(reference, allow_pickle=False) as npz:
+            feeds, _ = split_reference(dict(npz), reference)
+    except (OSError, ValueError) as e:
+        print(f"  {name}: FAILED: {e}", file=sys.stderr)
+        return first | {"error": f"cannot read {reference.name}: {e}"}
+    np.savez(feeds_path, **feeds)  # einopt takes model inputs only, not PyTorch's outputs beside them
+    report, row = run_einopt(einopt_command(source, feeds_path, name, args), name, args.out)
+    row = first | row
+    if report is None:
+        return row
+    row |= report_fields(report)
+    row["passed_through"] = passthrough(report)
+    output = args.build / f"{name}.einopt.onnx"
+    job = SideJob(source, feeds_path, row["threads"], args.budget, not args.no_openvino, reference, output)
+    side = run_side(job)
+    row["openvino"] = side.get("openvino")
+    row["pytorch"] = side.get("pytorch") or {"output": {"ok": False, "message": side.get("error", "")}}
+    row["ort_equal"] = row["verified"]
+    row["verified"] = row["verified"] and row["pytorch"]["output"]["ok"]
+    print(
+        f"  {name}: {row['ort_ms']:.3g} -> {row['einopt_ms']:.3g} ms, {_speedup_text(row)} "
+        f"(target {shared_target(name):.2f}x), passed through {row['passed_through']['nodes']}, "
+        f"PyTorch {'equal' if row['pytorch']['output']['ok'] else 'DIFFERS'}, "
+        f"OpenVINO {openvino_text(row['openvino'])} ({row['wall_s']:.0f} s)"
+    )
+    return row
+
+
+def passthrough(report: Mapping) -> dict:
+    """Nodes einopt left untranslated (``counts.passed_through``) and how many for each reason."""
+    reasons: Counter[str] = Counter()
+    for p in report.get("subprograms") or []:
+        if p.get("kind") == "passthrough":
+            reasons[p.get("reason") or "no reason given"] += len(p.get("ops") or ()) or 1
+    nodes = (report.get("counts") or {}).get("passed_through", sum(reasons.values()))
+    return {"nodes": nodes, "reasons": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))}
+
+
+# ----------------------------------------------------------------------------- shared models
+
+
+def read_index(folder: Path) -> dict[str, dict] | None:
+    """The shared models' ``index.json`` (name -> exporter, inputs); None when ``folder`` does not exist.
+
+    Raises
+    ------
+    SystemExit
+        The folder exists but its index is missing or unreadable, or a model's files are missing.
+    """
+    if not folder.is_dir():
+        return None
+    path = folder / "index.json"
+    try:
+        index = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"{path}: cannot read the shared models' index ({e})") from None
+    if not isinstance(index, dict) or not all(isinstance(v, dict) for v in index.values()):
+        raise SystemExit(f"{path}: expected an object of model name -> {{exporter, inputs}}")
+    missing = [
+        f"{n}{ext}" for n in index for ext in (".onnx", ".npz") if not (folder / f"{n}{ext}").is_file()
+    ]
+    if missing:
+        raise SystemExit(f"{folder}: files named in index.json are missing: {', '.join(missing)}")
+    return index
+
+
+def select(
+    names: Sequence[str] | None, generated: Sequence[str], shared: Sequence[str] | None, folder: Path
+) -> tuple[list[str], list[str]]:
+    """The generated and the shared models ``--models`` asks for (all of both without it).
+
+    ``shared`` is None when the shared folder is absent: then asking for a shared
+    model is an error, and the default selection skips the section.
+
+    Raises
+    ------
+    ValueError
+        A name that is neither a model of either section nor a section's name.
+    """
+    if names is None:
+        return list(generated), list(shared or [])
+    known_shared = list(shared or [])
+    unknown = [n for n in names if n not in generated and n not in known_shared and n not in SECTIONS]
+    if shared is None and (unknown or "shared" in names):
+        raise ValueError(
+            f"the shared models folder {folder} is absent (--shared DIR): cannot run "
+            f"{', '.join(unknown or ['shared'])}"
+        )
+    if unknown:
+        raise ValueError(
+            f"unknown model {', '.join(unknown)}; choose from the generated models ({', '.join(generated)}), "
+            f"the shared models ({', '.join(known_shared)}), or {' / '.join(SECTIONS)} for a whole section"
+        )
+    pick_g = [n for n in generated if "generated" in names or n in names]
+    pick_s = [n for n in known_shared if "shared" in names or n in names]
+    return pick_g, pick_s
+
+
+# ----------------------------------------------------------------------------- targets and tables
 
 
 def _confirmation(report: dict) -> dict | None:
@@ -133,6 +308,18 @@ TARGETS = {
     ("longformer", 1): 1.4,
 }
 """Issue 14's speedup targets (ORT median / einopt median); every other row: >= 0.99 (never slower)."""
+SHARED_TARGETS = {
+    "lstm_linear_cell": 1.2,
+    "lstm_linear_cell_dynamo": 1.2,
+    "bert_tiny": 1.1,
+    "gpt2_tiny_dynamo": 1.1,
+    "vit_tiny_dynamo": 1.1,
+    "large_kernel_block": 1.0,
+    "dcgan_tiny_b4": 1.0,
+    "prelu_net": 1.0,
+    "espcn_x3": 1.0,
+}
+"""Issue 27's targets for the shared models; every other one: >= 0.99 (never slower), and every row verified."""
 NEVER_SLOWER = 0.99
 GEOMEAN_TARGET = 1.2
 MINUTES_TARGET = 5.0
@@ -142,34 +329,90 @@ def target(r: dict) -> float:
     return TARGETS.get((r["model"], r["batch"]), NEVER_SLOWER)
 
 
+def shared_target(name: str) -> float:
+    return SHARED_TARGETS.get(name, NEVER_SLOWER)
+
+
+def met(speedup: float | None, goal: float, verified: bool = True) -> str:
+    """``met`` when verified and at least ``goal`` times faster, else ``**missed**``."""
+    return "met" if verified and speedup is not None and speedup >= goal else "**missed**"
+
+
+def _speedup_text(r: dict) -> str:
+    if r.get("speedup") is None:
+        return "not timed (outputs differ)"
+    return f"{r['speedup']:.2f}x" + (" (unreliable)" if r.get("unreliable") else "")
+
+
 def geomean(xs: list[float]) -> float | None:
     import math
 
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
+def _cell(text: str) -> str:
+    """Text safe inside a Markdown table cell."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def passthrough_text(p: Mapping | None) -> str:
+    """``0``, or ``18: LayerNormalization: no importer x9; ...`` (nodes for each reason)."""
+    if not p or not p.get("nodes"):
+        return "0"
+    reasons = "; ".join(f"{r} x{n}" if n > 1 else r for r, n in p["reasons"].items())
+    return _cell(f"{p['nodes']}: {reasons}" if reasons else str(p["nodes"]))
+
+
+def _verified_text(r: dict) -> str:
+    """``yes / yes``: equal to the input in ORT / equal to PyTorch's outputs, with why not."""
+    ort = "yes" if r.get("ort_equal") else "NO"
+    pt = (r.get("pytorch") or {}).get("output") or {}
+    if pt.get("ok"):
+        return f"{ort} / yes"
+    also = (
+        " (the input model too)" if not ((r.get("pytorch") or {}).get("input") or {}).get("ok", True) else ""
+    )
+    return f"{ort} / NO{also}: {_cell(pt.get('message') or 'not checked')}"
+
+
+OPENVINO_NOTE = (
+    "OpenVINO: its speedup over ORT on the input model (ORT median / OpenVINO median, interleaved in one "
+    "process, as many threads, float32; 'n/a (pip install openvino)' where it is not installed)."
+)
+
+
+def _provenance(machine: dict, command: str) -> str:
+    cpu = machine.get("cpu", "?")
+    return (
+        f"Measured {datetime.date.today().isoformat()} on {cpu}, {machine.get('threads', '?')} threads, "
+        f"ONNX Runtime {machine.get('onnxruntime', '?')}, with `{command}`. "
+    )
+
+
 def markdown(rows: list[dict], machine: dict, command: str) -> str:
-    """The results table (with its provenance) as Markdown."""
+    """The generated models' results table (with its provenance) as Markdown."""
     lines = [
-        "| model | batch | ORT ms | einopt ms | speedup | target | confirmation (95%) | kernels before -> after "
-        "| rewrites found | subprograms accepted / rewritten / total | rolled back | einopt time (s) | verified |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | batch | ORT ms | einopt ms | speedup | target | confirmation (95%) | OpenVINO vs ORT "
+        "| kernels before -> after | rewrites found | subprograms accepted / rewritten / total | rolled back "
+        "| einopt time (s) | verified |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['batch']} | | | | | | | | | | | failed: {r['error']} |")
+            lines.append(
+                f"| {r['model']} | {r['batch']} | | | | | | | | | | | | failed: {_cell(r['error'])} |"
+            )
             continue
-        flag = " (unreliable)" if r.get("unreliable") else ""
-        met = "met" if r["speedup"] >= target(r) else "**missed**"
         lines.append(
             f"| {r['model']} | {r['batch']} | {r['ort_ms']:.3g} | {r['einopt_ms']:.3g} | "
-            f"{r['speedup']:.2f}x{flag} | >= {target(r):.2f}x {met} | {_confirmation_text(r.get('confirmation'))} | "
+            f"{_speedup_text(r)} | >= {target(r):.2f}x {met(r['speedup'], target(r))} | "
+            f"{_confirmation_text(r.get('confirmation'))} | {_cell(openvino_text(r.get('openvino')))} | "
             f"{r['kernels'][0]} -> {r['kernels'][1]} | "
             f"{r['found']} / {r['subprograms']} | "
             f"{r['accepted']} / {r['rewritten']} / {r['subprograms']} | {r['rolled_back']} | "
             f"{r['optimize_s']:.1f} | {'yes' if r['verified'] else 'NO'} |"
         )
-    g = geomean([r["speedup"] for r in rows if "error" not in r])
+    g = geomean([r["speedup"] for r in rows if "error" not in r and r["speedup"]])
     slowest = max((r["optimize_s"] for r in rows if "error" not in r), default=0.0) / 60
     if g is not None:
         lines.append("")
@@ -177,16 +420,15 @@ def markdown(rows: list[dict], machine: dict, command: str) -> str:
             f"Geometric mean of the speedups: {g:.2f}x (target >= {GEOMEAN_TARGET}x). "
             f"Longest einopt run: {slowest:.1f} min (target <= {MINUTES_TARGET:g} min)."
         )
-    cpu = machine.get("cpu", "?")
-    head = (
-        f"Measured {datetime.date.today().isoformat()} on {cpu}, {machine.get('threads', '?')} threads, "
-        f"ONNX Runtime {machine.get('onnxruntime', '?')}, with `{command}`. "
+    head = _provenance(machine, command) + (
         "Speedup = ORT median / einopt median (interleaved runs in one process); "
         "0.95-1.05 is within this machine's noise. Confirmation: the fresh whole-model comparison "
         "`einopt optimize` made last before keeping its output (speedup and the 95% interval of the "
-        "per-round ratios; '-' when no rewrite reached it). Rewrites found: subprograms whose nodes in the output "
-        "came out of a derivation the search found / total translated. Subprograms: accepted (in the "
-        "output, measured faster) / rewritten (other nodes than the original, verified) / total "
+        "per-round ratios; '-' when no rewrite reached it). "
+        + OPENVINO_NOTE
+        + " Rewrites found: subprograms "
+        "whose nodes in the output came out of a derivation the search found / total translated. Subprograms: "
+        "accepted (in the output, measured faster) / rewritten (other nodes than the original, verified) / total "
         "translated; rolled back: accepted on its own but removed by the whole-model check. einopt time = "
         "the whole `einopt optimize` run (prepare, translate, search, select: instantiate, verify and time "
         "the candidates, measured acceptance), without the `--bench` timing."
@@ -194,19 +436,68 @@ def markdown(rows: list[dict], machine: dict, command: str) -> str:
     return head + "\n\n" + "\n".join(lines) + "\n"
 
 
-def update_readme(readme: Path, table: str) -> None:
-    text = readme.read_text()
-    if START not in text or END not in text:
-        raise SystemExit(f"{readme} has no {START} ... {END} block to replace")
-    before, rest = text.split(START, 1)
-    _, after = rest.split(END, 1)
-    readme.write_text(f"{before}{START}\n{table}{END}{after}")
-
-
-def write_summary(rows: list[dict], command: str, out: Path) -> str:
-    """results/summary.json and results/results.md from the rows so far; the table."""
-    machine = {}
+def shared_markdown(rows: list[dict], machine: dict, command: str) -> str:
+    """The shared exporter models' results table (with its provenance) as Markdown."""
+    lines = [
+        "| model | exporter | ORT ms | einopt ms | speedup | target | OpenVINO vs ORT | kernels before -> after "
+        "| rewrites found | passed through (nodes: reasons) | einopt time (s) | verified (ORT / PyTorch) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
+        goal = shared_target(r["model"])
+        if "error" in r:
+            lines.append(
+                f"| {r['model']} | {r['exporter']} | | | | >= {goal:.2f}x **missed** | | | | | | "
+                f"failed: {_cell(r['error'])} |"
+            )
+            continue
+        lines.append(
+            f"| {r['model']} | {r['exporter']} | {r['ort_ms']:.3g} | {r['einopt_ms']:.3g} | {_speedup_text(r)} | "
+            f">= {goal:.2f}x {met(r['speedup'], goal, r['verified'])} | {_cell(openvino_text(r.get('openvino')))} | "
+            f"{r['kernels'][0]} -> {r['kernels'][1]} | {r['found']} / {r['subprograms']} | "
+            f"{passthrough_text(r.get('passed_through'))} | {r['optimize_s']:.1f} | {_verified_text(r)} |"
+        )
+    done = [r for r in rows if "error" not in r]
+    hits = sum(
+        1
+        for r in rows
+        if "error" not in r and met(r["speedup"], shared_target(r["model"]), r["verified"]) == "met"
+    )
+    g = geomean([r["speedup"] for r in done if r["speedup"]])
+    if rows:
+        lines.append("")
+        lines.append(
+            f"Targets met: {hits} of {len(rows)}."
+            + (f" Geometric mean of the speedups: {g:.2f}x." if g is not None else "")
+        )
+    head = _provenance(machine, command) + (
+        "Real `torch.onnx` exports (TorchScript and dynamo) from `../shared/models`, at their fixed inputs. "
+        "Speedup = ORT median / einopt median (interleaved runs in one process); target: issue 27's, met "
+        "only when verified. "
+        + OPENVINO_NOTE
+        + " Rewrites found: subprograms whose nodes in the output came "
+        "out of a derivation the search found / total translated. Passed through: nodes einopt did not "
+        "translate (left as they are), by reason. Verified: the output equal to the input in ORT / equal to "
+        "PyTorch's outputs (the npz's y0..) in ORT, at einopt's verification tolerance. einopt time = the "
+        "whole `einopt optimize` run, without the `--bench` timing."
+    )
+    return head + "\n\n" + "\n".join(lines) + "\n"
+
+
+def update_readme(readme: Path, table: str, start: str = START, end: str = END) -> None:
+    """Replace the block between the ``start`` and ``end`` markers of ``readme`` with ``table``."""
+    text = readme.read_text()
+    if start not in text or end not in text:
+        raise SystemExit(f"{readme} has no {start} ... {end} block to replace")
+    before, rest = text.split(start, 1)
+    _, after = rest.split(end, 1)
+    readme.write_text(f"{before}{start}\n{table}{end}{after}")
+
+
+def write_summary(rows: list[dict], shared_rows: list[dict], command: str, out: Path) -> tuple[str, str]:
+    """results/summary.json and results/results.md from the rows so far; the two tables."""
+    machine = {}
+    for r in [*rows, *shared_rows]:
         if "error" not in r:
             machine = json.loads((out / r["file"]).read_text())["bench"]["machine"]
             break
@@ -215,20 +506,53 @@ def write_summary(rows: list[dict], command: str, out: Path) -> str:
         "command": command,
         "machine": machine,
         "rows": rows,
+        "shared_rows": shared_rows,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    table = markdown(rows, machine, command)
-    (out / "results.md").write_text(table)
-    return table
+    table = markdown(rows, machine, command) if rows else ""
+    shared = shared_markdown(shared_rows, machine, command) if shared_rows else ""
+    parts = [table, "## Shared exporter models\n\n" + shared if shared else ""]
+    (out / "results.md").write_text("\n".join(p for p in parts if p))
+    return table, shared
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def _command(args: argparse.Namespace, generated: list[str], shared: list[str], everything: bool) -> str:
+    """The command line as the tables quote it (only what changes the results)."""
+    command = "python scripts/evaluate.py" + (" --size small" if args.size == "small" else "")
+    command += f" --jobs {args.jobs}" if args.jobs > 1 else ""
+    command += f" --max-depth {args.max_depth}" if args.max_depth is not None else ""
+    command += f" --max-states {args.max_states}" if args.max_states is not None else ""
+    command += f" --model-states {args.model_states}" if args.model_states is not None else ""
+    command += f" --budget {args.budget:g}" if args.budget != 20.0 else ""
+    command += f" --batch {' --batch '.join(map(str, args.batch))}" if args.batch else ""
+    command += f" --models {' '.join([*generated, *shared])}" if not everything else ""
+    return command
 
 
 def main() -> None:
     from einopt.models import MODELS
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS), metavar="NAME")
-    ap.add_argument("--batch", type=int, action="append", help="batch sizes (default 1 and 16)")
-    ap.add_argument("--size", choices=["full", "small"], default="full")
+    ap.add_argument(
+        "--models",
+        nargs="+",
+        metavar="NAME",
+        help="generated or shared models, or 'generated' / 'shared' for a section (default: all of both)",
+    )
+    ap.add_argument(
+        "--batch", type=int, action="append", help="generated models' batch sizes (default 1 and 16)"
+    )
+    ap.add_argument("--size", choices=["full", "small"], default="full", help="generated models' size")
+    ap.add_argument(
+        "--shared",
+        type=Path,
+        metavar="DIR",
+        default=ROOT.parent / "shared" / "models",
+        help="the shared exporter models (default ../shared/models; the section is skipped without it)",
+    )
     ap.add_argument("--budget", type=float, default=20.0, help="seconds of timed runs per model (default 20)")
     ap.add_argument(
         "--out", type=Path, default=ROOT / "results", help="where the reports go (default results/)"
@@ -237,6 +561,7 @@ def main() -> None:
         "--build", type=Path, default=ROOT / "build" / "models", help="where the models are written"
     )
     ap.add_argument("--no-readme", action="store_true", help="do not update README.md")
+    ap.add_argument("--no-openvino", action="store_true", help="do not time OpenVINO against ORT")
     ap.add_argument(
         "--cache",
         type=Path,
@@ -244,31 +569,53 @@ def main() -> None:
     )
     ap.add_argument("--einopt", default=f"{sys.executable} -m einopt", help="how to run einopt")
     ap.add_argument("--max-depth", type=int, help="search depth (default: einopt's, 7)")
+    ap.add_argument("--max-states", type=int, metavar="N", help="states per search (default: einopt's)")
+    ap.add_argument("--model-states", type=int, metavar="N", help="states per model (default: einopt's)")
     ap.add_argument("--jobs", type=int, default=1, help="search processes per model (default 1)")
     args = ap.parse_args()
     batches = args.batch or [1, 16]
+    args.shared = args.shared.resolve()
+    index = read_index(args.shared)
+    try:
+        generated, shared = select(
+            args.models, list(MODELS), list(index) if index is not None else None, args.shared
+        )
+    except ValueError as e:
+        ap.error(str(e))
+    if index is None:
+        print(f"shared models: {args.shared} does not exist, the shared section is skipped", file=sys.stderr)
     args.out.mkdir(parents=True, exist_ok=True)
     args.build.mkdir(parents=True, exist_ok=True)
-    command = "python scripts/evaluate.py" + (" --size small" if args.size == "small" else "")
-    command += f" --jobs {args.jobs}" if args.jobs > 1 else ""
-    command += f" --max-depth {args.max_depth}" if args.max_depth is not None else ""
-    command += f" --models {' '.join(args.models)}" if args.models != list(MODELS) else ""
-    rows = []
-    for name in args.models:
+    everything = set(generated) == set(MODELS) and set(shared) == set(index or ())
+    command = _command(args, generated, shared, everything)
+    rows: list[dict] = []
+    shared_rows: list[dict] = []
+    for name in generated:
         for batch in batches:
             print(f"{name} batch {batch}", flush=True)
-            rows.append(run_pair(name, batch, args, args.build, args.out))
-            table = write_summary(rows, command, args.out)  # after every pair: a stopped run keeps its table
-    print(table)
+            rows.append(run_pair(name, batch, args))
+            write_summary(
+                rows, shared_rows, command, args.out
+            )  # after every row: a stopped run keeps its table
+    for name in shared:
+        print(f"{name} (shared, {index[name].get('exporter', '?')})", flush=True)
+        shared_rows.append(run_shared(name, index[name], args))
+        write_summary(rows, shared_rows, command, args.out)
+    table, shared_table = write_summary(rows, shared_rows, command, args.out)
+    print("\n".join(t for t in (table, shared_table) if t))
+    readme = ROOT / "README.md"
     if (
         not args.no_readme
         and args.size == "full"
         and set(batches) == {1, 16}
-        and len(rows) == 2 * len(MODELS)
+        and set(generated) == set(MODELS)
     ):
-        update_readme(ROOT / "README.md", table)
-        print("README.md updated")
-    sys.exit(1 if any("error" in r for r in rows) else 0)
+        update_readme(readme, table)
+        print("README.md updated (generated models)")
+    if not args.no_readme and index and set(shared) == set(index):
+        update_readme(readme, shared_table, SHARED_START, SHARED_END)
+        print("README.md updated (shared models)")
+    sys.exit(1 if any("error" in r for r in [*rows, *shared_rows]) else 0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,314 @@
+"""scripts/evaluate.py and scripts/evaluate_checks.py without timing: targets, selection, tables, the PyTorch
+reference check, and the OpenVINO column (n/a without the package)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import evaluate  # noqa: E402
+import evaluate_checks as checks  # noqa: E402
+
+GENERATED = ["dcgan", "lstm"]
+SHARED = ["bert_tiny", "espcn_x3", "se_block"]
+
+
+def _model(path: Path) -> Path:
+    """x0 [2, 3] -> relu (Relu) and neg (Neg): two outputs, so the output order and names are checked."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x0"], ["relu"]), helper.make_node("Neg", ["x0"], ["neg"])],
+        "tiny",
+        [helper.make_tensor_value_info("x0", TensorProto.FLOAT, [2, 3])],
+        [
+            helper.make_tensor_value_info("relu", TensorProto.FLOAT, [2, 3]),
+            helper.make_tensor_value_info("neg", TensorProto.FLOAT, [2, 3]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def _row(name: str, **over) -> dict:
+    row = {
+        "model": name,
+        "exporter": "dynamo",
+        "file": f"{name}.json",
+        "ort_ms": 2.0,
+        "einopt_ms": 1.6,
+        "speedup": 1.25,
+        "kernels": [10, 8],
+        "found": 1,
+        "subprograms": 4,
+        "optimize_s": 12.5,
+        "verified": True,
+        "ort_equal": True,
+        "pytorch": {"input": {"ok": True}, "output": {"ok": True, "max_error": 1e-7, "message": ""}},
+        "passed_through": {"nodes": 0, "reasons": {}},
+        "openvino": {"speedup": 1.14, "equal": True, "max_error": 1e-6},
+    }
+    return row | over
+
+
+# ----------------------------------------------------------------------------- targets
+
+
+@pytest.mark.parametrize(
+    "name, goal",
+    [
+        ("lstm_linear_cell", 1.2),
+        ("lstm_linear_cell_dynamo", 1.2),
+        ("bert_tiny", 1.1),
+        ("gpt2_tiny_dynamo", 1.1),
+        ("vit_tiny_dynamo", 1.1),
+        ("large_kernel_block", 1.0),
+        ("dcgan_tiny_b4", 1.0),
+        ("prelu_net", 1.0),
+        ("espcn_x3", 1.0),
+        ("unet_tiny", 0.99),
+        ("mobilenet_v3_small", 0.99),
+    ],
+)
+def test_shared_targets_are_issue_27s(name, goal):
+    assert evaluate.shared_target(name) == goal
+
+
+def test_a_target_is_met_only_when_verified_and_timed():
+    assert evaluate.met(1.2, 1.2) == "met"
+    assert evaluate.met(1.19, 1.2) == "**missed**"
+    assert evaluate.met(1.5, 1.2, verified=False) == "**missed**"
+    assert evaluate.met(None, 0.99) == "**missed**"
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+def test_models_default_to_both_sections_and_take_names_or_section_words():
+    folder = Path("shared")
+    assert evaluate.select(None, GENERATED, SHARED, folder) == (GENERATED, SHARED)
+    assert evaluate.select(["shared"], GENERATED, SHARED, folder) == ([], SHARED)
+    assert evaluate.select(["generated"], GENERATED, SHARED, folder) == (GENERATED, [])
+    assert evaluate.select(["se_block", "lstm", "bert_tiny"], GENERATED, SHARED, folder) == (
+        ["lstm"],
+        ["bert_tiny", "se_block"],
+    )
+
+
+def test_unknown_models_and_an_absent_shared_folder_are_clear_errors():
+    folder = Path("/nowhere/shared/models")
+    with pytest.raises(
+        ValueError, match=r"unknown model nope; choose from .*dcgan.*bert_tiny.*generated / shared"
+    ):
+        evaluate.select(["nope", "lstm"], GENERATED, SHARED, folder)
+    with pytest.raises(ValueError, match=r"/nowhere/shared/models is absent.*bert_tiny"):
+        evaluate.select(["bert_tiny"], GENERATED, None, folder)
+    with pytest.raises(ValueError, match="absent"):
+        evaluate.select(["shared"], GENERATED, None, folder)
+    # without --models, an absent folder skips the section
+    assert evaluate.select(None, GENERATED, None, folder) == (GENERATED, [])
+
+
+def test_read_index(tmp_path):
+    assert evaluate.read_index(tmp_path / "absent") is None
+    with pytest.raises(SystemExit, match="cannot read the shared models' index"):
+        evaluate.read_index(tmp_path)
+    (tmp_path / "index.json").write_text(
+        json.dumps({"tiny": {"exporter": "dynamo", "inputs": {"x0": [2, 3]}}})
+    )
+    with pytest.raises(SystemExit, match=r"missing: tiny.onnx, tiny.npz"):
+        evaluate.read_index(tmp_path)
+    _model(tmp_path / "tiny.onnx")
+    np.savez(tmp_path / "tiny.npz", x0=np.zeros((2, 3), np.float32))
+    assert evaluate.read_index(tmp_path) == {"tiny": {"exporter": "dynamo", "inputs": {"x0": [2, 3]}}}
+
+
+# ----------------------------------------------------------------------------- PyTorch's outputs
+
+
+def test_split_reference_separates_inputs_from_pytorchs_outputs():
+    a, b, c = (np.full(2, k, np.float32) for k in range(3))
+    feeds, outputs = checks.split_reference({"y1": c, "x0": a, "y0": b})
+    assert list(feeds) == ["x0"] and feeds["x0"] is a
+    assert [o[0] for o in outputs] == [1, 2]  # y0, y1 in order
+    with pytest.raises(ValueError, match="'z' is neither"):
+        checks.split_reference({"x0": a, "z": b}, "m.npz")
+    with pytest.raises(ValueError, match=r"y0..y1, got \[0, 2\]"):
+        checks.split_reference({"x0": a, "y0": b, "y2": c})
+
+
+def test_reference_agreement_uses_the_verification_tolerance():
+    ref = np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3)
+    near = ref + np.float32(1e-5)  # within atol 1e-4 * max(1, |ref|max) + rtol 1e-3 * |ref|
+    ok = checks.reference_agreement({"out": near}, [ref])
+    assert ok["ok"] and ok["max_error"] == pytest.approx(1e-5, rel=0.1)
+    far = ref.copy()
+    far[1, 2] += 0.1
+    bad = checks.reference_agreement({"out": far}, [ref])
+    assert not bad["ok"] and "y0 (out)" in bad["message"] and "[1, 2]" in bad["message"]
+    count = checks.reference_agreement({"a": ref, "b": ref}, [ref])
+    assert not count["ok"] and count["message"] == "the model has 2 outputs, PyTorch's reference 1"
+
+
+def test_side_checks_compare_the_input_and_the_output_with_pytorchs_outputs(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "openvino", None)  # not installed: no OpenVINO timing either
+    model = _model(tmp_path / "m.onnx")
+    x = np.array([[-1, 0, 2], [3, -4, 5]], np.float32)
+    np.savez(tmp_path / "in.npz", x0=x)
+    np.savez(tmp_path / "good.npz", x0=x, y0=np.maximum(x, 0), y1=-x)
+    np.savez(tmp_path / "swapped.npz", x0=x, y0=-x, y1=np.maximum(x, 0))
+    job = checks.SideJob(model, tmp_path / "in.npz", 1, 0.1, True, tmp_path / "good.npz", model)
+    out = checks.side_checks(job)
+    assert out["pytorch"]["input"]["ok"] and out["pytorch"]["output"]["ok"]
+    assert out["openvino"] == {"speedup": None, "note": "n/a (pip install openvino)"}
+    swapped = checks.side_checks(
+        checks.SideJob(model, tmp_path / "in.npz", 1, 0.1, False, tmp_path / "swapped.npz")
+    )
+    assert not swapped["pytorch"]["output"]["ok"] and "y0 (relu)" in swapped["pytorch"]["output"]["message"]
+    assert swapped["openvino"] is None
+
+
+# ----------------------------------------------------------------------------- OpenVINO
+
+
+def test_without_openvino_the_column_says_how_to_get_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` raises ImportError
+    assert checks.import_openvino() is None
+    result = checks.compare_openvino(
+        Path("unused.onnx"), None, {}, 2, 1.0
+    )  # returns before any model is read
+    assert result == {"speedup": None, "note": checks.OPENVINO_MISSING}
+    assert checks.openvino_text(result) == "n/a (pip install openvino)"
+    table = evaluate.shared_markdown([_row("bert_tiny", openvino=result)], {}, "cmd")
+    assert "| n/a (pip install openvino) |" in table
+
+
+def test_openvino_text():
+    assert checks.openvino_text(None) == "-"
+    assert checks.openvino_text({"speedup": 1.2345, "equal": True, "max_error": 0.0}) == "1.23x"
+    differs = checks.openvino_text({"speedup": 0.9, "equal": False, "max_error": 0.0123})
+    assert differs == "0.90x (outputs differ from ORT's: 0.012)"
+
+
+def test_openvino_runs_with_einopts_threads_in_float32():
+    config = checks.openvino_config(3)
+    assert config["INFERENCE_NUM_THREADS"] == 3 and config["INFERENCE_PRECISION_HINT"] == "f32"
+    assert config["NUM_STREAMS"] == 1 and config["PERFORMANCE_HINT"] == "LATENCY"
+
+
+def test_openvino_outputs_are_taken_by_their_onnx_names(tmp_path):
+    ov = pytest.importorskip(
+        "openvino", reason="openvino is the optional bench extra (pip install -e .[bench])"
+    )
+    model = _model(tmp_path / "m.onnx")
+    x = np.array([[-1, 0, 2], [3, -4, 5]], np.float32)
+    _, got = checks.run_openvino(ov, model, {"x0": x}, 1, ["neg", "relu"])  # the graph's order is relu, neg
+    assert list(got) == ["neg", "relu"]
+    np.testing.assert_array_equal(got["neg"], -x)
+    np.testing.assert_array_equal(got["relu"], np.maximum(x, 0))
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def test_passthrough_counts_nodes_by_reason():
+    report = {
+        "counts": {"passed_through": 4},
+        "subprograms": [
+            {"kind": "passthrough", "ops": ["Softmax"], "reason": "no importer for Softmax"},
+            {"kind": "linear", "ops": ["MatMul"], "reason": ""},
+            {"kind": "passthrough", "ops": ["Erf"], "reason": "no importer for Erf"},
+            {"kind": "passthrough", "ops": ["Softmax"], "reason": "no importer for Softmax"},
+            {"kind": "passthrough", "ops": ["Cast"], "reason": ""},
+        ],
+    }
+    p = evaluate.passthrough(report)
+    assert p == {
+        "nodes": 4,
+        "reasons": {"no importer for Softmax": 2, "no importer for Erf": 1, "no reason given": 1},
+    }
+    text = evaluate.passthrough_text(p)
+    assert text == "4: no importer for Softmax x2; no importer for Erf; no reason given"
+    assert evaluate.passthrough_text({"nodes": 0, "reasons": {}}) == "0"
+    assert evaluate.passthrough_text({"nodes": 1, "reasons": {"a | b": 1}}) == "1: a \\| b"
+
+
+def test_shared_markdown_rows_marks_and_reasons():
+    rows = [
+        _row("bert_tiny", speedup=1.12),
+        _row(
+            "gpt2_tiny_dynamo",
+            speedup=1.05,
+            passed_through={"nodes": 3, "reasons": {"no importer for Softmax": 2, "no importer for Erf": 1}},
+        ),
+        _row(
+            "se_block",
+            verified=False,
+            pytorch={
+                "input": {"ok": True},
+                "output": {"ok": False, "message": "output 'y0 (40)' differs at [0, 1]: 1 vs 2"},
+            },
+            openvino={"speedup": 0.8, "equal": False, "max_error": 0.5},
+        ),
+        {"model": "unet_tiny", "exporter": "torchscript", "file": "unet_tiny.json", "error": "exit 3"},
+    ]
+    table = evaluate.shared_markdown(rows, {"cpu": "CPU X", "threads": 2, "onnxruntime": "1.2"}, "cmd")
+    lines = table.splitlines()
+    assert lines[0].startswith("Measured ") and "CPU X, 2 threads" in lines[0] and "`cmd`" in lines[0]
+    header = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert header[:7] == ["model", "exporter", "ORT ms", "einopt ms", "speedup", "target", "OpenVINO vs ORT"]
+    body = {line.split("|")[1].strip(): line for line in lines[4:8]}
+    assert "| 1.12x | >= 1.10x met | 1.14x |" in body["bert_tiny"]
+    assert "| >= 1.10x **missed** |" in body["gpt2_tiny_dynamo"]
+    assert "| 3: no importer for Softmax x2; no importer for Erf |" in body["gpt2_tiny_dynamo"]
+    assert "| yes / yes |" in body["bert_tiny"]
+    se = body["se_block"]
+    assert "| >= 0.99x **missed** |" in se  # 1.25x, but not equal to PyTorch's outputs
+    assert "| yes / NO: output 'y0 (40)' differs at [0, 1]: 1 vs 2 |" in se
+    assert "0.80x (outputs differ from ORT's: 0.5)" in se
+    assert "failed: exit 3" in body["unet_tiny"] and ">= 0.99x **missed**" in body["unet_tiny"]
+    assert lines[-1] == "Targets met: 1 of 4. Geometric mean of the speedups: 1.14x."
+    assert len(header) == len(body["bert_tiny"].strip().strip("|").split(" | "))
+
+
+def test_generated_markdown_has_the_openvino_column():
+    row = _row("lstm", batch=1, confirmation=None, accepted=1, rewritten=1, rolled_back=0)
+    table = evaluate.markdown([row], {}, "cmd")
+    header, _, line = table.split("\n\n")[1].splitlines()[:3]
+    cells = [c.strip() for c in header.strip("|").split("|")]
+    assert cells[7] == "OpenVINO vs ORT"
+    assert [c.strip() for c in line.strip("|").split("|")][7] == "1.14x"
+
+
+def test_write_summary_keeps_both_sections(tmp_path):
+    machine = {"cpu": "CPU X", "threads": 2, "onnxruntime": "1.2"}
+    (tmp_path / "bert_tiny.json").write_text(json.dumps({"bench": {"machine": machine}}))
+    table, shared = evaluate.write_summary([], [_row("bert_tiny")], "cmd", tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["rows"] == [] and summary["shared_rows"][0]["model"] == "bert_tiny"
+    assert summary["machine"] == machine
+    assert table == "" and "| bert_tiny | dynamo |" in shared
+    assert (tmp_path / "results.md").read_text() == "## Shared exporter models\n\n" + shared
+
+
+def test_update_readme_replaces_only_its_block(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        f"a\n{evaluate.START}\nold\n{evaluate.END}\nb\n{evaluate.SHARED_START}\nold shared\n{evaluate.SHARED_END}\nc\n"
+    )
+    evaluate.update_readme(readme, "new shared\n", evaluate.SHARED_START, evaluate.SHARED_END)
+    assert readme.read_text() == (
+        f"a\n{evaluate.START}\nold\n{evaluate.END}\nb\n{evaluate.SHARED_START}\nnew shared\n{evaluate.SHARED_END}\nc\n"
+    )
+    readme.write_text("no markers\n")
+    with pytest.raises(SystemExit, match="shared-results:start"):
+        evaluate.update_readme(readme, "x", evaluate.SHARED_START, evaluate.SHARED_END)
