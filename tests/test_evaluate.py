@@ -312,3 +312,17 @@ def test_update_readme_replaces_only_its_block(tmp_path):
     readme.write_text("no markers\n")
     with pytest.raises(SystemExit, match="shared-results:start"):
         evaluate.update_readme(readme, "x", evaluate.SHARED_START, evaluate.SHARED_END)
+
+
+def test_a_failed_side_process_shows_in_the_openvino_column():
+    failed = evaluate._side_openvino({"error": "the measuring process died (out of memory?)"})
+    assert checks.openvino_text(failed) == "failed: the measuring process died (out of memory?)"
+    assert evaluate._side_openvino({"openvino": None}) is None  # --no-openvino: "-"
+
+
+@pytest.mark.parametrize(
+    "model, batch, goal",
+    [("lstm", 1, 1.25), ("bert", 1, 1.1), ("gpt2", 16, 1.1), ("vit", 16, 1.1), ("resnet18", 16, 0.99)],
+)
+def test_generated_targets(model, batch, goal):
+    assert evaluate.target({"model": model, "batch": batch}) == goal
