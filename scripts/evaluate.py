@@ -7,9 +7,10 @@
     python scripts/evaluate.py --size small            # the generators at the reduced test sizes (quick check)
     python scripts/evaluate.py --models espcn_x3 --max-states 100 --model-states 300 --budget 1 --no-readme
 
-Generated models: the MODELS table of ``einopt.models`` (11 models: the 8 of
-EinNet's evaluation took about 30 min; MobileNetV2, SqueezeNet 1.1 and
-ShuffleNetV2 add a few), at each batch of ``--batch`` (default 1 and 16).
+Generated models: the MODELS table of ``einopt.models`` (the 8 of EinNet's
+evaluation took about 30 min; MobileNetV2, SqueezeNet 1.1, ShuffleNetV2 and
+the transformer generators add to it), at each batch of ``--batch`` (default
+1 and 16).
 
 Shared models: the real ``torch.onnx`` exports in ``--shared DIR`` (default
 ``../shared/models``: ``NAME.onnx``, ``NAME.npz`` holding the inputs ``x0..``
