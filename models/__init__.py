@@ -23,7 +23,7 @@ import onnx
 from einopt.runtime.inputs import random_inputs
 from einopt.runtime.modelio import write_atomic
 
-from . import compact, sequence, vision
+from . import compact, sequence, transformer, vision
 from .builder import GraphBuilder
 
 SIZES = ("full", "small")
@@ -124,12 +124,36 @@ MODELS: dict[str, ModelSpec] = {
             compact.build_shufflenetv2,
             "image [bs,3,224,224]",
         ),
+        ModelSpec(
+            "bert",
+            "BERT encoder",
+            "4 post-LayerNorm layers (hidden 256, 4 heads, FFN 1024, exact GELU as Erf), additive attention "
+            "mask, TorchScript exporter's nodes: [bs,128,256] + mask [bs,1,1,128] -> [bs,128,256]",
+            transformer.build_bert,
+            "hidden_states [bs,128,256], attention_mask [bs,1,1,128]",
+        ),
+        ModelSpec(
+            "gpt2",
+            "GPT-2 decoder stack",
+            "4 pre-LayerNorm blocks (hidden 256, 4 heads), fused QKV Gemm + Split, causal mask as Where, "
+            "GELU tanh form, final LayerNorm, TorchScript exporter's nodes: [bs,128,256] -> [bs,128,256]",
+            transformer.build_gpt2,
+            "hidden_states [bs,128,256]",
+        ),
+        ModelSpec(
+            "vit",
+            "ViT encoder",
+            "patch 16 Conv, class token, position embedding, 6 pre-LayerNorm blocks (hidden 384, 6 heads, "
+            "MLP 1536, exact GELU), final LayerNorm, dynamo exporter's nodes: [bs,3,224,224] -> [bs,197,384]",
+            transformer.build_vit,
+            "pixel_values [bs,3,224,224]",
+        ),
     )
 }
 
 _PARAMS = {
-    "full": {**vision.FULL, **sequence.FULL, **compact.FULL},
-    "small": {**vision.SMALL, **sequence.SMALL, **compact.SMALL},
+    "full": {**vision.FULL, **sequence.FULL, **compact.FULL, **transformer.FULL},
+    "small": {**vision.SMALL, **sequence.SMALL, **compact.SMALL, **transformer.SMALL},
 }
 
 
