@@ -687,15 +687,28 @@ _BACKEND_MODULES = (
     "abs add batch_normalization clip concat conv convtranspose depthtospace div einsum exp flatten gemm "
     "gather gatherelements identity leakyrelu matmul max min mul neg pad prelu relu reshape sigmoid slice spacetodepth split "
     "sqrt squeeze sub sum tanh transpose unsqueeze "
-    "reducesum reducemean reducesumsquare reducel2 globalaveragepool averagepool layernormalization"
+    "reducesum reducemean reducesumsquare reducel2 globalaveragepool averagepool layernormalization "
+    "erf pow reciprocal hardsigmoid hardswish gelu"
 ).split()
 
 # Inputs the suite feeds as data that a real model has as constants.
 # ConvTranspose: its weight is translated only as a constant known to be finite.
-_CONSTANT_INPUTS = {"BatchNormalization": {1, 2, 3, 4}, "Clip": {1, 2}, "Pad": {2}, "ConvTranspose": {1}}
+# Pow: only a constant exponent is translated.
+_CONSTANT_INPUTS = {
+    "BatchNormalization": {1, 2, 3, 4},
+    "Clip": {1, 2},
+    "Pad": {2},
+    "ConvTranspose": {1},
+    "Pow": {1},
+}
 
 _BACKEND_REFUSED = {
     "test_matmul_1d_1d": "rank 0",
+    **{
+        f"test_pow{case}": "only one constant exponent"
+        for case in ("", "_example", "_bcast_array", "_types_float32_int64", "_types_float32_int32")
+        + ("_types_float32_uint64", "_types_float32_uint32")
+    },
     "test_gather_0": "not an affine function",
     "test_gather_1": "not an affine function",
     "test_gather_negative_indices": "not an affine function",

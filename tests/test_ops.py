@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import einopt
 from einopt import api
@@ -28,7 +28,7 @@ from einopt.core.ops import BINARY, UNARY, BinaryOp, UnaryOp
 from einopt.core.syntax import RESERVED, parse
 from einopt.frontend.importers import translate_single_node
 from einopt.frontend.partition import ACTIVATIONS
-from einopt.instantiate import BINARY_OPS, UNARY_OPS, UNARY_PARAM
+from einopt.instantiate import BINARY_OPS, UNARY_OPS, UNARY_PARAM, UNARY_PARAM_INPUT
 
 from strategies import tame
 
@@ -45,6 +45,10 @@ BINARY_ROWS = [pytest.param(op, id=op.title) for op in BINARY.values()]
 
 def _params(op: UnaryOp) -> tuple[float | None, ...]:
     return op.sample_params if op.param else (None,)
+
+
+def _steep(op: UnaryOp) -> tuple[float, ...]:
+    return STEEP if op.param else ()
 
 
 def _in_range(op: UnaryOp, points) -> np.ndarray:
@@ -167,22 +171,30 @@ def test_unary_onnx_runtime_matches_interpreter(op: UnaryOp) -> None:
         _same(got, evaluate(e, {"A": xs}, mode="float32"), f"{op.name}({p})", rtol=1e-6)
 
 
+def _onnx_forms(op: UnaryOp) -> list[tuple[float | None, dict, list]]:
+    """``(param, attributes, initializers)`` of the ONNX nodes computing ``op`` with each sample
+    parameter (and without, where the parameter is an attribute with a default)."""
+    if op.param_input:
+        return [(p, {}, [numpy_helper.from_array(np.array(p, np.float32), "p")]) for p in op.sample_params]
+    forms = [(op.param_default, {}, [])]
+    return forms + [(float(np.float32(p)), {op.onnx_param: p}, []) for p in op.sample_params]
+
+
 @pytest.mark.parametrize("op", UNARY_ROWS)
 def test_unary_onnx_import(op: UnaryOp) -> None:
     xs = np.concatenate([_in_range(op, FINITE), _in_range(op, INFINITE)]).astype(np.float32)
-    attrs = [{}] + [{op.onnx_param: p} for p in op.sample_params]
-    for attr in attrs:
-        node = helper.make_node(op.onnx, ["x"], ["y"], **attr)
+    for param, attr, inits in _onnx_forms(op):
+        node = helper.make_node(op.onnx, ["x", *(i.name for i in inits)], ["y"], **attr)
         graph = helper.make_graph(
             [node],
             "g",
             [helper.make_tensor_value_info("x", TensorProto.FLOAT, xs.shape)],
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, xs.shape)],
+            initializer=inits,
         )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
         program, _ = translate_single_node(model)
         body = program.scope("y").body
-        param = float(np.float32(attr[op.onnx_param])) if attr else op.param_default
         assert isinstance(body, ir.Unary) and (body.fn, body.param) == (op.name, param)
         got = evaluate(program, {"x": xs}, mode="float32")["y"]
         _same(got, _run_ort(model, {"x": xs}), f"{op.onnx} {attr}", rtol=1e-6)
@@ -191,10 +203,11 @@ def test_unary_onnx_import(op: UnaryOp) -> None:
 @pytest.mark.parametrize("op", UNARY_ROWS)
 def test_unary_facts_hold_on_sample_points(op: UnaryOp) -> None:
     for dtype in (np.float64, np.float32):
-        for p in _params(op):
-            at_zero = _numpy(op.numpy, [0.0, -0.0], p, dtype=dtype)
-            assert op.zero == bool(np.all(at_zero == 0)), f"zero: {op.name}({p}) at 0 is {at_zero}"
-        for p in _params(op) + (STEEP if op.param else ()):
+        # zero: f(0) = 0 for every parameter (pow's 0 ** -4 is inf).
+        at_zero = {p: _numpy(op.numpy, [0.0, -0.0], p, dtype=dtype) for p in _params(op) + _steep(op)}
+        zero = all(bool(np.all(v == 0)) for v in at_zero.values())
+        assert op.zero == zero, f"zero: {op.name} at 0 is {at_zero}"
+        for p in _params(op) + _steep(op):
             values = _numpy(op.numpy, _finite(dtype), p, dtype=dtype)
             finite = bool(np.all(np.isfinite(values)))
             assert op.keeps_finite(p) == finite, f"finite: {op.name}({p}) on {_finite(dtype)} is {values}"
@@ -205,9 +218,24 @@ def test_unary_facts_hold_on_sample_points(op: UnaryOp) -> None:
 
 @pytest.mark.parametrize("op", UNARY_ROWS)
 def test_unary_derived_tables(op: UnaryOp) -> None:
-    assert UNARY_OPS[op.name] == op.onnx and UNARY_PARAM.get(op.name) == op.onnx_param
+    assert UNARY_OPS[op.name] == op.onnx
+    assert UNARY_PARAM.get(op.name) == (None if op.param_input else op.onnx_param)
+    assert (op.name in UNARY_PARAM_INPUT) == op.param_input
     assert (op.onnx in ACTIVATIONS) == op.activation
     assert FLOPS[op.onnx]((), (10,), helper.make_node(op.onnx, [], [])) == 10 * op.flops
+
+
+@pytest.mark.parametrize("op", [pytest.param(op, id=op.name) for op in UNARY.values() if op.param_input])
+def test_parameter_input_in_an_eoperator(op: UnaryOp) -> None:
+    # A sum matches no operator: the eOperator's body writes the parameter as an input too.
+    i, k = einopt.iters("i:3 k:4")
+    a = einopt.tensor("A", (3, 4))
+    e = einopt.L(i)(einopt.Sum(k)(ir.Unary(op.name, a[i, k], op.sample_params[0]) * a[i, k]))
+    model = einopt.to_onnx(e)
+    nodes = [n for f in model.functions for n in f.node if n.op_type == op.onnx]
+    assert model.functions and nodes and all(len(n.input) == 2 for n in nodes)
+    xs = np.random.default_rng(0).uniform(*op.sample_range, size=(3, 4))
+    _same(_run_ort(model, {"A": xs}), evaluate(e, {"A": xs}, mode="float32"), op.name, rtol=1e-5)
 
 
 def test_tame_reads_arguments_inside_the_sample_range() -> None:
@@ -345,6 +373,13 @@ def _row(**changes) -> UnaryOp:
     "make, message",
     [
         (lambda: _row(param="slope"), "needs param, onnx_param"),
+        (lambda: _row(param_input=True), "need a parameter"),
+        (lambda: _row(param_default=0.5), "need a parameter"),
+        (lambda: _row(param="p", onnx_param="p", sample_params=(1.0,)), "needs its param_default"),
+        (
+            lambda: _row(param="p", onnx_param="Y", sample_params=(1.0,), param_default=1.0, param_input=True),
+            "needs its param_default",
+        ),
         (lambda: _row(sample_range=(1.0, 1.0)), "empty sample_range"),
         (lambda: _row(onnx="Not An Op"), "not an identifier"),
         (lambda: _row(finite=lambda p: True), "depend only on a parameter"),

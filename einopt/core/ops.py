@@ -24,13 +24,18 @@ Adding an element-wise function is one ``UnaryOp`` row in ``UNARY`` and nothing 
 meaning), ``numpy`` and ``tvm`` forms, and the three facts ``zero``, ``finite`` and ``exact``
 (``tests/test_ops.py`` checks them numerically, so a wrong one fails there). A function with one
 constant float parameter also gives ``param`` (its name in the Python API), ``onnx_param`` (the
-ONNX attribute), ``param_default`` (the attribute's ONNX default) and ``sample_params``. The rest
-has defaults: ``flops`` (4 for a transcendental function), ``activation`` (False only for a linear
-function such as ``neg``), ``tail``, ``api`` (when the Python name must differ, as ``absolute``
-for ``abs``) and ``sample_range`` (where the function is finite and moderate, for random tests).
-A row cannot yet say that its ONNX form needs more than that one attribute (HardSigmoid's alpha
-and beta), takes the parameter as an input (Pow's exponent) or needs a newer opset than the one
-emitted (Gelu: 20); such a function needs a field here and its use in ``einopt.instantiate``.
+ONNX attribute), ``param_default`` (the attribute's ONNX default) and ``sample_params``; when the
+ONNX operator takes the parameter as its second input instead (Pow's exponent), ``param_input``
+says so, ``onnx_param`` names that input and ``param_default`` is None (the instantiation writes
+the parameter as a one-element initializer). The rest has defaults: ``flops`` (4 for a
+transcendental function), ``activation`` (False only for a linear function such as ``neg``),
+``tail``, ``api`` (when the Python name must differ, as ``absolute`` for ``abs``) and
+``sample_range`` (where the function is finite and moderate, for random tests).
+
+ONNX operators that are compositions of these (HardSigmoid, HardSwish, Gelu, Reciprocal, Pow with
+the exponents 2, 3, 1/2 and -1) are no rows: ``einopt.frontend.importers_elementwise`` imports them
+as the expression ONNX Runtime computes, and ``einopt.instantiate.match_elementwise.PATTERNS``
+recognises that expression to write the one operator back (when the opset has it: Gelu needs 20).
 
 TVM is imported lazily (``import einopt`` must not load it, nor numpy): a form receives the
 namespace it computes with, ``numpy`` or ``tvm.tirx``, as its first argument.
@@ -92,9 +97,13 @@ class UnaryOp:
     param : str or None
         The parameter's name in the Python API (``slope``), None without a parameter.
     onnx_param : str or None
-        The ONNX attribute carrying the parameter (``alpha``).
+        The ONNX attribute carrying the parameter (``alpha``), or with ``param_input`` the name of
+        the ONNX operator's input carrying it (``Y``).
     param_default : float or None
-        The ONNX attribute's default.
+        The ONNX attribute's default (None with ``param_input``: an input has none).
+    param_input : bool
+        The ONNX operator takes the parameter as its second input, not as an attribute (Pow's
+        exponent): the instantiation writes it as a one-element float32 initializer.
     sample_params : tuple of float
         Parameter values random tests use.
     sample_range : (float, float)
@@ -116,16 +125,24 @@ class UnaryOp:
     param: str | None = None
     onnx_param: str | None = None
     param_default: float | None = None
+    param_input: bool = False
     sample_params: tuple[float, ...] = ()
     sample_range: tuple[float, float] = (-math.inf, math.inf)
 
     def __post_init__(self) -> None:
         _check_words(self.name, self.onnx, self.api or self.name)
-        given = (self.param, self.onnx_param, self.param_default, self.sample_params or None)
+        given = (self.param, self.onnx_param, self.sample_params or None)
         if any(v is None for v in given) and any(v is not None for v in given):
             raise ValueError(
-                f"unary op {self.name}: a parameter needs param, onnx_param, param_default and "
-                "sample_params together (or none of them)"
+                f"unary op {self.name}: a parameter needs param, onnx_param and sample_params "
+                "together (or none of them)"
+            )
+        if self.param is None and (self.param_default is not None or self.param_input):
+            raise ValueError(f"unary op {self.name}: param_default and param_input need a parameter")
+        if self.param is not None and (self.param_default is None) != self.param_input:
+            raise ValueError(
+                f"unary op {self.name}: a parameter given as an ONNX attribute needs its "
+                "param_default, one given as an input (param_input) has none"
             )
         if callable(self.finite) and self.param is None:
             raise ValueError(f"unary op {self.name}: finite can depend only on a parameter it has")
@@ -202,6 +219,21 @@ class BinaryOp:
     def infix(self) -> bool:
         """Written between its operands (a symbol), not as a call (a word)."""
         return not self.name.isidentifier()
+
+
+def _erf(np: Any, x: Any, p: None) -> Any:
+    """erf in numpy (which has none): ``math.erf`` (float64, within an ulp) per element, rounded
+    once to ``x``'s dtype. Slow (a Python call per element), but the interpreter is the
+    specification: ONNX Runtime's Erf is within one float32 ulp of this."""
+    wide = np.frompyfunc(math.erf, 1, 1)(np.asarray(x, dtype=np.float64))
+    return np.asarray(wide, dtype=np.float64).astype(x.dtype)
+
+
+def _power(np: Any, x: Any, p: float) -> Any:
+    """``x ** p`` computed in float64 and rounded once to ``x``'s dtype: what ONNX Runtime computes
+    for an integer or float64 exponent (``std::pow`` in double), and within an ulp of its float32
+    ``powf``; numpy's own float32 power is several ulps off."""
+    return np.power(np.asarray(x, dtype=np.float64), float(p)).astype(x.dtype)
 
 
 def _check_words(*words: str) -> None:
@@ -308,6 +340,36 @@ UNARY: dict[str, UnaryOp] = _table(
             onnx_param="alpha",
             param_default=0.01,
             sample_params=(0.01, 0.1, 0.2, 0.5),
+        ),
+        UnaryOp(
+            name="erf",
+            onnx="Erf",
+            numpy=_erf,
+            tvm=lambda t, x, p: t.erf(x),
+            zero=True,  # erf(0) = 0
+            finite=True,  # |erf(x)| <= 1
+            exact=False,
+            flops=4,
+        ),
+        UnaryOp(
+            name="pow",
+            onnx="Pow",
+            numpy=_power,
+            tvm=lambda t, x, p: t.pow(x, _tvm_const(t, p)),
+            zero=False,  # 0 ** p is 0 only for p > 0 (inf for p < 0, 1 for p = 0)
+            # x ** 0 = 1 and x ** 1 = x; any other exponent overflows (p > 1), divides by 0 (p < 0)
+            # or takes a fractional power of a negative number (NaN).
+            finite=lambda exponent: exponent in (0.0, 1.0),
+            exact=False,
+            flops=4,
+            api="power",  # not Python's pow
+            param="exponent",
+            onnx_param="Y",
+            param_input=True,
+            # Exponents the importer keeps as pow: 2, 3, 1/2, -1 and 1 become x*x, x*x*x,
+            # sqrt(x), 1/x and x.
+            sample_params=(1.5, -0.5, 2.5, 4.0),
+            sample_range=(0.25, 8.0),
         ),
     ]
 )

@@ -2,6 +2,14 @@
 
 Every result is ``L i0, i1, ..: f(A[..], B[..], ..)`` over the broadcast
 output shape, operands read with :func:`~einopt.frontend.operand.read`.
+
+Operators that are compositions of the IR's operations (HardSigmoid, HardSwish,
+Gelu, Reciprocal, Pow with the exponents 2, 3, 1/2, -1 and 1) become the
+expression ONNX Runtime's CPU kernel computes, operation for operation in
+float32 (:func:`hard_sigmoid`, :func:`gelu`): the interpreter in float32 then
+gives ORT's values, up to an ulp of its erf, tanh and pow.
+``einopt.instantiate.match_elementwise`` recognises these expressions to write
+the single operator back.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from einopt.frontend.operand import (
     Operand,
     Unsupported,
     access,
+    broadcast_dims,
     broadcast_shapes,
     checked_output,
     constant,
@@ -80,17 +89,156 @@ def _variadic(op: str) -> Importer:
 
 def _unary(op: UnaryOp) -> Importer:
     def importer(view: NodeView) -> tuple[ir.Scope, ...]:
-        param = None if op.onnx_param is None else float(view.attr(op.onnx_param, op.param_default))
         x = float_data(view.input(0), "input X")
-        return (_pointwise(view, [x], lambda v: ir.Unary(op.name, v, param)),)
+        shape: tuple[int, ...] = ()
+        if op.param_input:
+            _refuse_legacy_broadcast(view)
+            param, shape = _constant_number(view, 1, op.param or "parameter")
+        elif op.onnx_param is not None:
+            param = float(view.attr(op.onnx_param, op.param_default))
+        else:
+            param = None
+        form = _PARTICULAR.get(op.name, {}).get(param, lambda v: ir.Unary(op.name, v, param))
+        return (_pointwise_to(view, x, shape, form),)
 
     if op.onnx_param is None:
         importer.__doc__ = f"``{op.name}(X)``."
+    elif op.param_input:
+        importer.__doc__ = f"``{op.name}(X, {op.onnx_param})`` for a constant one-element {op.onnx_param}."
     else:
         importer.__doc__ = (
             f"``{op.name}(X, {op.onnx_param})`` ({op.onnx_param} defaults to {op.param_default})."
         )
     return importer
+
+
+def _constant_number(view: NodeView, index: int, what: str) -> tuple[float, tuple[int, ...]]:
+    """The value and shape of a constant one-element numeric input (a parameter given as an input)."""
+    operand = view.input(index)
+    if operand is None:
+        raise Unsupported(f"missing input {what}")
+    if operand.value is None:
+        raise Unsupported(
+            f"{view.op_type} {what} {operand.name} is not a constant (only a constant is translated)"
+        )
+    arr = np.asarray(operand.value)
+    if arr.dtype.kind not in "fiu":
+        raise Unsupported(f"{view.op_type} {what} {operand.name}: {arr.dtype} (only a number)")
+    if arr.size != 1:
+        raise Unsupported(
+            f"{view.op_type} {what} {operand.name} has {arr.size} elements (only one constant {what} is translated)"
+        )
+    value = float(arr.reshape(-1)[0])
+    if not math.isfinite(value):
+        raise Unsupported(f"{view.op_type} {what} {operand.name} is {value}")
+    return value, tuple(int(n) for n in arr.shape)
+
+
+def _pointwise_to(
+    view: NodeView, x: Operand, other: tuple[int, ...], body: Callable[[ir.ValueExpr], ir.ValueExpr]
+) -> ir.Scope:
+    """``L i..: body(read(x))`` over the broadcast of ``x``'s shape and ``other`` (a constant
+    operand's shape: a one-element exponent of higher rank adds leading 1s to the result)."""
+    shape = checked_output(view, 0, broadcast_dims(operand_shape(x), other))
+    its = numbered("i", shape)
+    return ir.Scope(its, (), body(read(x, its)))
+
+
+# Pow (a constant one-element exponent, float or integer; a varying or per-element one is refused)
+# with an exponent whose power is an expression of the IR: ONNX Runtime computes x * x and x * x * x
+# for a one-element exponent 2 and 3 (std::pow otherwise); pow(x, 1) is x. Its powf of 1/2 and -1
+# is within an ulp of sqrt(x) and 1/x (which are correctly rounded) and differs only at
+# -inf ** 1/2 (inf; sqrt gives NaN) and in the sign of -0 ** 1/2 (+0; sqrt gives -0).
+_POWERS: dict[float | None, Callable[[ir.ValueExpr], ir.ValueExpr]] = {
+    1.0: lambda x: x,
+    2.0: lambda x: ir.Binary("*", x, x),
+    3.0: lambda x: ir.Binary("*", ir.Binary("*", x, x), x),
+    0.5: lambda x: ir.Unary("sqrt", x),
+    -1.0: lambda x: ir.Binary("/", ir.Const(1.0), x),
+}
+
+
+# IR expressions for particular parameters of a function, imported instead of the function.
+_PARTICULAR: dict[str, dict[float | None, Callable[[ir.ValueExpr], ir.ValueExpr]]] = {"pow": _POWERS}
+
+
+def import_reciprocal(view: NodeView) -> tuple[ir.Scope, ...]:
+    """``1 / X`` (ONNX Runtime divides: the same float32 values)."""
+    x = float_data(view.input(0), "input X")
+    return (_pointwise(view, [x], lambda v: ir.Binary("/", ir.Const(1.0), v)),)
+
+
+def hard_sigmoid(x: ir.ValueExpr, alpha: float, beta: float) -> ir.ValueExpr:
+    """``max(min(alpha * x + beta, 1), 0)``, as ONNX Runtime computes HardSigmoid: the product and
+    the sum rounded to float32 each (no fused multiply-add), then the clamp (NaN stays NaN)."""
+    affine = ir.Binary("+", ir.Binary("*", ir.Const(alpha), x), ir.Const(beta))
+    return ir.Binary("max", ir.Binary("min", affine, ir.Const(1.0)), ir.Const(0.0))
+
+
+# HardSwish is x * HardSigmoid(x) with these (ONNX's definition; the attribute is float32's 1/6).
+HARD_SWISH_ALPHA = float(np.float32(1 / 6))
+HARD_SWISH_BETA = 0.5
+
+
+def hard_swish(x: ir.ValueExpr) -> ir.ValueExpr:
+    """``x * hard_sigmoid(x, 1/6, 1/2)``: ONNX Runtime's HardSwish."""
+    return ir.Binary("*", x, hard_sigmoid(x, HARD_SWISH_ALPHA, HARD_SWISH_BETA))
+
+
+# ONNX Runtime's Gelu constants, rounded to float32 as its kernel does: 1/sqrt(2) for the erf form;
+# sqrt(2/pi) and 0.044715 * sqrt(2/pi) for the tanh form.
+GELU_SQRT1_2 = float(np.float32(math.sqrt(0.5)))
+GELU_TANH_B = float(np.float32(math.sqrt(2 / math.pi)))
+GELU_TANH_C = float(np.float32(0.044715 * math.sqrt(2 / math.pi)))
+
+
+def gelu(x: ir.ValueExpr, approximate: str = "none") -> ir.ValueExpr:
+    """Gelu as ONNX Runtime's kernel computes it, in its order of float32 operations.
+
+    ``approximate="none"``: ``(0.5 * x) * (erf(x * GELU_SQRT1_2) + 1)``;
+    ``"tanh"``: ``(0.5 * x) * (tanh(x * ((GELU_TANH_C * x) * x + GELU_TANH_B)) + 1)``, which is
+    ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` factored (rounded differently from that
+    form as written, which exporters decompose).
+    """
+    if approximate == "none":
+        inner = ir.Unary("erf", ir.Binary("*", x, ir.Const(GELU_SQRT1_2)))
+    elif approximate == "tanh":
+        cubic = ir.Binary("*", ir.Binary("*", ir.Const(GELU_TANH_C), x), x)
+        inner = ir.Unary("tanh", ir.Binary("*", x, ir.Binary("+", cubic, ir.Const(GELU_TANH_B))))
+    else:
+        raise ValueError(f"Gelu approximate must be 'none' or 'tanh', got {approximate!r}")
+    return ir.Binary("*", ir.Binary("*", ir.Const(0.5), x), ir.Binary("+", inner, ir.Const(1.0)))
+
+
+def import_hard_sigmoid(view: NodeView) -> tuple[ir.Scope, ...]:
+    """``max(min(alpha * X + beta, 1), 0)`` (alpha defaults to 0.2, beta to 0.5)."""
+    # float32 attributes: an absent one is the float32 default, as ORT reads it.
+    alpha, beta = (float(np.float32(view.attr(a, d))) for a, d in (("alpha", 0.2), ("beta", 0.5)))
+    x = float_data(view.input(0), "input X")
+    return (_pointwise(view, [x], lambda v: hard_sigmoid(v, alpha, beta)),)
+
+
+def import_hard_swish(view: NodeView) -> tuple[ir.Scope, ...]:
+    """``X * max(min(X / 6 + 1/2, 1), 0)`` (with float32's 1/6 as the factor)."""
+    x = float_data(view.input(0), "input X")
+    return (_pointwise(view, [x], hard_swish),)
+
+
+# The first default-domain opset with Gelu (an older model's Gelu is some other domain's).
+GELU_OPSET = 20
+
+
+def import_gelu(view: NodeView) -> tuple[ir.Scope, ...]:
+    """Gelu (opset 20) with ``approximate`` "none" (the erf form) or "tanh" (see :func:`gelu`)."""
+    if view.opset < GELU_OPSET:
+        raise Unsupported(
+            f"Gelu is a default-domain operator from opset {GELU_OPSET} (the model has {view.opset})"
+        )
+    approximate = view.attr("approximate", "none")
+    if approximate not in ("none", "tanh"):
+        raise Unsupported(f"Gelu approximate={approximate!r} (only 'none' and 'tanh')")
+    x = float_data(view.input(0), "input X")
+    return (_pointwise(view, [x], lambda v: gelu(v, approximate)),)
 
 
 def import_prelu(view: NodeView) -> tuple[ir.Scope, ...]:
@@ -196,6 +344,10 @@ ELEMENTWISE_IMPORTERS: dict[str, Importer] = {
     **{op.onnx: _binary(op.name) for op in BINARY.values() if op.onnx != op.onnx_variadic},
     **{op.onnx_variadic: _variadic(op.name) for op in BINARY.values() if op.onnx_variadic},
     **{op.onnx: _unary(op) for op in UNARY.values()},
+    "Reciprocal": import_reciprocal,
+    "HardSigmoid": import_hard_sigmoid,
+    "HardSwish": import_hard_swish,
+    "Gelu": import_gelu,
     "PRelu": import_prelu,
     "Clip": import_clip,
     "BatchNormalization": import_batch_normalization,

@@ -29,9 +29,10 @@ from einopt.frontend import importers_max, importers_reduce
 
 # Non-linear element-wise ops: subprogram boundaries, translated on their own
 # so later fusion can absorb them into an eOperator. The IR's operations say so in
-# einopt.core.ops (``activation``); PRelu and Clip are imported as max/min forms.
+# einopt.core.ops (``activation``); PRelu, Clip, HardSigmoid, HardSwish and Gelu are imported as
+# forms of those operations.
 ACTIVATIONS: frozenset[str] = frozenset(
-    {"PRelu", "Clip"}
+    {"PRelu", "Clip", "HardSigmoid", "HardSwish", "Gelu"}
     | {op.onnx for op in UNARY.values() if op.activation}
     | {name for op in BINARY.values() if op.activation for name in (op.onnx, op.onnx_variadic) if name}
     | importers_reduce.NONLINEAR

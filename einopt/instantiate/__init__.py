@@ -27,6 +27,11 @@ EOP_DOMAIN = "einopt.eop"
 BINARY_OPS: dict[str, str] = {op.name: op.onnx for op in BINARY.values()}
 UNARY_OPS: dict[str, str] = {op.name: op.onnx for op in UNARY.values()}
 # The attribute carrying a unary function's parameter.
-UNARY_PARAM: dict[str, str] = {op.name: op.onnx_param for op in UNARY.values() if op.onnx_param is not None}
+UNARY_PARAM: dict[str, str] = {
+    op.name: op.onnx_param for op in UNARY.values() if op.onnx_param is not None and not op.param_input
+}
+# Unary functions whose ONNX operator takes the parameter as its second input (Pow's exponent):
+# it is written as a one-element float32 initializer.
+UNARY_PARAM_INPUT: frozenset[str] = frozenset(op.name for op in UNARY.values() if op.param_input)
 # Einsum exists from this default-domain opset on.
 EINSUM_OPSET = 12

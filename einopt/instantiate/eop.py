@@ -60,7 +60,7 @@ from onnx import helper
 from einopt.core import ir
 from einopt.core.syntax import format_expr
 from einopt.frontend.onnx_graph import unique_name
-from einopt.instantiate import BINARY_OPS, EINSUM_OPSET, EOP_DOMAIN, UNARY_OPS, UNARY_PARAM
+from einopt.instantiate import BINARY_OPS, EINSUM_OPSET, EOP_DOMAIN, UNARY_OPS, UNARY_PARAM, UNARY_PARAM_INPUT
 from einopt.instantiate.eop_access import Dim, accesses, gather, plan_access, reads_nothing, slice_and_pad
 from einopt.instantiate.eop_graph import Graph
 from einopt.instantiate.eop_rewrite import split_iterators, unroll_summation
@@ -434,7 +434,8 @@ class _Lowerer:
                 out = self.elementwise(BINARY_OPS[e.op], [self.value(e.a), self.value(e.b)])
             elif isinstance(e, ir.Unary):
                 attrs = {UNARY_PARAM[e.fn]: e.param} if e.fn in UNARY_PARAM else {}
-                out = self.elementwise(UNARY_OPS[e.fn], [self.value(e.x)], **attrs)
+                param = [_Val(self.g.scalar(e.param), ())] if e.fn in UNARY_PARAM_INPUT else []
+                out = self.elementwise(UNARY_OPS[e.fn], [self.value(e.x), *param], **attrs)
             else:
                 raise EOperatorError(f"cannot lower {type(e).__name__}")
             self.memo[e] = out

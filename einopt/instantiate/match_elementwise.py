@@ -5,7 +5,17 @@ Each access becomes an operand read through its view and arranged for ONNX
 order, size-1 dimensions where it does not vary, leading ones dropped
 (``B[f]`` against ``L n, f, h, w`` is reshaped to ``[F, 1, 1]``). Constant
 sub-expressions become scalar initializers. Patterns (``PATTERNS``) map
-combinations to single operators first: PRelu, Clip.
+combinations to single operators first: HardSwish, HardSigmoid, Gelu (the
+expressions ``einopt.frontend.importers_elementwise`` imports them as, so that a
+model comes back with the operators it had), Pow for a cube, Reciprocal, PRelu,
+Clip. A pattern's operator is used only where the opset has it
+(``PATTERN_OPSETS``: Gelu from 20, HardSwish from 14); otherwise its expression
+is written as the chain of operators it is.
+
+A pattern matches only an expression its operator computes with the same
+float32 operations as the chain would (constants compared as the float32
+values the chain would hold): ``(0.5 * x) * (erf(x * c) + 1)`` is Gelu,
+``0.5 * (x * (erf(..) + 1))`` is not (it overflows where Gelu does not).
 """
 
 from __future__ import annotations
@@ -17,7 +27,15 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from einopt.core import ir
-from einopt.instantiate import BINARY_OPS, UNARY_OPS, UNARY_PARAM
+from einopt.frontend.importers_elementwise import (
+    GELU_OPSET,
+    GELU_SQRT1_2,
+    GELU_TANH_B,
+    GELU_TANH_C,
+    HARD_SWISH_ALPHA,
+    HARD_SWISH_BETA,
+)
+from einopt.instantiate import BINARY_OPS, UNARY_OPS, UNARY_PARAM, UNARY_PARAM_INPUT
 from einopt.instantiate.plan import (
     NO_MATCH_CONTEXT,
     Literal,
@@ -36,7 +54,7 @@ from einopt.instantiate.views import (
     simple_view,
 )
 
-__all__ = ["PATTERNS", "match_elementwise"]
+__all__ = ["PATTERNS", "PATTERN_OPSETS", "match_elementwise"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,14 +129,142 @@ def _clip(e: ir.ValueExpr) -> Hit | None:
     return None
 
 
-PATTERNS: dict[str, Pattern] = {"PRelu": _prelu, "Clip": _clip}
+def _is(e: ir.ValueExpr, value: float) -> bool:
+    """``e`` is a constant holding ``value`` in float32 (as an emitted literal or attribute would)."""
+    if isinstance(e, ir.Const):
+        v = e.value
+    elif _is_constant(e):
+        v = constant_value(e)
+    else:
+        return False
+    return bool(np.float32(v) == np.float32(value))
+
+
+def _f32(v: float) -> float:
+    return float(np.float32(v))
+
+
+def _affine(e: ir.ValueExpr) -> tuple[ir.ValueExpr, float, float] | None:
+    """``(x, a, b)`` when ``e`` is ``a * x + b``, ``x + b`` or ``a * x`` for constants ``a, b``."""
+    for ax, b in _pairs(e, "+"):
+        if _is_constant(b) and not _is_constant(ax):
+            x, a = _scaled(ax)
+            return x, a, constant_value(b)
+    x, a = _scaled(e)
+    return (x, a, 0.0) if x is not e else None
+
+
+def _scaled(e: ir.ValueExpr) -> tuple[ir.ValueExpr, float]:
+    """``(x, a)`` when ``e`` is ``a * x`` for a constant ``a``, else ``(e, 1)``."""
+    for x, a in _pairs(e, "*"):
+        if _is_constant(a) and not _is_constant(x):
+            return x, constant_value(a)
+    return e, 1.0
+
+
+def _hard_sigmoid_parts(e: ir.ValueExpr) -> tuple[ir.ValueExpr, float, float] | None:
+    """``(x, alpha, beta)`` when ``e`` is ``max(min(alpha * x + beta, 1), 0)`` or
+    ``min(max(alpha * x + beta, 0), 1)`` (the same values, NaN included)."""
+    for outer, inner_op, bound, inner_bound in (("max", "min", 0.0, 1.0), ("min", "max", 1.0, 0.0)):
+        for inner, b in _pairs(e, outer):
+            if not _is(b, bound):
+                continue
+            for lin, ib in _pairs(inner, inner_op):
+                if _is(ib, inner_bound):
+                    found = _affine(lin)
+                    if found is not None:
+                        return found
+    return None
+
+
+def _hard_sigmoid(e: ir.ValueExpr) -> Hit | None:
+    """``max(min(alpha * X + beta, 1), 0) -> HardSigmoid(X, alpha, beta)`` (``X + beta``: alpha 1,
+    ``alpha * X``: beta 0; a bare ``X`` is left to Clip)."""
+    found = _hard_sigmoid_parts(e)
+    if found is None:
+        return None
+    x, alpha, beta = found
+    return Hit("HardSigmoid", (x,), (("alpha", _f32(alpha)), ("beta", _f32(beta))))
+
+
+def _hard_swish(e: ir.ValueExpr) -> Hit | None:
+    """``X * HardSigmoid(X, 1/6, 1/2) -> HardSwish(X)``."""
+    for x, h in _pairs(e, "*"):
+        found = _hard_sigmoid_parts(h)
+        if found is not None and found[0] is x:
+            if (_f32(found[1]), _f32(found[2])) == (_f32(HARD_SWISH_ALPHA), _f32(HARD_SWISH_BETA)):
+                return Hit("HardSwish", (x,))
+    return None
+
+
+def _gelu(e: ir.ValueExpr) -> Hit | None:
+    """``(0.5 * X) * (erf(X * c) + 1) -> Gelu(X)`` and ``(0.5 * X) * (tanh(X * ((C * X) * X + B)) + 1)
+    -> Gelu(X, approximate="tanh")``: ONNX Runtime's kernels, operation for operation
+    (``einopt.frontend.importers_elementwise.gelu``)."""
+    for half_x, u in _pairs(e, "*"):
+        for half, x in _pairs(half_x, "*"):
+            if not _is(half, 0.5) or _is_constant(x):
+                continue
+            for t, one in _pairs(u, "+"):
+                if not _is(one, 1.0) or not isinstance(t, ir.Unary):
+                    continue
+                if t.fn == "erf" and any(a is x and _is(c, GELU_SQRT1_2) for a, c in _pairs(t.x, "*")):
+                    return Hit("Gelu", (x,))
+                if t.fn == "tanh" and any(a is x and _gelu_cubic(p, x) for a, p in _pairs(t.x, "*")):
+                    return Hit("Gelu", (x,), (("approximate", "tanh"),))
+    return None
+
+
+def _gelu_cubic(e: ir.ValueExpr, x: ir.ValueExpr) -> bool:
+    """``e`` is ``(C * x) * x + B`` with Gelu's tanh-form constants."""
+    for q, b in _pairs(e, "+"):
+        if _is(b, GELU_TANH_B):
+            for cx, x2 in _pairs(q, "*"):
+                if x2 is x and any(a is x and _is(c, GELU_TANH_C) for a, c in _pairs(cx, "*")):
+                    return True
+    return False
+
+
+def _cube(e: ir.ValueExpr) -> Hit | None:
+    """``(X * X) * X -> Pow(X, 3)`` (ONNX Runtime computes a scalar exponent 3 as ``x * x * x``)."""
+    for sq, x in _pairs(e, "*"):
+        if not _is_constant(x) and any(a is x and b is x for a, b in _pairs(sq, "*")):
+            return Hit("Pow", (x, 3.0))
+    return None
+
+
+def _reciprocal(e: ir.ValueExpr) -> Hit | None:
+    """``1 / X -> Reciprocal(X)`` (which divides)."""
+    for one, x in _pairs(e, "/"):
+        if _is(one, 1.0) and not _is_constant(x):
+            return Hit("Reciprocal", (x,))
+    return None
+
+
+PATTERNS: dict[str, Pattern] = {
+    "HardSwish": _hard_swish,
+    "HardSigmoid": _hard_sigmoid,  # before Clip, which would take its clamp
+    "Gelu": _gelu,
+    "Pow": _cube,
+    "Reciprocal": _reciprocal,
+    "PRelu": _prelu,
+    "Clip": _clip,
+}
+"""Operators for combinations, tried in order at every node of a body (from the root down)."""
+
+PATTERN_OPSETS: dict[str, int] = {"HardSwish": 14, "Gelu": GELU_OPSET}
+"""The first default-domain opset with a pattern's operator (the others are in every opset emitted)."""
 
 
 class _Builder:
     """Numbers operands and ops of one element-wise body (shared sub-expressions once)."""
 
-    def __init__(self, traversal: tuple[ir.Iter, ...]) -> None:
+    def __init__(self, traversal: tuple[ir.Iter, ...], opset: int | None) -> None:
         self.traversal = traversal
+        # The patterns whose operator the emitted opset has (None: any).
+        self.patterns = [
+            p for name, p in PATTERNS.items() if opset is None or PATTERN_OPSETS.get(name, 0) <= opset
+        ]
         self.operands: list[Operand] = []
         self.ops: list[OpNode] = []
         self.memo: dict[object, int] = {}
@@ -145,7 +291,7 @@ class _Builder:
             return self.memo[e]
         if _is_constant(e):
             return self.scalar(constant_value(e))
-        for hit in (p(e) for p in PATTERNS.values()):
+        for hit in (p(e) for p in self.patterns):
             if hit is not None:
                 args = [self.value(a) for a in hit.args]
                 bad = next((a for a in args if isinstance(a, Refusal)), None)
@@ -160,6 +306,8 @@ class _Builder:
             x = self.value(e.x)
             if isinstance(x, Refusal):
                 return x
+            if e.fn in UNARY_PARAM_INPUT:  # Pow's exponent: a one-element initializer
+                return self.op(OpNode(UNARY_OPS[e.fn], (x, self.scalar(e.param))), e)
             attrs = ((UNARY_PARAM[e.fn], e.param),) if e.fn in UNARY_PARAM else ()
             return self.op(OpNode(UNARY_OPS[e.fn], (x,), attrs), e)
         return Refusal(f"cannot map {type(e).__name__} to an element-wise operator")
@@ -189,7 +337,7 @@ def match_elementwise(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> 
     """Binary/unary operators over broadcast accesses (``L n, f: X[n, f] * s[f] + 1.0``)."""
     if scope.summation:
         return Refusal("sums over iterators: not element-wise")
-    b = _Builder(scope.traversal)
+    b = _Builder(scope.traversal, ctx.opset)
     root = b.value(scope.body)
     if isinstance(root, Refusal):
         return root
