@@ -25,9 +25,11 @@ from collections.abc import Callable
 
 from einopt.core import ir
 from einopt.core.index import linear_form
-from einopt.core.rewrite import accesses, substitute_iters
+from einopt.core.rewrite import accesses, operands, substitute_iters
 from einopt.rules import REGISTRY, Context, Match
+from einopt.rules.base import Hit
 from einopt.rules.boundary import ProgramFacts
+from einopt.rules.fusion import fuse
 
 __all__ = ["Use", "Schedule", "DEFAULT_SCHEDULE", "RESTRICTIONS", "explain"]
 
@@ -217,6 +219,54 @@ def _constant_source(program: ir.Program, m: Match, ctx: Context) -> bool:
     return any(s is not m.target and _partners(m.target, s) for s in ProgramFacts.of(program).labels)
 
 
+def _sums_a_contraction(scope: ir.Scope) -> bool:
+    """A sum-free scope whose body is a ``+`` chain with a read of a summing scope among its terms
+    (a contraction with its bias epilogue: ``{L Sum x * W}[m, n] + b[n]``)."""
+    return not scope.summation and any(
+        isinstance(t, ir.Access) and isinstance(t.source, ir.Scope) and t.source.summation
+        for t in operands(scope.body, "+")
+    )
+
+
+def _epilogues(program: ir.Program, consumer: str) -> list[str]:
+    """The bindings a sum-free ``consumer`` adds as terms of its ``+`` chain that are contractions
+    with their epilogues, read by nothing else and not program outputs (inlining them computes
+    nothing twice)."""
+    c = program.scope(consumer)
+    if c.summation:
+        return []
+    names = program.names()
+    found: list[str] = []
+    for t in operands(c.body, "+"):
+        if not (isinstance(t, ir.Access) and t.source in names and _sums_a_contraction(t.source)):
+            continue
+        name = names[t.source]
+        readers = [n for n, s in program.bindings if n != name and t.source in ir.scopes_in(s)]
+        if name not in program.outputs and readers == [consumer] and name not in found:
+            found.append(name)
+    return found
+
+
+def _sum_of_contractions(program: ir.Program, m: Match, ctx: Context) -> bool:
+    # Two contractions added, each with its bias (nn.Linear exported as Gemm with a bias, or
+    # MatMul + Add: x W^T + b + h U^T + c, the LSTM gates as PyTorch writes them): their epilogues
+    # are inlined into the sum when the two contractions then merge into one (merge_summations
+    # applies to the fused sum), so the normal form shows the sum of products the hand-written
+    # form has. Nothing else is fused here: a contraction stays apart from its epilogue otherwise.
+    epilogues = _epilogues(program, m["consumer"])
+    if m["producer"] not in epilogues:
+        return False
+    fused = program
+    for name in epilogues:
+        step = fuse(fused, m["consumer"], name, ctx.is_finite)
+        if isinstance(step, str):
+            return False
+        fused = step
+    merge = REGISTRY["merge_summations"]
+    scope = fused.scope(m["consumer"])
+    return any(isinstance(h, Hit) for h in merge.match_in(scope, ProgramFacts.of(fused), ctx))
+
+
 RESTRICTIONS: dict[str, tuple[Callable[[ir.Program, Match, Context], bool], str]] = {
     "constant_source": (
         _constant_source,
@@ -230,6 +280,10 @@ RESTRICTIONS: dict[str, tuple[Callable[[ir.Program, Match, Context], bool], str]
     "window_blocks": (_reads_window, "only a window iterator, into blocks"),
     "read_through": (_read_through, "only scopes that re-index another scope, and plain copies"),
     "unit_copy": (_unit_copy, "only producers that copy an input with unit dimensions added"),
+    "sum_of_contractions": (
+        _sum_of_contractions,
+        "only contractions with their bias epilogues added together, when the contractions then merge",
+    ),
     "traversal_range": (_traversal_range, "only traversal ranges, and sums with a single nonzero term"),
     "shares_input": (
         _shares_input,
@@ -349,6 +403,7 @@ DEFAULT_SCHEDULE = Schedule(
     cleanup=(
         Use("merge_traversal", restrict="read_through"),
         Use("fuse_expressions", restrict="unit_copy"),
+        Use("fuse_expressions", restrict="sum_of_contractions"),
         Use("tighten_boundary", ("range",), restrict="traversal_range"),
         Use("tighten_boundary", ("diagonal",)),
     ),

@@ -42,23 +42,39 @@ def conv_block(seed: int = 0, batch: int | str = 1) -> onnx.ModelProto:
     return m
 
 
-def lstm_cell(seed: int = 0, hidden: int = 16) -> onnx.ModelProto:
-    """The fused-LSTM example's cell: 8 MatMul + 4 Add, sigmoid/tanh gates, c' = f*c + i*g, h' = o*tanh(c')."""
+def lstm_cell(seed: int = 0, hidden: int = 16, form: str = "matmul", batch: int = 2) -> onnx.ModelProto:
+    """The fused-LSTM example's cell: per gate x Wx + h Wh (+ biases), sigmoid/tanh gates, c' = f*c + i*g,
+    h' = o*tanh(c').
+
+    ``form`` is how the gate products are written: "matmul" (8 MatMul + 4 Add, no bias, the
+    hand-written form), "gemm" (``nn.Linear`` as torch.onnx exports it: Gemm with transB=1 and a
+    bias, 8 Gemm + 4 Add) or "linear" (MatMul by the transposed weight, then Add of the bias).
+    """
     rng = np.random.default_rng(seed)
     inits = {}
     nodes = []
-    gates = {}
     for g in "ifgo":
-        inits[f"Wx_{g}"] = _w(rng, hidden, hidden)
-        inits[f"Wh_{g}"] = _w(rng, hidden, hidden)
-        nodes += [
-            helper.make_node("MatMul", ["x", f"Wx_{g}"], [f"mx_{g}"], name=f"mx_{g}"),
-            helper.make_node("MatMul", ["h", f"Wh_{g}"], [f"mh_{g}"], name=f"mh_{g}"),
-            helper.make_node("Add", [f"mx_{g}", f"mh_{g}"], [f"pre_{g}"], name=f"add_{g}"),
-        ]
+        pre = []
+        for src in "xh":
+            w, b, out = f"W{src}_{g}", f"B{src}_{g}", f"m{src}_{g}"
+            if form == "matmul":
+                inits[w] = _w(rng, hidden, hidden)
+                nodes.append(helper.make_node("MatMul", [src, w], [out], name=out))
+            elif form == "gemm":
+                inits[w], inits[b] = _w(rng, hidden, hidden), _w(rng, hidden)
+                nodes.append(helper.make_node("Gemm", [src, w, b], [out], name=out, transB=1))
+            elif form == "linear":
+                inits[w], inits[b] = _w(rng, hidden, hidden), _w(rng, hidden)
+                nodes += [
+                    helper.make_node("MatMul", [src, w], [f"{out}_p"], name=f"{out}_p"),
+                    helper.make_node("Add", [f"{out}_p", b], [out], name=out),
+                ]
+            else:
+                raise ValueError(f"unknown LSTM form {form!r}")
+            pre.append(out)
+        nodes.append(helper.make_node("Add", pre, [f"pre_{g}"], name=f"add_{g}"))
         act = "Tanh" if g == "g" else "Sigmoid"
         nodes.append(helper.make_node(act, [f"pre_{g}"], [f"gate_{g}"], name=f"act_{g}"))
-        gates[g] = f"gate_{g}"
     nodes += [
         helper.make_node("Mul", ["gate_f", "c"], ["fc"], name="fc"),
         helper.make_node("Mul", ["gate_i", "gate_g"], ["ig"], name="ig"),
@@ -66,7 +82,7 @@ def lstm_cell(seed: int = 0, hidden: int = 16) -> onnx.ModelProto:
         helper.make_node("Tanh", ["c_next"], ["tc"], name="tanh_c"),
         helper.make_node("Mul", ["gate_o", "tc"], ["h_next"], name="h_next"),
     ]
-    shape = [2, hidden]
+    shape = [batch, hidden]
     return make(
         nodes,
         [("x", shape), ("h", shape), ("c", shape)],

@@ -100,6 +100,12 @@ CASES = [
         ("B", "C"),
         ["Gemm"],
     ),
+    (  # two merged nn.Linear products keep both biases: one bias, folded at compile time
+        "gemm_two_biases",
+        "L[m:4, n:5] {L[a:4, b:5] Sum[k:3] A[a,k]*B[b,k]}[m, n] + C[n] + D[n] where A:[4,3], B:[5,3], C:[5], D:[5]",
+        ("B", "C", "D"),
+        ["Gemm"],
+    ),
     (
         "gemm_bias_matrix",
         "L[m:4, n:5] C[m, n] + {L[a:4, b:5] Sum[k:3] A[a,k]*B[k,b]}[m, n] where A:[4,3], B:[3,5], C:[4,5]",

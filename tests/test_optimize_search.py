@@ -15,6 +15,11 @@ from onnx_models import assert_same_outputs, deconv_block, lstm_cell, prelu_bloc
 
 from einopt.pipeline import Options, optimize
 
+def _gates_merged(ops) -> bool:
+    """x and h concatenated, then one product per gate (or fewer): the merge over the summation."""
+    return "Concat" in ops and sum(o in ("MatMul", "Gemm") for o in ops) <= 4
+
+
 # The PRelu blocks' searches complete within 200 states; the LSTM cell's finds its merged MatMuls in 1,000.
 SMALL = {"states_per_search": 1_000, "states_per_model": 2_000}
 
@@ -40,9 +45,12 @@ def _rewritten(result, op):
             marks=pytest.mark.slow,
         ),
         (prelu_block, "PRelu", lambda ops: "PRelu" not in ops and "Max" in ops),
-        (lambda: lstm_cell(hidden=4), "MatMul", lambda ops: sum(o in ("MatMul", "Gemm") for o in ops) < 8),
+        (lambda: lstm_cell(hidden=4), "MatMul", _gates_merged),
+        # nn.Linear as torch.onnx writes it (Gemm, transB=1, a bias per product): the same merge
+        (lambda: lstm_cell(hidden=4, form="gemm"), "Gemm", _gates_merged),
+        (lambda: lstm_cell(hidden=4, form="linear"), "MatMul", _gates_merged),
     ],
-    ids=["convtranspose", "prelu", "lstm"],
+    ids=["convtranspose", "prelu", "lstm", "lstm-gemm", "lstm-linear"],
 )
 def test_the_search_rewrites_a_subprogram_and_the_output_is_verified(build, op, new, tmp_path):
     model = build()

@@ -485,7 +485,7 @@ class _Emitter:
             return self.bind(done, target, len(self.nodes))
         first = len(self.nodes)
         failures: tuple[tuple[str, str], ...] = ()
-        if scope in self.const_scopes:
+        if scope in self.const_scopes or self.reads_constants(scope):
             shaped = _Shaped(scope.shape, np.dtype(np.float32))
             if self.light and _weightlike(shaped):
                 value = self.initializer(shaped, label)
@@ -505,6 +505,10 @@ class _Emitter:
         self.choices.append(Choice(label, how, failures))
         log.debug("%s: %s", label, how)
         return value
+
+    def reads_constants(self, scope: ir.Scope) -> bool:
+        """Whether a scope a match made (a bias folded from several constant terms) is a compile-time value."""
+        return all(t.name in self.constants for t in ir.input_tensors(scope))
 
     def emit_match(self, m: OperatorMatch, label: str) -> str:
         values = [self.steps(self.value_of(op.source, label), op.steps) for op in m.operands]

@@ -26,6 +26,7 @@ import numpy as np
 from einopt.core import ir
 from einopt.core.index import bounds, linear_form, simplify
 from einopt.core.interp import eval_index
+from einopt.core.rewrite import accesses, operands
 from einopt.instantiate.plan import (
     Expand,
     LayoutStep,
@@ -534,6 +535,10 @@ def split_bias(scope: ir.Scope, ctx: MatchContext) -> BiasForm | Refusal:
     body = scope.body
     if not (isinstance(body, ir.Binary) and body.op == "+"):
         return Refusal("not a bias form S[..] + B[..]")
+    if len(operands(body, "+")) > 2:
+        body = _one_constant_bias(scope, ctx)
+        if isinstance(body, Refusal):
+            return body
     reasons = []
     for inner, other in ((body.a, body.b), (body.b, body.a)):
         if not (isinstance(inner, ir.Access) and isinstance(inner.source, ir.Scope)):
@@ -571,6 +576,30 @@ def split_bias(scope: ir.Scope, ctx: MatchContext) -> BiasForm | Refusal:
             beta,
         )
     return Refusal("not a bias form: " + ("; ".join(reasons) or "no inline scope is added"))
+
+
+def _one_constant_bias(scope: ir.Scope, ctx: MatchContext) -> ir.ValueExpr | Refusal:
+    """``S[..] + B1[..] + B2[..] + ..`` as ``S[..] + B[..]``, ``B`` the sum of the constant terms
+    (a scope computed at compile time): two merged contractions keep both their biases."""
+    terms = operands(scope.body, "+")
+    inner = [
+        t for t in terms if isinstance(t, ir.Access) and isinstance(t.source, ir.Scope) and t.source.summation
+    ]
+    if len(inner) != 1:
+        return Refusal(f"not a bias form: {len(inner)} summing terms in a sum of {len(terms)}")
+    rest = [t for t in terms if t is not inner[0]]
+    if not all(ctx.is_constant(a.source) for t in rest for a in accesses(t)):
+        return Refusal("not a bias form: a term besides the contraction is not constant")
+    read = set().union(*(t.iters() for t in rest))
+    its = tuple(it for it in scope.traversal if it in read)
+    folded = rest[0]
+    for t in rest[1:]:
+        folded = ir.Binary("+", folded, t)
+    if not its:
+        if not all(isinstance(t, ir.Const) for t in rest):
+            return Refusal("not a bias form: a scalar bias that is not a constant")
+        return ir.Binary("+", inner[0], ir.Const(sum(t.value for t in rest)))
+    return ir.Binary("+", inner[0], ir.Access(ir.Scope(its, (), folded), its))
 
 
 def _pairs_const(e: ir.ValueExpr) -> list[tuple[float, ir.ValueExpr]]:
