@@ -98,8 +98,17 @@ def analytic(model, weights: frozenset[str]) -> tuple[float, tuple[str, ...]]:
 
 
 def operators(model) -> tuple[str, ...]:
-    """What a model runs as: ONNX op types, eOperators (its local functions) as ``"eop:NAME"``."""
-    return tuple(f"eop:{node.op_type}" if node.domain else node.op_type for node in model.graph.node)
+    """What a model runs as: ONNX op types, eOperators (its local functions) as ``"eop:NAME"``, operators
+    of another domain (ONNX Runtime's contrib ones) as ``"DOMAIN.NAME"``."""
+    local = {(f.domain, f.name) for f in model.functions}
+    return tuple(
+        f"eop:{node.op_type}"
+        if (node.domain, node.op_type) in local
+        else f"{node.domain}.{node.op_type}"
+        if node.domain not in ("", "ai.onnx")
+        else node.op_type
+        for node in model.graph.node
+    )
 
 
 class Costing:

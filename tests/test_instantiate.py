@@ -20,6 +20,7 @@ from einopt.core import ir
 from einopt.core.interp import evaluate
 from einopt.instantiate import EOP_DOMAIN
 from einopt.instantiate.emit import Instantiated, InstantiationError, instantiate
+from einopt.instantiate.match_contrib import CONTRIB_DOMAIN
 
 OPSET = 17
 
@@ -66,7 +67,11 @@ def run_onnx(
     )
     model = helper.make_model(
         graph,
-        opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(EOP_DOMAIN, 1)],
+        opset_imports=[
+            helper.make_opsetid("", opset),
+            helper.make_opsetid(EOP_DOMAIN, 1),
+            helper.make_opsetid(CONTRIB_DOMAIN, 1),
+        ],
         functions=list(inst.functions),
     )
     model.ir_version = 8

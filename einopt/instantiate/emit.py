@@ -118,6 +118,9 @@ class Instantiated:
     choices: tuple[Choice, ...]
     # With ``light``: the large initializers' names, types and shapes, without their values.
     placeholders: tuple[onnx.ValueInfoProto, ...] = ()
+    # Types and shapes of the values ONNX shape inference cannot infer (outputs of operators outside
+    # the default domain, such as ONNX Runtime's com.microsoft ones).
+    value_info: tuple[onnx.ValueInfoProto, ...] = ()
 
 
 def instantiate(
@@ -197,8 +200,14 @@ def instantiate(
             placeholders.append(helper.make_tensor_value_info(name, dtype, list(arr.shape)))
         else:
             inits.append(numpy_helper.from_array(arr, name))
+    produced = {o for n in em.nodes for o in n.output}
+    value_info = tuple(
+        helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(shape))
+        for name, shape in em.shapes.items()
+        if name in produced
+    )
     return Instantiated(
-        tuple(em.nodes), tuple(inits), tuple(em.functions), tuple(em.choices), tuple(placeholders)
+        tuple(em.nodes), tuple(inits), tuple(em.functions), tuple(em.choices), tuple(placeholders), value_info
     )
 
 
@@ -353,6 +362,7 @@ class _Emitter:
         self.functions: list[onnx.FunctionProto] = []
         self.choices: list[Choice] = []
         self.inline_count: dict[str, int] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}  # outputs whose shapes ONNX cannot infer
         const_scopes = {
             s for s in ir.scopes_in(program) if all(t.name in constants for t in ir.input_tensors(s))
         }
@@ -462,6 +472,8 @@ class _Emitter:
         reused = value in self.onnx_names.values() or value in self.scopes.values()
         if last is not None and list(last.output) == [value] and not reused:
             last.output[0] = target
+            if value in self.shapes:
+                self.shapes[target] = self.shapes.pop(value)
             key = self.key_of.pop(value)
             self.interned[key] = target
             self.key_of[target] = key
@@ -515,7 +527,9 @@ class _Emitter:
         for op in m.ops:
             inputs = ["" if i is None else values[i] for i in op.inputs]
             inputs, attrs = _FORMS.get(op.op_type, _same)(self, inputs, op.attrs)
-            values.append(self.node(op.op_type, inputs, attrs))
+            values.append(self.node(op.op_type, inputs, attrs, domain=op.domain))
+            if op.shape is not None:
+                self.shapes[values[-1]] = op.shape
         return self.steps(values[-1] if m.ops else values[0], m.post)
 
     def eoperator(self, scope: ir.Scope, label: str) -> tuple[str, str]:

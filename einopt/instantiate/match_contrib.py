@@ -1,20 +1,204 @@
 """Matchers of ONNX Runtime's built-in com.microsoft CPU operators (FusedMatMul, FusedGemm, Gelu, SkipLayerNormalization, attention, ...).
 
-(Being filled in.) This module must not import ``einopt.instantiate.match`` at module level:
-that module imports this one for its table.
+Every onnxruntime CPU package carries these kernels (``com.microsoft`` domain, opset 1), and
+ONNX Runtime's own graph optimizer fuses standard subgraphs into them when a pattern matches.
+Matched here, they are targets like Conv or MatMul: a scope becomes one of them when it computes
+exactly what the operator computes, and measured acceptance decides whether the result is kept.
+
+- ``FusedMatMul``: a (batched, broadcast) product ``alpha * A @ B`` whose operands the operator
+  reads transposed in their last two dimensions (``transA``/``transB``) or with their first
+  dimension moved behind the other batch dimensions (``transBatchA``/``transBatchB``: a
+  ``[S, H, D]`` activation read as ``[H, S, D]``), chosen only when it saves run-time layout work
+  that every standard operator needs (the transformer attention's ``Q K^T`` with its scale).
+
+This module must not import ``einopt.instantiate.match`` at module level: that module imports
+this one for its table (its helpers are imported inside the matchers).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable
 
+import numpy as np
+
 from einopt.core import ir
-from einopt.instantiate.plan import MatchContext, OperatorMatch, Refusal
+from einopt.instantiate.plan import (
+    NO_MATCH_CONTEXT,
+    MatchContext,
+    Operand,
+    OperatorMatch,
+    OpNode,
+    Refusal,
+    normalize,
+    steps_cost,
+)
+from einopt.instantiate.views import View, arrange, finish
 
-__all__ = ["CONTRIB_MATCHERS", "CONTRIB_PREFERRED"]
+__all__ = ["CONTRIB_DOMAIN", "CONTRIB_MATCHERS", "CONTRIB_PREFERRED", "match_fused_matmul"]
 
-CONTRIB_MATCHERS: dict[str, Callable[[ir.Scope, MatchContext], OperatorMatch | Refusal]] = {}
+CONTRIB_DOMAIN = "com.microsoft"
+"""The domain of ONNX Runtime's contrib operators (imported at opset version 1)."""
+
+Groups = list[tuple[ir.Iter, ...]]
+
+# A contrib product must save at least this much run-time layout work (``plan.steps_cost``) over the
+# cheapest standard operator: a run-time Transpose, Scale, Slice or Pad, not a free Reshape or a
+# transposed copy of a constant.
+_SAVING = 1.0
+
+
+# --------------------------------------------------------------------------
+# FusedMatMul
+# --------------------------------------------------------------------------
+
+
+def _fused_layout(groups: Groups, trans: bool, trans_batch: bool) -> Groups:
+    """The layout an operand must have so that FusedMatMul reads it as ``groups`` (batch.., rows, cols).
+
+    ONNX Runtime moves the first dimension behind the other batch dimensions (``transBatch``:
+    ``[d0, d1, .., d(r-2), d(r-1)] -> [d1, .., d(r-2), d0, d(r-1)]``), then swaps the last two
+    (``trans``); this is the inverse.
+    """
+    g = list(groups)
+    if trans:
+        g[-2], g[-1] = g[-1], g[-2]
+    if trans_batch:
+        g = [g[-2], *g[:-2], g[-1]]
+    return g
+
+
+def _fused_candidate(
+    scale: float,
+    traversal: tuple[ir.Iter, ...],
+    ctx: MatchContext,
+    va: View,
+    vb: View,
+    g,
+    flags: tuple[int, int, int, int],
+) -> tuple[float, OperatorMatch] | None:
+    from einopt.instantiate.match import _batch_groups
+
+    trans_a, trans_b, batch_a, batch_b = flags
+    if (batch_a or batch_b) and not g.batch:
+        return None  # ONNX Runtime: transBatch needs both inputs of one rank >= 3
+    if batch_a or batch_b:
+        a_batch: Groups = [(t,) if t in va.labels else () for t in g.batch]
+        b_batch: Groups = [(t,) if t in vb.labels else () for t in g.batch]
+    else:
+        a_batch, b_batch = _batch_groups(g.batch, va.labels), _batch_groups(g.batch, vb.labels)
+    a_groups = _fused_layout([*a_batch, g.m, g.k], bool(trans_a), bool(batch_a))
+    b_groups = _fused_layout([*b_batch, g.k, g.n], bool(trans_b), bool(batch_b))
+    a_steps = normalize(va.steps + arrange(va.labels, va.shape, a_groups), tuple(va.source.shape))
+    b_steps = normalize(vb.steps + arrange(vb.labels, vb.shape, b_groups), tuple(vb.source.shape))
+    post = finish([(t,) for t in g.batch] + [g.m, g.n], traversal)
+    cost = (
+        steps_cost(a_steps, ctx.is_constant(va.source))
+        + steps_cost(b_steps, ctx.is_constant(vb.source))
+        + steps_cost(post, False)
+        + 0.001 * sum(flags)  # equal cost: fewer flags
+    )
+    shape = tuple(t.extent for t in g.batch) + (
+        math.prod(t.extent for t in g.m),
+        math.prod(t.extent for t in g.n),
+    )
+    attrs = (
+        ("alpha", float(scale)),
+        ("transA", trans_a),
+        ("transB", trans_b),
+        ("transBatchA", batch_a),
+        ("transBatchB", batch_b),
+    )
+    op = OpNode("FusedMatMul", (0, 1), attrs, CONTRIB_DOMAIN, shape)
+    operands = (Operand(va.source, a_steps), Operand(vb.source, b_steps))
+    return cost, OperatorMatch("FusedMatMul", operands, (op,), post)
+
+
+def _gemm_calls(m: OperatorMatch) -> int:
+    """GEMM calls a product match makes: a (Fused)MatMul's broadcast batch, one for the others."""
+    if m.op_type == "FusedMatMul":
+        return math.prod(m.ops[-1].shape[:-2])
+    if m.op_type != "MatMul":
+        return 1
+    a, b = (o.shape[:-2] for o in m.operands[:2])
+    return math.prod(np.broadcast_shapes(a, b))
+
+
+def _standard_layout_cost(scope: ir.Scope, ctx: MatchContext, calls: int) -> float | None:
+    """The least run-time layout work of the standard compute operators that accept ``scope`` with
+    at most ``calls`` GEMM calls (MatMul avoids a transpose by reading single-sided iterators as
+    broadcast batch dimensions: one tiny GEMM per element of theirs, no alternative to one GEMM)."""
+    from einopt.instantiate.match import _fuses_binding, layout_cost, match_gemm, match_matmul
+    from einopt.instantiate.match_conv import match_conv, match_conv_transpose
+
+    costs = [
+        layout_cost(r, ctx)
+        for fn in (match_matmul, match_gemm, match_conv, match_conv_transpose)
+        if isinstance(r := fn(scope, ctx), OperatorMatch)
+        and not _fuses_binding(r, ctx)
+        and _gemm_calls(r) <= calls
+    ]
+    return min(costs, default=None)
+
+
+def match_fused_matmul(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
+    """``L b.., m.., n.. Sum k..: alpha * A[..] * B[..]`` as com.microsoft ``FusedMatMul``.
+
+    The iterator correspondences are MatMul's; each operand may be read transposed
+    (``transA``/``transB``) and with its first dimension moved behind the batch
+    (``transBatchA``/``transBatchB``), and the constant factor is ``alpha``. Chosen only when
+    its cheapest form needs less run-time layout work than every standard operator that
+    computes the scope with as few GEMM calls (a Transpose of an activation, or a Mul for the
+    scale, saved).
+    """
+    from einopt.instantiate.match import _contraction, _product_groups
+
+    c = _contraction(scope)
+    if isinstance(c, Refusal):
+        return c
+    if len(c.views) != 2:
+        return Refusal(f"a product of {len(c.views)} accesses: FusedMatMul takes two")
+    best: tuple[tuple[float, int], OperatorMatch] | None = None
+    reasons = []
+    for va, vb in ((c.views[0], c.views[1]), (c.views[1], c.views[0])):
+        gs = _product_groups(c, va, vb, allow_batch=True)
+        if isinstance(gs, Refusal):
+            reasons.append(gs.reason)
+            continue
+        for g in gs:
+            for flags in itertools.product((0, 1), repeat=4):
+                found = _fused_candidate(c.scale, c.traversal, ctx, va, vb, g, flags)
+                if found is None:
+                    continue
+                rank = (found[0], _gemm_calls(found[1]))
+                if best is None or rank < best[0]:
+                    best = (rank, found[1])
+    if best is None:
+        return Refusal(reasons[0] if reasons else "no iterator correspondence")
+    (cost, calls), fused = best
+    standard = _standard_layout_cost(scope, ctx, calls)
+    if standard is not None and cost > standard - _SAVING:
+        return Refusal(
+            "a standard operator needs no more run-time layout work "
+            f"({standard:.2f} against FusedMatMul's {cost:.2f})"
+        )
+    return fused
+
+
+# --------------------------------------------------------------------------
+# The tables
+# --------------------------------------------------------------------------
+
+
+Matcher = Callable[[ir.Scope, MatchContext], OperatorMatch | Refusal]
+
+CONTRIB_MATCHERS: dict[str, Matcher] = {
+    "FusedMatMul": match_fused_matmul,
+}
 """Matcher per name, in order of preference, tried where ``einopt.instantiate.match.MATCHERS`` places them."""
 
-CONTRIB_PREFERRED: dict[str, Callable[[ir.Scope, MatchContext], OperatorMatch | Refusal]] = {}
+CONTRIB_PREFERRED: dict[str, Matcher] = {
+    "FusedMatMul": match_fused_matmul,
+}
 """The matcher of each original ONNX operator type these matchers instantiate."""

@@ -285,11 +285,18 @@ class Operand:
 
 @dataclasses.dataclass(frozen=True)
 class OpNode:
-    """One operator node; ``inputs`` number values: operands first, then earlier ops (None: omitted)."""
+    """One operator node; ``inputs`` number values: operands first, then earlier ops (None: omitted).
+
+    ``domain`` is the operator's domain ("" for the default one, ``com.microsoft`` for ONNX Runtime's
+    contrib operators); ``shape`` its output's shape where ONNX shape inference cannot tell it (an
+    operator outside the default domain), so the costing still knows every shape after it.
+    """
 
     op_type: str
     inputs: tuple[int | None, ...]
     attrs: tuple[tuple[str, Any], ...] = ()
+    domain: str = ""
+    shape: tuple[int, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

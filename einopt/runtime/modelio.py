@@ -18,7 +18,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -53,6 +53,7 @@ __all__ = [
     "map_tensors",
     "all_tensors",
     "copy_model",
+    "missing_opsets",
 ]
 
 # Above this many bytes of tensors a model goes to ONNX Runtime through a file
@@ -94,6 +95,20 @@ _ORT_ERRORS = _ort_errors()
 
 
 # ----------------------------------------------------------------------------- tensors and copies
+
+
+def missing_opsets(
+    nodes: Iterable[onnx.NodeProto], present: Iterable[onnx.OperatorSetIdProto] = ()
+) -> list[onnx.OperatorSetIdProto]:
+    """Opset imports (version 1) for the non-default domains ``nodes`` use that ``present`` lacks.
+
+    einopt adds nodes in two such domains, both at version 1: its eOperators' model-local
+    functions and ONNX Runtime's contrib operators (``com.microsoft``). A model holding them
+    must import their domains, or ONNX Runtime refuses to load it.
+    """
+    have = {o.domain for o in present} | {"", "ai.onnx"}
+    need = dict.fromkeys(n.domain for n in nodes if n.domain not in have)
+    return [onnx.helper.make_opsetid(d, 1) for d in need]
 
 
 def tensor_nbytes(t: TensorProto) -> int | None:

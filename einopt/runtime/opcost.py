@@ -46,7 +46,7 @@ import onnx.shape_inference
 from onnx import helper, numpy_helper
 
 from einopt.core.cost import FLOPS, VIEWS, itemsize
-from einopt.runtime.modelio import available_bytes
+from einopt.runtime.modelio import available_bytes, missing_opsets
 
 __all__ = [
     "Calibration",
@@ -84,6 +84,9 @@ its blocked layout, an activation). A successor joins the group when it is the o
 value before it; what ONNX Runtime really fuses, the group's single session shows."""
 FUSED_MAX = 3
 """Element-wise nodes a group takes at most after its head."""
+TIMED_DOMAINS = frozenset({"", "ai.onnx", "com.microsoft"})
+"""Domains whose nodes are timed alone: the default one and ONNX Runtime's own contrib operators
+(``com.microsoft``, built into every ONNX Runtime); a node of any other is costed analytically."""
 CALL_S = 1e-7
 """Seconds one GEMM call of a batched MatMul takes at least (ONNX Runtime loops over the batch: a
 broadcast product of 36M one-row matrices takes 10 s however few its FLOPs)."""
@@ -214,11 +217,11 @@ def node_costs(model: onnx.ModelProto, weights: Iterable[str] = ()) -> list[_Nod
         if node.op_type in VIEWS:
             entries.append(_Node(NodeCost(node.op_type, "view")))
             continue
-        if not known or node.domain not in ("", "ai.onnx") or any(v is None for v in outs):
+        if not known or node.domain not in TIMED_DOMAINS or any(v is None for v in outs):
             entries.append(_Node(NodeCost(node.op_type, "analytic", flops=flops, bytes=nbytes)))
             continue
         forms[len(entries)] = [
-            node.op_type,
+            node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}",
             opset,
             sorted((a.name, _attribute(a)) for a in node.attribute),
             [_value_form(v) for v in ins],
@@ -352,14 +355,30 @@ def _flops_bytes(
     if any(v is None for v in outs) or not outs:
         return 0, 0
     shapes = [v.shape for v in ins if v is not None]
-    flops = FLOPS[node.op_type](shapes, outs[0].shape, node) if node.op_type in FLOPS else 0
+    table = CONTRIB_FLOPS if node.domain == "com.microsoft" else FLOPS
+    flops = table[node.op_type](shapes, outs[0].shape, node) if node.op_type in table else 0
     nbytes = sum(math.prod(v.shape) * itemsize(v.dtype) for v in [*ins, *outs] if v is not None)
     return int(flops), int(nbytes)
 
 
+def _int_attr(node: onnx.NodeProto, name: str) -> int:
+    return next((a.i for a in node.attribute if a.name == name), 0)
+
+
+def _fused_matmul_flops(ins: Sequence[tuple[int, ...]], out: tuple[int, ...], node: onnx.NodeProto) -> int:
+    k = ins[0][-2] if _int_attr(node, "transA") else ins[0][-1]
+    return 2 * math.prod(out) * k
+
+
+CONTRIB_FLOPS = {
+    "FusedMatMul": _fused_matmul_flops,
+}
+"""FLOPs of ONNX Runtime's com.microsoft operators (``einopt.core.cost.FLOPS`` has the default domain's)."""
+
+
 def _calls(node: onnx.NodeProto, outs: Sequence[_Value | None]) -> int:
-    """GEMM calls a node makes: a MatMul's output batch (all but its last two dimensions)."""
-    if node.op_type != "MatMul" or not outs or outs[0] is None:
+    """GEMM calls a node makes: a (Fused)MatMul's output batch (all but its last two dimensions)."""
+    if node.op_type not in ("MatMul", "FusedMatMul") or not outs or outs[0] is None:
         return 1
     return math.prod(outs[0].shape[:-2])
 
@@ -411,10 +430,11 @@ def _single(n: _Node, rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[s
 
 
 def _model(nodes, inputs, outputs, inits=(), opset: int = 17) -> onnx.ModelProto:
-    """A default-domain model of ``nodes`` (value infos and initializer protos given)."""
+    """A model of ``nodes`` (value infos and initializer protos given) importing the default domain at
+    ``opset`` and any other domain a node uses."""
     m = helper.make_model(
         helper.make_graph(nodes, "op", inputs, outputs, list(inits)),
-        opset_imports=[helper.make_opsetid("", opset)],
+        opset_imports=[helper.make_opsetid("", opset), *missing_opsets(nodes)],
     )
     m.ir_version = 8
     return m

@@ -171,9 +171,7 @@ def subgraph_model(
         [onnx.ValueInfoProto(name=o) for o in outputs],
         initializer=list(initializers),
     )
-    opsets = list(template.opset_import)
-    if functions and not any(o.domain == "einopt.eop" for o in opsets):
-        opsets.append(onnx.helper.make_opsetid("einopt.eop", 1))
+    opsets = [*template.opset_import, *modelio.missing_opsets(nodes, template.opset_import)]
     m = onnx.helper.make_model(graph, opset_imports=opsets, functions=list(functions))
     m.ir_version = max(template.ir_version, 8 if functions else template.ir_version)
     return m

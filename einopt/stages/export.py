@@ -12,8 +12,8 @@ from onnx import helper, numpy_helper
 
 from einopt.core import ir
 from einopt.frontend.onnx_graph import read_counts, subgraph_reads, unique_name
-from einopt.instantiate import EOP_DOMAIN
 from einopt.instantiate.emit import Instantiated, instantiate, light_omits
+from einopt.runtime.modelio import missing_opsets
 
 PROGRAM_OPSET = 17
 """Default-domain opset of models built from programs (ONNX Runtime runs it everywhere)."""
@@ -84,10 +84,9 @@ def program_model(
             if t.name in constants and t.name in used and t.name not in declared
         ]
         + list(inst.initializers),
+        value_info=list(inst.value_info),
     )
-    opsets = [helper.make_opsetid("", opset)]
-    if inst.functions:
-        opsets.append(helper.make_opsetid(EOP_DOMAIN, 1))
+    opsets = [helper.make_opsetid("", opset), *missing_opsets(inst.nodes)]
     model = helper.make_model(
         graph, opset_imports=opsets, functions=list(inst.functions), producer_name="einopt"
     )
@@ -183,6 +182,7 @@ def assemble(
     owner = {i: key for key in replacements for i in key}
     nodes: list[onnx.NodeProto] = []
     new_inits: list[onnx.TensorProto] = []
+    new_infos: list[onnx.ValueInfoProto] = []
     functions: list[onnx.FunctionProto] = []
     for i, node in enumerate(old):
         key = owner.get(i)
@@ -192,6 +192,7 @@ def assemble(
             inst = replacements[key]
             nodes.extend(inst.nodes)
             new_inits.extend(inst.initializers)
+            new_infos.extend(inst.value_info)
             functions.extend(inst.functions)
     nodes = toposort(
         nodes, {i.name for i in g.input} | {t.name for t in g.initializer} | {t.name for t in new_inits}
@@ -205,14 +206,14 @@ def assemble(
     g.initializer.extend(kept + [t for t in new_inits if t.name in used])
 
     produced = {o for n in nodes for o in n.output} | {i.name for i in g.input}
-    vis = [vi for vi in g.value_info if vi.name in produced]
+    infos = {vi.name: vi for vi in [*g.value_info, *new_infos]}  # a new node's output: its own
+    vis = [vi for name, vi in infos.items() if name in produced]
     del g.value_info[:]
     g.value_info.extend(vis)
 
+    out.opset_import.extend(missing_opsets(nodes, out.opset_import))
     if functions:
         out.functions.extend(functions)
-        if not any(o.domain == EOP_DOMAIN for o in out.opset_import):
-            out.opset_import.append(onnx.helper.make_opsetid(EOP_DOMAIN, 1))
         out.ir_version = max(out.ir_version, 8)  # model-local functions need IR version 8
     return out
 
