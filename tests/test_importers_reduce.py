@@ -237,6 +237,13 @@ def test_layer_normalization(case: Case) -> None:
     check(case)
 
 
+def test_layer_normalization_default_epsilon_is_float32() -> None:
+    """Without the attribute, epsilon is the schema's float32 default, as ONNX Runtime reads it."""
+    program = check(_ln("no-epsilon", (2, 3, 4)))
+    consts = {e for s in ir.scopes_in(program) for e in ir.walk(s.body) if isinstance(e, ir.Const)}
+    assert ir.Const(float(F32(1e-5))) in consts and ir.Const(1e-5) not in consts
+
+
 @pytest.mark.parametrize(
     "case, reason",
     [

@@ -429,7 +429,8 @@ def import_layer_normalization(view: NodeView) -> tuple[ir.Scope, ...]:
     if bias is not None:
         bias = _normalized_operand(float_data(bias, "B"), inner, rank, "B")
     checked_output(view, 0, shape)
-    ln = layer_norm(x, axis, float(view.attr("epsilon", 1e-5)), scale, bias)
+    epsilon = float(np.float32(view.attr("epsilon", 1e-5)))  # a float32 attribute, its default too
+    ln = layer_norm(x, axis, epsilon, scale, bias)
     return (ln.y, ln.mean, ln.inv_std_dev)[: len(view.node.output)]
 
 

@@ -1,0 +1,383 @@
+"""Reductions and normalizations come back as the operator they were imported from.
+
+Each one-node model is translated, instantiated with its original operator preferred (as the
+pipeline does at depth 0), assembled and run in ONNX Runtime against the original: the emitted
+operator must be the original one and its output the original's. The matchers are also checked
+without the preference (LayerNormalization and AveragePool are taken from the table), on
+element-wise steps fused together (as the search leaves them), below the opsets the operators
+need, and on near misses, which must be refused with the reason.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+
+import numpy as np
+import onnx
+import pytest
+from test_importers import Case, build, run_ort
+from test_importers_reduce import SHARED, _i64, _ln, _pool, _shared_models, _vec
+
+from einopt.core import ir
+from einopt.core.interp import evaluate
+from einopt.core.rewrite import transform
+from einopt.frontend.fold import prepare
+from einopt.frontend.importers import translate_single_node
+from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset
+from einopt.frontend.translate import translate_graph
+from einopt.instantiate.emit import instantiate, original_ops
+from einopt.instantiate.match import MATCHERS, PREFERRED
+from einopt.instantiate.match_reduce import (
+    REDUCE_MATCHERS,
+    REDUCE_PREFERRED,
+    _Inliner,
+    match_average_pool,
+    match_global_average_pool,
+    match_layer_norm,
+    match_reduce_mean,
+)
+from einopt.instantiate.plan import NO_MATCH_CONTEXT, MatchContext, OperatorMatch, Refusal
+from einopt.stages.export import assemble
+
+F32 = np.float32
+
+
+def _ops(nodes) -> collections.Counter:
+    return collections.Counter(n.op_type if n.domain in DEFAULT_DOMAINS else "eop" for n in nodes)
+
+
+def depth0(model: onnx.ModelProto, prefer: bool = True) -> tuple[onnx.ModelProto, collections.Counter]:
+    """The model with every translated part instantiated again (original operators preferred)."""
+    model = prepare(model, {}).model
+    opset = default_opset(model)
+    emitted, ops = {}, collections.Counter()
+    for p in translate_graph(model):
+        if not p.translated:
+            continue
+        inst = instantiate(
+            p.program,
+            onnx_names=p.names,
+            constants=p.constants,
+            opset=opset,
+            prefix=p.name + "/",
+            preferred=original_ops(model, p) if prefer else None,
+        )
+        emitted[p.nodes] = inst
+        ops += _ops(inst.nodes)
+    return assemble(model, emitted), ops
+
+
+def round_trip(case: Case, prefer: bool = True, rtol: float = 0.0) -> collections.Counter:
+    """Depth 0 on a one-node model: the emitted operators, checked against the original in ORT."""
+    model, feeds = build(case)
+    (want,) = run_ort(model, feeds)
+    again, ops = depth0(model, prefer)
+    onnx.checker.check_model(again, full_check=True)
+    (got,) = run_ort(again, feeds)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * max(1.0, float(np.max(np.abs(want)))))
+    return ops
+
+
+def _one(op: str):
+    return collections.Counter({op: 1})
+
+
+# --------------------------------------------------------------------------
+# Round trips: the original operator comes back, with the original's output
+# --------------------------------------------------------------------------
+
+ROUND_TRIPS = [
+    Case("mean-opset13-keep", "ReduceMean", [("x", (2, 3, 4))], {"axes": [1]}, opset=13),
+    Case("mean-opset13-drop", "ReduceMean", [("x", (2, 3, 4))], {"axes": [-1, 0], "keepdims": 0}, opset=13),
+    Case("mean-opset18-input", "ReduceMean", [("x", (2, 3, 4)), ("a", _i64(2))], opset=18),
+    Case(
+        "mean-opset18-drop", "ReduceMean", [("x", (2, 3, 4)), ("a", _i64(-2, 0))], {"keepdims": 0}, opset=18
+    ),
+    Case("mean-all", "ReduceMean", [("x", (3, 5))], opset=13),
+    Case("sumsquare-opset13", "ReduceSumSquare", [("x", (2, 3, 4))], {"axes": [1, 2]}, opset=13),
+    Case(
+        "sumsquare-opset18", "ReduceSumSquare", [("x", (2, 3, 4)), ("a", _i64(0))], {"keepdims": 0}, opset=18
+    ),
+    Case("l2-opset13", "ReduceL2", [("x", (2, 3, 4))], {"axes": [-1]}, opset=13),
+    Case("l2-opset18", "ReduceL2", [("x", (2, 3, 4)), ("a", _i64(0, 1))], {"keepdims": 0}, opset=18),
+    Case("gap-2d", "GlobalAveragePool", [("x", (2, 3, 5, 4))]),
+    Case("gap-1d", "GlobalAveragePool", [("x", (2, 3, 7))]),
+    Case("gap-3d", "GlobalAveragePool", [("x", (1, 2, 3, 4, 2))]),
+    _pool("pool-1d-stride-pad", (2, 3, 9), kernel_shape=[3], strides=[2], pads=[1, 2]),
+    _pool("pool-2d", (2, 3, 6, 5), kernel_shape=[2, 3]),
+    _pool("pool-2d-stride", (1, 2, 7, 7), kernel_shape=[3, 3], strides=[2, 2]),
+    _pool("pool-pads-exclude", (1, 2, 6, 5), kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+    _pool("pool-pads-include", (1, 2, 6, 5), kernel_shape=[3, 3], pads=[1, 2, 1, 0], count_include_pad=1),
+    _pool(
+        "pool-ceil-exclude", (1, 2, 7, 6), kernel_shape=[3, 2], pads=[1, 1, 1, 0], strides=[2, 2], ceil_mode=1
+    ),
+    _pool(
+        "pool-ceil-include",
+        (1, 2, 7, 6),
+        kernel_shape=[3, 2],
+        pads=[1, 1, 1, 0],
+        strides=[2, 2],
+        ceil_mode=1,
+        count_include_pad=1,
+    ),
+    _pool("pool-ceil-no-pads", (1, 2, 8, 8), kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+    _pool("pool-dilations", (1, 2, 9, 8), kernel_shape=[2, 2], dilations=[2, 3]),
+    _pool(
+        "pool-dilations-pads-ceil-include",
+        (2, 2, 9, 8),
+        kernel_shape=[3, 2],
+        pads=[1, 1, 1, 0],
+        strides=[2, 3],
+        dilations=[2, 2],
+        count_include_pad=1,
+        ceil_mode=1,
+    ),
+    _pool("pool-same-upper", (1, 2, 7, 6), kernel_shape=[3, 2], strides=[2, 2], auto_pad="SAME_UPPER"),
+    _pool(
+        "pool-same-lower-include",
+        (1, 2, 7, 6),
+        kernel_shape=[3, 2],
+        strides=[2, 1],
+        auto_pad="SAME_LOWER",
+        count_include_pad=1,
+    ),
+    _pool("pool-kernel-1", (1, 2, 4, 4), kernel_shape=[1, 1], strides=[2, 2]),
+    _pool("pool-3d", (1, 2, 4, 5, 6), kernel_shape=[2, 3, 2], strides=[1, 2, 2], pads=[0, 1, 0, 1, 1, 1]),
+    _pool("pool-opset11", (1, 2, 7, 6), opset=11, kernel_shape=[3, 2], pads=[1, 1, 1, 0], ceil_mode=1),
+    _ln("ln-last-axis", (2, 3, 8)),
+    _ln("ln-axis-1", (2, 3, 4), axis=1),
+    _ln("ln-axis-negative-2", (2, 3, 4), axis=-2),
+    _ln("ln-axis-0", (3, 4), axis=0, eps=1e-3),
+    _ln("ln-no-bias", (2, 5, 6), bias=False),
+    _ln("ln-scale-leading-ones", (2, 3, 4), axis=-1, scale_shape=(1, 1, 4)),
+    Case(
+        "ln-constant-scale-bias",
+        "LayerNormalization",
+        [("x", (2, 3, 4)), ("s", _vec(4, 1)), ("b", _vec(4, 2))],
+    ),
+    Case("ln-one-element", "LayerNormalization", [("x", (3, 1)), ("s", _vec(1, 1)), ("b", _vec(1, 2))]),
+]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in ROUND_TRIPS])
+def test_round_trip_is_the_original_operator(case: Case) -> None:
+    assert round_trip(case) == _one(case.op)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, id=c.id)
+        for c in ROUND_TRIPS
+        if c.op in ("LayerNormalization", "AveragePool", "GlobalAveragePool", "ReduceL2")
+        and c.id not in ("pool-kernel-1",)
+    ],
+)
+def test_table_choice_without_preference(case: Case) -> None:
+    """Without the original operator preferred, the table still finds these (ReduceSum comes before
+    ReduceMean and takes a mean as ReduceSum then Mul; GlobalAveragePool is such a mean)."""
+    ops = round_trip(case, prefer=False, rtol=1e-5)
+    if case.op == "GlobalAveragePool":
+        assert ops == collections.Counter({"ReduceSum": 1, "Mul": 1, "Reshape": 1})
+    else:
+        assert ops == _one(case.op)
+
+
+def test_layer_norm_below_opset_17_is_its_steps() -> None:
+    """At opset 16 there is no LayerNormalization: the chain comes back as its element-wise steps."""
+    program, arrays = translate_single_node(build(_ln("ln", (2, 3, 8)))[0])
+    (name,) = program.outputs
+    scope = program.scope(name)
+    ctx = MatchContext(bound=frozenset({scope}), opset=16)
+    r = match_layer_norm(scope, ctx)
+    assert isinstance(r, Refusal) and "needs opset 17" in r.reason
+    inst = instantiate(
+        program,
+        onnx_names={t.name: t.name for t in program.inputs} | {name: "y"},
+        constants={},
+        opset=16,
+        prefix="p/",
+        preferred={name: "LayerNormalization"},
+    )
+    assert "LayerNormalization" not in _ops(inst.nodes)
+    assert {"Sqrt", "Div", "Sub"} <= set(_ops(inst.nodes))
+
+
+# --------------------------------------------------------------------------
+# LayerNormalization: fused steps, bound pieces, near misses
+# --------------------------------------------------------------------------
+
+
+def _ln_scope(case: Case) -> tuple[ir.Program, ir.Scope]:
+    program, _ = translate_single_node(build(case)[0])
+    return program, program.scope(program.outputs[0])
+
+
+def test_layer_norm_matches_with_its_element_wise_steps_fused() -> None:
+    """The search fuses element-wise scopes into their readers: the match sees through that."""
+    _, scope = _ln_scope(_ln("ln", (2, 3, 8)))
+    fused = _Inliner(NO_MATCH_CONTEXT).scope(scope)
+    assert fused is not scope and len(ir.scopes_in(fused)) < len(ir.scopes_in(scope))
+    m = match_layer_norm(fused, NO_MATCH_CONTEXT)
+    assert isinstance(m, OperatorMatch) and m.op_type == "LayerNormalization"
+    assert m.attrs == {"axis": 2, "epsilon": pytest.approx(1e-5)}
+    assert set(m.consumes) == set(ir.scopes_in(fused)) - {fused}
+    eps = _rebuild(fused, lambda x: ir.Const(1e-3) if x is ir.Const(float(F32(1e-5))) else None)
+    assert match_layer_norm(eps, NO_MATCH_CONTEXT).attrs["epsilon"] == 1e-3
+
+
+def test_layer_norm_consumes_its_inline_scopes_and_recomputes_a_bound_mean() -> None:
+    """Every inline scope is consumed. A mean that is a program binding is computed anyway, and the
+    operator computes it again (cheap next to the chain); a bound step of the chain is refused."""
+    program, scope = _ln_scope(_ln("ln", (2, 3, 8)))
+    m = match_layer_norm(scope, NO_MATCH_CONTEXT)
+    assert isinstance(m, OperatorMatch)
+    assert set(m.consumes) == set(ir.scopes_in(scope)) - {scope}
+    mean = next(s for s in ir.scopes_in(scope) if s.summation and not ir.scopes_in(s.body)[:-1])
+    m = match_layer_norm(scope, MatchContext(bound=frozenset({scope, mean})))
+    assert isinstance(m, OperatorMatch) and mean not in m.consumes
+    centred = next(s for s in ir.scopes_in(scope) if not s.summation and mean in ir.scopes_in(s.body))
+    r = match_layer_norm(scope, MatchContext(bound=frozenset({scope, centred})))
+    assert isinstance(r, Refusal)
+
+
+def _rebuild(scope: ir.Scope, change) -> ir.Scope:
+    """``scope`` with ``change`` applied to every value node of it and of the scopes it reads."""
+    memo: dict[ir.Scope, ir.Scope] = {}
+
+    def sc(s: ir.Scope) -> ir.Scope:
+        if s not in memo:
+            memo[s] = s.replace(body=transform(s.body, visit))
+        return memo[s]
+
+    def visit(x):
+        if isinstance(x, ir.Access) and isinstance(x.source, ir.Scope):
+            return ir.Access(sc(x.source), x.indices)
+        return change(x)
+
+    return sc(scope)
+
+
+@pytest.mark.parametrize(
+    "what, change",
+    [
+        ("a mean over N - 1", lambda x: ir.Const(1 / 7) if x is ir.Const(1 / 8) else None),
+        (
+            "the bias before the scale",
+            lambda x: (
+                ir.Binary("*", ir.Binary("+", x.a.a, x.b), x.a.b)
+                if isinstance(x, ir.Binary) and x.op == "+" and isinstance(x.a, ir.Binary) and x.a.op == "*"
+                else None
+            ),
+        ),
+        (
+            "epsilon outside the root",
+            lambda x: (
+                ir.Binary("+", ir.Unary("sqrt", x.x.a), x.x.b)
+                if isinstance(x, ir.Unary) and x.fn == "sqrt"
+                else None
+            ),
+        ),
+        ("no square", lambda x: x.a if isinstance(x, ir.Binary) and x.op == "*" and x.a is x.b else None),
+    ],
+)
+def test_layer_norm_near_misses_are_refused(what: str, change) -> None:
+    _, scope = _ln_scope(_ln("ln", (2, 3, 8)))
+    fused = _Inliner(NO_MATCH_CONTEXT).scope(scope)
+    other = _rebuild(fused, change)
+    assert other is not fused, what
+    assert isinstance(match_layer_norm(other, NO_MATCH_CONTEXT), Refusal), what
+
+
+# --------------------------------------------------------------------------
+# Reductions and pooling: near misses, views
+# --------------------------------------------------------------------------
+
+
+def test_reduce_mean_refuses_a_scaled_sum_and_reads_views() -> None:
+    x = ir.Tensor("x", (4, 3))
+    i, k = ir.Iter("i", 0, 3), ir.Iter("k", 0, 4)
+    r = match_reduce_mean(ir.Scope((i,), (k,), x[k, i] * 0.5), NO_MATCH_CONTEXT)
+    assert isinstance(r, Refusal) and "not 1/4" in r.reason
+    m = match_reduce_mean(ir.Scope((i,), (k,), x[k, i] * 0.25), MatchContext(opset=13))
+    assert isinstance(m, OperatorMatch) and m.attrs == {"axes": (0,), "keepdims": 0}
+    m = match_reduce_mean(ir.Scope((i,), (k,), x[k, i] * 0.25), MatchContext(opset=18))
+    assert m.attrs == {"keepdims": 0} and list(m.operands[1].source.value) == [0]
+
+
+def test_global_average_pool_needs_every_trailing_dimension() -> None:
+    x = ir.Tensor("x", (2, 3, 4, 5))
+    n, c, h, u = ir.Iter("n", 0, 2), ir.Iter("c", 0, 3), ir.Iter("h", 0, 4), ir.Iter("u", 0, 1)
+    w = ir.Iter("w", 0, 5)
+    r = match_global_average_pool(ir.Scope((n, c, h, u), (w,), x[n, c, h, w] * 0.2), NO_MATCH_CONTEXT)
+    assert isinstance(r, Refusal) and "every dimension after the first two" in r.reason
+
+
+def _pool_scope(case: Case) -> ir.Scope:
+    program, _ = translate_single_node(build(case)[0])
+    return program.scope(program.outputs[0])
+
+
+def test_average_pool_window_sum_is_a_scaled_pool() -> None:
+    """A plain window sum (no divisor) is AveragePool times the kernel size."""
+    scope = _pool_scope(_pool("p", (1, 2, 6, 5), kernel_shape=[3, 3], strides=[2, 2]))
+    total = scope.replace(body=scope.body.a)
+    m = match_average_pool(total, NO_MATCH_CONTEXT)
+    assert isinstance(m, OperatorMatch) and m.post[0].factor == 9.0
+    x = np.random.default_rng(0).standard_normal((1, 2, 6, 5))
+    assert np.allclose(evaluate(total, {"x": x}), 9 * evaluate(scope, {"x": x}))
+
+
+def test_average_pool_refusals() -> None:
+    scope = _pool_scope(_pool("p", (1, 2, 6, 5), kernel_shape=[3, 3], pads=[1, 1, 1, 1]))
+    cnt = scope.body.b.source
+    r = match_average_pool(scope, MatchContext(bound=frozenset({cnt})))
+    assert isinstance(r, Refusal) and "program binding" in r.reason
+    other = scope.replace(body=ir.Binary("/", scope.body.a, ir.Access(cnt, tuple(scope.traversal[2:]))))
+    wrong = other.replace(
+        body=ir.Binary(
+            "/", scope.body.a, ir.Access(cnt.replace(body=ir.Const(2.0)), tuple(scope.traversal[2:]))
+        )
+    )
+    r = match_average_pool(wrong, NO_MATCH_CONTEXT)
+    assert isinstance(r, Refusal) and "not the windows' count" in r.reason
+    dilated = _pool_scope(_pool("d", (1, 2, 9, 8), kernel_shape=[2, 2], dilations=[2, 3]))
+    r = match_average_pool(dilated, MatchContext(opset=18))
+    assert isinstance(r, Refusal) and "dilations needs opset 19" in r.reason
+
+
+def test_registry() -> None:
+    assert set(REDUCE_MATCHERS) <= set(MATCHERS)
+    assert all(PREFERRED[op] is fn for op, fn in REDUCE_PREFERRED.items())
+    assert set(REDUCE_PREFERRED) >= {"ReduceMean", "GlobalAveragePool", "AveragePool", "LayerNormalization"}
+
+
+# --------------------------------------------------------------------------
+# The shared models at depth 0
+# --------------------------------------------------------------------------
+
+_OURS = frozenset(REDUCE_MATCHERS)
+
+
+@pytest.mark.skipif(not os.path.isdir(SHARED), reason=f"the shared models are not at {SHARED}")
+@pytest.mark.parametrize("name", _shared_models())
+def test_shared_models_keep_these_operators_at_depth_0(name: str) -> None:
+    """Every ReduceMean, GlobalAveragePool and LayerNormalization of a shared model comes back as
+    itself, and the model computes what it did."""
+    model = onnx.load(os.path.join(SHARED, name + ".onnx"))
+    before = collections.Counter(n.op_type for n in model.graph.node if n.op_type in _OURS)
+    if not before:
+        pytest.skip(f"{name} has none of {sorted(_OURS)}")
+    with np.load(os.path.join(SHARED, name + ".npz")) as data:
+        feeds = {k: data[k] for k in data.files if k.startswith("x")}
+    names = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+    feeds = dict(zip(names, (feeds[f"x{k}"] for k in range(len(names))), strict=True))
+    pinned = prepare(model, {k: v.shape for k, v in feeds.items()}).model
+    again, ops = depth0(pinned)
+    assert {op: ops[op] for op in before} == dict(before)
+    want = run_ort(pinned, feeds)
+    got = run_ort(again, feeds)
+    for w, g in zip(want, got, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * max(1.0, float(np.max(np.abs(w)))))
