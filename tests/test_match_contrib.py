@@ -80,7 +80,8 @@ def contrib(nodes: list[tuple[str, str]]) -> list[str]:
 
 def attrs_of(model: onnx.ModelProto, op_type: str) -> dict:
     (node,) = [n for n in model.graph.node if n.op_type == op_type]
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    values = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return {k: v.decode() if isinstance(v, bytes) else v for k, v in values.items()}
 
 
 # --------------------------------------------------------------------------
@@ -425,3 +426,110 @@ def test_search_candidates_name_contrib_operators_by_domain():
 
     model, _ = program_model(einopt.program({"Y": einopt.parse(SCORES)}))
     assert operators(model) == ("Reshape", "Reshape", "com.microsoft.FusedMatMul")
+
+
+# --------------------------------------------------------------------------
+# FusedGemm
+# --------------------------------------------------------------------------
+
+
+def _linear(act: str, bias: str = " + C[n]", a: str = "A[a,k]", b: str = "B[k,bb]") -> str:
+    return f"L[m:4, n:5] {act}({{L[a:4, bb:5] Sum[k:3] {a}*{b}}}[m, n]{bias}) where A:[4,3], B:[3,5], C:[5]"
+
+
+FUSED_GEMM_CASES = [
+    # (id, text, constants, expected attributes)
+    ("relu_bias", _linear("relu"), ("B", "C"), {"activation": "Relu", "transB": 0}),
+    ("sigmoid_no_bias", _linear("sigmoid", bias=""), (), {"activation": "Sigmoid"}),
+    ("tanh_bias", _linear("tanh"), ("B", "C"), {"activation": "Tanh"}),
+    (
+        "leaky_relu_slope",
+        "L[m:4, n:5] leaky_relu({L[a:4, b:5] Sum[k:3] A[a,k]*B[k,b]}[m, n] + D[m, n], 0.2)"
+        " where A:[4,3], B:[3,5], D:[4,5]",
+        (),
+        {"activation": "LeakyRelu", "activation_alpha": 0.2},
+    ),
+    (
+        "linear_layer_transposed_weight_alpha_beta",
+        "L[m:4, n:5] relu({L[a:4, b:5] Sum[k:3] 0.5*(X[a,k]*W[b,k])}[m, n] + 2.0*C[n])"
+        " where X:[4,3], W:[5,3], C:[5]",
+        ("W", "C"),
+        {"activation": "Relu", "transB": 1, "alpha": 0.5, "beta": 2.0},
+    ),
+    (
+        "linear_layer_on_a_sequence",
+        "L[s:2, t:3, n:5] relu({L[s1:2, t1:3, n1:5] Sum[k:4] X[s1,t1,k]*W[n1,k]}[s, t, n] + C[n])"
+        " where X:[2,3,4], W:[5,4], C:[5]",
+        ("W", "C"),
+        {"activation": "Relu", "transB": 1},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "constants", "attrs"), [c[1:] for c in FUSED_GEMM_CASES], ids=[c[0] for c in FUSED_GEMM_CASES]
+)
+def test_fused_gemm(text, constants, attrs):
+    model, nodes = emit_and_run(text, constants, scale=2.0)  # both sides of every activation's knee
+    assert contrib(nodes) == ["FusedGemm"]
+    assert not {op for _, op in nodes} & {"Gemm", "MatMul", "Add", "Relu", "Sigmoid", "Tanh", "LeakyRelu"}
+    got = attrs_of(model, "FusedGemm")
+    assert {k: got[k] for k in attrs} == pytest.approx(attrs)
+
+
+def test_fused_gemm_wins_over_the_original_activation():
+    """The exporter's last node was the activation: its element-wise matcher would take the scope
+    as MatMul + Add + Relu, with no more layout work, but the fused kernel is kept."""
+    scope = einopt.parse(_linear("relu"))
+    chosen, _ = match(scope, prefer="Relu")
+    assert chosen is not None and chosen.op_type == "FusedGemm"
+
+
+FUSED_GEMM_REFUSALS = [
+    # (id, text, words of the reason)
+    ("not_an_activation_of_fused_gemm", _linear("abs"), "not one of the activations"),
+    ("activation_of_an_input", "L[m:4] relu(X[m]) where X:[4]", "not an inline product"),
+    (
+        "batched_product",
+        "L[b:2, m:4, n:5] relu({L[b1:2, a:4, c:5] Sum[k:3] A[b1,a,k]*B[b1,k,c]}[b, m, n])"
+        " where A:[2,4,3], B:[2,3,5]",
+        "Gemm: ",
+    ),
+    (
+        "product_read_transposed",
+        "L[n:5, m:4] relu({L[a:4, b:5] Sum[k:3] A[a,k]*B[k,b]}[m, n]) where A:[4,3], B:[3,5]",
+        "not read at the activation's own positions",
+    ),
+    ("summing_scope", "L[m:4] Sum[k:3] A[m,k] where A:[4,3]", "sums over iterators"),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"), [c[1:] for c in FUSED_GEMM_REFUSALS], ids=[c[0] for c in FUSED_GEMM_REFUSALS]
+)
+def test_fused_gemm_refusals(text, reason):
+    from einopt.instantiate.match_contrib import match_fused_gemm
+
+    refused = match_fused_gemm(einopt.parse(text))
+    assert isinstance(refused, Refusal) and reason in refused.reason, refused
+    _, nodes = emit_and_run(text)
+    assert "FusedGemm" not in contrib(nodes)
+
+
+def test_fused_gemm_refuses_a_bound_product():
+    """A product the program binds is computed anyway: the activation does not fuse it."""
+    from einopt.instantiate.match_contrib import match_fused_gemm
+
+    s = einopt.parse("L[a:4, b:5] Sum[k:3] A[a,k]*B[k,b] where A:[4,3], B:[3,5]")
+    y = ir.Scope(s.traversal, (), ir.Unary("relu", s[s.traversal]))
+    program = einopt.program({"Y": y, "S": s})
+    refused = match_fused_gemm(y, instantiation_context(program, ()))
+    assert isinstance(refused, Refusal) and "program binding" in refused.reason
+    _, nodes = emit_and_run(program)
+    assert not contrib(nodes)
+
+
+def test_fused_gemm_is_timed_with_its_flops():
+    model, _ = program_model(einopt.program({"Y": einopt.parse(_linear("relu"))}), light=True)
+    (node,) = [n for n in node_costs(model) if n.cost.op == "FusedGemm"]
+    assert node.cost.kind == "timed" and node.cost.flops == (2 * 3 + 2) * 4 * 5

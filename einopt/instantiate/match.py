@@ -484,11 +484,13 @@ def match(
     operator type that computed the scope originally: when its matcher
     (``PREFERRED``) accepts the scope with no more run-time layout work than
     the table's choice, that match is returned instead (a 1x1 Conv stays a
-    Conv rather than Reshape + Gemm + Reshape).
+    Conv rather than Reshape + Gemm + Reshape). A com.microsoft operator the
+    table chose (``CONTRIB_MATCHERS``) is kept: it computes in one kernel what
+    the original operator, the last of the scope's nodes, needs others for.
     """
     found, failures = _first_match(scope, ctx, matchers or MATCHERS)
     fn = PREFERRED.get(prefer)
-    if fn is None or (found is not None and found.op_type == prefer):
+    if fn is None or (found is not None and (found.op_type == prefer or found.op_type in CONTRIB_MATCHERS)):
         return found, failures
     r = fn(scope, ctx)
     if not isinstance(r, OperatorMatch) or _fuses_binding(r, ctx):

@@ -10,6 +10,8 @@ exactly what the operator computes, and measured acceptance decides whether the 
   dimension moved behind the other batch dimensions (``transBatchA``/``transBatchB``: a
   ``[S, H, D]`` activation read as ``[H, S, D]``), chosen only when it saves run-time layout work
   that every standard operator needs (the transformer attention's ``Q K^T`` with its scale).
+- ``FusedGemm``: ``act(Gemm(A, B, C))``, a Gemm's scope read by an activation (``nn.Linear`` and
+  its ReLU, the LSTM gates' sigmoid and tanh).
 
 This module must not import ``einopt.instantiate.match`` at module level: that module imports
 this one for its table (its helpers are imported inside the matchers).
@@ -26,17 +28,27 @@ import numpy as np
 from einopt.core import ir
 from einopt.instantiate.plan import (
     NO_MATCH_CONTEXT,
+    Expand,
     MatchContext,
     Operand,
     OperatorMatch,
     OpNode,
     Refusal,
+    Reshape,
+    Transpose,
     normalize,
     steps_cost,
 )
 from einopt.instantiate.views import View, arrange, finish
 
-__all__ = ["CONTRIB_DOMAIN", "CONTRIB_MATCHERS", "CONTRIB_PREFERRED", "match_fused_matmul"]
+__all__ = [
+    "CONTRIB_DOMAIN",
+    "CONTRIB_MATCHERS",
+    "CONTRIB_PREFERRED",
+    "GEMM_ACTIVATIONS",
+    "match_fused_gemm",
+    "match_fused_matmul",
+]
 
 CONTRIB_DOMAIN = "com.microsoft"
 """The domain of ONNX Runtime's contrib operators (imported at opset version 1)."""
@@ -187,6 +199,77 @@ def match_fused_matmul(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) ->
 
 
 # --------------------------------------------------------------------------
+# FusedGemm: Gemm and an activation
+# --------------------------------------------------------------------------
+
+# IR activation -> FusedGemm's ``activation`` and the attribute carrying the IR function's parameter
+# (ONNX Runtime builds the activation from the attributes named ``activation_*``; LeakyRelu's slope
+# has no default there, so it is always written).
+GEMM_ACTIVATIONS: dict[str, tuple[str, str | None]] = {
+    "relu": ("Relu", None),
+    "leaky_relu": ("LeakyRelu", "activation_alpha"),
+    "sigmoid": ("Sigmoid", None),
+    "tanh": ("Tanh", None),
+}
+"""The IR's element-wise functions FusedGemm applies (ONNX Runtime's CPU kernel takes more: HardSigmoid,
+Elu, Softplus, ...; the IR has no rows for them)."""
+
+# Layout steps an element-wise activation commutes with (a Pad or Slice would move zeros, which an
+# activation such as sigmoid does not keep).
+_COMMUTING = (Reshape, Transpose, Expand)
+
+
+def _product_read(scope: ir.Scope, acc: ir.Access, ctx: MatchContext) -> ir.Scope | Refusal:
+    """The inline summing scope ``acc`` reads at exactly ``scope``'s positions, in its order."""
+    inner = acc.source
+    if not isinstance(inner, ir.Scope) or not inner.summation:
+        return Refusal("the activation's argument is not an inline product (nor a product plus a bias)")
+    if inner in ctx.bound:
+        return Refusal("the product scope is a program binding (materialised anyway)")
+    same = len(acc.indices) == len(scope.traversal) and all(
+        i is t and (t.lo, t.hi) == (it.lo, it.hi)
+        for i, t, it in zip(acc.indices, scope.traversal, inner.traversal, strict=False)
+    )
+    if not same:
+        return Refusal(f"the product is not read at the activation's own positions ({acc})")
+    return inner
+
+
+def match_fused_gemm(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
+    """``L m, n: act(S[m, n] + beta * C[..])`` or ``act(S[m, n])``, ``S`` an inline Gemm product, as
+    com.microsoft ``FusedGemm`` (Gemm's attributes, and the activation of :data:`GEMM_ACTIVATIONS`)."""
+    from einopt.instantiate.match import match_gemm_any
+
+    if scope.summation:
+        return Refusal("sums over iterators: not an activation of a product")
+    body = scope.body
+    if not isinstance(body, ir.Unary) or body.fn not in GEMM_ACTIVATIONS:
+        shown = ", ".join(GEMM_ACTIVATIONS)
+        return Refusal(f"the body is not one of the activations FusedGemm applies ({shown})")
+    if isinstance(body.x, ir.Access):
+        product = _product_read(scope, body.x, ctx)
+        if isinstance(product, Refusal):
+            return product
+        gemm = match_gemm_any(product, ctx)
+        consumes: tuple[ir.Scope, ...] = (product,)
+    else:
+        gemm = match_gemm_any(ir.Scope(scope.traversal, (), body.x), ctx)
+        consumes = () if isinstance(gemm, Refusal) else gemm.consumes
+    if isinstance(gemm, Refusal):
+        return Refusal(f"Gemm: {gemm.reason}")
+    if not all(isinstance(st, _COMMUTING) for st in gemm.post):
+        return Refusal("the Gemm's result needs layout steps the activation does not commute with")
+    core = gemm.ops[-1]
+    attrs = dict(core.attrs)
+    a, b = (o.shape for o in gemm.operands[:2])
+    shape = (a[1] if attrs["transA"] else a[0], b[0] if attrs["transB"] else b[1])
+    activation, param = GEMM_ACTIVATIONS[body.fn]
+    extra = (("activation", activation),) + (((param, float(body.param)),) if param else ())
+    fused = OpNode("FusedGemm", core.inputs, core.attrs + extra, CONTRIB_DOMAIN, shape)
+    return OperatorMatch("FusedGemm", gemm.operands, (*gemm.ops[:-1], fused), gemm.post, consumes)
+
+
+# --------------------------------------------------------------------------
 # The tables
 # --------------------------------------------------------------------------
 
@@ -195,10 +278,12 @@ Matcher = Callable[[ir.Scope, MatchContext], OperatorMatch | Refusal]
 
 CONTRIB_MATCHERS: dict[str, Matcher] = {
     "FusedMatMul": match_fused_matmul,
+    "FusedGemm": match_fused_gemm,
 }
 """Matcher per name, in order of preference, tried where ``einopt.instantiate.match.MATCHERS`` places them."""
 
 CONTRIB_PREFERRED: dict[str, Matcher] = {
     "FusedMatMul": match_fused_matmul,
+    "FusedGemm": match_fused_gemm,
 }
 """The matcher of each original ONNX operator type these matchers instantiate."""

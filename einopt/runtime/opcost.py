@@ -370,8 +370,14 @@ def _fused_matmul_flops(ins: Sequence[tuple[int, ...]], out: tuple[int, ...], no
     return 2 * math.prod(out) * k
 
 
+def _fused_gemm_flops(ins: Sequence[tuple[int, ...]], out: tuple[int, ...], node: onnx.NodeProto) -> int:
+    k = ins[0][0] if _int_attr(node, "transA") else ins[0][1]
+    return (2 * k + (len(ins) > 2) + 1) * math.prod(out)  # the products, the bias, the activation
+
+
 CONTRIB_FLOPS = {
     "FusedMatMul": _fused_matmul_flops,
+    "FusedGemm": _fused_gemm_flops,
 }
 """FLOPs of ONNX Runtime's com.microsoft operators (``einopt.core.cost.FLOPS`` has the default domain's)."""
 
