@@ -5,7 +5,7 @@
     ... def test_x(case, seed):
     ...     data = feeds(case, np.random.default_rng(seed), "special")
 
-A graph is a chain or DAG of 2-8 operators (opset 17, float32), each drawn
+A graph is a chain or DAG of 2-8 operators (opset 17, or 20 with Gelu; float32), each drawn
 from :data:`OP_BUILDERS` (one builder per op type of
 ``einopt.frontend.importers.IMPORTERS``) and applied to a value made so far
 (usually the newest one, so chains are long; sometimes an older one, so
@@ -152,6 +152,7 @@ class _Graph:
         self.read: set[str] = set()
         self.ops: list[str] = []
         self.specials = set(SPECIAL_VALUES)
+        self.opset = OPSET  # raised by an operator of a newer opset (Gelu: 20), see ``allows``
         self._count = 0
 
     def fresh(self, prefix: str) -> str:
@@ -205,6 +206,27 @@ class _Graph:
     def exclude(self, *classes: str) -> None:
         """Keep special values of ``classes`` out of this graph's inputs (the builder says why)."""
         self.specials -= set(classes)
+
+    def allows(self, op: str, opset: int | None = None) -> bool:
+        """Whether ``op`` means at ``opset`` (default: the graph's) what its builder builds (at
+        :data:`OPSET`): its schema did not change in between. An op newer than :data:`OPSET`
+        (Gelu) raises the graph's opset itself."""
+        built = _schema_version(op, OPSET)
+        return built is None or built == _schema_version(op, opset or self.opset)
+
+    def raise_opset(self, opset: int) -> bool:
+        """Move the graph to ``opset`` if every node in it means the same there."""
+        if not all(self.allows(n.op_type, opset) for n in self.nodes):
+            return False
+        self.opset = max(self.opset, opset)
+        return True
+
+
+def _schema_version(op: str, opset: int) -> int | None:
+    try:
+        return onnx.defs.get_schema(op, opset).since_version
+    except onnx.defs.SchemaError:  # not in the default domain at that opset yet
+        return None
 
 
 Builder = Callable[[_Graph, Value], bool]
@@ -300,6 +322,41 @@ def _variadic(op: str) -> Builder:
         return True
 
     return build
+
+
+def _pow(g: _Graph, x: Value) -> bool:
+    exponent = g.d.choice([2.0, 3.0, 0.5, -1.0, 1.0, 0.0, 1.5, -0.5, 4.0])
+    dtype = np.int64 if exponent.is_integer() and g.d.coin(30) else np.float32
+    if exponent == 0.5:
+        # Imported as sqrt, which gives NaN at -inf where ONNX Runtime's powf gives inf.
+        g.exclude("inf", "huge")
+    # Like Div's divisor: a negative power of a computed zero depends on the zero's sign, which
+    # kernels disagree on; the base is a graph input or a constant.
+    base = g.operand(x.shape, reuse=False) if exponent < 0 else x.name
+    g.node("Pow", [base, g.const(np.array(exponent, dtype))], [x.shape])
+    return True
+
+
+def _reciprocal(g: _Graph, x: Value) -> bool:
+    # 1 / x: a graph input or a constant, as Div's divisor (the sign of a computed zero).
+    g.node("Reciprocal", [g.operand(x.shape, reuse=False)], [x.shape])
+    return True
+
+
+def _hard_sigmoid(g: _Graph, x: Value) -> bool:
+    attrs = {}
+    if g.d.coin(60):
+        attrs = {"alpha": g.d.choice([0.2, 1 / 6, 0.5, -0.3]), "beta": g.d.choice([0.5, 0.0, -0.2])}
+    g.node("HardSigmoid", [x.name], [x.shape], **attrs)
+    return True
+
+
+def _gelu(g: _Graph, x: Value) -> bool:
+    if not g.raise_opset(20):  # Gelu is a default-domain operator from opset 20
+        return False
+    attrs = {"approximate": g.d.choice(["none", "tanh"])} if g.d.coin(70) else {}
+    g.node("Gelu", [x.name], [x.shape], **attrs)
+    return True
 
 
 def _prelu(g: _Graph, x: Value) -> bool:
@@ -698,6 +755,11 @@ OP_BUILDERS: dict[str, Builder] = {
     **{op: _binary(op) for op in ("Add", "Sub", "Mul", "Div")},
     **{op: _variadic(op) for op in ("Sum", "Max", "Min")},
     **{op: _unary(op) for op in ("Neg", "Relu", "Sigmoid", "Tanh", "Exp", "Abs", "Sqrt", "Identity")},
+    **{op: _unary(op) for op in ("Erf", "HardSwish")},
+    "Pow": _pow,
+    "Reciprocal": _reciprocal,
+    "HardSigmoid": _hard_sigmoid,
+    "Gelu": _gelu,
     "LeakyRelu": _leaky_relu,
     "PRelu": _prelu,
     "Clip": _clip,
@@ -767,7 +829,7 @@ def build_graph(d: Draw, rng: np.random.Generator, ops: Sequence[str] | None = N
                 shape = _INPUT_SHAPES[op](d)
                 x = Value(g.new_input(shape), shape)
             assert x is not None
-            if OP_BUILDERS[op](g, x):
+            if g.allows(op) and OP_BUILDERS[op](g, x):
                 g.ops.append(op)
                 break
     outputs = [v for v in g.values if v.name not in g.read and v not in g.inputs]
@@ -782,7 +844,7 @@ def build_graph(d: Draw, rng: np.random.Generator, ops: Sequence[str] | None = N
         [helper.make_tensor_value_info(v.name, TensorProto.FLOAT, v.shape) for v in outputs],
         g.inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", g.opset)])
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
     return GraphCase(model, tuple(g.ops), frozenset(g.specials))
@@ -790,7 +852,7 @@ def build_graph(d: Draw, rng: np.random.Generator, ops: Sequence[str] | None = N
 
 @st.composite
 def graphs(draw: st.DrawFn, ops: Sequence[str] | None = None) -> GraphCase:
-    """Hypothesis strategy: a random valid opset-17 model (see :func:`build_graph`)."""
+    """Hypothesis strategy: a random valid model, opset 17 or 20 (see :func:`build_graph`)."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     return build_graph(_HypothesisDraw(draw), rng, ops)
 
