@@ -33,6 +33,8 @@ F32 = np.float32
 INF = math.inf
 EDGES = (0.0, -0.0, 1e-30, -1e-30, 1e-45, 0.5, -0.5, 1.0, -1.0, 2.5, -2.5, 3.0, -3.0, 5.0, -5.0)
 EDGES += (10.0, -10.0, 1e4, -1e4, 1e30, -1e30, 3.4e38, -3.4e38, INF, -INF, math.nan)
+# HardSigmoid's clamp points (alpha 0.2 and 1/6, beta 0.5) and their float32 neighbours.
+EDGES += tuple(float(np.nextafter(F32(c), F32(d))) for c in (2.5, -2.5, 3.0, -3.0) for d in (-INF, INF))
 SHAPE = (4, 64)
 
 
@@ -375,16 +377,22 @@ SHARED_ACTIVATIONS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(SHARED_ACTIVATIONS))
-def test_shared_models_translate_their_activations(name: str) -> None:
+def _shared(name: str) -> onnx.ModelProto:
+    """A shared model, prepared (shapes inferred, constants folded) as ``einopt optimize`` does."""
     path = SHARED / f"{name}.onnx"
     if not path.exists():
         pytest.skip(f"{path} is absent (the exporters' models live in ../shared/models beside the checkout)")
     from einopt.frontend.fold import prepare
-    from einopt.frontend.translate import translate_graph
     from einopt.runtime.modelio import load_model
 
-    model = prepare(load_model(str(path))).model
+    return prepare(load_model(str(path))).model
+
+
+@pytest.mark.parametrize("name", sorted(SHARED_ACTIVATIONS))
+def test_shared_models_translate_their_activations(name: str) -> None:
+    from einopt.frontend.translate import translate_graph
+
+    model = _shared(name)
     nodes = model.graph.node
     parts = translate_graph(model)
     kind = {i: p.kind for p in parts for i in p.nodes}
@@ -399,3 +407,32 @@ def test_shared_models_translate_their_activations(name: str) -> None:
     outputs = {o for i in found for o in nodes[i].output}
     readers = [i for i, n in enumerate(nodes) if n.op_type == "Mul" and outputs & set(n.input)]
     assert all(kind[i] != "passthrough" for i in readers), [reason[i] for i in readers]
+
+
+@pytest.mark.parametrize("name", sorted(SHARED_ACTIVATIONS))
+def test_shared_models_write_their_activations_back(name: str) -> None:
+    # Importing a model and writing it back costs nothing: each of these activations comes back
+    # as the operator it was (Pow with the exponent 3 included).
+    from einopt.frontend.onnx_graph import default_opset
+    from einopt.frontend.translate import translate_graph
+    from einopt.instantiate.emit import instantiate, original_ops
+
+    model = _shared(name)
+    opset = default_opset(model)
+    ops = SHARED_ACTIVATIONS[name]
+    written = 0
+    for part in translate_graph(model):
+        originals = [model.graph.node[i].op_type for i in part.nodes]
+        if part.program is None or not set(originals) <= ops:
+            continue
+        back = instantiate(
+            part.program,
+            onnx_names=part.names,
+            constants=part.constants,
+            opset=opset,
+            prefix="rt_",
+            preferred=original_ops(model, part),
+        )
+        assert not back.functions and [n.op_type for n in back.nodes] == originals, part.name
+        written += 1
+    assert written == sum(n.op_type in ops for n in model.graph.node)
