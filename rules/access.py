@@ -34,6 +34,10 @@ class MaterializeAccess(ScopeRule):
     would be a copy). Materialising ``A[h+r-1, w+s-1, c]`` of a 3x3
     convolution gives the im2col buffer ``L[h, w, r, s, c]`` and leaves a
     matmul over ``(r, s, c)`` (Fig. 7 i).
+
+    Max scopes: legal in any scope, and on reads of a max scope: the access is
+    replaced by a read equal to it at every point (out-of-range reads
+    included), and the scope keeps its reduction.
     """
 
     name = "materialize_access"
@@ -74,6 +78,10 @@ class ReplicateAccess(ScopeRule):
     order of a grouped convolution (Fig. 7 k: ``(g, c)`` merges into
     ``g*C + c``). Always an identity: reads of ``T`` outside its range read
     the copies' zeros.
+
+    Max scopes: legal in any scope, and on reads of a max scope: the access is
+    replaced by a read equal to it at every point (out-of-range reads
+    included), and the scope keeps its reduction.
     """
 
     name = "replicate_access"

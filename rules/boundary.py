@@ -512,14 +512,23 @@ def _with_range(scope: ir.Scope, it: ir.Iter, lo: int, hi: int) -> ir.Scope:
     def swap(its: tuple[ir.Iter, ...]) -> tuple[ir.Iter, ...]:
         return tuple(new if x is it else x for x in its)
 
-    return ir.Scope(swap(scope.traversal), swap(scope.summation), body, scope.pad)
+    return ir.Scope(swap(scope.traversal), swap(scope.summation), body, scope.pad, scope.reduce)
 
 
 def _collapse(scope: ir.Scope, it: ir.Iter, value: ir.IndexExpr) -> ir.Scope:
-    """``scope`` with summation iterator ``it`` substituted by ``value`` and its sum removed."""
+    """``scope`` (a sum) with summation iterator ``it`` substituted by ``value`` and its sum removed."""
+    assert not scope.is_max, "a maximum does not drop its zero terms"
     body = substitute_iters(scope.body, {it: value})
     summation = tuple(x for x in scope.summation if x is not it)
     return ir.Scope(scope.traversal, summation, body, scope.pad)
+
+
+def _max_reason(it: ir.Iter, what: str) -> str:
+    """Why a rule that adds or drops points where the body is 0 leaves a max scope's iterator alone."""
+    return (
+        f"{it.name} is an iterator of a maximum: {what} points where the body is 0 would change it "
+        f"(a maximum of negative values is below 0)"
+    )
 
 
 def _shown(lo: int, hi: int) -> str:
@@ -652,6 +661,12 @@ class TightenBoundary(ProgramScopeRule):
     r1`` of a stride-2 transposed convolution, the zero-inserted input is read
     at residue ``(r - r1) % 2``, so only ``r1 = r`` survives (the sub-pixel
     phases).
+
+    Max scopes: traversal iterators are tightened as in a sum (where the body
+    is 0 at every reduction point, the maximum is 0, which a read outside the
+    new range gives too). Their reduction iterators are left alone, and the
+    diagonal is not taken: the points dropped are 0, which a maximum of
+    negative values would take.
     """
 
     name = "tighten_boundary"
@@ -667,6 +682,10 @@ class TightenBoundary(ProgramScopeRule):
         for it in scope.traversal + scope.summation:
             if output and not ctx.reasons and it in scope.traversal:
                 continue  # an output's shape is fixed, and no one asks why (the search's hot path)
+            if scope.is_max and it in scope.summation:
+                if ctx.reasons:
+                    yield _max_reason(it, "dropping")
+                continue
             span = nonzero_span(scope, it, finite=ctx.is_finite)
             if isinstance(span, str):
                 if zero_at(scope, it, it.lo, ctx.is_finite) or zero_at(scope, it, it.hi - 1, ctx.is_finite):
@@ -690,7 +709,7 @@ class TightenBoundary(ProgramScopeRule):
             if not traversal and hi - lo == 1:
                 what = f"{what}: Sum over {it.name} becomes {it.name} = {lo}"
             yield hit(what, way="range", iterator=it, lo=lo, hi=hi)
-        for b in scope.summation:
+        for b in () if scope.is_max else scope.summation:
             found = diagonal(scope, b, ctx.is_finite)
             if found is None and ctx.reasons:
                 why = _diagonal_needs(scope, b, ctx)
@@ -762,6 +781,11 @@ class RelaxBoundary(ProgramScopeRule):
     activation is infinite, so Fig. 6's relaxation needs the activation to
     be known finite); a traversal iterator of a program output is refused
     (its shape is fixed).
+
+    Max scopes: traversal iterators are relaxed as in a sum (the maximum is 0
+    where the body is 0 at every reduction point, as a read outside gave).
+    Their reduction iterators are left alone: the new points are 0, which a
+    maximum of negative values would take.
     """
 
     name = "relax_boundary"
@@ -775,6 +799,10 @@ class RelaxBoundary(ProgramScopeRule):
         label = facts.labels.get(scope, "Y")
         for it in scope.traversal + scope.summation:
             traversal = it in scope.traversal
+            if scope.is_max and not traversal:
+                if ctx.reasons:
+                    yield _max_reason(it, "adding")
+                continue
             refused = None
             output = traversal and scope in facts.outputs
             for lo, hi in _relax_candidates(scope, it, facts):

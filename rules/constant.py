@@ -175,6 +175,9 @@ class RewritePreluMax(_PreluSides):
     also counts its padding value 0). Both forms are offered when every slope
     is 1. The result's ``a * y`` is a per-channel scale that
     ``fold_channel_scale`` can move into the weights of the producer of ``y``.
+
+    Max scopes: legal in any scope (one subterm is replaced by a value equal at
+    every point; the scope's reduction is kept).
     """
 
     name = "rewrite_prelu_max"
@@ -214,6 +217,9 @@ class RewritePreluRelu(_PreluSides):
     scales of ``y`` are per-channel constants that ``fold_channel_scale``
     moves into the weights of ``y``'s producer, which leaves two
     convolutions, one with a fused ReLU and one that the sum fuses into.
+
+    Max scopes: legal in any scope (a subterm equal at every point; the
+    scope's reduction is kept).
     """
 
     name = "rewrite_prelu_relu"
@@ -256,6 +262,9 @@ class RewritePreluLeaky(ScopeRule):
     The slope is a number, or reads a constant tensor whose elements are all
     equal (a read that may fall outside the tensor counts its padding value
     0 too, so it only qualifies when ``alpha`` is 0).
+
+    Max scopes: legal in any scope (a subterm equal at every point; the
+    scope's reduction is kept).
     """
 
     name = "rewrite_prelu_leaky"
@@ -394,6 +403,10 @@ class FoldChannelScale(ScopeRule):
     a * conv(x, W))`` into ``max(conv(x, W), conv(x, a * W))`` (FSRCNN);
     after ``rewrite_prelu_relu``, ``a * conv(x, W) + relu((1 - a) * conv(x, W))``
     into two convolutions.
+
+    Max scopes: the scope that reads ``S`` may take a maximum (its body keeps
+    its value at every point). A scaled ``S`` that takes a maximum is refused:
+    ``a * Max_s f`` is not ``Max_s a * f`` for a negative ``a``.
     """
 
     name = "fold_channel_scale"
@@ -419,6 +432,9 @@ class FoldChannelScale(ScopeRule):
         rest: ir.ValueExpr | None,
         ctx: Context,
     ) -> Iterator[Hit | str]:
+        if read.source.is_max:
+            yield f"the scope scaled by {scale} takes a maximum: a scale does not move into it"
+            return
         body = read.source.body
         if not (isinstance(body, ir.Access) or (isinstance(body, ir.Binary) and body.op == "*")):
             what = body.op if isinstance(body, ir.Binary) else type(body).__name__

@@ -181,7 +181,10 @@ def _pairs(scope: ir.Scope) -> Iterator[tuple[ir.ValueExpr, ir.Access, ir.Access
         terms = [
             t
             for t in dict.fromkeys(operands(chain, "+"))
-            if isinstance(t, ir.Access) and isinstance(t.source, ir.Scope) and t.source.summation
+            if isinstance(t, ir.Access)
+            and isinstance(t.source, ir.Scope)
+            and t.source.summation
+            and not t.source.is_max
         ]
         for u, t1 in enumerate(terms):
             for t2 in terms[u + 1 :]:
@@ -212,6 +215,11 @@ class MergeSummations(ProgramScopeRule):
     ``k >= K1`` it is ``Q``'s at ``k - K1``. When the body is exactly
     ``P[x] + Q[x]`` over ``P``'s ranges, the scope becomes the contraction
     itself. ``x @ W + h @ U = concat(x, h) @ concat(W; U)`` (LSTM gates).
+
+    Max scopes: ``P`` and ``Q`` must be sums (a maximum does not add up by
+    concatenation: reads of max scopes are not offered); the scope that adds
+    their reads may take a maximum (``P[t] + Q[t]`` keeps its value at every
+    point).
     """
 
     name = "merge_summations"
@@ -261,6 +269,7 @@ class MergeSummations(ProgramScopeRule):
         terms = operands(chain, "+")
         if (
             chain is scope.body
+            and not scope.summation  # else the scope reduces the sum again (a factor, or a maximum)
             and len(terms) == 2
             and t1.indices == scope.traversal
             and [(a.lo, a.hi) for a in p.traversal] == [(x.lo, x.hi) for x in scope.traversal]

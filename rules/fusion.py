@@ -64,6 +64,11 @@ class FuseExpressions(Rule):
     reads it any more and it is not a program output. One match per
     (consumer, producer) pair; a chain of layout scopes (transpose, then
     reshape) becomes one expression.
+
+    Max scopes: as in ``merge_traversal`` (:func:`~einopt.rules.traversal.inline`):
+    a producer without reduction inlines into any consumer; a producer that
+    takes a maximum only as the whole body of a consumer that takes a maximum
+    or reduces nothing; sums and maxima never mix.
     """
 
     name = "fuse_expressions"
@@ -152,6 +157,9 @@ class BindScope(Rule):
     every read of it becomes a read of ``P``). Only nested scopes that sum and
     are read directly by a binding's body (a contraction written inside its
     bias epilogue); the rules over bindings (``split_expression``) then take it.
+
+    Max scopes: bound like sums (only a name is added; nothing is computed
+    differently).
     """
 
     name = "bind_scope"

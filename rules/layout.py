@@ -93,6 +93,10 @@ class SplitDimension(ScopeRule):
     outside ``[lo, hi)`` maps outside ``T'`` or onto those zeros. ``k`` is
     inferred from the index function (:func:`split_factors`), and only
     ``1 < k < hi - lo`` is offered.
+
+    Max scopes: legal in any scope, and on reads of a max scope: the access is
+    replaced by a read equal to it at every point (out-of-range reads
+    included), and the scope keeps its reduction.
     """
 
     name = "split_dimension"
@@ -157,6 +161,10 @@ class MergeDimensions(ScopeRule):
     does. If ``b`` may leave its range, two different reads would alias one
     element of ``T'``, and the rule refuses. Candidates are the adjacent
     pairs of dimensions where at least one index reads an iterator.
+
+    Max scopes: legal in any scope, and on reads of a max scope: the access is
+    replaced by a read equal to it at every point (out-of-range reads
+    included), and the scope keeps its reduction.
     """
 
     name = "merge_dimensions"
@@ -221,6 +229,10 @@ class SwapDimensions(ScopeRule):
     ranks after the second, so the swap brings the access closer to the
     output order (``A[k, i]`` of a matmul ``L[i, j] Sum[k]`` becomes
     ``A'[i, k]``).
+
+    Max scopes: legal in any scope, and on reads of a max scope: the access is
+    replaced by a read equal to it at every point (out-of-range reads
+    included), and the scope keeps its reduction.
     """
 
     name = "swap_dimensions"

@@ -67,7 +67,8 @@ def _hole(rank: int) -> ir.Access:
 
 
 def scope_skeleton(s: ir.Scope) -> tuple:
-    return (len(s.traversal), len(s.summation), _skeleton(s.body))
+    """What two scopes must share to be merged: ranks, the reduction, and the body's structure."""
+    return (len(s.traversal), len(s.summation), s.reduce, _skeleton(s.body))
 
 
 def zip_bodies(e1: ir.ValueExpr, e2: ir.ValueExpr) -> list[Pair]:
@@ -222,7 +223,11 @@ def _join(pz: _Pairing, name: str, n1: str, n2: str) -> _Plan | str:
         remap[a1] = ir.Access(a1.source, tuple(indices))
     body = map_accesses(s1.body, lambda a: remap.get(a, a)) if remap else s1.body
     merged = ir.Scope(
-        tuple(xm if it is x1 else it for it in s1.traversal), s1.summation, rename_iter(body, x1, xm)
+        tuple(xm if it is x1 else it for it in s1.traversal),
+        s1.summation,
+        rename_iter(body, x1, xm),
+        (),
+        s1.reduce,
     )
     embed = _identity(len(s1.traversal))
     rebound = (_read(s1, merged, embed), _read(s2, merged, embed))
@@ -303,7 +308,7 @@ def _concat(pz: _Pairing, d: int, name: str, n1: str, n2: str) -> _Plan | str:
     if not changed or not (pz.diff or shared):
         return ""
     body = rename_iter(map_accesses(s1.body, lambda a: remap.get(a, a)), x1, xm)
-    merged = ir.Scope(tuple(xm if it is x1 else it for it in s1.traversal), s1.summation, body)
+    merged = ir.Scope(tuple(xm if it is x1 else it for it in s1.traversal), s1.summation, body, (), s1.reduce)
     rank = len(s1.traversal)
     embeds = (_identity(rank), tuple((j, n_1 if j == d else 0) for j in range(rank)))
     rebound = (_read(s1, merged, embeds[0]), _read(s2, merged, embeds[1]))
@@ -339,7 +344,9 @@ def _batch(pz: _Pairing, name: str, n1: str, n2: str) -> _Plan | str:
         remap[a1] = ir.Access(_stack_scope(a1.source, a2.source), (b, *a1.indices))
     if not remap:
         return ""
-    merged = ir.Scope((b, *s1.traversal), s1.summation, map_accesses(s1.body, lambda a: remap.get(a, a)))
+    merged = ir.Scope(
+        (b, *s1.traversal), s1.summation, map_accesses(s1.body, lambda a: remap.get(a, a)), (), s1.reduce
+    )
     rank = len(s1.traversal)
     embeds = tuple(((None, k), *((j, 0) for j in range(rank))) for k in (0, 1))
     rebound = (_read(s1, merged, embeds[0]), _read(s2, merged, embeds[1]))
@@ -542,6 +549,11 @@ class MergeExpressions(Rule):
     The two scopes may be bindings or nested scopes (the matmul-shaped scopes a
     convolution's derivation splits off, Fig. 15); they are named by their
     labels (``Y1``, ``Y1.2``).
+
+    Max scopes: two scopes merge only when they reduce alike (a sum with a sum,
+    a maximum with a maximum: part of the skeleton compared), and ``M`` takes
+    the same reduction. Every way changes only traversal points and operands,
+    so ``M`` at each point is the maximum ``S1`` or ``S2`` took there.
     """
 
     name = "merge_expressions"

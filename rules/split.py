@@ -127,7 +127,7 @@ def range_parts(scope: ir.Scope, axis: int, at: int) -> list[tuple[ir.Scope, tup
     for lo, hi in ((x.lo, at), (at, x.hi)):
         nx = ir.Iter(x.name, lo, hi)
         traversal = scope.traversal[:axis] + (nx,) + scope.traversal[axis + 1 :]
-        part = ir.Scope(traversal, scope.summation, rename_iter(scope.body, x, nx))
+        part = ir.Scope(traversal, scope.summation, rename_iter(scope.body, x, nx), (), scope.reduce)
         out.append((part, scope.traversal))
     return out
 
@@ -176,7 +176,7 @@ def residue_parts(
         part_body = substitute_iters(
             body, {split[a][0]: ir.IConst(p) for a, p in zip(axes, residues, strict=True)}
         )
-        out.append((ir.Scope(tuple(traversal), scope.summation, part_body), tuple(read)))
+        out.append((ir.Scope(tuple(traversal), scope.summation, part_body, (), scope.reduce), tuple(read)))
     return out
 
 
@@ -204,6 +204,10 @@ class SplitExpression(Rule):
     scopes nested in a binding's body (a ConvTranspose written inside its bias
     epilogue), which are bound first (``bind_scope``, then the split, in one
     step); readers keep reading ``Y``.
+
+    Max scopes: split the same way; each part takes the maximum over the same
+    iterators at its own traversal points, and the parts are still added (as
+    values: at every point one part is read in range, the others give 0).
     """
 
     name = "split_expression"

@@ -254,6 +254,12 @@ def _split_sum(scope: ir.Scope, k: ir.Iter, K: int, finite: Finite, flipped: boo
     q, r, forward, inverse = _split_iters(scope, k, K)
     start, end = K * q.lo, K * q.hi
     last = k.lo + k.hi - 1
+    if scope.is_max and (start, end) != (k.lo, k.hi):
+        # Zero terms leave a sum alone but can raise a maximum (of negative values): no extra terms.
+        return (
+            f"Max {k.name} over [{k.lo}, {k.hi}) does not split into whole blocks of {K}: "
+            f"a maximum would also take the extra terms {k.name} in [{start}, {k.lo}) and [{k.hi}, {end})"
+        )
     if flipped:
         mirror = {k: last - k}
         forward = {it: substitute(e, mirror) for it, e in forward.items()}
@@ -272,12 +278,12 @@ def _split_sum(scope: ir.Scope, k: ir.Iter, K: int, finite: Finite, flipped: boo
                 f"the extra terms {k.name} in [{lo}, {hi}) would not be zero{why}"
             )
     if not (_undoes((k,), forward, inverse) and _undoes((q, r), inverse, forward)):
-        return f"splitting Sum {k.name} by {K} is not a bijection"
+        return f"splitting {ir.REDUCTIONS[scope.reduce]} {k.name} by {K} is not a bijection"
     way = "split_sum_flipped" if flipped else "split_sum"
     order = f" from its end ({k.name} = {index_text(inverse[k])})" if flipped else ""
     return _plan(
         way,
-        f"split Sum {k.name} by {K} into {q.name}, {r.name}{order}",
+        f"split {ir.REDUCTIONS[scope.reduce]} {k.name} by {K} into {q.name}, {r.name}{order}",
         None,
         _replace(scope.summation, k, (q, r)),
         forward,
@@ -308,7 +314,7 @@ def _reversible(scope: ir.Scope) -> list[ir.Iter]:
 def _reverse_sum(scope: ir.Scope, k: ir.Iter) -> Hit:
     """``Sum k`` in the other direction: ``k -> k.lo + k.hi - 1 - k`` (same range, in place)."""
     flipped = {k: simplify(ir.IConst(k.lo + k.hi - 1) - k)}
-    summary = f"reverse Sum {k.name} ({k.name} -> {k.lo + k.hi - 1}-{k.name})"
+    summary = f"reverse {ir.REDUCTIONS[scope.reduce]} {k.name} ({k.name} -> {k.lo + k.hi - 1}-{k.name})"
     return _plan("reverse_sum", summary, None, scope.summation, flipped, flipped)
 
 
@@ -352,6 +358,13 @@ class SubstituteVariables(ScopeRule):
     * reverse a summation iterator read with a negative coefficient, in place:
       ``k -> lo + hi - 1 - k`` (a flipped kernel becomes a correlation, so a
       stride-1 ConvTranspose form reads like a Conv).
+
+    Max scopes: every way is a bijection of the iteration space, so a maximum
+    is kept like a sum: the inner scope of fuse, merge and split takes the
+    maximum (the outer one only reads it), and split and reverse in place
+    rewrite the maximum's iterators. Splitting a summation iterator into blocks
+    that run past its range is refused for a maximum: the extra terms are 0,
+    which a maximum of negative values would take.
     """
 
     name = "substitute_variables"
@@ -417,15 +430,17 @@ class SubstituteVariables(ScopeRule):
         forward, inverse = dict(params["forward"]), dict(params["inverse"])
         if not (_into_box(forward) and _undoes(scope.traversal, forward, inverse)):
             return False
-        inner = ir.Scope(params["traversal"], scope.summation, substitute_iters(scope.body, inverse))
+        inner = ir.Scope(
+            params["traversal"], scope.summation, substitute_iters(scope.body, inverse), (), scope.reduce
+        )
         return not _is_copy(inner)
 
     def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:
         body = substitute_iters(scope.body, dict(params["inverse"]))
         if params["traversal"] is None:
-            return ir.Scope(scope.traversal, params["summation"], body, scope.pad)
+            return ir.Scope(scope.traversal, params["summation"], body, scope.pad, scope.reduce)
         traversal: tuple[ir.Iter, ...] = params["traversal"]
-        inner = ir.Scope(traversal, scope.summation, body)
+        inner = ir.Scope(traversal, scope.summation, body, (), scope.reduce)
         read = substitute_iters(inner[traversal], dict(params["forward"]))
         return ir.Scope(scope.traversal, (), read, scope.pad)
 

@@ -27,6 +27,10 @@ class SplitSummation(ScopeRule):
     regrouped); every non-empty proper subset of the summation is offered as
     the inner group. Conv3x3 ``Sum_{r,s,c} -> Sum_{r,s} {Sum_c}`` is the first
     step of Fig. 5.
+
+    Max scopes: split the same way, both scopes taking the maximum
+    (``Max_{s1,s2} f = Max_{s1} Max_{s2} f``: a finite maximum regrouped; the
+    inner scope is read inside its box, so no 0 enters).
     """
 
     name = "split_summation"
@@ -50,8 +54,8 @@ class SplitSummation(ScopeRule):
         inner_sums: tuple[ir.Iter, ...] = params["inner"]
         outer_sums = tuple(it for it in scope.summation if it not in inner_sums)
         traversal = outer_sums + scope.traversal
-        inner = ir.Scope(traversal, inner_sums, scope.body)
-        return ir.Scope(scope.traversal, outer_sums, inner[traversal], scope.pad)
+        inner = ir.Scope(traversal, inner_sums, scope.body, (), scope.reduce)
+        return ir.Scope(scope.traversal, outer_sums, inner[traversal], scope.pad, scope.reduce)
 
 
 RULES: tuple[Rule, ...] = (SplitSummation(),)

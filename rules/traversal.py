@@ -111,11 +111,13 @@ def inline(
     """
     inner = acc.source
     assert isinstance(inner, ir.Scope)
+    reduce = outer.reduce
     if inner.summation:
-        problem = _factor_problem(outer.body, acc)
+        sums = ", ".join(it.name for it in inner.summation)
+        problem = _reduction_problem(outer, inner, acc)
         if problem:
-            sums = ", ".join(it.name for it in inner.summation)
-            return f"{name} sums over {sums}: it can only be inlined as a factor of a product, but {problem}"
+            return f"{name} {'takes a maximum' if inner.is_max else 'sums'} over {sums}: {problem}"
+        reduce = inner.reduce
     reach = [bounds(i) for i in acc.indices]
     leak = leaves_box(inner, reach, finite)
     if leak is not None:
@@ -130,7 +132,26 @@ def inline(
     mapping.update(renamed)
     g = substitute_iters(inner.body, mapping)
     body = map_accesses(outer.body, lambda a: g if a is acc else a)
-    return ir.Scope(outer.traversal, outer.summation + new_sums, body, outer.pad)
+    return ir.Scope(outer.traversal, outer.summation + new_sums, body, outer.pad, reduce)
+
+
+def _reduction_problem(outer: ir.Scope, inner: ir.Scope, acc: ir.Access) -> str | None:
+    """Why the reduction of ``inner`` cannot join ``outer``'s at the read ``acc`` (``None`` if it can).
+
+    A sum joins a sum as one factor of its product (``c * Sum_w g = Sum_w c*g``); a maximum joins a
+    maximum, or a scope that reduces nothing, only as the whole body (``Max_y Max_w g =
+    Max_{y,w} g``: a maximum does not distribute over a product or a sum). The two never mix.
+    """
+    if inner.is_max:
+        if outer.summation and not outer.is_max:
+            return "it cannot be inlined into a sum"
+        if outer.body is not acc:
+            return "it can only be inlined where it is the whole body"
+        return None
+    if outer.is_max:
+        return "it cannot be inlined into a maximum"
+    problem = _factor_problem(outer.body, acc)
+    return f"it can only be inlined as a factor of a product, but {problem}" if problem else None
 
 
 class MergeTraversal(ProgramScopeRule):
@@ -151,6 +172,12 @@ class MergeTraversal(ProgramScopeRule):
     zero-insertion scope of a ConvTranspose, read by a split-off partial
     sum) is inlined here. Fig. 5 E4 -> E5 inlines the middle scope
     ``L[r, s, h, w, f] T[r, s, h+r-1, w+s-1, f]`` into the offset reduction.
+
+    Max scopes: a scope without reduction inlines into a maximum as into a sum
+    (the body's value at every point is unchanged). A max scope inlines only
+    where its read is the whole body of a max scope or of a scope without
+    reduction (``Max_y Max_w g = Max_{y,w} g``; the result takes the maximum);
+    a sum never joins a maximum, nor a maximum a sum.
     """
 
     name = "merge_traversal"

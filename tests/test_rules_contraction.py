@@ -77,8 +77,15 @@ THREE = (
     " where x: [2, 4], W: [3, 3], h: [2, 2], U: [2, 3], g: [2, 1], V: [1, 3]"
 )
 
+# The sum of the two reads is summed again (a scale by 3): the merged contraction stays a read.
+SUMMED_AGAIN = (
+    "L[i:2] Sum[y:3] {L[a:2] Sum[k:4] A[a, k] * W[k]}[i] + {L[b:2] Sum[k:5] B[b, k] * V[k]}[i]"
+    " where A: [2, 4], W: [4], B: [2, 5], V: [5]"
+)
+
 EXAMPLES = {
     "merge_summations": [
+        Example(SUMMED_AGAIN),
         Example(lstm(), min_matches=2),
         Example(lstm("i", bias=True)),
         Example(MATMULS),
