@@ -32,6 +32,9 @@ SMALL_OUTPUTS = {
     "mobilenetv2": {"logits": (1, 10)},
     "squeezenet": {"logits": (1, 10)},
     "shufflenetv2": {"logits": (1, 10)},
+    "bert": {"last_hidden_state": (1, 8, 16)},
+    "gpt2": {"last_hidden_state": (1, 8, 16)},
+    "vit": {"last_hidden_state": (1, 10, 16)},
 }
 FULL_OUTPUTS = {
     "infogan": {"image": [1, 3, 32, 32]},
@@ -45,6 +48,9 @@ FULL_OUTPUTS = {
     "mobilenetv2": {"logits": [1, 1000]},
     "squeezenet": {"logits": [1, 1000]},
     "shufflenetv2": {"logits": [1, 1000]},
+    "bert": {"last_hidden_state": [1, 128, 256]},
+    "gpt2": {"last_hidden_state": [1, 128, 256]},
+    "vit": {"last_hidden_state": [1, 197, 384]},
 }
 
 
@@ -69,9 +75,10 @@ def constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 
 
 def _attribute(a: onnx.AttributeProto) -> object:
-    """An attribute's value; a tensor (a Constant's shape, which holds widths) as its type and dims only."""
+    """An attribute's value; a tensor (a Constant's shape or mask, whose values and dims hold widths and
+    lengths) as its type and rank only."""
     value = helper.get_attribute_value(a)
-    return (value.data_type, list(value.dims)) if isinstance(value, onnx.TensorProto) else value
+    return (value.data_type, len(value.dims)) if isinstance(value, onnx.TensorProto) else value
 
 
 def structure(model: onnx.ModelProto) -> list[tuple]:
@@ -101,6 +108,9 @@ def test_names_and_errors():
         "mobilenetv2",
         "squeezenet",
         "shufflenetv2",
+        "bert",
+        "gpt2",
+        "vit",
     ]
     with pytest.raises(ValueError, match="choose one of: infogan"):
         build("vgg")
