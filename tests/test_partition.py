@@ -85,3 +85,75 @@ def test_groups_are_convex_on_a_random_dag():
                     if j not in seen:
                         seen.add(j)
                         frontier.append(j)
+
+
+def _translated_groups(nodes, inits) -> list[tuple[str, list[str]]]:
+    import numpy as np
+    from onnx import TensorProto, numpy_helper
+
+    from einopt.frontend.fold import prepare
+    from einopt.frontend.translate import translate_graph
+
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.full(s, 0.1, np.float32), n) for n, s in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = prepare(model).model
+    by_index = list(model.graph.node)
+    return [(p.kind, [by_index[i].op_type for i in p.nodes]) for p in translate_graph(model)]
+
+
+def test_gelu_joins_the_mlp_and_a_layernorm_ends_its_group():
+    # A BERT MLP as torch.onnx writes it: MatMul + bias, GELU as Div/Erf/Add/Mul/Mul, MatMul + bias,
+    # the residual Add, then LayerNormalization; a LayerNormalization's reader starts a new group.
+    n = helper.make_node
+    nodes = [
+        n("MatMul", ["x", "W1"], ["h1"]),
+        n("Add", ["h1", "b1"], ["h"]),
+        n("Div", ["h", "sqrt2"], ["d"]),
+        n("Erf", ["d"], ["e"]),
+        n("Add", ["e", "one"], ["e1"]),
+        n("Mul", ["h", "e1"], ["g1"]),
+        n("Mul", ["g1", "half"], ["g"]),
+        n("MatMul", ["g", "W2"], ["o1"]),
+        n("Add", ["o1", "b2"], ["o"]),
+        n("Add", ["o", "x"], ["r"]),
+        n("LayerNormalization", ["r", "gamma", "beta"], ["ln"], axis=-1),
+        n("MatMul", ["ln", "W3"], ["y"]),
+    ]
+    inits = {
+        "W1": (8, 16),
+        "b1": (16,),
+        "sqrt2": (),
+        "one": (),
+        "half": (),
+        "W2": (16, 8),
+        "b2": (8,),
+        "gamma": (8,),
+        "beta": (8,),
+        "W3": (8, 8),
+    }
+    groups = _translated_groups(nodes, inits)
+    assert groups == [
+        (
+            "linear",
+            [
+                "MatMul",
+                "Add",
+                "Div",
+                "Erf",
+                "Add",
+                "Mul",
+                "Mul",
+                "MatMul",
+                "Add",
+                "Add",
+                "LayerNormalization",
+            ],
+        ),
+        ("linear", ["MatMul"]),
+    ]

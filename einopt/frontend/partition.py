@@ -1,7 +1,8 @@
 """Split a graph into subprograms at non-linear activations and unsupported ops.
 
 Every node is classified (see :func:`classify`): *linear* nodes (supported
-tensor-algebra operators) are grouped into subprograms, *activation* nodes
+tensor-algebra operators, and the non-linear ones in :data:`ABSORBED` that a
+target operator takes with the linear work around them) are grouped into subprograms, *activation* nodes
 (supported non-linear element-wise functions) become single-node
 subprograms, everything else passes through. Two linear nodes join one
 group when one reads the other's output or both read the same non-constant
@@ -27,20 +28,34 @@ import onnx
 from einopt.core.ops import BINARY, UNARY
 from einopt.frontend import importers_max, importers_reduce
 
+# Non-linear operations that a target operator takes whole with the linear work around them:
+# Softmax into attention (com.microsoft MultiHeadAttention), GELU's erf and its exact or tanh
+# form's polynomial (Gelu, BiasGelu, FastGelu, FusedGemm). They do not cut subprograms: they are
+# grouped like linear nodes, so attention (projections, scale, mask, Softmax, product) and an MLP
+# with its GELU are one program the search rewrites whole.
+ABSORBED: frozenset[str] = frozenset({"Softmax", "Erf", "Gelu", "Pow"})
+
 # Non-linear element-wise ops: subprogram boundaries, translated on their own
 # so later fusion can absorb them into an eOperator. The IR's operations say so in
 # einopt.core.ops (``activation``); PRelu, Clip, HardSigmoid, HardSwish and Gelu are imported as
 # forms of those operations.
-ACTIVATIONS: frozenset[str] = frozenset(
-    {"PRelu", "Clip", "HardSigmoid", "HardSwish", "Gelu"}
-    | {op.onnx for op in UNARY.values() if op.activation}
-    | {name for op in BINARY.values() if op.activation for name in (op.onnx, op.onnx_variadic) if name}
-    | importers_reduce.NONLINEAR
-    | importers_max.NONLINEAR
+ACTIVATIONS: frozenset[str] = (
+    frozenset(
+        {"PRelu", "Clip", "HardSigmoid", "HardSwish", "Gelu"}
+        | {op.onnx for op in UNARY.values() if op.activation}
+        | {name for op in BINARY.values() if op.activation for name in (op.onnx, op.onnx_variadic) if name}
+        | importers_reduce.NONLINEAR
+        | importers_max.NONLINEAR
+    )
+    - ABSORBED
 )
 
-TAILS: frozenset[str] = frozenset({"PRelu"} | {op.onnx for op in UNARY.values() if op.tail})
-"""Activations that join the group of the linear node they read (as its last step)."""
+TAILS: frozenset[str] = frozenset(
+    {"PRelu", "LayerNormalization"} | {op.onnx for op in UNARY.values() if op.tail}
+)
+"""Activations that join the group of the linear node they read (as its last step): a PRelu's
+slopes distribute over the linear work, a LayerNormalization after a residual Add is
+SkipLayerNormalization's."""
 
 
 @dataclasses.dataclass(frozen=True)
