@@ -88,7 +88,9 @@ class UnaryOp:
     flops : int
         FLOPs per element in the analytic cost (4 for a transcendental function).
     activation : bool
-        Non-linear: an ONNX node of it is a subprogram of its own (``frontend.partition``).
+        Non-linear: an ONNX node of it is a subprogram of its own (``frontend.partition``),
+        unless a target operator absorbs it with the linear work around it
+        (``frontend.partition.ABSORBED``: Erf and Pow, for Gelu).
     tail : bool
         A maximum of linear functions with constant slopes that joins the subprogram of the
         linear node it reads (``frontend.partition.TAILS``).
