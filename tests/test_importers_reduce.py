@@ -38,7 +38,7 @@ from einopt.frontend.onnx_graph import default_opset
 from einopt.frontend.operand import NodeView, Operand, Unsupported, node_attrs
 from einopt.frontend.partition import ACTIVATIONS
 from einopt.frontend.translate import translate_graph
-from einopt.rules import NO_CONTEXT
+from einopt.rules import NO_CONTEXT, REGISTRY, check_equivalent
 from einopt.search import DEFAULT_SCHEDULE
 from einopt.search.normal import normalize
 
@@ -462,6 +462,46 @@ def test_decomposed_layer_norm_has_the_operators_key(square: str) -> None:
     a, b = normalize(a, NO_CONTEXT, DEFAULT_SCHEDULE), normalize(b, NO_CONTEXT, DEFAULT_SCHEDULE)
     assert keys.canonical_form(a) == keys.canonical_form(b)
     assert keys.key(a) == keys.key(b)
+
+
+# --------------------------------------------------------------------------
+# The derivation rules on these programs
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        _ln("ln", (2, 3, 4)),
+        _ln("ln-axis-1", (2, 3, 4), axis=1),
+        _pool("pool-count", (1, 2, 6, 5), kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        _pool(
+            "pool-count-include-ceil",
+            (1, 2, 7, 6),
+            kernel_shape=[3, 2],
+            pads=[1, 1, 1, 0],
+            strides=[2, 2],
+            ceil_mode=1,
+            count_include_pad=1,
+        ),
+        Case("l2", "ReduceL2", [("x", (2, 3, 4))], {"axes": [-1]}, opset=13),
+        Case("mean-keep", "ReduceMean", [("x", (2, 3, 4))], {"axes": [1]}, opset=13),
+    ],
+    ids=lambda c: c.id,
+)
+def test_every_rule_keeps_the_values_of_these_programs(case: Case) -> None:
+    """Sums divided by, or read under a root by, what follows; a count over a scope of ones: every
+    match of every rule (and the normal form after it) computes what the imported program does.
+    (A breadth-first walk of every rule, two applications deep, found no wrong program either.)"""
+    program, _ = translate_single_node(build(case)[0])
+    applied = 0
+    for rule in REGISTRY.values():
+        for m in rule.matches(program, NO_CONTEXT):
+            after = rule.apply(program, m, NO_CONTEXT)
+            check_equivalent(program, after, NO_CONTEXT)
+            check_equivalent(program, normalize(after, NO_CONTEXT, DEFAULT_SCHEDULE), NO_CONTEXT)
+            applied += 1
+    assert applied >= 5
 
 
 # --------------------------------------------------------------------------
