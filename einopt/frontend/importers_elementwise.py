@@ -169,8 +169,21 @@ def import_reciprocal(view: NodeView) -> tuple[ir.Scope, ...]:
 
 
 def hard_sigmoid(x: ir.ValueExpr, alpha: float, beta: float) -> ir.ValueExpr:
-    """``max(min(alpha * x + beta, 1), 0)``, as ONNX Runtime computes HardSigmoid: the product and
-    the sum rounded to float32 each (no fused multiply-add), then the clamp (NaN stays NaN)."""
+    """HardSigmoid as ONNX Runtime computes it.
+
+    Parameters
+    ----------
+    x : ir.ValueExpr
+        The argument.
+    alpha, beta : float
+        The slope and offset (ONNX's attributes, float32 values).
+
+    Returns
+    -------
+    ir.ValueExpr
+        ``max(min(alpha * x + beta, 1), 0)``: the product and the sum rounded to float32 each
+        (no fused multiply-add), then the clamp (NaN stays NaN).
+    """
     affine = ir.Binary("+", ir.Binary("*", ir.Const(alpha), x), ir.Const(beta))
     return ir.Binary("max", ir.Binary("min", affine, ir.Const(1.0)), ir.Const(0.0))
 
@@ -195,10 +208,26 @@ GELU_TANH_C = float(np.float32(0.044715 * math.sqrt(2 / math.pi)))
 def gelu(x: ir.ValueExpr, approximate: str = "none") -> ir.ValueExpr:
     """Gelu as ONNX Runtime's kernel computes it, in its order of float32 operations.
 
-    ``approximate="none"``: ``(0.5 * x) * (erf(x * GELU_SQRT1_2) + 1)``;
-    ``"tanh"``: ``(0.5 * x) * (tanh(x * ((GELU_TANH_C * x) * x + GELU_TANH_B)) + 1)``, which is
-    ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` factored (rounded differently from that
-    form as written, which exporters decompose).
+    Parameters
+    ----------
+    x : ir.ValueExpr
+        The argument.
+    approximate : {"none", "tanh"}
+        ONNX's attribute: the exact (erf) form or the tanh approximation.
+
+    Returns
+    -------
+    ir.ValueExpr
+        ``"none"``: ``(0.5 * x) * (erf(x * GELU_SQRT1_2) + 1)``; ``"tanh"``:
+        ``(0.5 * x) * (tanh(x * ((GELU_TANH_C * x) * x + GELU_TANH_B)) + 1)``, which is
+        ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` factored (and rounded differently
+        from that form as written, which exporters decompose). ORT's Gelu equals the chain of
+        its Erf (Tanh) and these float32 operations bit for bit.
+
+    Raises
+    ------
+    ValueError
+        For another ``approximate``.
     """
     if approximate == "none":
         inner = ir.Unary("erf", ir.Binary("*", x, ir.Const(GELU_SQRT1_2)))
