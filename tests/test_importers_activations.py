@@ -233,6 +233,8 @@ def test_gelu_with_an_unknown_approximation_is_refused() -> None:
     model = _model(Case("gelu-bad", "Gelu", (), (("approximate", "fast"),), opset=20))
     with pytest.raises(Unsupported, match="approximate='fast'"):
         translate_single_node(model)
+    with pytest.raises(ValueError, match="'none' or 'tanh'"):
+        gelu(ir.Const(1.0), "fast")
 
 
 def test_hard_activations_end_subprograms() -> None:
