@@ -35,7 +35,7 @@ from einopt.instantiate.match_contrib import CONTRIB_MATCHERS, CONTRIB_PREFERRED
 from einopt.instantiate.match_conv import match_conv, match_conv_transpose
 from einopt.instantiate.match_elementwise import PATTERNS, match_elementwise
 from einopt.instantiate.match_layout import match_concat, match_flatten, match_layout
-from einopt.instantiate.match_max import MAX_MATCHERS, MAX_PREFERRED
+from einopt.instantiate.match_max import MAX_MATCHERS, MAX_PREFERRED, takes_maxima
 from einopt.instantiate.match_reduce import REDUCE_MATCHERS, REDUCE_PREFERRED
 from einopt.instantiate.plan import (
     NO_MATCH_CONTEXT,
@@ -492,7 +492,7 @@ def match(
     fn = PREFERRED.get(prefer)
     if fn is None or (found is not None and (found.op_type == prefer or found.op_type in CONTRIB_MATCHERS)):
         return found, failures
-    r = fn(scope, ctx)
+    r = _call(fn, scope, ctx)
     if not isinstance(r, OperatorMatch) or _fuses_binding(r, ctx):
         return found, failures
     if found is not None and layout_cost(r, ctx) > layout_cost(found, ctx):
@@ -506,7 +506,7 @@ def _first_match(
 ) -> tuple[OperatorMatch | None, tuple[tuple[str, Refusal], ...]]:
     failures: list[tuple[str, Refusal]] = []
     for k, (name, fn) in enumerate(table.items()):
-        r = fn(scope, ctx)
+        r = _call(fn, scope, ctx)
         if isinstance(r, OperatorMatch):
             if not _fuses_binding(r, ctx):
                 if name in COMPUTE and layout_cost(r, ctx) > 0:
@@ -516,6 +516,22 @@ def _first_match(
             r = Refusal("fuses a scope that is a program binding")
         failures.append((name, r))
     return None, tuple(failures)
+
+
+def _call(fn: Matcher, scope: ir.Scope, ctx: MatchContext) -> OperatorMatch | Refusal:
+    """``fn(scope, ctx)``, refused where ``fn`` would read a maximum as a sum.
+
+    Matchers read a scope's reduction as a sum unless marked ``match_max.reads_maxima``: a max
+    scope, or a match that fuses one, is theirs alone.
+    """
+    if takes_maxima(fn):
+        return fn(scope, ctx)
+    if scope.is_max:
+        return Refusal("takes a maximum: only the matchers of maxima (ReduceMax, MaxPool, ...) read it")
+    r = fn(scope, ctx)
+    if isinstance(r, OperatorMatch) and any(s.is_max for s in r.consumes):
+        return Refusal(f"{r.op_type} would fuse a scope that takes a maximum as a sum")
+    return r
 
 
 def _fuses_binding(m: OperatorMatch, ctx: MatchContext) -> bool:
@@ -547,7 +563,7 @@ def _cheapest_compute(
     for name, fn in later:
         if name not in COMPUTE:
             continue
-        r = fn(scope, ctx)
+        r = _call(fn, scope, ctx)
         if isinstance(r, OperatorMatch) and not _fuses_binding(r, ctx):
             c = layout_cost(r, ctx)
             if c <= cost - TRANSPOSE_COST:

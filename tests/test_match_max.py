@@ -1,0 +1,250 @@
+"""ReduceMax, MaxPool and Softmax come back as the operator they were imported from.
+
+Each one-node model is translated, instantiated (original operator preferred, as the pipeline
+does at depth 0, and from the table alone), assembled and run in ONNX Runtime against the
+original: the emitted nodes must be that one operator, with the original's output. Near misses
+are refused with their reason, and no matcher of sums takes a maximum.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnx
+import pytest
+from test_importers import Case, build, run_ort
+from test_importers_max import POOLS, SOFTMAXES
+
+from einopt.core import ir
+from einopt.core.parser import parse
+from einopt.frontend.fold import prepare
+from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset
+from einopt.frontend.translate import translate_graph
+from einopt.instantiate.emit import instantiate, original_ops
+from einopt.instantiate.match import MATCHERS, match
+from einopt.instantiate.match_max import (
+    MAX_MATCHERS,
+    match_max_pool,
+    match_reduce_max,
+    match_softmax,
+    reads_maxima,
+    takes_maxima,
+)
+from einopt.instantiate.plan import NO_MATCH_CONTEXT, MatchContext, OperatorMatch, Refusal
+from einopt.stages.export import assemble
+
+F32 = np.float32
+
+
+def _ops(nodes) -> collections.Counter:
+    return collections.Counter(n.op_type if n.domain in DEFAULT_DOMAINS else "eop" for n in nodes)
+
+
+def depth0(model: onnx.ModelProto, prefer: bool) -> tuple[onnx.ModelProto, collections.Counter]:
+    """The model with every translated part instantiated again."""
+    model = prepare(model, {}).model
+    emitted, ops = {}, collections.Counter()
+    for p in translate_graph(model):
+        assert p.translated, p.reason
+        inst = instantiate(
+            p.program,
+            onnx_names=p.names,
+            constants=p.constants,
+            opset=default_opset(model),
+            prefix=p.name + "/",
+            preferred=original_ops(model, p) if prefer else None,
+        )
+        emitted[p.nodes] = inst
+        ops += _ops(inst.nodes)
+    return assemble(model, emitted), ops
+
+
+def round_trip(case: Case, prefer: bool = True, feeds: dict | None = None) -> collections.Counter:
+    """Depth 0 on a one-node model: the emitted operators, whose output must be the original's."""
+    model, random = build(case)
+    feeds = feeds or random
+    (want,) = run_ort(model, feeds)
+    again, ops = depth0(model, prefer)
+    onnx.checker.check_model(again, full_check=True)
+    (got,) = run_ort(again, feeds)
+    np.testing.assert_array_equal(got, want)
+    return ops
+
+
+REDUCE_MAXES = [
+    Case("keep-opset13", "ReduceMax", [("x", (2, 3, 4))], {"axes": [1]}, opset=13),
+    Case("drop-opset13", "ReduceMax", [("x", (2, 3, 4))], {"axes": [-1, 0], "keepdims": 0}, opset=13),
+    Case("all-opset13", "ReduceMax", [("x", (3, 5))], opset=13),
+    Case("input-opset18", "ReduceMax", [("x", (2, 3, 4)), ("a", np.array([2], np.int64))], opset=18),
+    Case(
+        "drop-opset18",
+        "ReduceMax",
+        [("x", (2, 3, 4)), ("a", np.array([0], np.int64))],
+        {"keepdims": 0},
+        opset=18,
+    ),
+]
+CASES = REDUCE_MAXES + POOLS + SOFTMAXES
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.op}-{c.id}")
+@pytest.mark.parametrize("prefer", [True, False], ids=["preferred", "table"])
+def test_round_trip_is_the_one_original_operator(case, prefer):
+    assert round_trip(case, prefer) == collections.Counter({case.op: 1})
+
+
+@pytest.mark.parametrize("case", [POOLS[2], SOFTMAXES[0], SOFTMAXES[4]], ids=lambda c: f"{c.op}-{c.id}")
+def test_round_trip_of_extreme_inputs(case):
+    model, feeds = build(case)
+    scaled = {"x": (feeds["x"] * 5e3 - 1e4).astype(F32)}  # large and negative: -inf padding, overflow
+    assert round_trip(case, feeds=scaled) == collections.Counter({case.op: 1})
+
+
+def _scope(text: str) -> ir.Scope:
+    return parse(text)
+
+
+def test_table_order_takes_a_pooling_window_as_max_pool():
+    scope = _scope("L[n:1, c:2, h:3, w:2] Max[r:2, s:2] X[n, c, 2*h + r, 2*w + s] where X: [1, 2, 6, 5]")
+    m, _ = match(scope)
+    assert m.op_type == "MaxPool" and m.attrs["kernel_shape"] == (2, 2) and m.attrs["strides"] == (2, 2)
+    assert isinstance(match_reduce_max(scope), OperatorMatch)  # also a Reshape + ReduceMax
+
+
+def test_max_pool_computing_fewer_windows_than_the_operator_is_sliced():
+    scope = _scope("L[n:1, c:1, h:2] Max[r:2] X[n, c, 2*h + r] where X: [1, 1, 7]")
+    m = match_max_pool(scope)
+    assert isinstance(m, OperatorMatch) and [type(st).__name__ for st in m.post] == ["Slice"]
+
+
+def test_reduce_max_of_a_transposed_read_and_old_opsets():
+    scope = _scope("L[i:4] Max[j:3] X[j, i] where X: [3, 4]")
+    m = match_reduce_max(scope, MatchContext(opset=13))
+    assert isinstance(m, OperatorMatch) and m.attrs["axes"] == (0,)
+    m18 = match_reduce_max(scope, MatchContext(opset=18))
+    assert "axes" not in m18.attrs and len(m18.operands) == 2
+
+
+@pytest.mark.parametrize(
+    "text, matcher, reason",
+    [
+        ("L[i:3] Sum[j:4] X[i, j] where X: [3, 4]", match_reduce_max, "not a maximum"),
+        ("L[i:3] Max[j:4] X[i, j] * 2.0 where X: [3, 4]", match_reduce_max, "not one read"),
+        ("L[i:3, j:4] Max[k:2] X[i, j] where X: [3, 4]", match_reduce_max, "not read"),
+        (
+            "L[n:1, c:1, h:4] Max[r:3] X[n, c, h + r - 1] where X: [1, 1, 4]",
+            match_max_pool,
+            "read outside X as 0",
+        ),
+        ("L[n:1, c:1, h:3] Max[r:2] X[n, c, h + r + 1] where X: [1, 1, 5]", match_max_pool, "not a window"),
+        ("L[n:1, c:2, h:3] Max[r:2] X[c, n, h + r] where X: [2, 1, 5]", match_max_pool, "not read whole"),
+        (
+            "L[n:1, c:1, h:3] Max[r:2] X[n, c, h + r] + Y[h] where X: [1, 1, 5], Y: [3]",
+            match_max_pool,
+            "not its -inf padding",
+        ),
+        (
+            "L[i:2, j:3] exp(X[i, j] - {L[a:2] Max[b:3] X[a, b]}[i]) / {L[a:2] Sum[b:3] exp(X[a, b])}[i]"
+            " where X: [2, 3]",
+            match_softmax,
+            "not exp(X - max) / sum(exp(X - max))",
+        ),
+        (
+            "L[i:2, j:3] exp(X[i, j] - {L[a:2] Max[b:3] X[a, b]}[i]) * 2.0 where X: [2, 3]",
+            match_softmax,
+            "not a quotient",
+        ),
+        (
+            "L[i:2, j:3] exp(X[j, i] - {L[a:2] Max[b:3] X[b, a]}[i])"
+            " / {L[a:2] Sum[b:3] exp(X[b, a] - {L[c:2] Max[d:3] X[d, c]}[a])}[i] where X: [3, 2]",
+            match_softmax,
+            "not read whole, in place",
+        ),
+    ],
+    ids=[
+        "sum",
+        "scaled",
+        "unread",
+        "zero-padding",
+        "offset",
+        "transposed",
+        "extra-term",
+        "sum-of-unshifted",
+        "no-sum",
+        "transposed-softmax",
+    ],
+)
+def test_near_misses(text, matcher, reason):
+    r = matcher(_scope(text), NO_MATCH_CONTEXT)
+    assert isinstance(r, Refusal) and reason in r.reason, r
+
+
+def test_softmax_refuses_a_bound_maximum():
+    scope = _scope(
+        "L[i:2, j:3] exp(X[i, j] - {L[a:2] Max[b:3] X[a, b]}[i])"
+        " / {L[a:2] Sum[b:3] exp(X[a, b] - {L[a:2] Max[b:3] X[a, b]}[a])}[i] where X: [2, 3]"
+    )
+    assert isinstance(match_softmax(scope), OperatorMatch)
+    bound = MatchContext(bound=frozenset({scope.body.a.x.b.source}))
+    assert "program binding" in match_softmax(scope, bound).reason
+
+
+def test_softmax_over_the_last_axes_before_and_from_opset_13():
+    scope = _scope(
+        "L[i:2, j:3, k:4] exp(X[i, j, k] - {L[a:2] Max[b:3, c:4] X[a, b, c]}[i])"
+        " / {L[a:2] Sum[b:3, c:4] exp(X[a, b, c] - {L[a:2] Max[b:3, c:4] X[a, b, c]}[a])}[i]"
+        " where X: [2, 3, 4]"
+    )
+    old = match_softmax(scope, MatchContext(opset=11))
+    assert old.attrs == {"axis": 1} and not old.post
+    new = match_softmax(scope, MatchContext(opset=13))
+    assert new.attrs == {"axis": 1} and [type(s).__name__ for s in new.operands[0].steps + new.post] == [
+        "Reshape",
+        "Reshape",
+    ]
+    middle = _scope(
+        "L[i:2, j:3] exp(X[i, j] - {L[a:3] Max[b:2] X[b, a]}[j])"
+        " / {L[a:3] Sum[b:2] exp(X[b, a] - {L[a:3] Max[b:2] X[b, a]}[a])}[a] where X: [2, 3]".replace(
+            "}[a] where", "}[j] where"
+        )
+    )
+    assert match_softmax(middle, MatchContext(opset=13)).attrs == {"axis": 0}
+    assert "normalises the axes from one on" in match_softmax(middle, MatchContext(opset=11)).reason
+
+
+# --------------------------------------------------------------------------
+# Matchers of sums never read a maximum
+# --------------------------------------------------------------------------
+
+
+def test_only_matchers_of_maxima_take_a_max_scope():
+    scope = _scope("L[i:3, j:5] Max[k:4] A[i, k] * B[k, j] where A: [3, 4], B: [4, 5]")
+    m, failures = match(scope)
+    assert m is None  # MatMul, Gemm, Einsum would compute a sum of products
+    reasons = dict(failures)
+    for name in ("MatMul", "Gemm", "Einsum"):
+        assert "takes a maximum" in reasons[name].reason
+    assert all(takes_maxima(fn) for fn in MAX_MATCHERS.values())
+    assert not any(takes_maxima(fn) for name, fn in MATCHERS.items() if name not in MAX_MATCHERS)
+
+
+def test_no_matcher_of_sums_fuses_a_max_scope():
+    # A Gemm's bias form would fuse the inline product scope: a maximum here, so it is refused and
+    # the scope is computed on its own.
+    scope = _scope(
+        "L[i:3, j:5] {L[a:3, b:5] Max[k:4] A[a, k] * B[k, b]}[i, j] + C[j] where A: [3, 4], B: [4, 5], C: [5]"
+    )
+    m, failures = match(scope)
+    assert m is None or all(not s.is_max for s in m.consumes)
+    assert any("would fuse a scope that takes a maximum" in r.reason for _, r in failures)
+
+
+def test_a_marked_matcher_is_trusted_with_maxima():
+    def fuses_anything(scope, ctx):
+        return OperatorMatch("Identity", (), consumes=tuple(s for s in ir.scopes_in(scope) if s is not scope))
+
+    scope = _scope("L[i:3] {L[a:3] Max[k:4] A[a, k]}[i] where A: [3, 4]")
+    assert "takes a maximum as a sum" in match(scope, matchers={"Any": fuses_anything})[1][0][1].reason
+    marked = reads_maxima(fuses_anything)
+    assert match(scope, matchers={"Any": marked})[0].op_type == "Identity"
