@@ -219,3 +219,40 @@ def test_shared_models_translate_their_softmax_and_max_pool(name):
     assert not refused, refused
     for p in parts:
         assert any(s.is_max for _, s in p.program.bindings for s in ir.scopes_in(s))
+
+
+# --------------------------------------------------------------------------
+# The imported forms compile (TVM) and lower to eOperators (ORT) as the interpreter says
+# --------------------------------------------------------------------------
+
+FORMS = [
+    POOLS[2],
+    POOLS[5],
+    POOLS[7],
+    SOFTMAXES[1],
+    SOFTMAXES[4],
+    Case("rm", "ReduceMax", [("x", (2, 3, 4))], {"axes": [0, 2]}),
+]
+
+
+@pytest.mark.tvm
+@pytest.mark.parametrize("case", FORMS, ids=lambda c: f"{c.op}-{c.id}")
+def test_imported_forms_compile_to_the_interpreters_values(case):
+    import einopt.codegen
+
+    model, feeds = build(case)
+    program, _ = translate_single_node(model)
+    x = {"x": feeds["x"] - 2.5}  # mostly negative: a padding read as 0 would show
+    want = evaluate(program, x)[program.outputs[0]]
+    got = einopt.codegen.compile(program)(**x)[program.outputs[0]]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", FORMS, ids=lambda c: f"{c.op}-{c.id}")
+def test_imported_forms_lower_to_eoperators(case):
+    from test_eop import _run
+
+    model, _ = build(case)
+    program, _ = translate_single_node(model)
+    for scope in _scopes(program):
+        _run(scope)

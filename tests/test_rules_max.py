@@ -14,6 +14,7 @@ registry test runs them with the other rule tables.
 
 from __future__ import annotations
 
+import onnx
 import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,11 @@ from rules_support import Example, NearMiss, apply_all, check_result, contractio
 
 from einopt.core import ir
 from einopt.core.rewrite import map_accesses
+from einopt.frontend.importers_max import max_pool, max_reduction, softmax
+from einopt.frontend.importers_reduce import PoolGeometry
+from einopt.frontend.operand import Operand as SourceOperand
 from einopt.rules import REGISTRY, Match, NotEquivalentError, check_equivalent, get
+from einopt.search import Budget, search
 
 from strategies import programs as random_programs
 
@@ -335,3 +340,26 @@ def test_random_walks_through_maxima_stay_equivalent(start, choices):
 def test_every_rule_says_what_it_does_with_maxima():
     for name, rule in REGISTRY.items():
         assert "Max scopes:" in type(rule).__doc__, f"rule {name} does not say how it treats max scopes"
+
+
+def _imported(make) -> ir.Program:
+    x = SourceOperand("X", ir.Tensor("X", (1, 2, 6, 6)), (1, 2, 6, 6), onnx.TensorProto.FLOAT)
+    y = make(x)
+    return ir.Program((x.expr,), (("Y", y),), ("Y",))
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        _imported(lambda x: max_pool(x, PoolGeometry((3, 3), (2, 2), (1, 1), (1, 1), (1, 1), (3, 3)))),
+        _imported(lambda x: softmax(x, [3]).y),
+        _imported(lambda x: max_reduction(x, [1, 3], keepdims=False)),
+    ],
+    ids=["max_pool", "softmax", "reduce_max"],
+)
+def test_search_over_imported_maxima_finds_only_equivalent_programs(program):
+    result = search(program, budget=Budget(max_depth=3, states_per_search=300))
+    assert result.candidates
+    for c in result.candidates:
+        for seed in range(3):
+            check_equivalent(program, c.program, seed=seed)
