@@ -16,8 +16,9 @@ import os
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper
 from test_importers import Case, build, run_ort
-from test_importers_reduce import SHARED, _i64, _ln, _pool, _shared_models, _vec
+from test_importers_reduce import SHARED, _i64, _ln, _pool, _shared_models, _translate_nodes, _vec
 
 from einopt.core import ir
 from einopt.core.interp import evaluate
@@ -89,6 +90,7 @@ def _one(op: str):
 # --------------------------------------------------------------------------
 
 ROUND_TRIPS = [
+    Case("sum-opset13-drop", "ReduceSum", [("x", (2, 3, 4)), ("a", _i64(-1, 0))], {"keepdims": 0}, opset=13),
     Case("mean-opset13-keep", "ReduceMean", [("x", (2, 3, 4))], {"axes": [1]}, opset=13),
     Case("mean-opset13-drop", "ReduceMean", [("x", (2, 3, 4))], {"axes": [-1, 0], "keepdims": 0}, opset=13),
     Case("mean-opset18-input", "ReduceMean", [("x", (2, 3, 4)), ("a", _i64(2))], opset=18),
@@ -241,6 +243,33 @@ def test_layer_norm_consumes_its_inline_scopes_and_recomputes_a_bound_mean() -> 
     centred = next(s for s in ir.scopes_in(scope) if not s.summation and mean in ir.scopes_in(s.body))
     r = match_layer_norm(scope, MatchContext(bound=frozenset({scope, centred})))
     assert isinstance(r, Refusal)
+
+
+def test_layer_norm_of_a_binding() -> None:
+    """X computed in the same program (a Transpose, bound or inline) is the operator's input."""
+    model = helper.make_model(
+        helper.make_graph(
+            [
+                helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]),
+                helper.make_node("LayerNormalization", ["t", "s", "b"], ["y"], axis=-1),
+            ],
+            "g",
+            [
+                helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 3]),
+                helper.make_tensor_value_info("s", TensorProto.FLOAT, [8]),
+                helper.make_tensor_value_info("b", TensorProto.FLOAT, [8]),
+            ],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 8])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    program = _translate_nodes(model)
+    y = program.scope("y")
+    (t,) = (s for s in ir.scopes_in(y) if isinstance(s.body, ir.Access) and s.body.source.name == "x")
+    m = match_layer_norm(y, MatchContext(bound=frozenset({t, y}), opset=17))
+    assert isinstance(m, OperatorMatch) and m.operands[0].source is t and t not in m.consumes
+    m = match_layer_norm(y, MatchContext(bound=frozenset({y}), opset=17))
+    assert isinstance(m, OperatorMatch) and m.operands[0].source is t, "inline: materialised as its input"
 
 
 def _rebuild(scope: ir.Scope, change) -> ir.Scope:

@@ -557,7 +557,8 @@ def match_layer_norm(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> O
                 continue
             if expanded is None:
                 expanded = inl.scope(scope)
-            if keys.key(_Inliner(NO_MATCH_CONTEXT).scope(want)) != keys.key(expanded):
+            # The same substitutions on both sides: a program binding stays a read of it.
+            if keys.key(_Inliner(ctx).scope(want)) != keys.key(expanded):
                 continue
             operands = [Operand(src), _norm_operand(scale, inner)]
             if bias is not None:
