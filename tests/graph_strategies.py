@@ -751,6 +751,57 @@ def _space_to_depth(g: _Graph, x: Value) -> bool:
     return True
 
 
+def _reduce_max(g: _Graph, x: Value) -> bool:
+    # ONNX Runtime lets a NaN through a maximum only as the first value it compares; the IR's
+    # maximum is NaN wherever one is read.
+    g.exclude("nan")
+    rank = len(x.shape)
+    axes = sorted({g.d.integer(-rank, rank - 1) % rank for _ in range(g.d.integer(1, rank))})
+    keepdims = g.d.coin(50)
+    out = tuple(1 if d in axes else n for d, n in enumerate(x.shape) if keepdims or d not in axes)
+    if not _fits(out):
+        return False
+    g.node("ReduceMax", [x.name], [out], axes=axes, keepdims=int(keepdims))
+    return True
+
+
+def _max_pool(g: _Graph, x: Value) -> bool:
+    # Padding is -inf in ONNX (a penalty scope in the IR). A window of -inf values alone is
+    # float32's lowest value in ONNX Runtime but -inf in the IR, and ONNX Runtime lets a NaN through
+    # only as a window's first value: infinities and NaN stay out.
+    g.exclude("nan", "inf")
+    if not 3 <= len(x.shape) <= 4:
+        return False
+    attrs: dict[str, Any] = {"kernel_shape": [], "strides": [], "pads": [], "dilations": []}
+    ceil = g.d.coin(20)
+    out, ends = [], []
+    for n in x.shape[2:]:
+        k, s, dil = g.d.integer(1, 3), g.d.integer(1, 2), g.d.choice([1, 1, 2])
+        pb, pe = g.d.integer(0, k - 1), g.d.integer(0, k - 1)
+        span = n + pb + pe - dil * (k - 1) - 1
+        if span < 0:
+            return False
+        o = -(-span // s) + 1 if ceil else span // s + 1
+        if ceil and (o - 1) * s >= n + pb:
+            return False  # ONNX Runtime drops that last window; ONNX's shape inference does not
+        for name, v in (("kernel_shape", k), ("strides", s), ("dilations", dil)):
+            attrs[name].append(v)
+        attrs["pads"].append(pb)
+        ends.append(pe)
+        out.append(o)
+    attrs["pads"] += ends
+    shape = (*x.shape[:2], *out)
+    if not _fits(shape):
+        return False
+    g.node("MaxPool", [x.name], [shape], **attrs, **({"ceil_mode": 1} if ceil else {}))
+    return True
+
+
+def _softmax(g: _Graph, x: Value) -> bool:
+    g.node("Softmax", [x.name], [x.shape], axis=g.d.integer(-len(x.shape), len(x.shape) - 1))
+    return True
+
+
 OP_BUILDERS: dict[str, Builder] = {
     **{op: _binary(op) for op in ("Add", "Sub", "Mul", "Div")},
     **{op: _variadic(op) for op in ("Sum", "Max", "Min")},
@@ -782,6 +833,9 @@ OP_BUILDERS: dict[str, Builder] = {
     "Transpose": _transpose,
     "DepthToSpace": _depth_to_space,
     "SpaceToDepth": _space_to_depth,
+    "ReduceMax": _reduce_max,
+    "MaxPool": _max_pool,
+    "Softmax": _softmax,
 }
 """Graph builder per ONNX op type: every op the importers translate (``test_fuzz`` checks the two agree)."""
 
@@ -797,6 +851,11 @@ _INPUT_SHAPES: dict[str, Callable[[Draw], tuple[int, ...]]] = {
         *(d.integer(1, 4) for _ in range(d.integer(1, 2))),
     ),
     "Gemm": lambda d: (d.integer(1, 4), d.integer(1, 4)),
+    "MaxPool": lambda d: (
+        d.integer(1, 2),
+        d.integer(1, 3),
+        *(d.integer(2, 6) for _ in range(d.integer(1, 2))),
+    ),
     "Squeeze": lambda d: (d.integer(1, 4), 1, d.integer(1, 4)),
     "BatchNormalization": lambda d: (d.integer(1, 3), d.integer(1, 4), d.integer(1, 4)),
     "Transpose": lambda d: tuple(d.integer(1, 4) for _ in range(d.integer(2, 4))),
