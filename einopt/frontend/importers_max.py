@@ -17,6 +17,11 @@ The forms (``einopt.instantiate.match_max`` reads them back):
   divided, as ONNX Runtime computes it (no overflow for large inputs). From opset 13 ``red`` is
   the one ``axis`` (default -1); before, the input is coerced to 2-D at ``axis`` (default 1), so
   ``red`` is every axis from ``axis`` on.
+
+Where ONNX Runtime's kernels differ from a maximum (the interpreter's, TVM's, an eOperator's
+ReduceMax): a NaN counts there only as the first value a window compares, and MaxPool starts from
+float32's lowest value, so a window of ``-inf`` alone gives that rather than ``-inf``. Matched back,
+the operators compute as before; a rewritten expression may differ on such inputs.
 """
 
 from __future__ import annotations
