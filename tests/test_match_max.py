@@ -31,7 +31,7 @@ from einopt.instantiate.match_max import (
     reads_maxima,
     takes_maxima,
 )
-from einopt.instantiate.plan import NO_MATCH_CONTEXT, MatchContext, OperatorMatch, Refusal
+from einopt.instantiate.plan import NO_MATCH_CONTEXT, MatchContext, Operand, OperatorMatch, Refusal
 from einopt.stages.export import assemble
 
 F32 = np.float32
@@ -248,3 +248,21 @@ def test_a_marked_matcher_is_trusted_with_maxima():
     assert "takes a maximum as a sum" in match(scope, matchers={"Any": fuses_anything})[1][0][1].reason
     marked = reads_maxima(fuses_anything)
     assert match(scope, matchers={"Any": marked})[0].op_type == "Identity"
+
+
+def test_a_maximum_an_operand_computes_is_not_fused():
+    # A matcher may list the inline scopes it walked through; a maximum its operand computes anyway
+    # is not fused by it (LayerNormalization after an attention block).
+    scope = _scope("L[i:3] {L[a:3] {L[b:3] Max[k:4] A[b, k]}[a] + 1.0}[i] * 2.0 where A: [3, 4]")
+    x = scope.body.a.source
+    peak = x.body.a.source
+
+    def lists_everything(s, ctx):
+        return OperatorMatch("Identity", (Operand(x),), consumes=(x, peak))
+
+    assert match(scope, matchers={"Any": lists_everything})[0].op_type == "Identity"
+
+    def fuses(s, ctx):
+        return OperatorMatch("Identity", (Operand(ir.Tensor("A", (3, 4))),), consumes=(x, peak))
+
+    assert match(scope, matchers={"Any": fuses})[0] is None

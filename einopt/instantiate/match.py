@@ -530,7 +530,10 @@ def _call(fn: Matcher, scope: ir.Scope, ctx: MatchContext) -> OperatorMatch | Re
         return Refusal("takes a maximum: only the matchers of maxima (ReduceMax, MaxPool, ...) read it")
     r = fn(scope, ctx)
     if isinstance(r, OperatorMatch) and any(s.is_max for s in r.consumes):
-        return Refusal(f"{r.op_type} would fuse a scope that takes a maximum as a sum")
+        # A consumed scope that an operand reads is computed with that operand, not fused.
+        computed = {x for o in r.operands if isinstance(o.source, ir.Scope) for x in ir.scopes_in(o.source)}
+        if any(s.is_max and s not in computed for s in r.consumes):
+            return Refusal(f"{r.op_type} would fuse a scope that takes a maximum as a sum")
     return r
 
 
