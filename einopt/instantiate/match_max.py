@@ -10,9 +10,12 @@ They read back the forms of :mod:`einopt.frontend.importers_max`:
   ``X``; a window that reads outside ``X`` without a penalty reads 0, which MaxPool cannot give,
   and is refused. Pads are the begin offsets and the least end pads holding every window; a
   MaxPool that would compute more outputs than the scope has is sliced.
-* Softmax, on the output scope ``L all..: exp(X[all..] - M[rest..]) / S[rest..]`` with ``M`` and
-  ``S`` the importer's inline maximum and sum: the whole scope must have the canonical key of the
-  importer's form over the same axes, and ``M`` and ``S`` are consumed. One axis is Softmax's
+* Softmax, on the output scope ``L all..: exp(X - M[rest..]) / S[rest..]`` with ``M`` and ``S``
+  the importer's inline maximum and sum: the whole scope must have the canonical key of the
+  importer's form over the same axes once element-wise scopes are inlined (so an input the normal
+  form inlined into ``M`` and ``S``, or an element-wise ``X`` such as an attention's scaled and
+  masked scores, still matches; such an ``X`` becomes Softmax's input scope), and ``M`` and ``S``
+  are consumed. One axis is Softmax's
   ``axis`` from opset 13; axes running to the last are the coerced 2-D form before 13 (and a
   Reshape around a Softmax over the last axis from 13).
 
@@ -33,7 +36,7 @@ import onnx
 
 from einopt.core import ir, keys
 from einopt.core.index import bounds
-from einopt.core.rewrite import accesses, operands
+from einopt.core.rewrite import accesses, operands, substitute_iters, transform
 from einopt.frontend.importers_max import (
     REDUCE_MAX_AXES_INPUT_OPSET,
     SOFTMAX_AXIS_OPSET,
@@ -246,8 +249,8 @@ def match_max_pool(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> Ope
 # --------------------------------------------------------------------------
 
 
-def _softmax_parts(scope: ir.Scope) -> tuple[ir.Access, ir.Access, ir.Access] | Refusal:
-    """``(X read, M read, S read)`` of ``exp(X - M) / S``, or why the body is not that."""
+def _softmax_parts(scope: ir.Scope) -> tuple[ir.ValueExpr, ir.Access, ir.Access] | Refusal:
+    """``(X, M read, S read)`` of ``exp(X - M) / S``, or why the body is not that."""
     body = scope.body
     if not (isinstance(body, ir.Binary) and body.op == "/" and isinstance(body.b, ir.Access)):
         return Refusal("not a quotient by a read: not a softmax")
@@ -255,11 +258,48 @@ def _softmax_parts(scope: ir.Scope) -> tuple[ir.Access, ir.Access, ir.Access] | 
     if not (isinstance(num, ir.Unary) and num.fn == "exp"):
         return Refusal("the numerator is not an exp: not a softmax")
     diff = num.x
-    if not (isinstance(diff, ir.Binary) and diff.op == "-" and isinstance(diff.a, ir.Access)):
-        return Refusal("the exponent is not a read minus a maximum: not a softmax")
+    if not (isinstance(diff, ir.Binary) and diff.op == "-"):
+        return Refusal("the exponent is not a difference: not a softmax")
     if not isinstance(diff.b, ir.Access) or not isinstance(diff.b.source, ir.Scope):
         return Refusal("the exponent does not subtract a scope: not a softmax")
     return diff.a, diff.b, body.b
+
+
+def _in_place(e: ir.ValueExpr, traversal: tuple[ir.Iter, ...]) -> bool:
+    """``e`` reads a whole source at the positions of ``traversal``, in order."""
+    if not isinstance(e, ir.Access) or e.source.rank != len(traversal):
+        return False
+    return all(
+        positional(idx, o) == ({t: 1}, 0) and t.extent == n
+        for idx, o, t, n in zip(e.indices, e.source.origin, traversal, e.source.shape, strict=True)
+    )
+
+
+def _flattened(scope: ir.Scope) -> ir.Scope:
+    """``scope`` with every read of a scope without reduction that stays inside its box replaced by
+    that scope's body, in nested scopes too: one form whatever the normal form inlined."""
+    memo: dict[ir.Scope, ir.Scope] = {}
+
+    def visit(x: ir.ValueExpr) -> ir.ValueExpr | None:
+        if not isinstance(x, ir.Access) or not isinstance(x.source, ir.Scope):
+            return None
+        src = flat(x.source)
+        inside = all(
+            it.lo <= lo and hi < it.hi
+            for idx, it in zip(x.indices, src.traversal, strict=True)
+            for lo, hi in (bounds(idx),)
+        )
+        if src.summation or not inside:
+            return ir.Access(src, x.indices)
+        return substitute_iters(src.body, dict(zip(src.traversal, x.indices, strict=True)))
+
+    def flat(s: ir.Scope) -> ir.Scope:
+        out = memo.get(s)
+        if out is None:
+            out = memo[s] = s.replace(body=transform(s.body, visit))
+        return out
+
+    return flat(scope)
 
 
 def _softmax_node(
@@ -285,27 +325,29 @@ def _softmax_node(
 
 @reads_maxima
 def match_softmax(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
-    """``L all..: exp(X[all..] - M[rest..]) / S[rest..]`` (the importer's form) as one Softmax."""
+    """``L all..: exp(X - M[rest..]) / S[rest..]`` (the importer's form) as one Softmax.
+
+    ``X`` is a whole source read in place, or an element-wise expression (the scores of an
+    attention, scaled and masked; a layout read the normal form inlined), which becomes a scope of
+    its own, Softmax's input. The scope must have the canonical key of the importer's form over
+    that input once element-wise scopes are inlined on both sides.
+    """
     if scope.summation:
         return Refusal("a reduction: not a softmax's output")
     parts = _softmax_parts(scope)
     if isinstance(parts, Refusal):
         return parts
     x, m, s = parts
-    src, traversal = x.source, scope.traversal
-    if src.rank != len(traversal) or any(
-        positional(idx, o) != ({t: 1}, 0) or t.extent != n
-        for idx, o, t, n in zip(x.indices, src.origin, traversal, src.shape, strict=True)
-    ):
-        return Refusal("X is not read whole, in place")
+    traversal = scope.traversal
     if m.source in ctx.bound or s.source in ctx.bound:
         return Refusal("its maximum or its sum is a program binding (materialised anyway)")
     kept = m.iters()
     red = [d for d, t in enumerate(traversal) if t not in kept]
     if not red:
         return Refusal("nothing is normalised")
+    src = x.source if _in_place(x, traversal) else ir.Scope(traversal, (), x)
     operand = SourceOperand("X", src, tuple(src.shape), onnx.TensorProto.FLOAT)
-    if keys.key(softmax(operand, red).y) != keys.key(scope):
+    if keys.key(_flattened(softmax(operand, red).y)) != keys.key(_flattened(scope)):
         return Refusal(f"not exp(X - max) / sum(exp(X - max)) over axes {red}")
     node = _softmax_node(tuple(src.shape), red, ctx)
     if isinstance(node, Refusal):
@@ -313,9 +355,7 @@ def match_softmax(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> Oper
     steps, attrs, post = node
     op = OpNode("Softmax", (0,), attrs)
     # The maximum, the sum, and the maximum the sum reads (the same one, unless renamed apart).
-    inner = [
-        a.source for a in accesses(s.source.body) if isinstance(a.source, ir.Scope) and a.source is not src
-    ]
+    inner = [a.source for a in accesses(s.source.body) if isinstance(a.source, ir.Scope) and a.source.is_max]
     consumes = tuple(dict.fromkeys((m.source, s.source, *inner)))
     return OperatorMatch("Softmax", (Operand(src, steps),), (op,), post, consumes)
 
