@@ -98,14 +98,26 @@ def _shares_input(program: ir.Program, m: Match, ctx: Context) -> bool:
     s1, s2 = labels.get(m["first"]), labels.get(m["second"])
     if s1 is None or s2 is None:
         return False
-    return _partners(s1, s2)
+    return _partners(s1, s2, ProgramFacts.of(program).bound)
 
 
-def _partners(s1: ir.Scope, s2: ir.Scope) -> bool:
-    """Whether two scopes read a common source and are not pieces of one expression."""
-    reads1 = {a.source for a in accesses(s1.body)}
-    reads2 = {a.source for a in accesses(s2.body)}
-    return bool(reads1 & reads2) and not _pieces_of_one(s1, s2)
+def _partners(s1: ir.Scope, s2: ir.Scope, bound: frozenset[ir.Scope] | set[ir.Scope] = frozenset()) -> bool:
+    """Whether two scopes read a common source and are not pieces of one expression. A scope's
+    reads include those of the scopes nested in it that are not ``bound`` (a contraction inside
+    its bias epilogue reads what the contraction reads)."""
+    return bool(_reads(s1, bound) & _reads(s2, bound)) and not _pieces_of_one(s1, s2)
+
+
+def _reads(scope: ir.Scope, bound: frozenset[ir.Scope] | set[ir.Scope]) -> set:
+    found: set = set()
+    stack = [scope]
+    while stack:
+        for a in accesses(stack.pop().body):
+            if a.source not in found:
+                found.add(a.source)
+                if isinstance(a.source, ir.Scope) and a.source not in bound:
+                    stack.append(a.source)
+    return found
 
 
 def _pieces_of_one(s1: ir.Scope, s2: ir.Scope) -> bool:
@@ -216,16 +228,19 @@ def _constant_source(program: ir.Program, m: Match, ctx: Context) -> bool:
     src = m["access"].source
     if not (isinstance(src, ir.Tensor) and ctx.is_constant(src)) or m.target is None:
         return False
-    return any(s is not m.target and _partners(m.target, s) for s in ProgramFacts.of(program).labels)
+    facts = ProgramFacts.of(program)
+    return any(s is not m.target and _partners(m.target, s, facts.bound) for s in facts.labels)
 
 
 def _sums_a_contraction(scope: ir.Scope) -> bool:
-    """A sum-free scope whose body is a ``+`` chain with a read of a summing scope among its terms
-    (a contraction with its bias epilogue: ``{L Sum x * W}[m, n] + b[n]``)."""
-    return not scope.summation and any(
-        isinstance(t, ir.Access) and isinstance(t.source, ir.Scope) and t.source.summation
-        for t in operands(scope.body, "+")
-    )
+    """A sum-free scope whose body is a ``+`` chain with one read of a summing scope among its
+    terms: a contraction with its bias epilogue (``{L Sum x * W}[m, n] + b[n]``). A sum of two
+    contractions is not one: merge_summations takes it as it is."""
+    terms = operands(scope.body, "+")
+    sums = [
+        t for t in terms if isinstance(t, ir.Access) and isinstance(t.source, ir.Scope) and t.source.summation
+    ]
+    return not scope.summation and len(sums) == 1 and len(terms) > 1
 
 
 def _epilogues(program: ir.Program, consumer: str) -> list[str]:
