@@ -73,7 +73,7 @@ MATCH_CASES = [
         # MatMul would transpose both operands; FusedMatMul reads them as they are
         "batched_matmul_permuted_operands",
         "L[b:2, n:5, m:4] Sum[k:3] A[k,b,m]*B[n,b,k] where A:[3,2,4], B:[5,2,3]",
-        "FusedMatMul",
+        "com.microsoft.FusedMatMul",
         {"transA": 0, "transBatchA": 1, "transB": 0, "transBatchB": 1},
     ),
     (
@@ -386,7 +386,7 @@ def test_random_matmul_layouts(seed):
     B = ir.Tensor("B", tuple(d.extent for d in b_dims))
     out = ir.Scope(tuple(_perm(rng, [b, m, n])), (k,), A[tuple(a_dims)] * B[tuple(b_dims)])
     m_, failures = match(out)
-    assert m_ is not None and m_.op_type in ("MatMul", "Gemm", "FusedMatMul"), failures
+    assert m_ is not None and m_.op_type in ("MatMul", "Gemm", "com.microsoft.FusedMatMul"), failures
     const = ("B",) if seed % 2 else ()
     run_onnx(einopt.program({"out": out}), const, seed=seed)
 

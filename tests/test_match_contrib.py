@@ -156,7 +156,7 @@ def test_fused_matmul_saves_what_matmul_would_transpose():
     assert isinstance(fused, OperatorMatch) and isinstance(plain, OperatorMatch)
     assert layout_cost(fused, NO_MATCH_CONTEXT) < layout_cost(plain, NO_MATCH_CONTEXT)
     chosen, _ = match(scope, prefer="MatMul")  # the exporter's MatMul does not win back the scope
-    assert chosen is not None and chosen.op_type == "FusedMatMul"
+    assert chosen is not None and chosen.op_type == "com.microsoft.FusedMatMul"
 
 
 def test_fused_matmul_is_one_gemm_per_batch_not_one_per_element():
@@ -264,7 +264,7 @@ def test_random_batched_products(seed):
     chosen, _ = match(scope)
     fused = match_fused_matmul(scope)
     assert chosen is not None
-    assert (chosen.op_type == "FusedMatMul") == isinstance(fused, OperatorMatch)
+    assert (chosen.op_type == "com.microsoft.FusedMatMul") == isinstance(fused, OperatorMatch)
     _, nodes = emit_and_run(scope, seed=seed)
     if isinstance(fused, OperatorMatch):
         assert contrib(nodes) == ["FusedMatMul"]
@@ -482,7 +482,7 @@ def test_fused_gemm_wins_over_the_original_activation():
     as MatMul + Add + Relu, with no more layout work, but the fused kernel is kept."""
     scope = einopt.parse(_linear("relu"))
     chosen, _ = match(scope, prefer="Relu")
-    assert chosen is not None and chosen.op_type == "FusedGemm"
+    assert chosen is not None and chosen.op_type == "com.microsoft.FusedGemm"
 
 
 FUSED_GEMM_REFUSALS = [

@@ -38,6 +38,7 @@ from einopt.instantiate.match_layout import match_concat, match_flatten, match_l
 from einopt.instantiate.match_max import MAX_MATCHERS, MAX_PREFERRED, takes_maxima
 from einopt.instantiate.match_reduce import REDUCE_MATCHERS, REDUCE_PREFERRED
 from einopt.instantiate.plan import (
+    CONTRIB_DOMAIN,
     NO_MATCH_CONTEXT,
     LayoutStep,
     Literal,
@@ -485,20 +486,28 @@ def match(
     (``PREFERRED``) accepts the scope with no more run-time layout work than
     the table's choice, that match is returned instead (a 1x1 Conv stays a
     Conv rather than Reshape + Gemm + Reshape). A com.microsoft operator the
-    table chose (``CONTRIB_MATCHERS``) is kept: it computes in one kernel what
-    the original operator, the last of the scope's nodes, needs others for.
+    table chose is kept when the original operator, the last of the scope's
+    nodes, needs more nodes for it (a Relu after a Gemm: the product, an Add and
+    the Relu); an ONNX Gelu computing the whole scope stays one.
     """
     found, failures = _first_match(scope, ctx, matchers or MATCHERS)
     fn = PREFERRED.get(prefer)
-    if fn is None or (found is not None and (found.op_type == prefer or found.op_type in CONTRIB_MATCHERS)):
+    if fn is None or (found is not None and found.op_type == prefer):
         return found, failures
     r = _call(fn, scope, ctx)
     if not isinstance(r, OperatorMatch) or _fuses_binding(r, ctx):
         return found, failures
-    if found is not None and layout_cost(r, ctx) > layout_cost(found, ctx):
+    if found is not None and (layout_cost(r, ctx) > layout_cost(found, ctx) or _fuses_more(found, r, ctx)):
         return found, failures
     log.debug("matched %s as %s, its original operator", scope, r.op_type)
     return r, failures
+
+
+def _fuses_more(found: OperatorMatch, other: OperatorMatch, ctx: MatchContext) -> bool:
+    """Whether ``found`` is a com.microsoft operator and ``other`` needs more than one node (its
+    operators, and the inline scopes it reads, each materialised by a node of its own)."""
+    inline = [o for o in other.operands if isinstance(o.source, ir.Scope) and o.source not in ctx.bound]
+    return found.op_type.startswith(f"{CONTRIB_DOMAIN}.") and len(other.ops) + len(inline) > 1
 
 
 def _first_match(

@@ -12,6 +12,11 @@ exactly what the operator computes, and measured acceptance decides whether the 
   that every standard operator needs (the transformer attention's ``Q K^T`` with its scale).
 - ``FusedGemm``: ``act(Gemm(A, B, C))``, a Gemm's scope read by an activation (``nn.Linear`` and
   its ReLU, the LSTM gates' sigmoid and tanh).
+- ``QuickGelu``, ``FastGelu``, ``Gelu``, ``BiasGelu``: element-wise GELU-like functions
+  (``einopt.instantiate.match_contrib_act``).
+
+A match's ``op_type`` is ``com.microsoft.NAME``: the report and ``match``'s preference for a
+scope's original operator tell it from a default-domain operator of the same name (ONNX's Gelu).
 
 This module must not import ``einopt.instantiate.match`` at module level: that module imports
 this one for its table (its helpers are imported inside the matchers).
@@ -26,7 +31,15 @@ from collections.abc import Callable
 import numpy as np
 
 from einopt.core import ir
+from einopt.instantiate.match_contrib_act import (
+    ACTIVATION_MATCHERS,
+    match_bias_gelu,
+    match_fast_gelu,
+    match_gelu,
+    match_quick_gelu,
+)
 from einopt.instantiate.plan import (
+    CONTRIB_DOMAIN,
     NO_MATCH_CONTEXT,
     Expand,
     MatchContext,
@@ -46,12 +59,13 @@ __all__ = [
     "CONTRIB_MATCHERS",
     "CONTRIB_PREFERRED",
     "GEMM_ACTIVATIONS",
+    "match_bias_gelu",
+    "match_fast_gelu",
     "match_fused_gemm",
     "match_fused_matmul",
+    "match_gelu",
+    "match_quick_gelu",
 ]
-
-CONTRIB_DOMAIN = "com.microsoft"
-"""The domain of ONNX Runtime's contrib operators (imported at opset version 1)."""
 
 Groups = list[tuple[ir.Iter, ...]]
 
@@ -124,12 +138,12 @@ def _fused_candidate(
     )
     op = OpNode("FusedMatMul", (0, 1), attrs, CONTRIB_DOMAIN, shape)
     operands = (Operand(va.source, a_steps), Operand(vb.source, b_steps))
-    return cost, OperatorMatch("FusedMatMul", operands, (op,), post)
+    return cost, OperatorMatch(f"{CONTRIB_DOMAIN}.FusedMatMul", operands, (op,), post)
 
 
 def _gemm_calls(m: OperatorMatch) -> int:
     """GEMM calls a product match makes: a (Fused)MatMul's broadcast batch, one for the others."""
-    if m.op_type == "FusedMatMul":
+    if m.op_type == f"{CONTRIB_DOMAIN}.FusedMatMul":
         return math.prod(m.ops[-1].shape[:-2])
     if m.op_type != "MatMul":
         return 1
@@ -266,7 +280,9 @@ def match_fused_gemm(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> O
     activation, param = GEMM_ACTIVATIONS[body.fn]
     extra = (("activation", activation),) + (((param, float(body.param)),) if param else ())
     fused = OpNode("FusedGemm", core.inputs, core.attrs + extra, CONTRIB_DOMAIN, shape)
-    return OperatorMatch("FusedGemm", gemm.operands, (*gemm.ops[:-1], fused), gemm.post, consumes)
+    return OperatorMatch(
+        f"{CONTRIB_DOMAIN}.FusedGemm", gemm.operands, (*gemm.ops[:-1], fused), gemm.post, consumes
+    )
 
 
 # --------------------------------------------------------------------------
@@ -279,11 +295,17 @@ Matcher = Callable[[ir.Scope, MatchContext], OperatorMatch | Refusal]
 CONTRIB_MATCHERS: dict[str, Matcher] = {
     "FusedMatMul": match_fused_matmul,
     "FusedGemm": match_fused_gemm,
+    **ACTIVATION_MATCHERS,
 }
 """Matcher per name, in order of preference, tried where ``einopt.instantiate.match.MATCHERS`` places them."""
 
 CONTRIB_PREFERRED: dict[str, Matcher] = {
     "FusedMatMul": match_fused_matmul,
     "FusedGemm": match_fused_gemm,
+    "QuickGelu": match_quick_gelu,
+    "FastGelu": match_fast_gelu,
+    "BiasGelu": match_bias_gelu,
 }
-"""The matcher of each original ONNX operator type these matchers instantiate."""
+"""The matcher of each original ONNX operator type these matchers instantiate (the table is keyed by
+op type alone: Gelu, Attention and RotaryEmbedding are also default-domain operators, whose own
+matchers stay preferred for them)."""

@@ -38,6 +38,7 @@ __all__ = [
     "Source",
     "Operand",
     "OpNode",
+    "CONTRIB_DOMAIN",
     "OperatorMatch",
     "Refusal",
     "MatchContext",
@@ -281,6 +282,11 @@ class Operand:
     @property
     def shape(self) -> tuple[int, ...]:
         return steps_shape(self.steps, tuple(self.source.shape))
+
+
+CONTRIB_DOMAIN = "com.microsoft"
+"""The domain of ONNX Runtime's contrib operators (every onnxruntime build has their CPU kernels;
+imported at opset version 1)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -375,9 +375,18 @@ def _fused_gemm_flops(ins: Sequence[tuple[int, ...]], out: tuple[int, ...], node
     return (2 * k + (len(ins) > 2) + 1) * math.prod(out)  # the products, the bias, the activation
 
 
+def _per_element(k: int):
+    return lambda ins, out, node: k * math.prod(out)
+
+
 CONTRIB_FLOPS = {
     "FusedMatMul": _fused_matmul_flops,
     "FusedGemm": _fused_gemm_flops,
+    # a transcendental function counts 4, as in einopt.core.cost
+    "QuickGelu": _per_element(6),
+    "FastGelu": _per_element(10),
+    "Gelu": _per_element(7),
+    "BiasGelu": _per_element(8),
 }
 """FLOPs of ONNX Runtime's com.microsoft operators (``einopt.core.cost.FLOPS`` has the default domain's)."""
 
