@@ -65,7 +65,7 @@ from einopt.core.ir import (
 )
 from einopt.core.parser import RESERVED, ParseError, parse
 
-__all__ = ["format_node", "format_expr", "parse", "ParseError", "RESERVED"]
+__all__ = ["format_node", "format_expr", "brief", "parse", "ParseError", "RESERVED"]
 
 # Precedence levels shared by values and indices: sums < products < factors.
 _ADD, _MUL, _ATOM = 1, 2, 3
@@ -120,6 +120,17 @@ def _format_program(p: Program, declare: bool) -> str:
     if declare and p.inputs:
         lines.append("where " + ", ".join(_decl(t) for t in p.inputs))
     return "\n".join(lines)
+
+
+def brief(node: Node) -> str:
+    """``node``'s text with every nested scope it reads written ``{..}``: the size of the node's
+    own body, for messages. A program's scopes can share nested scopes, so their full text can
+    grow exponentially with depth (a residual stream read twice per layer)."""
+    if isinstance(node, Scope):
+        return _BriefPrinter({}).scope(node)
+    if isinstance(node, ValueExpr):
+        return _BriefPrinter({}).value(node)[0]
+    return format_node(node)
 
 
 def _decl(t: Tensor) -> str:
@@ -249,3 +260,14 @@ def _is_ineg(e: IndexExpr) -> bool:
 
 # Nodes print in this syntax (the IR does not import its syntax; see ``ir.set_formatter``).
 set_formatter(format_node)
+
+
+class _BriefPrinter(_Printer):
+    """A printer that writes nested scopes as ``{..}`` (see :func:`brief`)."""
+
+    __slots__ = ()
+
+    def access(self, a: Access) -> str:
+        src = a.source
+        head = src.name if isinstance(src, Tensor) else self.names.get(src) or "{..}"
+        return f"{head}[{', '.join(self.index(ix)[0] for ix in a.indices)}]"

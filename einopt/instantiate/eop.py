@@ -58,7 +58,7 @@ import onnx
 from onnx import helper
 
 from einopt.core import ir
-from einopt.core.syntax import format_expr
+from einopt.core.syntax import brief, format_expr
 from einopt.frontend.onnx_graph import unique_name
 from einopt.instantiate import BINARY_OPS, EINSUM_OPSET, EOP_DOMAIN, UNARY_OPS, UNARY_PARAM, UNARY_PARAM_INPUT
 from einopt.instantiate.eop_access import Dim, accesses, gather, plan_access, reads_nothing, slice_and_pad
@@ -525,6 +525,6 @@ def _check_index_size(acc: ir.Access, its: list[ir.Iter]) -> None:
     count = math.prod(it.extent for it in its)
     if count > MAX_INDEX_ELEMENTS:
         raise EOperatorError(
-            f"access {acc} needs a constant Gather index of {count} elements over iterators "
+            f"access {brief(acc)} needs a constant Gather index of {count} elements over iterators "
             f"{', '.join(it.name for it in its)} (limit {MAX_INDEX_ELEMENTS})"
         )

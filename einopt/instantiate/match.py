@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from einopt.core import ir
+from einopt.core.syntax import brief
 from einopt.instantiate import BINARY_OPS, EINSUM_OPSET, UNARY_OPS
 from einopt.instantiate.match_band import match_band
 from einopt.instantiate.match_contrib import CONTRIB_MATCHERS, CONTRIB_PREFERRED
@@ -112,7 +113,7 @@ def _contraction(scope: ir.Scope, need_sum: bool = True) -> _Contraction | Refus
     for a in factors:
         v = simple_view(a)
         if isinstance(v, Refusal):
-            return Refusal(f"operand {a}: {v.reason}")
+            return Refusal(f"operand {brief(a)}: {v.reason}")
         views.append(v)
     read = {it for v in views for it in v.labels}
     for s in scope.summation:

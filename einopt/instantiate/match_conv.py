@@ -38,6 +38,7 @@ from collections.abc import Hashable, Sequence
 
 from einopt.core import ir
 from einopt.core.index import linear_form
+from einopt.core.syntax import brief
 from einopt.instantiate.plan import (
     NO_MATCH_CONTEXT,
     Expand,
@@ -191,7 +192,9 @@ def _attempts(scope: ir.Scope, ctx: MatchContext, attempt) -> _Core | Refusal:
         reasons.append(r.reason)
     if reasons[0] == reasons[1]:
         return Refusal(reasons[0])
-    return Refusal(f"with {factors[0]} as input: {reasons[0]}; with {factors[1]} as input: {reasons[1]}")
+    return Refusal(
+        f"with {brief(factors[0])} as input: {reasons[0]}; with {brief(factors[1])} as input: {reasons[1]}"
+    )
 
 
 # --------------------------------------------------------------------------
@@ -244,7 +247,7 @@ def _parse_channel(
 def _weight_view(w: ir.Access) -> View | Refusal:
     view = simple_view(w)
     if isinstance(view, Refusal):
-        return Refusal(f"weight {w}: {view.reason}")
+        return Refusal(f"weight {brief(w)}: {view.reason}")
     return view
 
 
@@ -658,7 +661,7 @@ def _ct_weight(
             return Refusal(f"grouped weight index {idx} is not the input channel index, {f} % Fg or a kernel")
     need = [_CHANNEL, _MEMBER] + [sp.k for sp in spatial]
     if len(labels) != len(need) or set(labels) != set(need):
-        return Refusal(f"grouped weight {w} is not W[c + Cg*(f // Fg), f % Fg, k..]")
+        return Refusal(f"grouped weight {brief(w)} is not W[c + Cg*(f // Fg), f % Fg, k..]")
     steps = _flip(labels, flips) + arrange(
         labels, shape, [(_CHANNEL,), (_MEMBER,)] + [(sp.k,) for sp in spatial]
     )

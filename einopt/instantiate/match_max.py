@@ -37,6 +37,7 @@ import onnx
 from einopt.core import ir, keys
 from einopt.core.index import bounds
 from einopt.core.rewrite import accesses, operands, substitute_iters, transform
+from einopt.core.syntax import brief
 from einopt.frontend.importers_max import (
     REDUCE_MAX_AXES_INPUT_OPSET,
     SOFTMAX_AXIS_OPSET,
@@ -171,7 +172,7 @@ def match_max_pool(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> Ope
             (d for d in range(2, len(traversal)) if pen is not None and t.indices[0] is x.indices[d]), None
         )
         if d is None or d in penalties:
-            return Refusal(f"a term besides the window read that is not its -inf padding: {t}")
+            return Refusal(f"a term besides the window read that is not its -inf padding: {brief(t)}")
         penalties[d] = pen
     taps: list[ir.Iter] = []
     kernel, strides, dilations, begin, end = [], [], [], [], []

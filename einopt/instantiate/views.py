@@ -27,6 +27,7 @@ from einopt.core import ir
 from einopt.core.index import bounds, linear_form, simplify
 from einopt.core.interp import eval_index
 from einopt.core.rewrite import accesses, operands
+from einopt.core.syntax import brief
 from einopt.instantiate.plan import (
     Expand,
     LayoutStep,
@@ -552,7 +553,7 @@ def split_bias(scope: ir.Scope, ctx: MatchContext) -> BiasForm | Refusal:
             continue
         to_inner = _identity_positions(scope.traversal, inner)
         if to_inner is None:
-            reasons.append(f"the inner scope is not read at its own positions ({inner})")
+            reasons.append(f"the inner scope is not read at its own positions ({brief(inner)})")
             continue
         beta, bias = 1.0, other
         for c, a in _pairs_const(other):
