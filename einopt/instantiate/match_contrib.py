@@ -12,6 +12,8 @@ exactly what the operator computes, and measured acceptance decides whether the 
   that every standard operator needs (the transformer attention's ``Q K^T`` with its scale).
 - ``FusedGemm``: ``act(Gemm(A, B, C))``, a Gemm's scope read by an activation (``nn.Linear`` and
   its ReLU, the LSTM gates' sigmoid and tanh).
+- ``SkipLayerNormalization``, ``SkipSimplifiedLayerNormalization``: LayerNorm or RMSNorm of a
+  residual sum (``einopt.instantiate.match_contrib_norm``).
 - ``QuickGelu``, ``FastGelu``, ``Gelu``, ``BiasGelu``: element-wise GELU-like functions
   (``einopt.instantiate.match_contrib_act``).
 
@@ -38,6 +40,7 @@ from einopt.instantiate.match_contrib_act import (
     match_gelu,
     match_quick_gelu,
 )
+from einopt.instantiate.match_contrib_norm import NORM_MATCHERS
 from einopt.instantiate.plan import (
     CONTRIB_DOMAIN,
     NO_MATCH_CONTEXT,
@@ -295,6 +298,7 @@ Matcher = Callable[[ir.Scope, MatchContext], OperatorMatch | Refusal]
 CONTRIB_MATCHERS: dict[str, Matcher] = {
     "FusedMatMul": match_fused_matmul,
     "FusedGemm": match_fused_gemm,
+    **NORM_MATCHERS,
     **ACTIVATION_MATCHERS,
 }
 """Matcher per name, in order of preference, tried where ``einopt.instantiate.match.MATCHERS`` places them."""
@@ -305,6 +309,7 @@ CONTRIB_PREFERRED: dict[str, Matcher] = {
     "QuickGelu": match_quick_gelu,
     "FastGelu": match_fast_gelu,
     "BiasGelu": match_bias_gelu,
+    **NORM_MATCHERS,
 }
 """The matcher of each original ONNX operator type these matchers instantiate (the table is keyed by
 op type alone: Gelu, Attention and RotaryEmbedding are also default-domain operators, whose own

@@ -387,6 +387,8 @@ CONTRIB_FLOPS = {
     "FastGelu": _per_element(10),
     "Gelu": _per_element(7),
     "BiasGelu": _per_element(8),
+    "SkipLayerNormalization": _per_element(10),
+    "SkipSimplifiedLayerNormalization": _per_element(7),
 }
 """FLOPs of ONNX Runtime's com.microsoft operators (``einopt.core.cost.FLOPS`` has the default domain's)."""
 
