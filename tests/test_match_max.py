@@ -24,6 +24,7 @@ from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset
 from einopt.frontend.translate import translate_graph
 from einopt.instantiate.emit import instantiate, original_ops
 from einopt.instantiate.match import MATCHERS, match
+from einopt.instantiate.match_contrib_attention import ATTENTION_MATCHERS
 from einopt.instantiate.match_max import (
     MAX_MATCHERS,
     match_max_pool,
@@ -249,7 +250,10 @@ def test_only_matchers_of_maxima_take_a_max_scope():
     for name in ("MatMul", "Gemm", "Einsum"):
         assert "takes a maximum" in reasons[name].reason
     assert all(takes_maxima(fn) for fn in MAX_MATCHERS.values())
-    assert not any(takes_maxima(fn) for name, fn in MATCHERS.items() if name not in MAX_MATCHERS)
+    # and the attention matcher, which fuses a softmax's maximum
+    assert not any(
+        takes_maxima(fn) for name, fn in MATCHERS.items() if name not in (*MAX_MATCHERS, *ATTENTION_MATCHERS)
+    )
 
 
 def test_no_matcher_of_sums_fuses_a_max_scope():

@@ -12,6 +12,8 @@ exactly what the operator computes, and measured acceptance decides whether the 
   that every standard operator needs (the transformer attention's ``Q K^T`` with its scale).
 - ``FusedGemm``: ``act(Gemm(A, B, C))``, a Gemm's scope read by an activation (``nn.Linear`` and
   its ReLU, the LSTM gates' sigmoid and tanh).
+- ``MultiHeadAttention``: the attention core, scores to the product with V
+  (``einopt.instantiate.match_contrib_attention``).
 - ``SkipLayerNormalization``, ``SkipSimplifiedLayerNormalization``: LayerNorm or RMSNorm of a
   residual sum (``einopt.instantiate.match_contrib_norm``).
 - ``QuickGelu``, ``FastGelu``, ``Gelu``, ``BiasGelu``: element-wise GELU-like functions
@@ -40,6 +42,7 @@ from einopt.instantiate.match_contrib_act import (
     match_gelu,
     match_quick_gelu,
 )
+from einopt.instantiate.match_contrib_attention import ATTENTION_MATCHERS
 from einopt.instantiate.match_contrib_norm import NORM_MATCHERS
 from einopt.instantiate.plan import (
     CONTRIB_DOMAIN,
@@ -298,6 +301,7 @@ Matcher = Callable[[ir.Scope, MatchContext], OperatorMatch | Refusal]
 CONTRIB_MATCHERS: dict[str, Matcher] = {
     "FusedMatMul": match_fused_matmul,
     "FusedGemm": match_fused_gemm,
+    **ATTENTION_MATCHERS,
     **NORM_MATCHERS,
     **ACTIVATION_MATCHERS,
 }
@@ -310,6 +314,7 @@ CONTRIB_PREFERRED: dict[str, Matcher] = {
     "FastGelu": match_fast_gelu,
     "BiasGelu": match_bias_gelu,
     **NORM_MATCHERS,
+    **ATTENTION_MATCHERS,
 }
 """The matcher of each original ONNX operator type these matchers instantiate (the table is keyed by
 op type alone: Gelu, Attention and RotaryEmbedding are also default-domain operators, whose own

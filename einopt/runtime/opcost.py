@@ -379,6 +379,12 @@ def _per_element(k: int):
     return lambda ins, out, node: k * math.prod(out)
 
 
+def _attention_flops(ins: Sequence[tuple[int, ...]], out: tuple[int, ...], node: onnx.NodeProto) -> int:
+    (b, s, d), (_, n, _) = ins[0], ins[1]
+    heads = max(_int_attr(node, "num_heads"), 1)
+    return 2 * b * s * n * (d + out[-1]) + 5 * b * heads * s * n  # two products, the softmax
+
+
 CONTRIB_FLOPS = {
     "FusedMatMul": _fused_matmul_flops,
     "FusedGemm": _fused_gemm_flops,
@@ -389,6 +395,7 @@ CONTRIB_FLOPS = {
     "BiasGelu": _per_element(8),
     "SkipLayerNormalization": _per_element(10),
     "SkipSimplifiedLayerNormalization": _per_element(7),
+    "MultiHeadAttention": _attention_flops,
 }
 """FLOPs of ONNX Runtime's com.microsoft operators (``einopt.core.cost.FLOPS`` has the default domain's)."""
 

@@ -1,0 +1,314 @@
+"""ONNX Runtime's com.microsoft ``MultiHeadAttention`` for the unfused attention core.
+
+The core is the product of a softmax with V, over the key positions ``j``::
+
+    O[b, h, i, e] = Sum_j softmax_j(scale * Sum_d Q[b, i, h, d] K[b, j, h, d] + mask[.., i?, j]) V[b, j, h, e]
+
+with the heads ``h`` split from (and merged back into) the hidden dimension in any layout the
+expression reads them in. ``MultiHeadAttention`` takes ``query [B, S, N*dh]``, ``key [B, L, N*dh]``,
+``value [B, L, N*dv]`` and an ``attention_bias [B|1, N|1, S, L]`` added to the scaled scores, and
+writes ``[B, S, N*dv]``.
+
+The matcher reads the roles off the structure: ``O``'s summed iterator is ``j``, the factor of ``O``
+that reaches no maximum is ``V`` (its own iterator ``e``), the query position ``i`` is ``O``'s other
+iterator, and the remaining ones are the batch and the head (which is which is tried both ways).
+From ``O`` it descends through inline element-wise scopes read at plain iterators (the softmax's
+numerator, the scaled and masked scores) carrying the roles along, to the scores' contraction
+(``Q`` and ``K``, ``d`` summed) and the mask reads. Layout steps bring each operand into the
+operator's layout. Then the scope is evaluated by the reference interpreter on random inputs and
+compared with the operator's formula on the same inputs (float64, relative ``RTOL``) for each
+reading of the roles and each scale the constants suggest; the first that agrees is the match.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from einopt.core import ir
+from einopt.core.interp import evaluate
+from einopt.instantiate.match_max import reads_maxima
+from einopt.instantiate.plan import (
+    CONTRIB_DOMAIN,
+    NO_MATCH_CONTEXT,
+    Expand,
+    LayoutStep,
+    MatchContext,
+    Operand,
+    OperatorMatch,
+    OpNode,
+    Refusal,
+    apply_steps,
+    normalize,
+    steps_cost,
+)
+from einopt.instantiate.views import View, arrange, as_product, finish, simple_view
+
+__all__ = ["ATTENTION_MATCHERS", "RTOL", "match_multi_head_attention"]
+
+RTOL = 1e-7
+"""How closely the scope must agree with MultiHeadAttention's formula on random inputs (float64)."""
+
+Roles = dict[ir.Iter, str]  # an iterator's role: "b", "h", "i", "j", "e", "d"
+
+
+def _factors(e: ir.ValueExpr) -> tuple[float, list[ir.ValueExpr]]:
+    """``e`` as ``constant * f1 * f2 * ..`` (products and divisions by constants flattened)."""
+    if isinstance(e, ir.Binary) and e.op == "*":
+        ca, fa = _factors(e.a)
+        cb, fb = _factors(e.b)
+        return ca * cb, fa + fb
+    if isinstance(e, ir.Binary) and e.op == "/" and isinstance(e.b, ir.Const) and e.b.value != 0.0:
+        c, f = _factors(e.a)
+        return c / e.b.value, f
+    if isinstance(e, ir.Const):
+        return e.value, []
+    return 1.0, [e]
+
+
+def _takes_max(e: ir.ValueExpr) -> bool:
+    """Whether ``e`` reads (through scopes) a maximum: the softmax side of the product."""
+    return any(
+        isinstance(a, ir.Access)
+        and isinstance(a.source, ir.Scope)
+        and any(s.is_max for s in ir.scopes_in(a.source))
+        for a in ir.walk(e, stop=ir.Access)
+    )
+
+
+@dataclasses.dataclass
+class _Found:
+    """What the descent from ``O`` found: the scores' contraction read at roles, and mask reads."""
+
+    scores: list[tuple[ir.Scope, Roles]] = dataclasses.field(default_factory=list)
+    masks: list[tuple[ir.Access, Roles]] = dataclasses.field(default_factory=list)
+    constants: set[float] = dataclasses.field(default_factory=set)
+
+
+def _descend(e: ir.ValueExpr, roles: Roles, found: _Found, seen: set) -> None:
+    """Carry ``roles`` into the inline element-wise scopes ``e`` reads at plain iterators, recording
+    the summing scopes read so (the scores) and the other reads (the mask)."""
+    for x in ir.walk(e, stop=ir.Access):
+        if isinstance(x, ir.Const):
+            found.constants.add(abs(x.value))
+        if not isinstance(x, ir.Access):
+            continue
+        src = x.source
+        if isinstance(src, ir.Scope) and src.summation and any(s.is_max for s in ir.scopes_in(src)):
+            continue  # the softmax's maximum or sum of exponentials: they read what the numerator does
+        plain = isinstance(src, ir.Scope) and all(isinstance(i, ir.Iter | ir.IConst) for i in x.indices)
+        inner = (
+            {t: roles[i] for t, i in zip(src.traversal, x.indices, strict=True) if i in roles}
+            if plain
+            else {}
+        )
+        if plain and not src.summation:
+            key = (src, tuple(sorted((t.name, r) for t, r in inner.items())))
+            if key not in seen:
+                seen.add(key)
+                _descend(src.body, inner, found, seen)
+        elif plain and src.summation:
+            found.scores.append((src, inner))
+        else:
+            found.masks.append((x, roles))
+
+
+def _labels(view: View, roles: Roles) -> dict[str, ir.Iter] | None:
+    """The view's dimensions by role (None when one has no role or two share one)."""
+    out: dict[str, ir.Iter] = {}
+    for it in view.labels:
+        r = roles.get(it)
+        if r is None and it.extent == 1:
+            continue  # a unit dimension: dropped when arranged
+        if r is None or r in out:
+            return None
+        out[r] = it
+    return out
+
+
+def _steps(view: View, shape: tuple[int, ...], groups: list[tuple[ir.Iter, ...]]) -> tuple[LayoutStep, ...]:
+    return normalize(view.steps + arrange(view.labels, view.shape, groups), shape)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Attention:
+    operands: tuple[Operand, ...]
+    inputs: tuple[int | None, ...]
+    heads: int
+    scale: float
+    shape: tuple[int, int, int]
+    post: tuple[LayoutStep, ...]
+
+
+def _candidates(scope: ir.Scope) -> list[_Attention] | Refusal:
+    """Every reading of ``scope`` as the attention core the structure allows (not yet checked)."""
+    if scope.is_max or len(scope.summation) != 1:
+        return Refusal("not a product summed over one iterator (the key positions)")
+    (j,) = scope.summation
+    const, factors = _factors(scope.body)
+    soft = [f for f in factors if _takes_max(f)]
+    vs = [f for f in factors if not _takes_max(f)]
+    if not soft or len(vs) != 1 or not isinstance(vs[0], ir.Access):
+        return Refusal("not a softmax times one tensor V")
+    if const != 1.0:
+        return Refusal("the product is scaled after the softmax")
+    v_acc = vs[0]
+    v_view = simple_view(v_acc)
+    if isinstance(v_view, Refusal):
+        return Refusal(f"V: {v_view.reason}")
+    soft_its = set().union(*(f.iters() for f in soft))
+    own = [t for t in v_view.labels if t not in soft_its and t is not j]
+    queries = [t for t in scope.traversal if t not in v_view.labels and t.extent > 1]
+    shared = [t for t in v_view.labels if t in soft_its and t is not j]
+    if len(own) > 1 or len(queries) > 1 or len(shared) > 2 or j not in v_view.labels:
+        return Refusal("V and the softmax do not read batch, head, query, key and value dimensions")
+    out: list[_Attention] = []
+    for head in [*shared, None]:
+        batch = [t for t in shared if t is not head]
+        roles: Roles = {j: "j", **{t: "e" for t in own}, **{t: "i" for t in queries}}
+        roles |= {t: "b" for t in batch} | ({head: "h"} if head is not None else {})
+        found = _Found()
+        for f in soft:
+            _descend(f, roles, found, set())
+        qk = {s for s, _ in found.scores}
+        if len(qk) != 1:
+            continue
+        for qk_scope, qk_roles in found.scores[:1]:
+            built = _build(scope, qk_scope, qk_roles, v_acc, v_view, roles, found)
+            if built is not None:
+                out.extend(built)
+    return out or Refusal("the softmax does not read one scores contraction of Q and K at the query and key")
+
+
+def _build(scope, qk, qk_roles, v_acc, v_view, roles, found: _Found) -> list[_Attention] | None:
+    prod = as_product(qk.body)
+    if isinstance(prod, Refusal) or len(prod[1]) != 2:
+        return None
+    qk_scale, (fa, fb) = prod
+    (d,) = qk.summation if len(qk.summation) == 1 else (None,)
+    if d is None:
+        return None
+    inner = dict(qk_roles) | {d: "d"}
+    views = [simple_view(a) for a in (fa, fb)]
+    if any(isinstance(v, Refusal) for v in views):
+        return None
+    labelled = [_labels(v, inner) for v in views]
+    if any(lab is None for lab in labelled):
+        return None
+    pairs = [(fa, views[0], labelled[0]), (fb, views[1], labelled[1])]
+    q = next((p for p in pairs if "i" in p[2]), None)
+    k = next((p for p in pairs if "j" in p[2] and p is not q), None)
+    v_lab = _labels(v_view, roles)
+    if q is None or k is None or v_lab is None or "d" not in q[2] or "d" not in k[2]:
+        return None
+    ext = {r: it.extent for lab in (q[2], k[2], v_lab) for r, it in lab.items()}
+    for lab, need in ((q[2], "bhid"), (k[2], "bhjd"), (v_lab, "bhje")):
+        if set(lab) - set(need) or any(r in "bh" and r not in lab and ext.get(r, 1) > 1 for r in need):
+            return None  # an operand broadcast along the batch or the heads
+    B, N = ext.get("b", 1), ext.get("h", 1)
+    S, L = ext["i"] if "i" in ext else 1, ext["j"]
+
+    def groups(lab, rows):
+        return [tuple(lab[r] for r in "b" if r in lab), tuple(lab[r] for r in rows if r in lab),
+                tuple(lab[r] for r in ("h", "d" if "d" in lab else "e") if r in lab)]  # fmt: skip
+
+    operands = [
+        Operand(q[0].source, _steps(q[1], tuple(q[0].source.shape), groups(q[2], "i"))),
+        Operand(k[0].source, _steps(k[1], tuple(k[0].source.shape), groups(k[2], "j"))),
+        Operand(v_acc.source, _steps(v_view, tuple(v_acc.source.shape), groups(v_lab, "j"))),
+    ]
+    inputs: list[int | None] = [0, 1, 2]
+    masks = {a.source: (a, r) for a, r in found.masks}
+    if len(masks) > 1:
+        return None
+    if masks:
+        (m_acc, m_roles) = next(iter(masks.values()))
+        m_view = simple_view(m_acc)
+        m_lab = _labels(m_view, m_roles) if isinstance(m_view, View) else None
+        if m_lab is None or set(m_lab) - set("bhij"):
+            return None
+        m_groups = [tuple(m_lab[r] for r in r_ if r in m_lab) for r_ in "bhij"]
+        target = (B if "b" in m_lab else 1, N if "h" in m_lab else 1, S, L)
+        steps = normalize(
+            m_view.steps + arrange(m_view.labels, m_view.shape, m_groups) + (Expand(target),),
+            tuple(m_acc.source.shape),
+        )
+        inputs += [None, None, len(operands)]
+        operands.append(Operand(m_acc.source, steps))
+    out_lab = {r: t for t, r in roles.items() if t in scope.traversal}
+    out_groups = [tuple(out_lab[r] for r in "b" if r in out_lab), tuple(out_lab[r] for r in "i" if r in out_lab),
+                  tuple(out_lab[r] for r in "he" if r in out_lab)]  # fmt: skip
+    post = finish(out_groups, scope.traversal)
+    dv = ext.get("e", 1)
+    scales = sorted(
+        {qk_scale * c for c in {1.0, *found.constants} if c != 0.0}, key=lambda s: abs(s - qk_scale)
+    )
+    scales += [qk_scale / c for c in found.constants if c not in (0.0, 1.0)]
+    return [
+        _Attention(tuple(operands), tuple(inputs), N, float(s), (B, S, N * dv), post)
+        for s in dict.fromkeys(scales)
+    ]
+
+
+def _reference(att: _Attention, arrays: list[np.ndarray]) -> np.ndarray:
+    q, k, v = arrays[:3]
+    B, S, _ = q.shape
+    N = att.heads
+    split = [x.reshape(B, x.shape[1], N, -1).transpose(0, 2, 1, 3) for x in (q, k, v)]
+    s = split[0] @ split[1].transpose(0, 1, 3, 2) * att.scale
+    if len(arrays) > 3:
+        s = s + arrays[3]
+    s = s - s.max(-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(-1, keepdims=True)
+    return (p @ split[2]).transpose(0, 2, 1, 3).reshape(B, S, -1)
+
+
+def _source_value(src, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    if isinstance(src, ir.Tensor):
+        return inputs[src.name]
+    return np.asarray(evaluate(src, inputs), dtype=np.float64)
+
+
+def _analyse(scope: ir.Scope) -> _Attention | Refusal:
+    cands = _candidates(scope)
+    if isinstance(cands, Refusal):
+        return cands
+    rng = np.random.default_rng(0)
+    inputs = {t.name: rng.standard_normal(t.shape) for t in ir.input_tensors(scope)}
+    y = np.asarray(evaluate(scope, inputs), dtype=np.float64)
+    # Batch and heads are both independent dimensions: either reading computes the scope, the one
+    # with less layout work around the operator is wanted.
+    cands.sort(key=lambda a: sum(steps_cost(o.steps, False) for o in a.operands) + steps_cost(a.post, False))
+    for att in cands:
+        arrays = [apply_steps(o.steps, _source_value(o.source, inputs)) for o in att.operands]
+        got = apply_steps(att.post, _reference(att, arrays))
+        if got.shape == y.shape and np.allclose(got, y, rtol=RTOL, atol=RTOL * float(np.max(np.abs(y)))):
+            return att
+    return Refusal("computes another function than MultiHeadAttention for every reading of its roles")
+
+
+@reads_maxima
+def match_multi_head_attention(
+    scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT
+) -> OperatorMatch | Refusal:
+    """The attention core (see the module docstring) as com.microsoft ``MultiHeadAttention``,
+    consuming the scores, the softmax's maximum and sum and the element-wise scopes between."""
+    found = ir._cached(scope, "contrib_attention", lambda: _analyse(scope))
+    if isinstance(found, Refusal):
+        return found
+    kept: set[ir.Scope] = set()
+    for o in found.operands:
+        if isinstance(o.source, ir.Scope):
+            kept.update(ir.scopes_in(o.source))
+    consumed = tuple(s for s in ir.scopes_in(scope) if s is not scope and s not in kept)
+    if any(s in ctx.bound for s in consumed):
+        return Refusal("a scope of the attention (the scores, the softmax) is a program binding")
+    attrs = (("num_heads", found.heads), ("scale", found.scale))
+    op = OpNode("MultiHeadAttention", found.inputs, attrs, CONTRIB_DOMAIN, found.shape)
+    return OperatorMatch(f"{CONTRIB_DOMAIN}.MultiHeadAttention", found.operands, (op,), found.post, consumed)
+
+
+ATTENTION_MATCHERS = {"MultiHeadAttention": match_multi_head_attention}
+"""The attention matchers, in the order the table tries them."""
