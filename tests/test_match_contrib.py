@@ -32,6 +32,7 @@ from einopt.runtime.opcost import _single, node_costs
 from einopt.runtime.verify import subgraph_model
 from einopt.stages.accept import rewrite_kind
 from einopt.stages.export import assemble, program_model
+from einopt.stages.postopt import postoptimize
 
 F = TensorProto.FLOAT
 LEVELS = (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
@@ -365,8 +366,11 @@ def test_exported_attention_scores_become_one_fused_matmul():
     onnx.checker.check_model(out, full_check=True)
     feeds = modelio.random_inputs(model, 0)
     want = session(model, LEVELS[0]).run(None, feeds)[0]
+    final = postoptimize(out)  # what optimize writes
+    assert [n.op_type for n in final.graph.node if n.domain == CONTRIB_DOMAIN] == ["FusedMatMul"]
     for level in LEVELS:
         np.testing.assert_allclose(session(out, level).run(None, feeds)[0], want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(session(final, level).run(None, feeds)[0], want, rtol=1e-5, atol=1e-5)
     assert rewrite_kind(model, part, inst).endswith("-> Reshape Reshape com.microsoft.FusedMatMul Reshape")
 
 
