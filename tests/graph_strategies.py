@@ -649,6 +649,20 @@ def _reshape(g: _Graph, x: Value) -> bool:
     return True
 
 
+def _expand(g: _Graph, x: Value) -> bool:
+    # Repeat size-1 dimensions, and sometimes add a leading one (numpy broadcasting).
+    shape = [n if n > 1 or not g.d.coin(60) else g.d.integer(2, 3) for n in x.shape]
+    if len(shape) < 4 and g.d.coin(30):
+        shape.insert(0, g.d.integer(1, 3))
+    if _size(tuple(shape)) > MAX_ELEMENTS:
+        return False
+    target = [
+        1 if n == m and g.d.coin(30) else n for n, m in zip(shape[-len(x.shape) :], x.shape, strict=True)
+    ]
+    g.node("Expand", [x.name, g.ints(shape[: len(shape) - len(x.shape)] + target)], [shape])
+    return True
+
+
 def _slice(g: _Graph, x: Value) -> bool:
     rank = len(x.shape)
     axes = sorted({g.d.integer(0, rank - 1) for _ in range(g.d.integer(1, rank))})
@@ -807,6 +821,8 @@ OP_BUILDERS: dict[str, Builder] = {
     **{op: _variadic(op) for op in ("Sum", "Max", "Min")},
     **{op: _unary(op) for op in ("Neg", "Relu", "Sigmoid", "Tanh", "Exp", "Abs", "Sqrt", "Identity")},
     **{op: _unary(op) for op in ("Erf", "HardSwish")},
+    "Cast": _unary("Cast", to=1),  # float32 to float32: a copy
+    "Expand": _expand,
     "Pow": _pow,
     "Reciprocal": _reciprocal,
     "HardSigmoid": _hard_sigmoid,

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import onnx
 
 from einopt.core import ir
 from einopt.core.index import simplify
@@ -22,6 +23,7 @@ from einopt.frontend.operand import (
     Operand,
     Unsupported,
     access,
+    broadcast_dims,
     checked_output,
     constant,
     constant_ints,
@@ -29,6 +31,7 @@ from einopt.frontend.operand import (
     make_iters,
     numbered,
     operand_shape,
+    read,
 )
 
 __all__ = ["LAYOUT_IMPORTERS"]
@@ -74,6 +77,25 @@ def import_identity(view: NodeView) -> tuple[ir.Scope, ...]:
     """``X[i]``."""
     x, shape = _data(view)
     return (_copy(view, x, shape, lambda its: its),)
+
+
+def import_cast(view: NodeView) -> tuple[ir.Scope, ...]:
+    """``X[i]`` for a Cast to float32 of float32 data (what exporters write around a mask); a Cast
+    that changes the element type changes the values and is refused."""
+    x, shape = _data(view)
+    to = view.attr("to")
+    if to != onnx.TensorProto.FLOAT:
+        raise Unsupported(f"Cast to {onnx.TensorProto.DataType.Name(to) if to else to}: not float32")
+    return (_copy(view, x, shape, lambda its: its),)
+
+
+def import_expand(view: NodeView) -> tuple[ir.Scope, ...]:
+    """``X[i..]`` broadcast to the constant shape input (numpy alignment: size-1 dimensions repeat)."""
+    x, shape = _data(view)
+    target = tuple(constant_ints(view.input(1), "Expand shape"))
+    out = checked_output(view, 0, broadcast_dims(shape, target))
+    its = numbered("i", out)
+    return (ir.Scope(its, (), read(x, its)),)
 
 
 def import_transpose(view: NodeView) -> tuple[ir.Scope, ...]:
@@ -381,6 +403,8 @@ def import_space_to_depth(view: NodeView) -> tuple[ir.Scope, ...]:
 
 LAYOUT_IMPORTERS: dict[str, Importer] = {
     "Identity": import_identity,
+    "Cast": import_cast,
+    "Expand": import_expand,
     "Transpose": import_transpose,
     "Reshape": import_reshape,
     "Flatten": import_flatten,
