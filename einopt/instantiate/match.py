@@ -35,7 +35,7 @@ from einopt.instantiate.match_band import match_band
 from einopt.instantiate.match_contrib import CONTRIB_MATCHERS, CONTRIB_PREFERRED
 from einopt.instantiate.match_conv import match_conv, match_conv_transpose
 from einopt.instantiate.match_elementwise import PATTERNS, match_elementwise
-from einopt.instantiate.match_layout import match_concat, match_flatten, match_layout
+from einopt.instantiate.match_layout import match_cast, match_concat, match_flatten, match_layout
 from einopt.instantiate.match_max import MAX_MATCHERS, MAX_PREFERRED, takes_maxima
 from einopt.instantiate.match_reduce import REDUCE_MATCHERS, REDUCE_PREFERRED
 from einopt.instantiate.plan import (
@@ -463,6 +463,7 @@ PREFERRED: dict[str, Matcher] = {
     "Einsum": match_einsum,
     "Concat": match_concat,
     "Flatten": match_flatten,
+    "Cast": match_cast,
     **dict.fromkeys((*BINARY_OPS.values(), *UNARY_OPS.values(), *PATTERNS), match_elementwise),
     **dict.fromkeys(
         ("Transpose", "Reshape", "Slice", "Pad", "Expand", "DepthToSpace", "SpaceToDepth"), match_layout

@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import onnx
 
 from einopt.core import ir
 from einopt.core.index import substitute
@@ -94,6 +95,22 @@ def match_flatten(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> Oper
         return Refusal(f"no leading dimensions of {list(shape)} multiply to {rows}")
     op = OpNode("Flatten", (0,), (("axis", axes[-1]),))
     return OperatorMatch("Flatten", (Operand(operand.source),), (op,))
+
+
+def match_cast(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
+    """A plain copy as ``Cast`` to float32 (the IR's data is float32, so the Cast changes nothing).
+
+    Not in the matching table (Identity says the same); preferred for a scope that was a Cast
+    originally, so that a model written back at depth 0 has the nodes it had.
+    """
+    m = match_layout(scope, ctx)
+    if isinstance(m, Refusal):
+        return m
+    (operand,) = m.operands
+    if operand.steps:
+        return Refusal(f"the layout is {step_label(operand.steps)}, not a copy")
+    op = OpNode("Cast", (0,), (("to", onnx.TensorProto.FLOAT),))
+    return OperatorMatch("Cast", (operand,), (op,))
 
 
 def layout_plan(traversal: Sequence[ir.Iter], acc: ir.Access) -> tuple[LayoutStep, ...] | Refusal:
