@@ -811,6 +811,76 @@ def _max_pool(g: _Graph, x: Value) -> bool:
     return True
 
 
+def _reduce(op: str) -> Builder:
+    # ReduceSum takes its axes as an input (opset 13 on), the others as an attribute until 18.
+    def build(g: _Graph, x: Value) -> bool:
+        if not g.allows(op):
+            return False
+        rank = len(x.shape)
+        axes = sorted({g.d.integer(-rank, rank - 1) % rank for _ in range(g.d.integer(1, rank))})
+        keepdims = g.d.coin(50)
+        out = tuple(1 if d in axes else n for d, n in enumerate(x.shape) if keepdims or d not in axes)
+        if not _fits(out):
+            return False
+        if op == "ReduceSum":
+            g.node(op, [x.name, g.ints(axes)], [out], keepdims=int(keepdims))
+        else:
+            g.node(op, [x.name], [out], axes=axes, keepdims=int(keepdims))
+        return True
+
+    return build
+
+
+def _global_average_pool(g: _Graph, x: Value) -> bool:
+    if not 3 <= len(x.shape) <= 4:
+        return False
+    g.node("GlobalAveragePool", [x.name], [(*x.shape[:2], *(1 for _ in x.shape[2:]))])
+    return True
+
+
+def _average_pool(g: _Graph, x: Value) -> bool:
+    if not 3 <= len(x.shape) <= 4:
+        return False
+    attrs: dict[str, Any] = {"kernel_shape": [], "strides": [], "pads": []}
+    ceil = g.d.coin(20)
+    out, ends = [], []
+    for n in x.shape[2:]:
+        k, st = g.d.integer(1, 3), g.d.integer(1, 2)
+        pb, pe = g.d.integer(0, k - 1), g.d.integer(0, k - 1)
+        span = n + pb + pe - k
+        if span < 0:
+            return False
+        o = -(-span // st) + 1 if ceil else span // st + 1
+        if ceil and (o - 1) * st >= n + pb:
+            return False  # ONNX Runtime drops that last window; ONNX's shape inference does not
+        attrs["kernel_shape"].append(k)
+        attrs["strides"].append(st)
+        attrs["pads"].append(pb)
+        ends.append(pe)
+        out.append(o)
+    attrs["pads"] += ends
+    shape = (*x.shape[:2], *out)
+    if not _fits(shape):
+        return False
+    extra = {"ceil_mode": 1} if ceil else {}
+    g.node("AveragePool", [x.name], [shape], **attrs, **extra, count_include_pad=int(g.d.coin(50)))
+    return True
+
+
+def _layer_normalization(g: _Graph, x: Value) -> bool:
+    # A row of infinities is NaN either way, but a huge finite row's variance overflows in float32
+    # differently in ONNX Runtime (two passes, the mean in double) than in the interpreter.
+    g.exclude("nan", "inf", "huge")
+    rank = len(x.shape)
+    axis = g.d.integer(-rank, rank - 1)
+    normalized = x.shape[axis % rank :]
+    inputs = [x.name, g.const(g.weights(normalized))]
+    if g.d.coin(70):
+        inputs.append(g.const(g.weights(normalized)))
+    g.node("LayerNormalization", inputs, [x.shape], axis=axis, epsilon=g.d.choice([1e-5, 1e-3]))
+    return True
+
+
 def _softmax(g: _Graph, x: Value) -> bool:
     g.node("Softmax", [x.name], [x.shape], axis=g.d.integer(-len(x.shape), len(x.shape) - 1))
     return True
@@ -850,6 +920,10 @@ OP_BUILDERS: dict[str, Builder] = {
     "DepthToSpace": _depth_to_space,
     "SpaceToDepth": _space_to_depth,
     "ReduceMax": _reduce_max,
+    **{op: _reduce(op) for op in ("ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL2")},
+    "GlobalAveragePool": _global_average_pool,
+    "AveragePool": _average_pool,
+    "LayerNormalization": _layer_normalization,
     "MaxPool": _max_pool,
     "Softmax": _softmax,
 }
