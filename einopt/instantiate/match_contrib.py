@@ -28,6 +28,7 @@ this one for its table (its helpers are imported inside the matchers).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable
@@ -48,6 +49,7 @@ from einopt.instantiate.plan import (
     CONTRIB_DOMAIN,
     NO_MATCH_CONTEXT,
     Expand,
+    LayoutStep,
     MatchContext,
     Operand,
     OperatorMatch,
@@ -57,6 +59,7 @@ from einopt.instantiate.plan import (
     Transpose,
     normalize,
     steps_cost,
+    steps_shape,
 )
 from einopt.instantiate.views import View, arrange, finish
 
@@ -101,36 +104,146 @@ def _fused_layout(groups: Groups, trans: bool, trans_batch: bool) -> Groups:
     return g
 
 
-def _fused_candidate(
-    scale: float,
-    traversal: tuple[ir.Iter, ...],
-    ctx: MatchContext,
-    va: View,
-    vb: View,
-    g,
-    flags: tuple[int, int, int, int],
-) -> tuple[float, OperatorMatch] | None:
-    from einopt.instantiate.match import _batch_groups
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Reading:
+    """One iterator correspondence of a two-operand product (``va`` read as A), and the operand
+    steps of each transpose flag: ``a``/``b`` map ``(trans, transBatch of it, transBatch of
+    either)`` to the steps (flags ``(0, 0, 0)`` are MatMul's)."""
 
+    va: View
+    vb: View
+    g: object  # einopt.instantiate.match._Groups
+    a: dict[tuple[int, int, int], tuple[LayoutStep, ...]]
+    b: dict[tuple[int, int, int], tuple[LayoutStep, ...]]
+    post: tuple[LayoutStep, ...]
+    calls: int  # FusedMatMul's GEMM calls: one per batch element
+    matmul_calls: int  # MatMul's: its operands' batch dimensions broadcast
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Products:
+    """A scope as a product of two accesses and every reading of it (in the order MatMul and
+    FusedMatMul try them), or why it is none."""
+
+    contraction: object  # einopt.instantiate.match._Contraction
+    readings: tuple[_Reading, ...]
+    refusal: Refusal | None
+
+
+def _operand_steps(view: View, groups: Groups, memo: dict) -> tuple[LayoutStep, ...]:
+    key = (id(view), tuple(groups))
+    if key not in memo:
+        memo[key] = normalize(view.steps + arrange(view.labels, view.shape, groups), tuple(view.source.shape))
+    return memo[key]
+
+
+def _readings(scope: ir.Scope) -> _Products | Refusal:
+    """Every reading of ``scope`` as a (Fused)MatMul: the operands' steps for each flag, computed once
+    per (interned) scope and per distinct grouping (A's steps do not depend on B's groups)."""
+    from einopt.instantiate.match import _batch_groups, _contraction, _product_groups
+
+    c = _contraction(scope)
+    if isinstance(c, Refusal):
+        return c
+    if len(c.views) != 2:
+        return Refusal(f"a product of {len(c.views)} accesses: FusedMatMul takes two")
+    memo: dict = {}
+    readings: list[_Reading] = []
+    reasons = []
+    for va, vb in ((c.views[0], c.views[1]), (c.views[1], c.views[0])):
+        gs = _product_groups(c, va, vb, allow_batch=True)
+        if isinstance(gs, Refusal):
+            reasons.append(gs.reason)
+            continue
+        for g in gs:
+            a, b = {}, {}
+            for any_batch in (0, 1) if g.batch else (0,):
+                for view, steps, last in ((va, a, [g.m, g.k]), (vb, b, [g.k, g.n])):
+                    batch = (
+                        [(t,) if t in view.labels else () for t in g.batch]
+                        if any_batch
+                        else _batch_groups(g.batch, view.labels)
+                    )
+                    for trans, moved in itertools.product((0, 1), (0, 1) if any_batch else (0,)):
+                        layout = _fused_layout([*batch, *last], bool(trans), bool(moved))
+                        steps[trans, moved, any_batch] = _operand_steps(view, layout, memo)
+            a_shape = steps_shape(a[0, 0, 0], tuple(va.source.shape))[:-2]
+            b_shape = steps_shape(b[0, 0, 0], tuple(vb.source.shape))[:-2]
+            readings.append(
+                _Reading(
+                    va,
+                    vb,
+                    g,
+                    a,
+                    b,
+                    finish([(t,) for t in g.batch] + [g.m, g.n], c.traversal),
+                    math.prod(t.extent for t in g.batch),
+                    math.prod(np.broadcast_shapes(a_shape, b_shape)),
+                )
+            )
+    return _Products(c, tuple(readings), Refusal(reasons[0] if reasons else "no iterator correspondence"))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Choice:
+    """The cheapest FusedMatMul of a product, and the cheapest MatMul, for given constant operands."""
+
+    cost: float
+    calls: int
+    fused: OperatorMatch
+    matmul_cost: float
+    matmul_calls: int
+
+
+_FLAGS = tuple(itertools.product((0, 1), repeat=4))  # (transA, transB, transBatchA, transBatchB)
+
+
+def _choose(products: _Products, constant: tuple[bool, bool]) -> _Choice | None:
+    """The FusedMatMul and the MatMul that the enumeration of every reading and flag chooses (the
+    least cost, then the fewest GEMM calls; the first of equals), with ``constant[i]`` telling
+    whether the product's ``i``-th access reads a constant."""
+    from einopt.instantiate.match import _with_scale
+
+    c = products.contraction
+    best: tuple[tuple[float, int], _Reading, tuple[int, ...]] | None = None
+    plain: tuple[float, _Reading] | None = None
+    for r in products.readings:
+        const_a, const_b = constant if r.va is c.views[0] else constant[::-1]
+        a_cost = {k: steps_cost(st, const_a) for k, st in r.a.items()}
+        b_cost = {k: steps_cost(st, const_b) for k, st in r.b.items()}
+        post_cost = steps_cost(r.post, False)
+        for flags in _FLAGS:
+            trans_a, trans_b, batch_a, batch_b = flags
+            any_batch = batch_a or batch_b
+            if any_batch and not r.g.batch:
+                continue  # ONNX Runtime: transBatch needs both inputs of one rank >= 3
+            cost = (
+                a_cost[trans_a, batch_a, any_batch]
+                + b_cost[trans_b, batch_b, any_batch]
+                + post_cost
+                + 0.001 * sum(flags)  # equal cost: fewer flags
+            )
+            if best is None or (cost, r.calls) < best[0]:
+                best = ((cost, r.calls), r, flags)
+        # MatMul (match.match_matmul): the scale on a constant A when B is not, else on B
+        a_steps, b_steps = r.a[0, 0, 0], r.b[0, 0, 0]
+        if const_a and not const_b:
+            a_steps = _with_scale(a_steps, c.scale, tuple(r.va.source.shape))
+        else:
+            b_steps = _with_scale(b_steps, c.scale, tuple(r.vb.source.shape))
+        cost = steps_cost(a_steps, const_a) + steps_cost(b_steps, const_b) + post_cost
+        if plain is None or cost < plain[0]:
+            plain = (cost, r)
+    if best is None or plain is None:
+        return None
+    (cost, calls), r, flags = best
+    return _Choice(cost, calls, _fused_match(c.scale, r, flags), plain[0], plain[1].matmul_calls)
+
+
+def _fused_match(scale: float, r: _Reading, flags: tuple[int, ...]) -> OperatorMatch:
     trans_a, trans_b, batch_a, batch_b = flags
-    if (batch_a or batch_b) and not g.batch:
-        return None  # ONNX Runtime: transBatch needs both inputs of one rank >= 3
-    if batch_a or batch_b:
-        a_batch: Groups = [(t,) if t in va.labels else () for t in g.batch]
-        b_batch: Groups = [(t,) if t in vb.labels else () for t in g.batch]
-    else:
-        a_batch, b_batch = _batch_groups(g.batch, va.labels), _batch_groups(g.batch, vb.labels)
-    a_groups = _fused_layout([*a_batch, g.m, g.k], bool(trans_a), bool(batch_a))
-    b_groups = _fused_layout([*b_batch, g.k, g.n], bool(trans_b), bool(batch_b))
-    a_steps = normalize(va.steps + arrange(va.labels, va.shape, a_groups), tuple(va.source.shape))
-    b_steps = normalize(vb.steps + arrange(vb.labels, vb.shape, b_groups), tuple(vb.source.shape))
-    post = finish([(t,) for t in g.batch] + [g.m, g.n], traversal)
-    cost = (
-        steps_cost(a_steps, ctx.is_constant(va.source))
-        + steps_cost(b_steps, ctx.is_constant(vb.source))
-        + steps_cost(post, False)
-        + 0.001 * sum(flags)  # equal cost: fewer flags
-    )
+    any_batch = batch_a or batch_b
+    g = r.g
     shape = tuple(t.extent for t in g.batch) + (
         math.prod(t.extent for t in g.m),
         math.prod(t.extent for t in g.n),
@@ -143,8 +256,11 @@ def _fused_candidate(
         ("transBatchB", batch_b),
     )
     op = OpNode("FusedMatMul", (0, 1), attrs, CONTRIB_DOMAIN, shape)
-    operands = (Operand(va.source, a_steps), Operand(vb.source, b_steps))
-    return cost, OperatorMatch(f"{CONTRIB_DOMAIN}.FusedMatMul", operands, (op,), post)
+    operands = (
+        Operand(r.va.source, r.a[trans_a, batch_a, any_batch]),
+        Operand(r.vb.source, r.b[trans_b, batch_b, any_batch]),
+    )
+    return OperatorMatch(f"{CONTRIB_DOMAIN}.FusedMatMul", operands, (op,), r.post)
 
 
 def _gemm_calls(m: OperatorMatch) -> int:
@@ -184,38 +300,34 @@ def match_fused_matmul(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) ->
     computes the scope with as few GEMM calls (a Transpose of an activation, or a Mul for the
     scale, saved).
     """
-    from einopt.instantiate.match import _contraction, _product_groups
+    if not scope.summation:
+        return Refusal("no summation: not a contraction")
+    # The search asks for every scope of every state it costs: the readings are computed once per
+    # (interned) scope, the choice once per scope and constant operands.
+    products = ir._cached(scope, "contrib_fused_readings", lambda: _readings(scope))
+    if isinstance(products, Refusal):
+        return products
+    views = products.contraction.views
+    constant = (ctx.is_constant(views[0].source), ctx.is_constant(views[1].source))
+    choices = ir._cached(scope, "contrib_fused_choices", dict)
+    if constant not in choices:
+        choices[constant] = _choose(products, constant)
+    choice = choices[constant]
+    if choice is None:
+        return products.refusal
+    # MatMul (computed with the choice) refuses most products without the other standard operators.
+    if choice.matmul_calls <= choice.calls and choice.cost > choice.matmul_cost - _SAVING:
+        return _not_cheaper(choice.matmul_cost, choice.cost)
+    standard = _standard_layout_cost(scope, ctx, choice.calls)
+    if standard is not None and choice.cost > standard - _SAVING:
+        return _not_cheaper(standard, choice.cost)
+    return choice.fused
 
-    c = _contraction(scope)
-    if isinstance(c, Refusal):
-        return c
-    if len(c.views) != 2:
-        return Refusal(f"a product of {len(c.views)} accesses: FusedMatMul takes two")
-    best: tuple[tuple[float, int], OperatorMatch] | None = None
-    reasons = []
-    for va, vb in ((c.views[0], c.views[1]), (c.views[1], c.views[0])):
-        gs = _product_groups(c, va, vb, allow_batch=True)
-        if isinstance(gs, Refusal):
-            reasons.append(gs.reason)
-            continue
-        for g in gs:
-            for flags in itertools.product((0, 1), repeat=4):
-                found = _fused_candidate(c.scale, c.traversal, ctx, va, vb, g, flags)
-                if found is None:
-                    continue
-                rank = (found[0], _gemm_calls(found[1]))
-                if best is None or rank < best[0]:
-                    best = (rank, found[1])
-    if best is None:
-        return Refusal(reasons[0] if reasons else "no iterator correspondence")
-    (cost, calls), fused = best
-    standard = _standard_layout_cost(scope, ctx, calls)
-    if standard is not None and cost > standard - _SAVING:
-        return Refusal(
-            "a standard operator needs no more run-time layout work "
-            f"({standard:.2f} against FusedMatMul's {cost:.2f})"
-        )
-    return fused
+
+def _not_cheaper(standard: float, fused: float) -> Refusal:
+    return Refusal(
+        f"a standard operator needs no more run-time layout work ({standard:.2f} against FusedMatMul's {fused:.2f})"
+    )
 
 
 # --------------------------------------------------------------------------

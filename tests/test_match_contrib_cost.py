@@ -1,0 +1,192 @@
+"""The com.microsoft matchers stay cheap where the search calls them (every scope of every state).
+
+They refuse by structure before enumerating or evaluating, and compute their analyses once per
+(interned) scope; these tests check that they do, and that the short cuts accept exactly what the
+plain enumeration and evaluation accept.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import einopt
+from einopt.core import ir
+from einopt.instantiate import match_contrib
+from einopt.instantiate.match import _batch_groups, _contraction, _product_groups, layout_cost, match_matmul
+from einopt.instantiate.match_contrib import (
+    _SAVING,
+    _fused_layout,
+    _gemm_calls,
+    _standard_layout_cost,
+    match_fused_matmul,
+)
+from einopt.instantiate.plan import (
+    CONTRIB_DOMAIN,
+    NO_MATCH_CONTEXT,
+    MatchContext,
+    Operand,
+    OperatorMatch,
+    OpNode,
+    Refusal,
+    normalize,
+    steps_cost,
+)
+from einopt.instantiate.views import arrange, finish
+
+PLAIN = "L[b:3, m:4, n:5] Sum[k:6] A[b, m, k] * B[b, k, n] where A:[3,4,6], B:[3,6,5]"
+SCORES = "L[h:2, i:5, j:5] Sum[d:4] 0.5 * Q[i, h*4+d] * K[j, h*4+d] where Q:[5,8], K:[5,8]"
+
+
+# --------------------------------------------------------------------------
+# FusedMatMul
+# --------------------------------------------------------------------------
+
+
+def _enumerated_fused_matmul(scope: ir.Scope, ctx: MatchContext) -> OperatorMatch | Refusal:
+    """FusedMatMul by the plain enumeration: every correspondence and flag, one candidate each, then
+    the standard operators (the specification the memoised matcher must agree with)."""
+    c = _contraction(scope)
+    if isinstance(c, Refusal) or len(c.views) != 2:
+        return Refusal("not a product of two accesses")
+    best = None
+    for va, vb in ((c.views[0], c.views[1]), (c.views[1], c.views[0])):
+        gs = _product_groups(c, va, vb, allow_batch=True)
+        if isinstance(gs, Refusal):
+            continue
+        for g in gs:
+            for flags in itertools.product((0, 1), repeat=4):
+                ta, tb, ba, bb = flags
+                if (ba or bb) and not g.batch:
+                    continue
+                if ba or bb:
+                    a_batch = [(t,) if t in va.labels else () for t in g.batch]
+                    b_batch = [(t,) if t in vb.labels else () for t in g.batch]
+                else:
+                    a_batch, b_batch = _batch_groups(g.batch, va.labels), _batch_groups(g.batch, vb.labels)
+                a_groups = _fused_layout([*a_batch, g.m, g.k], bool(ta), bool(ba))
+                b_groups = _fused_layout([*b_batch, g.k, g.n], bool(tb), bool(bb))
+                a = normalize(va.steps + arrange(va.labels, va.shape, a_groups), tuple(va.source.shape))
+                b = normalize(vb.steps + arrange(vb.labels, vb.shape, b_groups), tuple(vb.source.shape))
+                post = finish([(t,) for t in g.batch] + [g.m, g.n], c.traversal)
+                cost = (
+                    steps_cost(a, ctx.is_constant(va.source))
+                    + steps_cost(b, ctx.is_constant(vb.source))
+                    + steps_cost(post, False)
+                    + 0.001 * sum(flags)
+                )
+                shape = tuple(t.extent for t in g.batch) + (
+                    math.prod(t.extent for t in g.m),
+                    math.prod(t.extent for t in g.n),
+                )
+                attrs = (("alpha", float(c.scale)), ("transA", ta), ("transB", tb))
+                attrs += (("transBatchA", ba), ("transBatchB", bb))
+                op = OpNode("FusedMatMul", (0, 1), attrs, CONTRIB_DOMAIN, shape)
+                m = OperatorMatch(
+                    f"{CONTRIB_DOMAIN}.FusedMatMul",
+                    (Operand(va.source, a), Operand(vb.source, b)),
+                    (op,),
+                    post,
+                )
+                rank = (cost, _gemm_calls(m))
+                if best is None or rank < best[0]:
+                    best = (rank, m)
+    if best is None:
+        return Refusal("no correspondence")
+    (cost, calls), m = best
+    standard = _standard_layout_cost(scope, ctx, calls)
+    return Refusal("standard") if standard is not None and cost > standard - _SAVING else m
+
+
+def _random_product(rng: np.random.Generator) -> ir.Scope:
+    b, h = ir.Iter("b", 0, 2), ir.Iter("h", 0, 3)
+    m, n, k = ir.Iter("m", 0, 4), ir.Iter("n", 0, 5), ir.Iter("k", 0, 6)
+    a_dims = [[b, h, m, k], [h, m, k], [m, k], [b, m, k]][rng.integers(4)]
+    b_dims = [[b, h, k, n], [k, n], [h, k, n]][rng.integers(3)]
+    a_dims = [a_dims[i] for i in rng.permutation(len(a_dims))]
+    b_dims = [b_dims[i] for i in rng.permutation(len(b_dims))]
+    read = set(a_dims) | set(b_dims)
+    out = [t for t in (b, h, m, n) if t in read]
+    out = [out[i] for i in rng.permutation(len(out))]
+    A = ir.Tensor("A", tuple(d.extent for d in a_dims))
+    B = ir.Tensor("B", tuple(d.extent for d in b_dims))
+    body = A[tuple(a_dims)] * B[tuple(b_dims)]
+    if rng.random() < 0.5:
+        body = body * 0.125
+    return ir.Scope(tuple(out), (k,), body)
+
+
+def _same(a: OperatorMatch | Refusal, b: OperatorMatch | Refusal) -> bool:
+    if isinstance(a, Refusal) or isinstance(b, Refusal):
+        return isinstance(a, Refusal) and isinstance(b, Refusal)
+    operands = all(
+        x.source is y.source and x.steps == y.steps for x, y in zip(a.operands, b.operands, strict=True)
+    )
+    return operands and (a.op_type, a.ops, a.post) == (b.op_type, b.ops, b.post)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_fused_matmul_agrees_with_the_plain_enumeration(seed):
+    """Random products, each operand constant or not: the memoised matcher, with MatMul's refusal
+    short cut, accepts exactly what the enumeration of every flag accepts, with the same match."""
+    rng = np.random.default_rng(seed)
+    scope = _random_product(rng)
+    tensors = list(ir.input_tensors(scope))
+    for constant in itertools.product((False, True), repeat=len(tensors)):
+        ctx = MatchContext(constant=frozenset(t for t, c in zip(tensors, constant, strict=True) if c))
+        got, want = match_fused_matmul(scope, ctx), _enumerated_fused_matmul(scope, ctx)
+        assert _same(got, want), (scope, constant, got, want)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_matmul_fused_matmul_derives_is_match_matmul(seed):
+    """The choice computes MatMul's cost and GEMM calls alongside FusedMatMul's (for its refusal short
+    cut): they are those of ``match_matmul``'s match."""
+    rng = np.random.default_rng(seed)
+    scope = _random_product(rng)
+    tensors = list(ir.input_tensors(scope))
+    for constant in itertools.product((False, True), repeat=len(tensors)):
+        ctx = MatchContext(constant=frozenset(t for t, c in zip(tensors, constant, strict=True) if c))
+        match_fused_matmul(scope, ctx)
+        views = _contraction(scope).views
+        key = tuple(ctx.is_constant(v.source) for v in views)
+        choice = ir._cached(scope, "contrib_fused_choices", dict)[key]
+        plain = match_matmul(scope, ctx)
+        assert (choice.matmul_cost, choice.matmul_calls) == (layout_cost(plain, ctx), _gemm_calls(plain))
+
+
+def test_fused_matmul_is_refused_by_matmul_alone(monkeypatch):
+    """A product MatMul computes without layout work is refused without the other standard matchers."""
+
+    def unused(*args):
+        raise AssertionError("the standard operators were matched")
+
+    monkeypatch.setattr(match_contrib, "_standard_layout_cost", unused)
+    refused = match_fused_matmul(einopt.parse(PLAIN))
+    assert isinstance(refused, Refusal) and "standard operator needs no more" in refused.reason
+
+
+def test_fused_matmul_arranges_once_per_scope(monkeypatch):
+    """The operands' layouts of every reading and flag are computed once per scope: asking again, in
+    another context or with other constant operands, arranges nothing."""
+    calls = []
+    real = match_contrib.arrange
+    monkeypatch.setattr(match_contrib, "arrange", lambda *a: calls.append(a) or real(*a))
+    # the attention scores at sizes of their own (a scope no other test has matched)
+    scope = einopt.parse("L[h:2, i:7, j:6] Sum[d:4] 0.5 * Q[i, h*4+d] * K[j, h*4+d] where Q:[7,8], K:[6,8]")
+    first = match_fused_matmul(scope)
+    assert isinstance(first, OperatorMatch) and calls
+    # one arrangement per distinct operand grouping, not one per flag combination
+    assert len(calls) == len({(id(a[0]), str(a[2])) for a in calls})
+    calls.clear()
+    q = next(t for t in ir.input_tensors(scope) if t.name == "Q")
+    for ctx in (
+        NO_MATCH_CONTEXT,
+        MatchContext(bound=frozenset({scope})),
+        MatchContext(constant=frozenset({q})),
+    ):
+        match_fused_matmul(scope, ctx)
+    assert not calls
