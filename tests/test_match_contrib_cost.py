@@ -190,3 +190,109 @@ def test_fused_matmul_arranges_once_per_scope(monkeypatch):
     ):
         match_fused_matmul(scope, ctx)
     assert not calls
+
+
+# --------------------------------------------------------------------------
+# SkipLayerNormalization
+# --------------------------------------------------------------------------
+
+
+def _unevaluated(monkeypatch, module) -> None:
+    def refused(*args, **kwargs):
+        raise AssertionError("evaluated")
+
+    monkeypatch.setattr(module, "evaluate", refused)
+
+
+@pytest.mark.parametrize(
+    ("variant", "reason"),
+    [("scaled", "not a vector over the normalized dimension"), ("no_gamma", "neither normalization")],
+)
+def test_skip_norm_refuses_by_what_the_chain_reads_before_evaluating(monkeypatch, variant, reason):
+    """An RMSNorm chain that reads a tensor of the output's shape, or no vector to be gamma, is
+    refused without evaluating the scope."""
+    from test_match_contrib_norm import rms_norm_program
+
+    from einopt.instantiate import match_contrib_norm
+    from einopt.instantiate.match_contrib_norm import match_skip_layer_norm, match_skip_simplified_layer_norm
+
+    program, _ = rms_norm_program(count=7)  # a scope of its own (no other test matched it)
+    y = program.scope("y")
+    if variant == "scaled":
+        body = y.body * ir.Tensor(f"z_{variant}", y.shape)[y.traversal]
+    else:  # y = normed * gamma[h]: drop gamma
+        body = y.body.a
+    y = y.replace(body=body)
+    _unevaluated(monkeypatch, match_contrib_norm)
+    for matcher in (match_skip_layer_norm, match_skip_simplified_layer_norm):
+        refused = matcher(y)
+        assert isinstance(refused, Refusal) and reason in refused.reason, refused
+
+
+# --------------------------------------------------------------------------
+# MultiHeadAttention
+# --------------------------------------------------------------------------
+
+
+def test_attention_over_bound_scores_is_refused_before_evaluating(monkeypatch):
+    """Every reading of the core would fuse the scores the program binds: refused without evaluating;
+    unbound, the same core is evaluated once (asking again evaluates nothing)."""
+    from test_match_contrib_attention import _core, _ctx
+
+    from einopt.instantiate import match_contrib_attention
+    from einopt.instantiate.match_contrib_attention import match_multi_head_attention
+
+    core = _core(s=7, kv=3)  # a scope of its own (no other test matched it)
+    scores = next(s for s in ir.scopes_in(core) if s.summation and s.summation[0].name == "d")
+    program = ir.Program(tuple(ir.input_tensors(core)), (("S", scores), ("Y", core)), ("Y",))
+    real = match_contrib_attention.evaluate
+    _unevaluated(monkeypatch, match_contrib_attention)
+    refused = match_multi_head_attention(core, _ctx(program))
+    assert isinstance(refused, Refusal) and "program binding" in refused.reason
+    calls = []
+    monkeypatch.setattr(match_contrib_attention, "evaluate", lambda *a: calls.append(a) or real(*a))
+    assert isinstance(match_multi_head_attention(core), OperatorMatch) and calls
+    calls.clear()
+    assert isinstance(match_multi_head_attention(core), OperatorMatch) and not calls
+
+
+# --------------------------------------------------------------------------
+# QuickGelu, FastGelu, Gelu, BiasGelu
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ("X[i] * X[i] * 1.703", "uses no sigmoid"),  # no function of the operator's
+        ("X[i] * relu(X[i] * 1.703)", "uses relu"),  # another
+        ("X[i] * sigmoid(X[i] * 1.703) + tanh(X[i])", "uses tanh"),  # one more
+    ],
+)
+def test_quick_gelu_refuses_by_the_functions_it_uses_before_evaluating(monkeypatch, body, reason):
+    from einopt.instantiate import match_contrib_act
+    from einopt.instantiate.match_contrib_act import match_quick_gelu
+
+    _unevaluated(monkeypatch, match_contrib_act)
+    refused = match_quick_gelu(einopt.parse(f"L[i:9] {body} where X:[9]"))
+    assert isinstance(refused, Refusal) and reason in refused.reason, refused
+
+
+def test_gelu_bodies_are_evaluated_once(monkeypatch):
+    """QuickGelu, FastGelu, BiasGelu and Gelu all ask for the body's values: computed once."""
+    from einopt.instantiate import match_contrib_act
+    from einopt.instantiate.match_contrib_act import ACTIVATION_MATCHERS
+
+    calls = []
+    real = match_contrib_act.evaluate
+    monkeypatch.setattr(match_contrib_act, "evaluate", lambda *a, **k: calls.append(a) or real(*a, **k))
+    scope = einopt.parse("L[i:11] X[i] * sigmoid(X[i] * 1.25) where X:[11]")
+    results = [fn(scope, NO_MATCH_CONTEXT) for fn in ACTIVATION_MATCHERS.values()]
+    assert isinstance(results[0], OperatorMatch) and not any(
+        isinstance(r, OperatorMatch) for r in results[1:]
+    )
+    n = len(calls)
+    assert n == 3  # float64 and float32 values, the sigmoid's argument at 1
+    for fn in ACTIVATION_MATCHERS.values():
+        fn(scope, NO_MATCH_CONTEXT)
+    assert len(calls) == n + 1  # QuickGelu's alpha again, nothing else

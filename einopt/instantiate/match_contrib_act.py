@@ -15,7 +15,8 @@ arrangements and with float32 constants): the body with ``u`` as its only input 
 the reference interpreter on sample points and must agree with the operator's function to
 ``RTOL`` (float64), and stay finite in float32 wherever the function is. The functions it may
 use are the operator's own (sigmoid, tanh or erf) and algebra (``neg``, ``pow``, ``sqrt`` and
-``+ - * /``); a body using another (erf for FastGelu, tanh for Gelu) is refused by name.
+``+ - * /``); a body using another (erf for FastGelu, tanh for Gelu) is refused by name, before
+anything is evaluated (the search asks for every scope of every state).
 """
 
 from __future__ import annotations
@@ -86,12 +87,12 @@ def _quick_gelu(alpha: float) -> Callable[[np.ndarray], np.ndarray]:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Unary:
-    """A body as ``f(u)``: the argument, and what ``f`` uses and computes on :data:`SAMPLES`."""
+    """A body as ``f(u)``: the argument, what ``f`` uses, and ``f`` over :data:`SAMPLES` (evaluated
+    by :func:`_values` only for a body that uses its operator's functions alone)."""
 
     arg: ir.ValueExpr  # an access, or the sum of two accesses
     functions: frozenset[str]
-    values: np.ndarray  # f on SAMPLES, float64
-    finite32: np.ndarray  # where f is finite in float32
+    sampled: ir.Scope  # f at the sample points
     sigmoid_args: tuple[ir.ValueExpr, ...]  # the arguments of its sigmoids, as functions of u
     placeholder: ir.Access
 
@@ -143,11 +144,7 @@ def _as_unary(body: ir.ValueExpr) -> _Unary | Refusal:
             functions.add(e.fn)
             if e.fn == "sigmoid":
                 sigmoids.append(e.x)
-    scope = ir.Scope((_POINTS,), (), f)
-    values = np.asarray(evaluate(scope, {"u": SAMPLES}), dtype=np.float64)
-    with np.errstate(all="ignore"):
-        low = np.asarray(evaluate(scope, {"u": SAMPLES.astype(np.float32)}, mode="float32"))
-    return _Unary(arg, frozenset(functions), values, np.isfinite(low), tuple(sigmoids), u)
+    return _Unary(arg, frozenset(functions), ir.Scope((_POINTS,), (), f), tuple(sigmoids), u)
 
 
 def _unary(body: ir.ValueExpr) -> _Unary | Refusal:
@@ -155,13 +152,27 @@ def _unary(body: ir.ValueExpr) -> _Unary | Refusal:
     return ir._cached(body, "contrib_unary", lambda: _as_unary(body))
 
 
+def _sample(scope: ir.Scope) -> tuple[np.ndarray, np.ndarray]:
+    values = np.asarray(evaluate(scope, {"u": SAMPLES}), dtype=np.float64)
+    with np.errstate(all="ignore"):
+        low = np.asarray(evaluate(scope, {"u": SAMPLES.astype(np.float32)}, mode="float32"))
+    return values, np.isfinite(low)
+
+
+def _values(fn: _Unary) -> tuple[np.ndarray, np.ndarray]:
+    """``f`` on :data:`SAMPLES` (float64), and where it is finite in float32; memoised on the
+    (interned) sampled scope."""
+    return ir._cached(fn.sampled, "contrib_unary_values", lambda: _sample(fn.sampled))
+
+
 def _disagreement(fn: _Unary, want: np.ndarray, op_type: str) -> str | None:
     """Why ``fn`` is not the function with values ``want`` (None when it is)."""
-    off = np.abs(fn.values - want) / (1.0 + np.abs(want))
+    values, finite32 = _values(fn)
+    off = np.abs(values - want) / (1.0 + np.abs(want))
     if not np.all(off <= RTOL):
         at = SAMPLES[int(np.argmax(np.where(np.isnan(off), np.inf, off)))]
         return f"computes another function than {op_type} (off by {float(np.nanmax(off)):.2g} at {at:g})"
-    bad = ~fn.finite32 & np.isfinite(want)
+    bad = ~finite32 & np.isfinite(want)
     if np.any(bad):
         return f"overflows in float32 at {SAMPLES[bad][0]:g}, where {op_type} does not"
     return None

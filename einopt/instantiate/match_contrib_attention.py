@@ -17,7 +17,8 @@ numerator, the scaled and masked scores) carrying the roles along, to the scores
 (``Q`` and ``K``, ``d`` summed) and the mask reads. Layout steps bring each operand into the
 operator's layout. Then the scope is evaluated by the reference interpreter on random inputs and
 compared with the operator's formula on the same inputs (float64, relative ``RTOL``) for each
-reading of the roles and each scale the constants suggest; the first that agrees is the match.
+reading of the roles and each scale the constants suggest; the first that agrees is the match. The
+readings are found once per scope, and evaluated (once) only where one fuses no program binding.
 """
 
 from __future__ import annotations
@@ -271,22 +272,43 @@ def _source_value(src, inputs: dict[str, np.ndarray]) -> np.ndarray:
     return np.asarray(evaluate(src, inputs), dtype=np.float64)
 
 
-def _analyse(scope: ir.Scope) -> _Attention | Refusal:
+Reading = tuple[_Attention, tuple[ir.Scope, ...]]  # a candidate and the scopes it fuses
+
+
+def _readings(scope: ir.Scope) -> list[Reading] | Refusal:
+    """:func:`_candidates` with the scopes each fuses, the one with least layout work around the
+    operator first (batch and heads are both independent dimensions: either reading computes it)."""
     cands = _candidates(scope)
     if isinstance(cands, Refusal):
         return cands
+    cands.sort(key=lambda a: sum(steps_cost(o.steps, False) for o in a.operands) + steps_cost(a.post, False))
+    return [(att, _consumed(scope, att)) for att in cands]
+
+
+def _verify(scope: ir.Scope, cands: list[Reading]) -> Reading | Refusal:
+    """The first reading (with the scopes it fuses) whose formula agrees with the interpreter on
+    random inputs."""
     rng = np.random.default_rng(0)
     inputs = {t.name: rng.standard_normal(t.shape) for t in ir.input_tensors(scope)}
     y = np.asarray(evaluate(scope, inputs), dtype=np.float64)
-    # Batch and heads are both independent dimensions: either reading computes the scope, the one
-    # with less layout work around the operator is wanted.
-    cands.sort(key=lambda a: sum(steps_cost(o.steps, False) for o in a.operands) + steps_cost(a.post, False))
-    for att in cands:
+    for att, consumed in cands:
         arrays = [apply_steps(o.steps, _source_value(o.source, inputs)) for o in att.operands]
         got = apply_steps(att.post, _reference(att, arrays))
         if got.shape == y.shape and np.allclose(got, y, rtol=RTOL, atol=RTOL * float(np.max(np.abs(y)))):
-            return att
+            return att, consumed
     return Refusal("computes another function than MultiHeadAttention for every reading of its roles")
+
+
+def _consumed(scope: ir.Scope, att: _Attention) -> tuple[ir.Scope, ...]:
+    """The scopes the operator fuses: those of ``scope`` its operands do not read."""
+    kept: set[ir.Scope] = set()
+    for o in att.operands:
+        if isinstance(o.source, ir.Scope):
+            kept.update(ir.scopes_in(o.source))
+    return tuple(s for s in ir.scopes_in(scope) if s is not scope and s not in kept)
+
+
+_BOUND = "a scope of the attention (the scores, the softmax) is a program binding"
 
 
 @reads_maxima
@@ -295,19 +317,22 @@ def match_multi_head_attention(
 ) -> OperatorMatch | Refusal:
     """The attention core (see the module docstring) as com.microsoft ``MultiHeadAttention``,
     consuming the scores, the softmax's maximum and sum and the element-wise scopes between."""
-    found = ir._cached(scope, "contrib_attention", lambda: _analyse(scope))
+    # The search asks for every scope of every state: the readings are found once per (interned)
+    # scope, and evaluated only when one of them fuses no program binding (else none is taken).
+    cands = ir._cached(scope, "contrib_attention_readings", lambda: _readings(scope))
+    if isinstance(cands, Refusal):
+        return cands
+    if all(any(s in ctx.bound for s in consumed) for _, consumed in cands):
+        return Refusal(_BOUND)
+    found = ir._cached(scope, "contrib_attention", lambda: _verify(scope, cands))
     if isinstance(found, Refusal):
         return found
-    kept: set[ir.Scope] = set()
-    for o in found.operands:
-        if isinstance(o.source, ir.Scope):
-            kept.update(ir.scopes_in(o.source))
-    consumed = tuple(s for s in ir.scopes_in(scope) if s is not scope and s not in kept)
+    att, consumed = found
     if any(s in ctx.bound for s in consumed):
-        return Refusal("a scope of the attention (the scores, the softmax) is a program binding")
-    attrs = (("num_heads", found.heads), ("scale", found.scale))
-    op = OpNode("MultiHeadAttention", found.inputs, attrs, CONTRIB_DOMAIN, found.shape)
-    return OperatorMatch(f"{CONTRIB_DOMAIN}.MultiHeadAttention", found.operands, (op,), found.post, consumed)
+        return Refusal(_BOUND)
+    attrs = (("num_heads", att.heads), ("scale", att.scale))
+    op = OpNode("MultiHeadAttention", att.inputs, attrs, CONTRIB_DOMAIN, att.shape)
+    return OperatorMatch(f"{CONTRIB_DOMAIN}.MultiHeadAttention", att.operands, (op,), att.post, consumed)
 
 
 ATTENTION_MATCHERS = {"MultiHeadAttention": match_multi_head_attention}

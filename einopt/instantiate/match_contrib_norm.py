@@ -139,17 +139,23 @@ def _analyse(scope: ir.Scope) -> _SkipNorm | Refusal:
     totals = [s for s in chain if not s.summation and s.shape == scope.shape and _sum_parts(s) is not None]
     if not totals:
         return Refusal("reads no inline sum of an input and a skip connection of its shape")
-    rng = np.random.default_rng(0)
-    inputs = {t.name: rng.standard_normal(t.shape) for t in ir.input_tensors(scope)}
-    y = np.asarray(evaluate(scope, inputs), dtype=np.float64)
+    # What the chain reads is checked for every sum before anything is evaluated: the search asks
+    # for every scope of every state, and few that read a sum read only vectors besides.
     reason = "is neither normalization of the sum over its last dimension"
+    readings = []
     for total in totals:
-        x, skip, bias = _sum_parts(total)
         found = _params(scope, chain, total)
         if isinstance(found, str):
             reason = found
-            continue
-        vectors, epsilons = found
+        elif found[0]:  # no vector to be gamma: neither operator computes it
+            readings.append((total, *found))
+    if not readings:
+        return Refusal(reason)
+    rng = np.random.default_rng(0)
+    inputs = {t.name: rng.standard_normal(t.shape) for t in ir.input_tensors(scope)}
+    y = np.asarray(evaluate(scope, inputs), dtype=np.float64)
+    for total, vectors, epsilons in readings:
+        x, skip, bias = _sum_parts(total)
         s = np.asarray(evaluate(total, inputs), dtype=np.float64)
         values = {a: apply_steps(simple_view(a).steps, inputs[a.source.name]) for a in vectors}
         roles = [(g, None, True) for g in vectors] if len(vectors) == 1 else []
