@@ -143,19 +143,17 @@ def test_fused_matmul_agrees_with_the_plain_enumeration(seed):
 
 @pytest.mark.parametrize("seed", range(20))
 def test_the_matmul_fused_matmul_derives_is_match_matmul(seed):
-    """The choice computes MatMul's cost and GEMM calls alongside FusedMatMul's (for its refusal short
-    cut): they are those of ``match_matmul``'s match."""
+    """The matcher computes MatMul's cost and GEMM calls from its readings (for its refusal short
+    cuts): they are those of ``match_matmul``'s match."""
     rng = np.random.default_rng(seed)
     scope = _random_product(rng)
     tensors = list(ir.input_tensors(scope))
+    products = match_contrib._readings(scope)
     for constant in itertools.product((False, True), repeat=len(tensors)):
         ctx = MatchContext(constant=frozenset(t for t, c in zip(tensors, constant, strict=True) if c))
-        match_fused_matmul(scope, ctx)
-        views = _contraction(scope).views
-        key = tuple(ctx.is_constant(v.source) for v in views)
-        choice = ir._cached(scope, "contrib_fused_choices", dict)[key]
+        key = tuple(ctx.is_constant(v.source) for v in products.contraction.views)
         plain = match_matmul(scope, ctx)
-        assert (choice.matmul_cost, choice.matmul_calls) == (layout_cost(plain, ctx), _gemm_calls(plain))
+        assert match_contrib._plain(products, key) == (layout_cost(plain, ctx), _gemm_calls(plain))
 
 
 def test_fused_matmul_is_refused_by_matmul_alone(monkeypatch):
@@ -167,6 +165,24 @@ def test_fused_matmul_is_refused_by_matmul_alone(monkeypatch):
     monkeypatch.setattr(match_contrib, "_standard_layout_cost", unused)
     refused = match_fused_matmul(einopt.parse(PLAIN))
     assert isinstance(refused, Refusal) and "standard operator needs no more" in refused.reason
+
+
+def test_fused_matmul_leaves_the_flags_alone_where_matmul_needs_no_layout_work(monkeypatch):
+    """A product MatMul computes with Reshapes at most, and no more GEMM calls than any FusedMatMul
+    would make, is refused from MatMul's readings alone: no flag's layout is computed."""
+
+    def unused(*args):
+        raise AssertionError("the flags' layouts were computed")
+
+    monkeypatch.setattr(match_contrib, "_flagged", unused)
+    for text in (  # sizes of their own: scopes no other test matched
+        "L[b:3, m:4, n:7] Sum[k:6] A[b, m, k] * B[b, k, n] where A:[3,4,6], B:[3,6,7]",
+        "L[m:4, n:7] Sum[k:6] 0.5 * A[m, k] * B[k, n] where A:[4,6], B:[6,7]",
+    ):
+        scope = einopt.parse(text)
+        a = next(t for t in ir.input_tensors(scope) if t.name == "A")
+        refused = match_fused_matmul(scope, MatchContext(constant=frozenset({a})))  # the scale on A
+        assert isinstance(refused, Refusal) and "standard operator needs no more" in refused.reason
 
 
 def test_fused_matmul_arranges_once_per_scope(monkeypatch):

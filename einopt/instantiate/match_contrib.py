@@ -106,15 +106,14 @@ def _fused_layout(groups: Groups, trans: bool, trans_batch: bool) -> Groups:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Reading:
-    """One iterator correspondence of a two-operand product (``va`` read as A), and the operand
-    steps of each transpose flag: ``a``/``b`` map ``(trans, transBatch of it, transBatch of
-    either)`` to the steps (flags ``(0, 0, 0)`` are MatMul's)."""
+    """One iterator correspondence of a two-operand product (``va`` read as A): MatMul's operand
+    steps, the result's steps, and the GEMM calls of FusedMatMul and MatMul."""
 
     va: View
     vb: View
     g: object  # einopt.instantiate.match._Groups
-    a: dict[tuple[int, int, int], tuple[LayoutStep, ...]]
-    b: dict[tuple[int, int, int], tuple[LayoutStep, ...]]
+    a: tuple[LayoutStep, ...]
+    b: tuple[LayoutStep, ...]
     post: tuple[LayoutStep, ...]
     calls: int  # FusedMatMul's GEMM calls: one per batch element
     matmul_calls: int  # MatMul's: its operands' batch dimensions broadcast
@@ -123,23 +122,26 @@ class _Reading:
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Products:
     """A scope as a product of two accesses and every reading of it (in the order MatMul and
-    FusedMatMul try them), or why it is none."""
+    FusedMatMul try them), or why it is none; ``arranged`` holds the operand steps per grouping
+    (A's do not depend on B's groups, and the flags' layouts repeat across readings)."""
 
     contraction: object  # einopt.instantiate.match._Contraction
     readings: tuple[_Reading, ...]
-    refusal: Refusal | None
+    refusal: Refusal
+    fewest_calls: int  # the GEMM calls of any FusedMatMul: at least one per common batch element
+    arranged: dict = dataclasses.field(default_factory=dict)
 
-
-def _operand_steps(view: View, groups: Groups, memo: dict) -> tuple[LayoutStep, ...]:
-    key = (id(view), tuple(groups))
-    if key not in memo:
-        memo[key] = normalize(view.steps + arrange(view.labels, view.shape, groups), tuple(view.source.shape))
-    return memo[key]
+    def steps(self, view: View, groups: Groups) -> tuple[LayoutStep, ...]:
+        key = (id(view), tuple(groups))
+        if key not in self.arranged:
+            self.arranged[key] = normalize(
+                view.steps + arrange(view.labels, view.shape, groups), tuple(view.source.shape)
+            )
+        return self.arranged[key]
 
 
 def _readings(scope: ir.Scope) -> _Products | Refusal:
-    """Every reading of ``scope`` as a (Fused)MatMul: the operands' steps for each flag, computed once
-    per (interned) scope and per distinct grouping (A's steps do not depend on B's groups)."""
+    """Every reading of ``scope`` as a MatMul, computed once per (interned) scope."""
     from einopt.instantiate.match import _batch_groups, _contraction, _product_groups
 
     c = _contraction(scope)
@@ -147,7 +149,9 @@ def _readings(scope: ir.Scope) -> _Products | Refusal:
         return c
     if len(c.views) != 2:
         return Refusal(f"a product of {len(c.views)} accesses: FusedMatMul takes two")
-    memo: dict = {}
+    la, lb = set(c.views[0].labels), set(c.views[1].labels)
+    products = _Products(c, (), Refusal(""), math.prod(t.extent for t in c.traversal if t in la and t in lb))
+    posts: dict = {}
     readings: list[_Reading] = []
     reasons = []
     for va, vb in ((c.views[0], c.views[1]), (c.views[1], c.views[0])):
@@ -156,32 +160,62 @@ def _readings(scope: ir.Scope) -> _Products | Refusal:
             reasons.append(gs.reason)
             continue
         for g in gs:
-            a, b = {}, {}
-            for any_batch in (0, 1) if g.batch else (0,):
-                for view, steps, last in ((va, a, [g.m, g.k]), (vb, b, [g.k, g.n])):
-                    batch = (
-                        [(t,) if t in view.labels else () for t in g.batch]
-                        if any_batch
-                        else _batch_groups(g.batch, view.labels)
-                    )
-                    for trans, moved in itertools.product((0, 1), (0, 1) if any_batch else (0,)):
-                        layout = _fused_layout([*batch, *last], bool(trans), bool(moved))
-                        steps[trans, moved, any_batch] = _operand_steps(view, layout, memo)
-            a_shape = steps_shape(a[0, 0, 0], tuple(va.source.shape))[:-2]
-            b_shape = steps_shape(b[0, 0, 0], tuple(vb.source.shape))[:-2]
-            readings.append(
-                _Reading(
-                    va,
-                    vb,
-                    g,
-                    a,
-                    b,
-                    finish([(t,) for t in g.batch] + [g.m, g.n], c.traversal),
-                    math.prod(t.extent for t in g.batch),
-                    math.prod(np.broadcast_shapes(a_shape, b_shape)),
+            a = products.steps(va, _batch_groups(g.batch, va.labels) + [g.m, g.k])
+            b = products.steps(vb, _batch_groups(g.batch, vb.labels) + [g.k, g.n])
+            out = ((t,) for t in g.batch)
+            if (g.batch, g.m, g.n) not in posts:
+                posts[g.batch, g.m, g.n] = finish([*out, g.m, g.n], c.traversal)
+            a_shape = steps_shape(a, tuple(va.source.shape))[:-2]
+            b_shape = steps_shape(b, tuple(vb.source.shape))[:-2]
+            calls = math.prod(t.extent for t in g.batch)
+            mm_calls = math.prod(np.broadcast_shapes(a_shape, b_shape))
+            readings.append(_Reading(va, vb, g, a, b, posts[g.batch, g.m, g.n], calls, mm_calls))
+    refusal = Refusal(reasons[0] if reasons else "no iterator correspondence")
+    return dataclasses.replace(products, readings=tuple(readings), refusal=refusal)
+
+
+def _flagged(products: _Products) -> list[tuple[dict, dict]]:
+    """For each reading, A's and B's steps for each FusedMatMul flag of theirs, keyed by
+    ``(trans, transBatch of it, transBatch of either)`` (``(0, 0, 0)``: MatMul's)."""
+    from einopt.instantiate.match import _batch_groups
+
+    out = []
+    for r in products.readings:
+        g = r.g
+        a, b = {}, {}
+        for any_batch in (0, 1) if g.batch else (0,):
+            for view, steps, last in ((r.va, a, [g.m, g.k]), (r.vb, b, [g.k, g.n])):
+                batch = (
+                    [(t,) if t in view.labels else () for t in g.batch]
+                    if any_batch
+                    else _batch_groups(g.batch, view.labels)
                 )
-            )
-    return _Products(c, tuple(readings), Refusal(reasons[0] if reasons else "no iterator correspondence"))
+                for trans, moved in itertools.product((0, 1), (0, 1) if any_batch else (0,)):
+                    layout = _fused_layout([*batch, *last], bool(trans), bool(moved))
+                    steps[trans, moved, any_batch] = products.steps(view, layout)
+        out.append((a, b))
+    return out
+
+
+def _plain(products: _Products, constant: tuple[bool, bool]) -> tuple[float, int] | None:
+    """The layout cost and GEMM calls of ``match.match_matmul``'s match (the first cheapest reading,
+    the scale on a constant A when B is not, else on B), ``constant[i]`` telling whether the
+    product's ``i``-th access reads a constant."""
+    from einopt.instantiate.match import _with_scale
+
+    c = products.contraction
+    plain: tuple[float, int] | None = None
+    for r in products.readings:
+        const_a, const_b = constant if r.va is c.views[0] else constant[::-1]
+        a_steps, b_steps = r.a, r.b
+        if const_a and not const_b:
+            a_steps = _with_scale(a_steps, c.scale, tuple(r.va.source.shape))
+        else:
+            b_steps = _with_scale(b_steps, c.scale, tuple(r.vb.source.shape))
+        cost = steps_cost(a_steps, const_a) + steps_cost(b_steps, const_b) + steps_cost(r.post, False)
+        if plain is None or cost < plain[0]:
+            plain = (cost, r.matmul_calls)
+    return plain
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -198,19 +232,23 @@ class _Choice:
 _FLAGS = tuple(itertools.product((0, 1), repeat=4))  # (transA, transB, transBatchA, transBatchB)
 
 
-def _choose(products: _Products, constant: tuple[bool, bool]) -> _Choice | None:
-    """The FusedMatMul and the MatMul that the enumeration of every reading and flag chooses (the
-    least cost, then the fewest GEMM calls; the first of equals), with ``constant[i]`` telling
-    whether the product's ``i``-th access reads a constant."""
-    from einopt.instantiate.match import _with_scale
-
+def _choose(scope: ir.Scope, products: _Products, constant: tuple[bool, bool]) -> _Choice | Refusal:
+    """The FusedMatMul the enumeration of every reading and flag chooses (the least cost, then the
+    fewest GEMM calls; the first of equals), and MatMul's cost; refused without the flags where
+    MatMul needs less layout work than any FusedMatMul could save, with no more GEMM calls."""
+    plain = _plain(products, constant)
+    if plain is None:
+        return products.refusal
+    matmul_cost, matmul_calls = plain
+    if matmul_calls <= products.fewest_calls and matmul_cost < _SAVING:
+        return _not_cheaper(matmul_cost, "less than FusedMatMul saves")
     c = products.contraction
-    best: tuple[tuple[float, int], _Reading, tuple[int, ...]] | None = None
-    plain: tuple[float, _Reading] | None = None
-    for r in products.readings:
+    flagged = ir._cached(scope, "contrib_fused_flagged", lambda: _flagged(products))
+    best: tuple[tuple[float, int], _Reading, tuple[int, ...], tuple[dict, dict]] | None = None
+    for r, (a, b) in zip(products.readings, flagged, strict=True):
         const_a, const_b = constant if r.va is c.views[0] else constant[::-1]
-        a_cost = {k: steps_cost(st, const_a) for k, st in r.a.items()}
-        b_cost = {k: steps_cost(st, const_b) for k, st in r.b.items()}
+        a_cost = {k: steps_cost(st, const_a) for k, st in a.items()}
+        b_cost = {k: steps_cost(st, const_b) for k, st in b.items()}
         post_cost = steps_cost(r.post, False)
         for flags in _FLAGS:
             trans_a, trans_b, batch_a, batch_b = flags
@@ -224,23 +262,14 @@ def _choose(products: _Products, constant: tuple[bool, bool]) -> _Choice | None:
                 + 0.001 * sum(flags)  # equal cost: fewer flags
             )
             if best is None or (cost, r.calls) < best[0]:
-                best = ((cost, r.calls), r, flags)
-        # MatMul (match.match_matmul): the scale on a constant A when B is not, else on B
-        a_steps, b_steps = r.a[0, 0, 0], r.b[0, 0, 0]
-        if const_a and not const_b:
-            a_steps = _with_scale(a_steps, c.scale, tuple(r.va.source.shape))
-        else:
-            b_steps = _with_scale(b_steps, c.scale, tuple(r.vb.source.shape))
-        cost = steps_cost(a_steps, const_a) + steps_cost(b_steps, const_b) + post_cost
-        if plain is None or cost < plain[0]:
-            plain = (cost, r)
-    if best is None or plain is None:
-        return None
-    (cost, calls), r, flags = best
-    return _Choice(cost, calls, _fused_match(c.scale, r, flags), plain[0], plain[1].matmul_calls)
+                best = ((cost, r.calls), r, flags, (a, b))
+    (cost, calls), r, flags, steps = best
+    return _Choice(cost, calls, _fused_match(c.scale, r, flags, steps), matmul_cost, matmul_calls)
 
 
-def _fused_match(scale: float, r: _Reading, flags: tuple[int, ...]) -> OperatorMatch:
+def _fused_match(
+    scale: float, r: _Reading, flags: tuple[int, ...], steps: tuple[dict, dict]
+) -> OperatorMatch:
     trans_a, trans_b, batch_a, batch_b = flags
     any_batch = batch_a or batch_b
     g = r.g
@@ -256,9 +285,10 @@ def _fused_match(scale: float, r: _Reading, flags: tuple[int, ...]) -> OperatorM
         ("transBatchB", batch_b),
     )
     op = OpNode("FusedMatMul", (0, 1), attrs, CONTRIB_DOMAIN, shape)
+    a, b = steps
     operands = (
-        Operand(r.va.source, r.a[trans_a, batch_a, any_batch]),
-        Operand(r.vb.source, r.b[trans_b, batch_b, any_batch]),
+        Operand(r.va.source, a[trans_a, batch_a, any_batch]),
+        Operand(r.vb.source, b[trans_b, batch_b, any_batch]),
     )
     return OperatorMatch(f"{CONTRIB_DOMAIN}.FusedMatMul", operands, (op,), r.post)
 
@@ -311,23 +341,21 @@ def match_fused_matmul(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) ->
     constant = (ctx.is_constant(views[0].source), ctx.is_constant(views[1].source))
     choices = ir._cached(scope, "contrib_fused_choices", dict)
     if constant not in choices:
-        choices[constant] = _choose(products, constant)
+        choices[constant] = _choose(scope, products, constant)
     choice = choices[constant]
-    if choice is None:
-        return products.refusal
+    if isinstance(choice, Refusal):
+        return choice
     # MatMul (computed with the choice) refuses most products without the other standard operators.
     if choice.matmul_calls <= choice.calls and choice.cost > choice.matmul_cost - _SAVING:
-        return _not_cheaper(choice.matmul_cost, choice.cost)
+        return _not_cheaper(choice.matmul_cost, f"against FusedMatMul's {choice.cost:.2f}")
     standard = _standard_layout_cost(scope, ctx, choice.calls)
     if standard is not None and choice.cost > standard - _SAVING:
-        return _not_cheaper(standard, choice.cost)
+        return _not_cheaper(standard, f"against FusedMatMul's {choice.cost:.2f}")
     return choice.fused
 
 
-def _not_cheaper(standard: float, fused: float) -> Refusal:
-    return Refusal(
-        f"a standard operator needs no more run-time layout work ({standard:.2f} against FusedMatMul's {fused:.2f})"
-    )
+def _not_cheaper(standard: float, than: str) -> Refusal:
+    return Refusal(f"a standard operator needs no more run-time layout work ({standard:.2f} {than})")
 
 
 # --------------------------------------------------------------------------
