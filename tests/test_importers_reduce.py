@@ -29,7 +29,6 @@ from einopt.frontend.importers import IMPORTERS, import_node, sanitize_name, tra
 from einopt.frontend.importers_reduce import (
     NONLINEAR,
     REDUCE_IMPORTERS,
-    PoolGeometry,
     average_pool,
     layer_norm,
     scope_operand,
@@ -37,6 +36,7 @@ from einopt.frontend.importers_reduce import (
 from einopt.frontend.onnx_graph import default_opset
 from einopt.frontend.operand import NodeView, Operand, Unsupported, node_attrs
 from einopt.frontend.partition import ACTIVATIONS
+from einopt.frontend.pooling import PoolGeometry
 from einopt.frontend.translate import translate_graph
 from einopt.rules import NO_CONTEXT, REGISTRY, check_equivalent
 from einopt.search import DEFAULT_SCHEDULE

@@ -23,8 +23,8 @@ from rules_support import Example, NearMiss, apply_all, check_result, contractio
 from einopt.core import ir
 from einopt.core.rewrite import map_accesses
 from einopt.frontend.importers_max import max_pool, max_reduction, softmax
-from einopt.frontend.importers_reduce import PoolGeometry
 from einopt.frontend.operand import Operand as SourceOperand
+from einopt.frontend.pooling import PoolGeometry
 from einopt.rules import REGISTRY, Match, NotEquivalentError, check_equivalent, get
 from einopt.search import Budget, search
 

@@ -41,10 +41,9 @@ from einopt.frontend.operand import (
     numbered,
     operand_shape,
 )
+from einopt.frontend.pooling import AUTO_PADS, explicit_pads, ints_attr
 
 __all__ = ["CONV_IMPORTERS"]
-
-_AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
 Shape = tuple[int, ...]
 
@@ -57,16 +56,6 @@ class _Geometry:
     dilations: tuple[int, ...]
     pads_begin: tuple[int, ...]
     out: tuple[int, ...]
-
-
-def _ints_attr(view: NodeView, name: str, rank: int, default: int) -> tuple[int, ...]:
-    value = view.attr(name)
-    if value is None:
-        return (default,) * rank
-    value = tuple(int(v) for v in value)
-    if len(value) != rank:
-        raise Unsupported(f"{view.op_type} {name}={list(value)} for {rank} spatial dimensions")
-    return value
 
 
 def _operands(view: NodeView) -> tuple[Operand, Operand, Shape, Shape, Shape, int, str]:
@@ -84,22 +73,15 @@ def _operands(view: NodeView) -> tuple[Operand, Operand, Shape, Shape, Shape, in
     if group < 1:
         raise Unsupported(f"group={group}")
     auto_pad = str(view.attr("auto_pad", "NOTSET"))
-    if auto_pad not in _AUTO_PADS:
+    if auto_pad not in AUTO_PADS:
         raise Unsupported(f"auto_pad={auto_pad}")
     return x, w, xs, ws, kernel, group, auto_pad
 
 
-def _explicit_pads(view: NodeView, rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    pads = _ints_attr(view, "pads", 2 * rank, 0)
-    if any(p < 0 for p in pads):
-        raise Unsupported(f"negative pads {list(pads)}")
-    return pads[:rank], pads[rank:]
-
-
 def _conv_geometry(view: NodeView, spatial: Shape, kernel: Shape, auto_pad: str) -> _Geometry:
     rank = len(spatial)
-    strides = _ints_attr(view, "strides", rank, 1)
-    dilations = _ints_attr(view, "dilations", rank, 1)
+    strides = ints_attr(view, "strides", rank, 1)
+    dilations = ints_attr(view, "dilations", rank, 1)
     if any(v < 1 for v in strides + dilations):
         raise Unsupported(f"strides {list(strides)} / dilations {list(dilations)} must be positive")
     extent = [d * (k - 1) + 1 for k, d in zip(kernel, dilations, strict=True)]
@@ -114,7 +96,7 @@ def _conv_geometry(view: NodeView, spatial: Shape, kernel: Shape, auto_pad: str)
         ]
         begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
         return _Geometry(strides, dilations, tuple(begin), tuple(out))
-    begin, end = ((0,) * rank, (0,) * rank) if auto_pad == "VALID" else _explicit_pads(view, rank)
+    begin, end = ((0,) * rank, (0,) * rank) if auto_pad == "VALID" else explicit_pads(view, rank)
     out = [
         (n + b + a - e) // s + 1 for n, b, a, e, s in zip(spatial, begin, end, extent, strides, strict=True)
     ]
@@ -170,9 +152,9 @@ def import_conv(view: NodeView) -> tuple[ir.Scope, ...]:
 
 def _transpose_geometry(view: NodeView, spatial: Shape, kernel: Shape, auto_pad: str) -> _Geometry:
     rank = len(spatial)
-    strides = _ints_attr(view, "strides", rank, 1)
-    dilations = _ints_attr(view, "dilations", rank, 1)
-    out_pad = _ints_attr(view, "output_padding", rank, 0)
+    strides = ints_attr(view, "strides", rank, 1)
+    dilations = ints_attr(view, "dilations", rank, 1)
+    out_pad = ints_attr(view, "output_padding", rank, 0)
     if any(v < 1 for v in strides + dilations) or any(v < 0 for v in out_pad):
         raise Unsupported(
             f"strides {list(strides)}, dilations {list(dilations)}, output_padding {list(out_pad)}"
@@ -199,7 +181,7 @@ def _transpose_geometry(view: NodeView, spatial: Shape, kernel: Shape, auto_pad:
         # SAME_UPPER cuts more at the end, SAME_LOWER and NOTSET more at the beginning.
         begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
         return _Geometry(strides, dilations, tuple(begin), tuple(wanted))
-    begin, end = ((0,) * rank, (0,) * rank) if auto_pad == "VALID" else _explicit_pads(view, rank)
+    begin, end = ((0,) * rank, (0,) * rank) if auto_pad == "VALID" else explicit_pads(view, rank)
     out = [fu - b - e for fu, b, e in zip(full, begin, end, strict=True)]
     return _Geometry(strides, dilations, begin, tuple(out))
 

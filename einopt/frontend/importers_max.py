@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 from einopt.core import ir
 from einopt.core.index import bounds, simplify
-from einopt.frontend.importers_reduce import PoolGeometry, _pool_geometry, _reduce_axes, reduced_shape
+from einopt.frontend.importers_reduce import reduced_shape
 from einopt.frontend.operand import (
     Importer,
     NodeView,
@@ -43,6 +43,7 @@ from einopt.frontend.operand import (
     numbered,
     operand_shape,
 )
+from einopt.frontend.pooling import PoolGeometry, pool_geometry, reduce_axes
 
 __all__ = [
     "MAX_IMPORTERS",
@@ -99,7 +100,7 @@ def import_reduce_max(view: NodeView) -> tuple[ir.Scope, ...]:
     """``L kept.. Max red..: X[..]`` (axes an input from opset 18, ``keepdims``, ``noop_with_empty_axes``)."""
     x = float_data(view.input(0), "input data")
     shape = operand_shape(x)
-    axes = _reduce_axes(view, len(shape), REDUCE_MAX_AXES_INPUT_OPSET)
+    axes = reduce_axes(view, len(shape), REDUCE_MAX_AXES_INPUT_OPSET)
     keepdims = bool(view.attr("keepdims", 1))
     checked_output(view, 0, reduced_shape(shape, axes, keepdims))
     return (max_reduction(x, axes, keepdims),)
@@ -163,7 +164,7 @@ def import_max_pool(view: NodeView) -> tuple[ir.Scope, ...]:
     shape = operand_shape(x)
     if len(shape) < 3:
         raise Unsupported(f"MaxPool of {list(shape)} (needs N, C, spatial..)")
-    g = _pool_geometry(view, shape[2:])
+    g = pool_geometry(view, shape[2:])
     checked_output(view, 0, shape[:2] + g.out)
     return (max_pool(x, g),)
 

@@ -49,23 +49,26 @@ from einopt.frontend.operand import (
     Unsupported,
     access,
     checked_output,
-    constant_ints,
     float_data,
     numbered,
     operand_shape,
     read,
 )
+from einopt.frontend.pooling import (
+    PoolGeometry,
+    normalized_axes,
+    pool_geometry,
+    reduce_axes,
+)
 
 __all__ = [
     "REDUCE_IMPORTERS",
     "NONLINEAR",
-    "PoolGeometry",
     "reduction",
     "average_pool",
     "count_scope",
     "layer_norm",
     "LayerNorm",
-    "pool_output_size",
 ]
 
 Shape = tuple[int, ...]
@@ -126,38 +129,11 @@ def reduction(
     return ir.Scope(its, ks, body)
 
 
-def _axes(axes: Sequence[int], rank: int, what: str) -> list[int]:
-    out = []
-    for a in axes:
-        if not -rank <= a < rank:
-            raise Unsupported(f"{what} axis {a} out of range for rank {rank}")
-        out.append(a % rank)
-    if len(set(out)) != len(out):
-        raise Unsupported(f"{what} repeats an axis: {list(axes)}")
-    return sorted(out)
-
-
-def _reduce_axes(view: NodeView, rank: int, since: int) -> list[int]:
-    """The reduced axes: an attribute before opset ``since``, a constant input from it on.
-
-    Absent or empty axes reduce every axis, unless ``noop_with_empty_axes`` (then none).
-    """
-    if view.opset < since:
-        given = view.attr("axes")
-        axes = None if given is None else [int(a) for a in given]
-    else:
-        operand = view.input(1)
-        axes = None if operand is None else constant_ints(operand, f"{view.op_type} axes")
-    if not axes:
-        return [] if view.attr("noop_with_empty_axes", 0) else list(range(rank))
-    return _axes(axes, rank, view.op_type)
-
-
 def _reduce_importer(since: int, **form: bool) -> Importer:
     def importer(view: NodeView) -> tuple[ir.Scope, ...]:
         x = float_data(view.input(0), "input data")
         shape = operand_shape(x)
-        axes = _reduce_axes(view, len(shape), since)
+        axes = reduce_axes(view, len(shape), since)
         keepdims = bool(view.attr("keepdims", 1))
         checked_output(view, 0, reduced_shape(shape, axes, keepdims))
         return (reduction(x, axes, keepdims, **form),)
@@ -193,78 +169,6 @@ def import_global_average_pool(view: NodeView) -> tuple[ir.Scope, ...]:
 # --------------------------------------------------------------------------
 # AveragePool
 # --------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class PoolGeometry:
-    """Per spatial dimension: kernel, stride, dilation, begin and end pads, output size."""
-
-    kernel: Shape
-    strides: Shape
-    dilations: Shape
-    pads_begin: Shape
-    pads_end: Shape
-    out: Shape
-
-
-def pool_output_size(n: int, k: int, s: int, d: int, pb: int, pe: int, ceil_mode: bool) -> int:
-    """ONNX's pooled size of one dimension (a last window that would start in the end padding is
-    dropped in ``ceil_mode``)."""
-    span = n + pb + pe - d * (k - 1) - 1
-    if span < 0:
-        return 0
-    if not ceil_mode:
-        return span // s + 1
-    out = -(-span // s) + 1
-    return out - 1 if (out - 1) * s >= n + pb else out
-
-
-def _ints_attr(view: NodeView, name: str, rank: int, default: int) -> Shape:
-    value = view.attr(name)
-    if value is None:
-        return (default,) * rank
-    value = tuple(int(v) for v in value)
-    if len(value) != rank:
-        raise Unsupported(f"{view.op_type} {name}={list(value)} for {rank} spatial dimensions")
-    return value
-
-
-def _pool_geometry(view: NodeView, spatial: Shape) -> PoolGeometry:
-    """Kernel, strides, dilations, pads (``auto_pad`` resolved as ONNX Runtime does) and sizes."""
-    rank = len(spatial)
-    if view.attr("kernel_shape") is None:
-        raise Unsupported(f"{view.op_type} without kernel_shape")
-    kernel = _ints_attr(view, "kernel_shape", rank, 1)
-    strides = _ints_attr(view, "strides", rank, 1)
-    dilations = _ints_attr(view, "dilations", rank, 1)
-    if any(v < 1 for v in kernel + strides + dilations):
-        raise Unsupported(f"kernel {list(kernel)}, strides {list(strides)}, dilations {list(dilations)}")
-    ceil_mode = bool(view.attr("ceil_mode", 0))
-    auto_pad = str(view.attr("auto_pad", "NOTSET"))
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        if any(d != 1 for d in dilations):
-            raise Unsupported(f"auto_pad {auto_pad} with dilations {list(dilations)}")
-        total = [(-(-n // s) - 1) * s + k - n for n, s, k in zip(spatial, strides, kernel, strict=True)]
-        if any(t < 0 for t in total):
-            raise Unsupported(f"auto_pad {auto_pad} with negative padding {total}")
-        begin = tuple(t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total)
-        end = tuple(t - b for t, b in zip(total, begin, strict=True))
-    elif auto_pad == "VALID":
-        begin = end = (0,) * rank
-    elif auto_pad == "NOTSET":
-        pads = _ints_attr(view, "pads", 2 * rank, 0)
-        if any(p < 0 for p in pads):
-            raise Unsupported(f"negative pads {list(pads)}")
-        begin, end = pads[:rank], pads[rank:]
-    else:
-        raise Unsupported(f"auto_pad={auto_pad}")
-    out = tuple(
-        pool_output_size(*dims, ceil_mode)
-        for dims in zip(spatial, kernel, strides, dilations, begin, end, strict=True)
-    )
-    if any(o < 1 for o in out):
-        raise Unsupported(f"{view.op_type} kernel larger than the padded input")
-    return PoolGeometry(kernel, strides, dilations, begin, end, out)
 
 
 def _window(o: ir.Iter, t: ir.Iter, s: int, d: int, pb: int) -> ir.IndexExpr:
@@ -330,7 +234,7 @@ def import_average_pool(view: NodeView) -> tuple[ir.Scope, ...]:
     include_pad = view.attr("count_include_pad", 0)
     if include_pad not in (0, 1):
         raise Unsupported(f"count_include_pad={include_pad}")
-    g = _pool_geometry(view, shape[2:])
+    g = pool_geometry(view, shape[2:])
     checked_output(view, 0, shape[:2] + g.out)
     return (average_pool(x, g, bool(include_pad)),)
 
@@ -417,7 +321,7 @@ def import_layer_normalization(view: NodeView) -> tuple[ir.Scope, ...]:
     x = float_data(view.input(0), "input X")
     shape = operand_shape(x)
     rank = len(shape)
-    (axis,) = _axes([int(view.attr("axis", -1))], rank, "LayerNormalization")
+    (axis,) = normalized_axes([int(view.attr("axis", -1))], rank, "LayerNormalization")
     stash = int(view.attr("stash_type", 1))
     if stash != 1:
         raise Unsupported(f"LayerNormalization stash_type={stash} (only float32 statistics)")

@@ -44,8 +44,8 @@ from einopt.frontend.importers_max import (
     penalty,
     softmax,
 )
-from einopt.frontend.importers_reduce import pool_output_size
 from einopt.frontend.operand import Operand as SourceOperand
+from einopt.frontend.pooling import pool_output_size
 from einopt.instantiate.plan import (
     NO_MATCH_CONTEXT,
     Literal,

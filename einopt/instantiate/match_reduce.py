@@ -34,14 +34,10 @@ import onnx
 from einopt.core import ir, keys
 from einopt.core.index import bounds
 from einopt.core.rewrite import substitute_iters, transform
-from einopt.frontend.importers_reduce import (
-    PoolGeometry,
-    count_scope,
-    layer_norm,
-    pool_output_size,
-)
+from einopt.frontend.importers_reduce import count_scope, layer_norm
 from einopt.frontend.operand import Operand as SourceOperand
 from einopt.frontend.operand import Unsupported
+from einopt.frontend.pooling import PoolGeometry, pool_output_size
 from einopt.instantiate.plan import (
     NO_MATCH_CONTEXT,
     LayoutStep,
