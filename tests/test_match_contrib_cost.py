@@ -185,18 +185,20 @@ def test_fused_matmul_leaves_the_flags_alone_where_matmul_needs_no_layout_work(m
         assert isinstance(refused, Refusal) and "standard operator needs no more" in refused.reason
 
 
-def test_fused_matmul_arranges_once_per_scope(monkeypatch):
-    """The operands' layouts of every reading and flag are computed once per scope: asking again, in
-    another context or with other constant operands, arranges nothing."""
+def test_fused_matmul_arranges_once(monkeypatch):
+    """The operands' layouts of every reading and flag are computed once: asking again, in another
+    context or with other constant operands, or for another scope that reads the same operands in the
+    same traversal, arranges nothing."""
     calls = []
     real = match_contrib.arrange
     monkeypatch.setattr(match_contrib, "arrange", lambda *a: calls.append(a) or real(*a))
-    # the attention scores at sizes of their own (a scope no other test has matched)
-    scope = einopt.parse("L[h:2, i:7, j:6] Sum[d:4] 0.5 * Q[i, h*4+d] * K[j, h*4+d] where Q:[7,8], K:[6,8]")
+    match_contrib._arranged.cache_clear()
+    text = "L[h:2, i:7, j:6] Sum[d:4] 0.5 * Q[i, h*4+d] * K[j, h*4+d] where Q:[7,8], K:[6,8]"
+    scope = einopt.parse(text)
     first = match_fused_matmul(scope)
     assert isinstance(first, OperatorMatch) and calls
     # one arrangement per distinct operand grouping, not one per flag combination
-    assert len(calls) == len({(id(a[0]), str(a[2])) for a in calls})
+    assert len(calls) == len({(a[0], str(a[2])) for a in calls})
     calls.clear()
     q = next(t for t in ir.input_tensors(scope) if t.name == "Q")
     for ctx in (
@@ -205,6 +207,8 @@ def test_fused_matmul_arranges_once_per_scope(monkeypatch):
         MatchContext(constant=frozenset({q})),
     ):
         match_fused_matmul(scope, ctx)
+    other = einopt.parse(text.replace("0.5", "0.25"))  # another scope: its readings are its own
+    assert other is not scope and isinstance(match_fused_matmul(other), OperatorMatch)
     assert not calls
 
 

@@ -29,6 +29,7 @@ this one for its table (its helpers are imported inside the matchers).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable
@@ -122,22 +123,33 @@ class _Reading:
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Products:
     """A scope as a product of two accesses and every reading of it (in the order MatMul and
-    FusedMatMul try them), or why it is none; ``arranged`` holds the operand steps per grouping
-    (A's do not depend on B's groups, and the flags' layouts repeat across readings)."""
+    FusedMatMul try them), or why it is none."""
 
     contraction: object  # einopt.instantiate.match._Contraction
     readings: tuple[_Reading, ...]
     refusal: Refusal
     fewest_calls: int  # the GEMM calls of any FusedMatMul: at least one per common batch element
-    arranged: dict = dataclasses.field(default_factory=dict)
 
-    def steps(self, view: View, groups: Groups) -> tuple[LayoutStep, ...]:
-        key = (id(view), tuple(groups))
-        if key not in self.arranged:
-            self.arranged[key] = normalize(
-                view.steps + arrange(view.labels, view.shape, groups), tuple(view.source.shape)
-            )
-        return self.arranged[key]
+
+# Layouts are pure functions of interned iterators and hashable steps, and the states of a search
+# share most accesses and traversals: computed once across scopes (bounded).
+@functools.lru_cache(maxsize=1 << 14)
+def _arranged(
+    labels: tuple[ir.Iter, ...], steps: tuple[LayoutStep, ...], source: tuple[int, ...], groups: tuple
+) -> tuple[LayoutStep, ...]:
+    return normalize(steps + arrange(labels, tuple(t.extent for t in labels), groups), source)
+
+
+def _operand_steps(view: View, groups: Groups) -> tuple[LayoutStep, ...]:
+    """``view`` arranged to one dimension per group (as ``views.arrange``, memoised)."""
+    return _arranged(view.labels, view.steps, tuple(view.source.shape), tuple(groups))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _finished(
+    groups: tuple[tuple[ir.Iter, ...], ...], traversal: tuple[ir.Iter, ...]
+) -> tuple[LayoutStep, ...]:
+    return finish(groups, traversal)
 
 
 def _readings(scope: ir.Scope) -> _Products | Refusal:
@@ -150,8 +162,6 @@ def _readings(scope: ir.Scope) -> _Products | Refusal:
     if len(c.views) != 2:
         return Refusal(f"a product of {len(c.views)} accesses: FusedMatMul takes two")
     la, lb = set(c.views[0].labels), set(c.views[1].labels)
-    products = _Products(c, (), Refusal(""), math.prod(t.extent for t in c.traversal if t in la and t in lb))
-    posts: dict = {}
     readings: list[_Reading] = []
     reasons = []
     for va, vb in ((c.views[0], c.views[1]), (c.views[1], c.views[0])):
@@ -160,18 +170,17 @@ def _readings(scope: ir.Scope) -> _Products | Refusal:
             reasons.append(gs.reason)
             continue
         for g in gs:
-            a = products.steps(va, _batch_groups(g.batch, va.labels) + [g.m, g.k])
-            b = products.steps(vb, _batch_groups(g.batch, vb.labels) + [g.k, g.n])
-            out = ((t,) for t in g.batch)
-            if (g.batch, g.m, g.n) not in posts:
-                posts[g.batch, g.m, g.n] = finish([*out, g.m, g.n], c.traversal)
+            a = _operand_steps(va, _batch_groups(g.batch, va.labels) + [g.m, g.k])
+            b = _operand_steps(vb, _batch_groups(g.batch, vb.labels) + [g.k, g.n])
+            post = _finished((*((t,) for t in g.batch), g.m, g.n), c.traversal)
             a_shape = steps_shape(a, tuple(va.source.shape))[:-2]
             b_shape = steps_shape(b, tuple(vb.source.shape))[:-2]
             calls = math.prod(t.extent for t in g.batch)
             mm_calls = math.prod(np.broadcast_shapes(a_shape, b_shape))
-            readings.append(_Reading(va, vb, g, a, b, posts[g.batch, g.m, g.n], calls, mm_calls))
+            readings.append(_Reading(va, vb, g, a, b, post, calls, mm_calls))
     refusal = Refusal(reasons[0] if reasons else "no iterator correspondence")
-    return dataclasses.replace(products, readings=tuple(readings), refusal=refusal)
+    common = math.prod(t.extent for t in c.traversal if t in la and t in lb)
+    return _Products(c, tuple(readings), refusal, common)
 
 
 def _flagged(products: _Products) -> list[tuple[dict, dict]]:
@@ -192,7 +201,7 @@ def _flagged(products: _Products) -> list[tuple[dict, dict]]:
                 )
                 for trans, moved in itertools.product((0, 1), (0, 1) if any_batch else (0,)):
                     layout = _fused_layout([*batch, *last], bool(trans), bool(moved))
-                    steps[trans, moved, any_batch] = products.steps(view, layout)
+                    steps[trans, moved, any_batch] = _operand_steps(view, layout)
         out.append((a, b))
     return out
 
