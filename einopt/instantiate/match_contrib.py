@@ -250,7 +250,7 @@ def _choose(scope: ir.Scope, products: _Products, constant: tuple[bool, bool]) -
         return products.refusal
     matmul_cost, matmul_calls = plain
     if matmul_calls <= products.fewest_calls and matmul_cost < _SAVING:
-        return _not_cheaper(matmul_cost, "less than FusedMatMul saves")
+        return _not_cheaper(f"MatMul's {matmul_cost:.2f}, less than FusedMatMul could save")
     c = products.contraction
     flagged = ir._cached(scope, "contrib_fused_flagged", lambda: _flagged(products))
     best: tuple[tuple[float, int], _Reading, tuple[int, ...], tuple[dict, dict]] | None = None
@@ -356,15 +356,15 @@ def match_fused_matmul(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) ->
         return choice
     # MatMul (computed with the choice) refuses most products without the other standard operators.
     if choice.matmul_calls <= choice.calls and choice.cost > choice.matmul_cost - _SAVING:
-        return _not_cheaper(choice.matmul_cost, f"against FusedMatMul's {choice.cost:.2f}")
+        return _not_cheaper(f"MatMul's {choice.matmul_cost:.2f} against FusedMatMul's {choice.cost:.2f}")
     standard = _standard_layout_cost(scope, ctx, choice.calls)
     if standard is not None and choice.cost > standard - _SAVING:
-        return _not_cheaper(standard, f"against FusedMatMul's {choice.cost:.2f}")
+        return _not_cheaper(f"{standard:.2f} against FusedMatMul's {choice.cost:.2f}")
     return choice.fused
 
 
-def _not_cheaper(standard: float, than: str) -> Refusal:
-    return Refusal(f"a standard operator needs no more run-time layout work ({standard:.2f} {than})")
+def _not_cheaper(costs: str) -> Refusal:
+    return Refusal(f"a standard operator needs no more run-time layout work ({costs})")
 
 
 # --------------------------------------------------------------------------
