@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from reduce_cases import MAX_POOLS, REDUCE_MAXES, SOFTMAXES, max_pool
 from shared_models import needs_shared, path
 from test_importers import Case, build, cases, check, run_ort
 
@@ -25,10 +26,6 @@ from einopt.frontend.translate import translate_graph
 F32 = np.float32
 
 
-def _i64(*v: int) -> np.ndarray:
-    return np.array(v, dtype=np.int64)
-
-
 def _scopes(program: ir.Program) -> list[ir.Scope]:
     return [s for _, s in program.bindings for s in ir.scopes_in(s)]
 
@@ -38,18 +35,7 @@ def _scopes(program: ir.Program) -> list[ir.Scope]:
 # --------------------------------------------------------------------------
 
 
-@cases(
-    Case("keep-opset13", "ReduceMax", [("x", (2, 3, 4))], {"axes": [1]}, opset=13),
-    Case("drop-opset13", "ReduceMax", [("x", (2, 3, 4))], {"axes": [-1, 0], "keepdims": 0}, opset=13),
-    Case("all-opset13", "ReduceMax", [("x", (3, 5))], opset=13),
-    Case("input-opset18", "ReduceMax", [("x", (2, 3, 4)), ("a", _i64(2))], opset=18),
-    Case(
-        "input-drop-opset18", "ReduceMax", [("x", (2, 3, 4)), ("a", _i64(-2, 0))], {"keepdims": 0}, opset=18
-    ),
-    Case("no-axes-opset18", "ReduceMax", [("x", (2, 3))], opset=18),
-    Case("noop-opset18", "ReduceMax", [("x", (2, 3))], {"noop_with_empty_axes": 1}, opset=18),
-    Case("unit-axis", "ReduceMax", [("x", (2, 1, 4))], {"axes": [1]}, opset=13),
-)
+@cases(*REDUCE_MAXES)
 def test_reduce_max(case):
     program = check(case)
     (y,) = (program.scope(n) for n in program.outputs)
@@ -73,28 +59,7 @@ def test_reduce_max_of_negative_values_is_negative():
 # --------------------------------------------------------------------------
 
 
-def _pool(id_: str, shape: tuple[int, ...], opset: int = 17, **attrs) -> Case:
-    return Case(id_, "MaxPool", [("x", shape)], attrs, opset=opset)
-
-
-POOLS = [
-    _pool("1d", (2, 3, 9), kernel_shape=[3]),
-    _pool("2d-2x2-stride2", (1, 3, 8, 6), kernel_shape=[2, 2], strides=[2, 2]),
-    _pool("2d-3x3-stride2-pad1", (1, 2, 7, 7), kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
-    _pool("2d-uneven-pads", (1, 2, 6, 5), kernel_shape=[3, 2], pads=[2, 0, 1, 1]),
-    _pool("2d-dilated", (1, 2, 9, 8), kernel_shape=[2, 3], dilations=[2, 1], strides=[1, 2]),
-    _pool("2d-dilated-padded", (1, 1, 7, 7), kernel_shape=[3, 3], dilations=[2, 2], pads=[2, 1, 2, 1]),
-    _pool("2d-ceil", (1, 2, 7, 6), kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1),
-    _pool("2d-ceil-pads", (1, 2, 7, 6), kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 1, 0], ceil_mode=1),
-    _pool("2d-same-upper", (1, 2, 7, 6), kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER"),
-    _pool("2d-same-lower", (1, 2, 6, 6), kernel_shape=[2, 3], auto_pad="SAME_LOWER"),
-    _pool("2d-valid", (1, 2, 7, 6), kernel_shape=[3, 2], auto_pad="VALID"),
-    _pool("3d", (1, 2, 4, 5, 4), kernel_shape=[2, 3, 2], strides=[2, 1, 2], pads=[0, 1, 0, 0, 1, 1]),
-    _pool("opset11", (1, 2, 6, 6), opset=11, kernel_shape=[2, 2], strides=[2, 2]),
-]
-
-
-@cases(*POOLS)
+@cases(*MAX_POOLS)
 def test_max_pool(case):
     program = check(case)
     y = program.scope(program.outputs[0])
@@ -104,7 +69,7 @@ def test_max_pool(case):
 def test_max_pool_pads_with_minus_infinity():
     # Negative inputs: a window over the padding takes its inside's maximum, not 0 (the IR's read
     # outside a tensor); the penalty scopes give the padding -inf.
-    case = POOLS[2]
+    case = MAX_POOLS[2]
     model, feeds = build(case)
     x = {"x": -1.0 - np.abs(feeds["x"])}
     (want,) = run_ort(model, x)
@@ -112,7 +77,7 @@ def test_max_pool_pads_with_minus_infinity():
     got = evaluate(program, x)[program.outputs[0]]
     np.testing.assert_array_equal(got, want)
     assert (want < 0).all()
-    unpadded, _ = translate_single_node(build(POOLS[1])[0])
+    unpadded, _ = translate_single_node(build(MAX_POOLS[1])[0])
     assert len(_scopes(unpadded)) == 1  # no penalty where every window stays inside
 
 
@@ -124,10 +89,10 @@ def test_max_pool_pads_with_minus_infinity():
             "Indices output is used",
         ),
         (
-            _pool("padding-only", (1, 1, 3, 3), kernel_shape=[2, 2], dilations=[5, 1], pads=[1, 0, 2, 0]),
+            max_pool("padding-only", (1, 1, 3, 3), kernel_shape=[2, 2], dilations=[5, 1], pads=[1, 0, 2, 0]),
             "reads only padding",
         ),
-        (_pool("no-kernel", (1, 1, 4, 4)), "without kernel_shape"),
+        (max_pool("no-kernel", (1, 1, 4, 4)), "without kernel_shape"),
     ],
     ids=["indices", "padding-only", "no-kernel"],
 )
@@ -153,17 +118,6 @@ def test_max_pool_of_integers_is_refused():
 # --------------------------------------------------------------------------
 # Softmax
 # --------------------------------------------------------------------------
-
-SOFTMAXES = [
-    Case("last-opset13", "Softmax", [("x", (2, 3, 5))], opset=13),
-    Case("middle-opset13", "Softmax", [("x", (2, 3, 5))], {"axis": 1}, opset=13),
-    Case("first-opset13", "Softmax", [("x", (4, 3))], {"axis": -2}, opset=13),
-    Case("vector-opset13", "Softmax", [("x", (6,))], opset=13),
-    Case("default-opset11", "Softmax", [("x", (2, 3, 4))], opset=11),  # coerced 2-D at axis 1
-    Case("axis2-opset11", "Softmax", [("x", (2, 3, 4, 2))], {"axis": 2}, opset=11),
-    Case("axis0-opset11", "Softmax", [("x", (3, 4))], {"axis": 0}, opset=11),  # everything at once
-    Case("last-opset11", "Softmax", [("x", (2, 5))], {"axis": -1}, opset=11),
-]
 
 
 @cases(*SOFTMAXES)
@@ -226,9 +180,9 @@ def test_shared_models_translate_their_softmax_and_max_pool(name):
 # --------------------------------------------------------------------------
 
 FORMS = [
-    POOLS[2],
-    POOLS[5],
-    POOLS[7],
+    MAX_POOLS[2],
+    MAX_POOLS[5],
+    MAX_POOLS[7],
     SOFTMAXES[1],
     SOFTMAXES[4],
     Case("rm", "ReduceMax", [("x", (2, 3, 4))], {"axes": [0, 2]}),

@@ -13,28 +13,39 @@ want of an importer.
 from __future__ import annotations
 
 import importlib
-import os
 import re
 
 import numpy as np
 import onnx
 import pytest
+import shared_models
 from onnx import TensorProto, helper, numpy_helper
+from reduce_cases import (
+    AVERAGE_POOLS,
+    LAYER_NORMS,
+    REDUCTIONS,
+    by_id,
+    i64,
+    ln,
+    ln_model,
+    pool,
+    translate_nodes,
+    vec,
+)
+from shared_models import needs_shared
 from test_importers import Case, Typed, build, cases, check, refusal, run_ort
 
 from einopt.core import ir, keys
 from einopt.core.interp import evaluate
 from einopt.frontend.fold import prepare
-from einopt.frontend.importers import IMPORTERS, import_node, sanitize_name, translate_single_node
+from einopt.frontend.importers import IMPORTERS, translate_single_node
 from einopt.frontend.importers_reduce import (
     NONLINEAR,
     REDUCE_IMPORTERS,
     average_pool,
     layer_norm,
-    scope_operand,
 )
-from einopt.frontend.onnx_graph import default_opset
-from einopt.frontend.operand import NodeView, Operand, Unsupported, node_attrs
+from einopt.frontend.operand import Operand, Unsupported, node_attrs
 from einopt.frontend.partition import ACTIVATIONS
 from einopt.frontend.pooling import PoolGeometry
 from einopt.frontend.translate import translate_graph
@@ -43,15 +54,6 @@ from einopt.search import DEFAULT_SCHEDULE
 from einopt.search.normal import normalize
 
 F32 = np.float32
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models")
-
-
-def _i64(*v: int) -> np.ndarray:
-    return np.array(v, dtype=np.int64)
-
-
-def _vec(n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).uniform(0.5, 1.5, n).astype(F32)
 
 
 # --------------------------------------------------------------------------
@@ -59,44 +61,7 @@ def _vec(n: int, seed: int) -> np.ndarray:
 # --------------------------------------------------------------------------
 
 
-@cases(
-    Case("sum-opset13-input", "ReduceSum", [("x", (2, 3, 4)), ("a", _i64(1))], opset=13),
-    Case("sum-opset11-attr", "ReduceSum", [("x", (2, 3, 4))], {"axes": [0, 2]}, opset=11),
-    Case("sum-negative-axes", "ReduceSum", [("x", (2, 3, 4)), ("a", _i64(-1, -3))], {"keepdims": 0}),
-    Case("sum-keepdims0", "ReduceSum", [("x", (2, 3, 4)), ("a", _i64(1))], {"keepdims": 0}),
-    Case("sum-all-axes-absent", "ReduceSum", [("x", (2, 3, 4))]),
-    Case("sum-empty-axes", "ReduceSum", [("x", (2, 3)), ("a", np.zeros(0, np.int64))]),
-    Case("sum-noop", "ReduceSum", [("x", (2, 3)), ("a", np.zeros(0, np.int64))], {"noop_with_empty_axes": 1}),
-    Case("sum-size1-axis", "ReduceSum", [("x", (2, 1, 4)), ("a", _i64(1))], {"keepdims": 0}),
-    Case("mean-opset13-attr", "ReduceMean", [("x", (2, 3, 4))], {"axes": [1]}, opset=13),
-    Case(
-        "mean-opset13-attr-keep0",
-        "ReduceMean",
-        [("x", (2, 3, 4))],
-        {"axes": [-1, 0], "keepdims": 0},
-        opset=13,
-    ),
-    Case("mean-opset13-all", "ReduceMean", [("x", (3, 5))], opset=13),
-    Case("mean-opset18-input", "ReduceMean", [("x", (2, 3, 4)), ("a", _i64(2))], opset=18),
-    Case(
-        "mean-opset18-negative", "ReduceMean", [("x", (2, 3, 4)), ("a", _i64(-2))], {"keepdims": 0}, opset=18
-    ),
-    Case("mean-opset18-absent", "ReduceMean", [("x", (2, 3, 4))], {"keepdims": 1}, opset=18),
-    Case(
-        "mean-opset18-noop", "ReduceMean", [("x", (2, 3)), ("a", None)], {"noop_with_empty_axes": 1}, opset=18
-    ),
-    Case("sumsquare-opset13", "ReduceSumSquare", [("x", (2, 3, 4))], {"axes": [1, 2]}, opset=13),
-    Case(
-        "sumsquare-opset18", "ReduceSumSquare", [("x", (2, 3, 4)), ("a", _i64(0))], {"keepdims": 0}, opset=18
-    ),
-    Case("sumsquare-noop", "ReduceSumSquare", [("x", (2, 3))], {"noop_with_empty_axes": 1}, opset=18),
-    Case("l2-opset13", "ReduceL2", [("x", (2, 3, 4))], {"axes": [-1]}, opset=13),
-    Case("l2-opset18", "ReduceL2", [("x", (2, 3, 4)), ("a", _i64(0, 1))], {"keepdims": 0}, opset=18),
-    Case("l2-noop", "ReduceL2", [("x", (2, 3))], {"noop_with_empty_axes": 1}, opset=18),
-    Case("gap-2d", "GlobalAveragePool", [("x", (2, 3, 5, 4))]),
-    Case("gap-1d", "GlobalAveragePool", [("x", (2, 3, 7))]),
-    Case("gap-3d", "GlobalAveragePool", [("x", (1, 2, 3, 4, 2))]),
-)
+@cases(*REDUCTIONS)
 def test_reductions(case: Case) -> None:
     check(case)
 
@@ -122,73 +87,17 @@ def test_global_average_pool_is_the_spatial_reduce_mean() -> None:
 # --------------------------------------------------------------------------
 
 
-def _pool(id_: str, shape: tuple[int, ...], opset: int = 19, **attrs) -> Case:
-    return Case(id_, "AveragePool", [("x", shape)], attrs, opset=opset)
-
-
-@cases(
-    _pool("1d", (2, 3, 9), kernel_shape=[3]),
-    _pool("1d-stride-pad", (2, 3, 9), kernel_shape=[3], strides=[2], pads=[1, 2]),
-    _pool("2d", (2, 3, 6, 5), kernel_shape=[2, 3]),
-    _pool("2d-stride", (1, 2, 7, 7), kernel_shape=[3, 3], strides=[2, 2]),
-    _pool("2d-pads-exclude", (1, 2, 6, 5), kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
-    _pool("2d-pads-include", (1, 2, 6, 5), kernel_shape=[3, 3], pads=[1, 2, 1, 0], count_include_pad=1),
-    _pool(
-        "2d-pads-stride-include",
-        (1, 2, 7, 6),
-        kernel_shape=[3, 2],
-        pads=[1, 1, 1, 0],
-        strides=[2, 2],
-        count_include_pad=1,
-    ),
-    _pool(
-        "2d-ceil-exclude", (1, 2, 7, 6), kernel_shape=[3, 2], pads=[1, 1, 1, 0], strides=[2, 2], ceil_mode=1
-    ),
-    _pool(
-        "2d-ceil-include",
-        (1, 2, 7, 6),
-        kernel_shape=[3, 2],
-        pads=[1, 1, 1, 0],
-        strides=[2, 2],
-        ceil_mode=1,
-        count_include_pad=1,
-    ),
-    _pool("2d-ceil-no-pads", (1, 2, 8, 8), kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
-    _pool("2d-dilations", (1, 2, 9, 8), kernel_shape=[2, 2], dilations=[2, 3]),
-    _pool(
-        "2d-dilations-pads-ceil-include",
-        (2, 2, 9, 8),
-        kernel_shape=[3, 2],
-        pads=[1, 1, 1, 0],
-        strides=[2, 3],
-        dilations=[2, 2],
-        count_include_pad=1,
-        ceil_mode=1,
-    ),
-    _pool("2d-same-upper", (1, 2, 7, 6), kernel_shape=[3, 2], strides=[2, 2], auto_pad="SAME_UPPER"),
-    _pool(
-        "2d-same-lower-include",
-        (1, 2, 7, 6),
-        kernel_shape=[3, 2],
-        strides=[2, 1],
-        auto_pad="SAME_LOWER",
-        count_include_pad=1,
-    ),
-    _pool("2d-valid", (1, 2, 7, 6), kernel_shape=[3, 2], strides=[2, 2], auto_pad="VALID"),
-    _pool("2d-kernel-1", (1, 2, 4, 4), kernel_shape=[1, 1], strides=[2, 2]),
-    _pool("3d", (1, 2, 4, 5, 6), kernel_shape=[2, 3, 2], strides=[1, 2, 2], pads=[0, 1, 0, 1, 1, 1]),
-    _pool("2d-opset11", (1, 2, 7, 6), opset=11, kernel_shape=[3, 2], pads=[1, 1, 1, 0], ceil_mode=1),
-)
+@cases(*AVERAGE_POOLS)
 def test_average_pool(case: Case) -> None:
     check(case)
 
 
 def test_average_pool_divisor_forms() -> None:
     """Every window divides by the kernel size: a constant; otherwise a count scope of constant scopes."""
-    inner = check(_pool("inner", (1, 2, 6, 5), kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=1))
+    inner = check(pool("inner", (1, 2, 6, 5), kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=1))
     body = inner.scope("y0").body
     assert isinstance(body, ir.Binary) and body.op == "*" and body.b is ir.Const(1 / 9)
-    border = check(_pool("border", (1, 2, 6, 5), kernel_shape=[3, 3], pads=[1, 1, 1, 1]))
+    border = check(pool("border", (1, 2, 6, 5), kernel_shape=[3, 3], pads=[1, 1, 1, 1]))
     body = border.scope("y0").body
     assert isinstance(body, ir.Binary) and body.op == "/" and isinstance(body.b.source, ir.Scope)
     assert not ir.input_tensors(body.b.source), "the count reads no tensor: folded when emitted"
@@ -207,39 +116,14 @@ def test_average_pool_refuses_a_window_over_padding_only() -> None:
 # --------------------------------------------------------------------------
 
 
-def _ln(id_: str, shape, axis=None, scale_shape=None, bias=True, eps=None) -> Case:
-    attrs = {} if axis is None else {"axis": axis}
-    if eps is not None:
-        attrs["epsilon"] = eps
-    inner = tuple(shape[-1 if axis is None else axis :])
-    inputs = [("x", shape), ("scale", scale_shape or inner)]
-    if bias:
-        inputs.append(("bias", inner))
-    return Case(id_, "LayerNormalization", inputs, attrs)
-
-
-@cases(
-    _ln("last-axis", (2, 3, 8)),
-    _ln("axis-1", (2, 3, 4), axis=1),
-    _ln("axis-negative-2", (2, 3, 4), axis=-2),
-    _ln("axis-0", (3, 4), axis=0, eps=1e-3),
-    _ln("no-bias", (2, 5, 6), bias=False),
-    _ln("scale-leading-ones", (2, 3, 4), axis=-1, scale_shape=(1, 1, 4)),
-    _ln("rank-4", (2, 2, 3, 4), axis=2, eps=1e-2),
-    Case(
-        "constant-scale-bias", "LayerNormalization", [("x", (2, 3, 4)), ("s", _vec(4, 1)), ("b", _vec(4, 2))]
-    ),
-    Case(
-        "one-element-normalized", "LayerNormalization", [("x", (3, 1)), ("s", _vec(1, 1)), ("b", _vec(1, 2))]
-    ),
-)
+@cases(*LAYER_NORMS)
 def test_layer_normalization(case: Case) -> None:
     check(case)
 
 
 def test_layer_normalization_default_epsilon_is_float32() -> None:
     """Without the attribute, epsilon is the schema's float32 default, as ONNX Runtime reads it."""
-    program = check(_ln("no-epsilon", (2, 3, 4)))
+    program = check(ln("no-epsilon", (2, 3, 4)))
     consts = {e for s in ir.scopes_in(program) for e in ir.walk(s.body) if isinstance(e, ir.Const)}
     assert ir.Const(float(F32(1e-5))) in consts and ir.Const(1e-5) not in consts
 
@@ -252,8 +136,8 @@ def test_layer_normalization_default_epsilon_is_float32() -> None:
             Case("sum-axes-data", "ReduceSum", [("x", (2, 3)), ("a", Typed((1,), TensorProto.INT64))]),
             "is not a constant",
         ),
-        refusal(Case("sum-axis-range", "ReduceSum", [("x", (2, 3)), ("a", _i64(2))]), "out of range"),
-        refusal(Case("sum-axis-twice", "ReduceSum", [("x", (2, 3)), ("a", _i64(1, -1))]), "repeats an axis"),
+        refusal(Case("sum-axis-range", "ReduceSum", [("x", (2, 3)), ("a", i64(2))]), "out of range"),
+        refusal(Case("sum-axis-twice", "ReduceSum", [("x", (2, 3)), ("a", i64(1, -1))]), "repeats an axis"),
         refusal(
             Case("ln-training", "LayerNormalization", [("x", (2, 3)), ("s", (3,))], outputs=2),
             "Mean/InvStdDev outputs",
@@ -286,22 +170,6 @@ def test_refused(case: Case, reason: str) -> None:
         translate_single_node(model)
 
 
-def _ln_model(shape, axis, eps, opset=17) -> onnx.ModelProto:
-    inner = list(shape[axis:])
-    node = helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=axis, epsilon=eps)
-    graph = helper.make_graph(
-        [node],
-        "ln",
-        [
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape)),
-            helper.make_tensor_value_info("s", TensorProto.FLOAT, inner),
-            helper.make_tensor_value_info("b", TensorProto.FLOAT, inner),
-        ],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
-
-
 @pytest.mark.parametrize(
     ("mean", "std", "width"), [(0.0, 1.0, 64), (100.0, 0.01, 64), (1e3, 1e-3, 256), (4e4, 1.0, 4)]
 )
@@ -315,7 +183,7 @@ def test_layer_normalization_at_float32_with_large_means(mean: float, std: float
     rng = np.random.default_rng(int(mean) + width)
     x = (mean + std * rng.standard_normal(shape)).astype(F32)
     s, b = rng.standard_normal(width).astype(F32), rng.standard_normal(width).astype(F32)
-    model = _ln_model(shape, -1, eps)
+    model = ln_model(shape, -1, eps)
     (want,) = run_ort(model, {"x": x, "s": s, "b": b})
     program, _ = translate_single_node(model)
     got = evaluate(program, {"x": x, "s": s, "b": b}, mode="float32")["y"]
@@ -372,52 +240,12 @@ def test_layer_normalization_backend_cases_through_the_form() -> None:
 # --------------------------------------------------------------------------
 
 
-def _translate_nodes(model: onnx.ModelProto) -> ir.Program:
-    """Every node of ``model`` translated into one program (no partition), inputs by their ONNX names."""
-    model = onnx.shape_inference.infer_shapes(model)
-    graph, opset = model.graph, default_opset(model)
-    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    types = {vi.name: vi.type.tensor_type for vi in (*graph.input, *graph.value_info, *graph.output)}
-    taken: set[str] = set()
-    operands: dict[str, Operand] = {}
-
-    def boundary(name: str) -> Operand:
-        value = values.get(name)
-        tt = types.get(name)
-        shape = tuple(value.shape) if value is not None else tuple(d.dim_value for d in tt.shape.dim)
-        elem = onnx.helper.np_dtype_to_tensor_dtype(value.dtype) if value is not None else tt.elem_type
-        expr = ir.Tensor(sanitize_name(name, taken), shape) if elem == TensorProto.FLOAT and shape else None
-        return Operand(name, expr, shape, elem, value)
-
-    last = None
-    for node in graph.node:
-        for name in node.input:
-            if name and name not in operands:
-                operands[name] = boundary(name)
-        shapes = tuple(
-            tuple(d.dim_value for d in types[o].shape.dim) if o in types else None for o in node.output
-        )
-        view = NodeView(
-            node,
-            tuple(operands.get(n) for n in node.input),
-            shapes,
-            opset,
-            node_attrs(node),
-            lambda a, h: None,
-        )
-        for o, s in zip(node.output, import_node(view), strict=True):
-            operands[o] = scope_operand(s, o)
-            last = s
-    inputs = tuple(t for t in ir.tensors_in(last))
-    return ir.Program(inputs, (("y", last),), ("y",))
-
-
 def _decomposed_ln(shape, eps: float, square: str) -> onnx.ModelProto:
     """LayerNormalization as torch's exporters write it below opset 17 (x - mean, squared, ...)."""
     inner = [shape[-1]]
     two = numpy_helper.from_array(np.array(2.0, F32), "two")
     epsilon = numpy_helper.from_array(np.array(eps, F32), "eps")
-    axes = numpy_helper.from_array(_i64(-1), "axes")
+    axes = numpy_helper.from_array(i64(-1), "axes")
     squared = (
         helper.make_node("Pow", ["d", "two"], ["dd"])
         if square == "pow"
@@ -454,11 +282,11 @@ def test_decomposed_layer_norm_has_the_operators_key(square: str) -> None:
         pytest.skip("no Pow importer yet (its constant-exponent form is added in importers_elementwise)")
     shape, eps = (2, 5, 8), float(F32(1e-5))
     decomposed = _decomposed_ln(shape, eps, square)
-    fused = _ln_model(shape, -1, eps)
+    fused = ln_model(shape, -1, eps)
     rng = np.random.default_rng(3)
-    feeds = {"x": rng.standard_normal(shape).astype(F32), "s": _vec(8, 4), "b": _vec(8, 5)}
+    feeds = {"x": rng.standard_normal(shape).astype(F32), "s": vec(8, 4), "b": vec(8, 5)}
     np.testing.assert_allclose(run_ort(decomposed, feeds)[0], run_ort(fused, feeds)[0], rtol=1e-5, atol=1e-5)
-    a, b = _translate_nodes(decomposed), translate_single_node(fused)[0]
+    a, b = translate_nodes(decomposed), translate_single_node(fused)[0]
     a, b = normalize(a, NO_CONTEXT, DEFAULT_SCHEDULE), normalize(b, NO_CONTEXT, DEFAULT_SCHEDULE)
     assert keys.canonical_form(a) == keys.canonical_form(b)
     assert keys.key(a) == keys.key(b)
@@ -472,20 +300,12 @@ def test_decomposed_layer_norm_has_the_operators_key(square: str) -> None:
 @pytest.mark.parametrize(
     "case",
     [
-        _ln("ln", (2, 3, 4)),
-        _ln("ln-axis-1", (2, 3, 4), axis=1),
-        _pool("pool-count", (1, 2, 6, 5), kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
-        _pool(
-            "pool-count-include-ceil",
-            (1, 2, 7, 6),
-            kernel_shape=[3, 2],
-            pads=[1, 1, 1, 0],
-            strides=[2, 2],
-            ceil_mode=1,
-            count_include_pad=1,
-        ),
-        Case("l2", "ReduceL2", [("x", (2, 3, 4))], {"axes": [-1]}, opset=13),
-        Case("mean-keep", "ReduceMean", [("x", (2, 3, 4))], {"axes": [1]}, opset=13),
+        ln("ln", (2, 3, 4)),
+        by_id(LAYER_NORMS, "axis-1"),
+        by_id(AVERAGE_POOLS, "2d-pads-exclude"),
+        by_id(AVERAGE_POOLS, "2d-ceil-include"),
+        by_id(REDUCTIONS, "l2-opset13"),
+        by_id(REDUCTIONS, "mean-opset13-attr"),
     ],
     ids=lambda c: c.id,
 )
@@ -518,22 +338,17 @@ def test_registry() -> None:
 _SHARED_OPS = frozenset(REDUCE_IMPORTERS)
 
 
-def _shared_models() -> list[str]:
-    if not os.path.isdir(SHARED):
-        return []
-    return sorted(f[:-5] for f in os.listdir(SHARED) if f.endswith(".onnx"))
-
-
-@pytest.mark.skipif(not os.path.isdir(SHARED), reason=f"the shared models are not at {SHARED}")
-@pytest.mark.parametrize("name", _shared_models())
+@needs_shared
+@pytest.mark.parametrize("name", shared_models.names())
 def test_shared_models_translate_these_nodes(name: str) -> None:
     """No ReduceMean, GlobalAveragePool, LayerNormalization, ... of a shared model passes through
     for want of an importer; the ones translated on their own agree with ONNX Runtime."""
-    model = onnx.load(os.path.join(SHARED, name + ".onnx"))
-    with np.load(os.path.join(SHARED, name + ".npz")) as data:
-        shapes = {k: data[k].shape for k in data.files if k.startswith("x")}
+    model = onnx.load(shared_models.path(name))
+    xs, _ = shared_models.data(name)
     names = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
-    model = prepare(model, dict(zip(names, (shapes[f"x{k}"] for k in range(len(names))), strict=True))).model
+    model = prepare(
+        model, dict(zip(names, (xs[f"x{k}"].shape for k in range(len(names))), strict=True))
+    ).model
     parts = translate_graph(model)
     mine = {i for i, n in enumerate(model.graph.node) if n.op_type in _SHARED_OPS}
     if not mine:

@@ -11,18 +11,14 @@ from __future__ import annotations
 import collections
 
 import numpy as np
-import onnx
 import pytest
-from test_importers import Case, build, run_ort
-from test_importers_max import POOLS, SOFTMAXES
+from reduce_cases import MAX_POOLS, REDUCE_MAXES, SOFTMAXES
+from round_trips import depth0, round_trip
+from test_importers import build, run_ort
 
 from einopt.core import ir
 from einopt.core.parser import parse
 from einopt.core.rewrite import transform
-from einopt.frontend.fold import prepare
-from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset
-from einopt.frontend.translate import translate_graph
-from einopt.instantiate.emit import instantiate, original_ops
 from einopt.instantiate.match import MATCHERS, match
 from einopt.instantiate.match_contrib_attention import ATTENTION_MATCHERS
 from einopt.instantiate.match_max import (
@@ -34,73 +30,25 @@ from einopt.instantiate.match_max import (
     takes_maxima,
 )
 from einopt.instantiate.plan import NO_MATCH_CONTEXT, MatchContext, Operand, OperatorMatch, Refusal
-from einopt.stages.export import assemble
 
 F32 = np.float32
 
 
-def _ops(nodes) -> collections.Counter:
-    return collections.Counter(n.op_type if n.domain in DEFAULT_DOMAINS else "eop" for n in nodes)
-
-
-def depth0(model: onnx.ModelProto, prefer: bool) -> tuple[onnx.ModelProto, collections.Counter]:
-    """The model with every translated part instantiated again."""
-    model = prepare(model, {}).model
-    emitted, ops = {}, collections.Counter()
-    for p in translate_graph(model):
-        assert p.translated, p.reason
-        inst = instantiate(
-            p.program,
-            onnx_names=p.names,
-            constants=p.constants,
-            opset=default_opset(model),
-            prefix=p.name + "/",
-            preferred=original_ops(model, p) if prefer else None,
-        )
-        emitted[p.nodes] = inst
-        ops += _ops(inst.nodes)
-    return assemble(model, emitted), ops
-
-
-def round_trip(case: Case, prefer: bool = True, feeds: dict | None = None) -> collections.Counter:
-    """Depth 0 on a one-node model: the emitted operators, whose output must be the original's."""
-    model, random = build(case)
-    feeds = feeds or random
-    (want,) = run_ort(model, feeds)
-    again, ops = depth0(model, prefer)
-    onnx.checker.check_model(again, full_check=True)
-    (got,) = run_ort(again, feeds)
-    np.testing.assert_array_equal(got, want)
-    return ops
-
-
-REDUCE_MAXES = [
-    Case("keep-opset13", "ReduceMax", [("x", (2, 3, 4))], {"axes": [1]}, opset=13),
-    Case("drop-opset13", "ReduceMax", [("x", (2, 3, 4))], {"axes": [-1, 0], "keepdims": 0}, opset=13),
-    Case("all-opset13", "ReduceMax", [("x", (3, 5))], opset=13),
-    Case("input-opset18", "ReduceMax", [("x", (2, 3, 4)), ("a", np.array([2], np.int64))], opset=18),
-    Case(
-        "drop-opset18",
-        "ReduceMax",
-        [("x", (2, 3, 4)), ("a", np.array([0], np.int64))],
-        {"keepdims": 0},
-        opset=18,
-    ),
-]
-CASES = REDUCE_MAXES + POOLS + SOFTMAXES
+# A reduction over no axis is a copy, not a ReduceMax.
+CASES = [c for c in REDUCE_MAXES if "noop_with_empty_axes" not in c.attrs] + MAX_POOLS + SOFTMAXES
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.op}-{c.id}")
 @pytest.mark.parametrize("prefer", [True, False], ids=["preferred", "table"])
 def test_round_trip_is_the_one_original_operator(case, prefer):
-    assert round_trip(case, prefer) == collections.Counter({case.op: 1})
+    assert round_trip(case, prefer, every_part=True) == collections.Counter({case.op: 1})
 
 
-@pytest.mark.parametrize("case", [POOLS[2], SOFTMAXES[0], SOFTMAXES[4]], ids=lambda c: f"{c.op}-{c.id}")
+@pytest.mark.parametrize("case", [MAX_POOLS[2], SOFTMAXES[0], SOFTMAXES[4]], ids=lambda c: f"{c.op}-{c.id}")
 def test_round_trip_of_extreme_inputs(case):
     model, feeds = build(case)
     scaled = {"x": (feeds["x"] * 5e3 - 1e4).astype(F32)}  # large and negative: -inf padding, overflow
-    assert round_trip(case, feeds=scaled) == collections.Counter({case.op: 1})
+    assert round_trip(case, feeds=scaled, every_part=True) == collections.Counter({case.op: 1})
 
 
 def _scope(text: str) -> ir.Scope:
@@ -316,7 +264,7 @@ def test_scaled_masked_scores_then_softmax_come_back_as_they_were():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     feeds = {"x": (rng.standard_normal((2, 4, 6)) * 1e3).astype(F32)}
     (want,) = run_ort(model, feeds)
-    again, ops = depth0(model, prefer=True)
+    again, ops = depth0(model, prefer=True, every_part=True)
     (got,) = run_ort(again, feeds)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     assert ops["Softmax"] == 1 and ops["eop"] == 0, ops
