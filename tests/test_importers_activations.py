@@ -13,12 +13,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import zlib
-from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import shared_models
 from onnx import TensorProto, helper, numpy_helper
 
 import einopt
@@ -409,8 +409,6 @@ def _run_named(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarr
 # The exporters' models
 # --------------------------------------------------------------------------
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "models"
-
 # Per shared model: the op types of these activations in it, all of which must translate.
 SHARED_ACTIVATIONS = {
     "bert_tiny": {"Erf"},
@@ -424,7 +422,7 @@ SHARED_ACTIVATIONS = {
 
 def _shared(name: str) -> onnx.ModelProto:
     """A shared model, prepared (shapes inferred, constants folded) as ``einopt optimize`` does."""
-    path = SHARED / f"{name}.onnx"
+    path = shared_models.path(name)
     if not path.exists():
         pytest.skip(f"{path} is absent (the exporters' models live in ../shared/models beside the checkout)")
     from einopt.frontend.fold import prepare

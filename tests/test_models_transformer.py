@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import collections
 import math
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+import shared_models
 from onnx import helper, numpy_helper
 
 from einopt.models import MODELS, build, sample_inputs
@@ -17,7 +17,6 @@ from einopt.models.builder import GraphBuilder
 from einopt.models.transformer import FULL, SMALL, build_bert, build_gpt2, build_vit
 from einopt.runtime.modelio import run
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "models"
 NAMES = ("bert", "gpt2", "vit")
 ERF = np.vectorize(math.erf)
 
@@ -390,7 +389,7 @@ def _signatures(model: onnx.ModelProto, nodes) -> collections.Counter:
 
 
 def _shared(name: str) -> onnx.ModelProto:
-    path = SHARED / f"{name}.onnx"
+    path = shared_models.path(name)
     if not path.exists():
         pytest.skip(f"{path} is absent (the real exporter outputs live in ../shared/models)")
     return onnx.load(path)
