@@ -95,6 +95,8 @@ class _Reduction:
 
 def _reduction(scope: ir.Scope, square: bool) -> _Reduction | Refusal:
     """The scope as a scaled sum of one access (``square``: of an access times itself)."""
+    if not scope.summation:
+        return Refusal("no summation: not a reduction")
     prod = as_product(scope.body)
     if isinstance(prod, Refusal):
         return prod
@@ -114,6 +116,10 @@ def _reduction(scope: ir.Scope, square: bool) -> _Reduction | Refusal:
     summed = tuple(it for it in view.labels if it in scope.summation)
     kept = tuple(it for it in view.labels if it not in scope.summation)
     return _Reduction(view, scale, summed, kept, math.prod(it.extent for it in summed))
+
+
+def _not_a_mean(r: _Reduction) -> Refusal:
+    return Refusal(f"scaled by {r.scale:g}, not 1/{r.count}: a sum, not a mean")
 
 
 def _reduce_node(
@@ -140,22 +146,18 @@ def _reduce_node(
 
 def match_reduce_mean(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
     """``L x.. Sum y..: (1/N) * X[..]`` (any view of ``X``) as ReduceMean over the summed dimensions."""
-    if not scope.summation:
-        return Refusal("no summation: not a reduction")
     r = _reduction(scope, square=False)
     if isinstance(r, Refusal):
         return r
     if not r.summed:
         return Refusal("the summed iterators are not read: not a reduction")
     if not _is_one(r.scale * r.count):
-        return Refusal(f"scaled by {r.scale:g}, not 1/{r.count}: a sum, not a mean")
+        return _not_a_mean(r)
     return _reduce_node("ReduceMean", r, scope.traversal, ctx)
 
 
 def match_reduce_sum_square(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
     """``L x.. Sum y..: X[..] * X[..]`` as ReduceSumSquare (a constant factor multiplies the result)."""
-    if not scope.summation:
-        return Refusal("no summation: not a reduction")
     r = _reduction(scope, square=True)
     if isinstance(r, Refusal):
         return r
@@ -207,8 +209,6 @@ def match_global_average_pool(
     scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT
 ) -> OperatorMatch | Refusal:
     """The mean over every dimension after the first two (``[N, C, ..] -> [N, C, 1, ..]``)."""
-    if not scope.summation:
-        return Refusal("no summation: not a reduction")
     r = _reduction(scope, square=False)
     if isinstance(r, Refusal):
         return r
@@ -216,7 +216,7 @@ def match_global_average_pool(
     if len(labels) < 3 or set(labels[:2]) & set(r.summed) or set(labels[2:]) - set(r.summed):
         return Refusal("not a reduction of every dimension after the first two")
     if not _is_one(r.scale * r.count):
-        return Refusal(f"scaled by {r.scale:g}, not 1/{r.count}: a sum, not a mean")
+        return _not_a_mean(r)
     post = finish([(labels[0],), (labels[1],), *[()] * (len(labels) - 2)], scope.traversal)
     op = OpNode("GlobalAveragePool", (0,))
     return OperatorMatch("GlobalAveragePool", (Operand(r.view.source, r.view.steps),), (op,), post)
