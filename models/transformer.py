@@ -156,6 +156,33 @@ def _new_gelu(b: GraphBuilder, ex: Exporter, x: str) -> str:
     return b.op("Mul", [half, b.op("Add", [b.op("Tanh", [inner]), ex.scalar(b, 1.0)])])
 
 
+def _self_attention(
+    b: GraphBuilder,
+    ex: Exporter,
+    x: str,
+    hidden: int,
+    dh: int,
+    tokens: Sequence[int],
+    mask: str | None = None,
+) -> str:
+    """BERT's and ViT's self-attention: query, key and value ``_linear`` projections, split into heads
+    of ``dh`` (keys straight to [bs, H, dh, n]), scores scaled by ``dh ** -0.5``, plus the additive
+    ``mask`` if any, Softmax on the last axis, heads merged to ``tokens + [-1]``."""
+    projections = {}
+    for name in ("query", "key", "value"):
+        with b.scope(name):
+            projections[name] = _linear(b, ex, x, hidden, hidden)
+    shape = [*tokens, -1, dh]
+    q = _split_heads(b, ex, projections["query"], shape, (0, 2, 1, 3))
+    v = _split_heads(b, ex, projections["value"], shape, (0, 2, 1, 3))
+    kt = _split_heads(b, ex, projections["key"], shape, (0, 2, 3, 1))
+    scores = b.op("Mul", [b.op("MatMul", [q, kt]), ex.scalar(b, dh**-0.5)])
+    if mask is not None:
+        scores = b.op("Add", [scores, mask])
+    p = b.op("Softmax", [scores], axis=-1)
+    return _merge_heads(b, ex, b.op("MatMul", [p, v]), [*tokens, -1])
+
+
 def _check_heads(hidden: int, heads: int) -> int:
     if heads < 1 or hidden % heads:
         raise ValueError(f"heads={heads} must divide hidden={hidden}")
@@ -192,17 +219,7 @@ def build_bert(
     for i in range(layers):
         with b.scope(f"layer.{i}"):
             with b.scope("attention.self"):
-                projections = {}
-                for name in ("query", "key", "value"):
-                    with b.scope(name):
-                        projections[name] = _linear(b, ex, x, hidden, hidden)
-                shape = [batch, seq, -1, dh]
-                q = _split_heads(b, ex, projections["query"], shape, (0, 2, 1, 3))
-                v = _split_heads(b, ex, projections["value"], shape, (0, 2, 1, 3))
-                kt = _split_heads(b, ex, projections["key"], shape, (0, 2, 3, 1))
-                scores = b.op("Mul", [b.op("MatMul", [q, kt]), ex.scalar(b, dh**-0.5)])
-                p = b.op("Softmax", [b.op("Add", [scores, "attention_mask"])], axis=-1)
-                o = _merge_heads(b, ex, b.op("MatMul", [p, v]), [batch, seq, -1])
+                o = _self_attention(b, ex, x, hidden, dh, [batch, seq], "attention_mask")
             x = _add_norm(b, ex, o, x, hidden, hidden, "attention.output")
             with b.scope("intermediate.dense"):
                 y = ex.erf_gelu(b, ex, _linear(b, ex, x, hidden, ffn, math.sqrt(2.0)))
@@ -322,17 +339,7 @@ def build_vit(
             with b.scope("layernorm_before"):
                 h = _layer_norm(b, ex, x, hidden, VIT_EPS)
             with b.scope("attention"):
-                projections = {}
-                for name in ("query", "key", "value"):
-                    with b.scope(name):
-                        projections[name] = _linear(b, ex, h, hidden, hidden)
-                shape = [batch, n, -1, dh]
-                q = _split_heads(b, ex, projections["query"], shape, (0, 2, 1, 3))
-                v = _split_heads(b, ex, projections["value"], shape, (0, 2, 1, 3))
-                kt = _split_heads(b, ex, projections["key"], shape, (0, 2, 3, 1))
-                scores = b.op("Mul", [b.op("MatMul", [q, kt]), ex.scalar(b, dh**-0.5)])
-                p = b.op("Softmax", [scores], axis=-1)
-                o = _merge_heads(b, ex, b.op("MatMul", [p, v]), [batch, n, -1])
+                o = _self_attention(b, ex, h, hidden, dh, [batch, n])
                 with b.scope("output.dense"):
                     o = _linear(b, ex, o, hidden, hidden)
             x = b.op("Add", [o, x])
