@@ -367,6 +367,18 @@ def test_walk_and_rebuild_handle_long_chains():
     assert e.iters() == {i}
 
 
+def test_scopes_and_tensors_in_of_deeply_nested_scopes():
+    """A translated model nests one scope per node, hundreds deep: no recursion over the nesting."""
+    i, j, k = iters("i:3 j:3 k:3")
+    X, W = tensor("X", (3, 3)), tensor("W", (3, 3))
+    chain = []
+    for _ in range(3000):
+        chain.append(L(i, j)(Sum(k)((chain[-1] if chain else X)[i, k] * W[k, j])))
+    assert tensors_in(chain[-1]) == [X, W]
+    assert scopes_in(chain[-1]) == chain  # producers first
+    assert scopes_in(chain[1500]) == chain[:1501]
+
+
 @settings(max_examples=100, deadline=None)
 @given(programs(max_depth=2))
 def test_walk_and_rebuild_agree_with_children_on_random_programs(p):

@@ -31,7 +31,7 @@ import collections
 import dataclasses
 import math
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Union
 
 from einopt.core import ops
@@ -861,24 +861,50 @@ def _reachable(root: Node, kind: type[Scope] | type[Tensor]) -> tuple:
     """The scopes or the tensors reachable from ``root`` (itself included), memoised per node. Built
     from the nested scopes' own lists in depth-first order, left to right, so a rewritten scope
     reuses what its unchanged parts already know: tensors come in first-use order, scopes children
-    first (producers before consumers)."""
+    first (producers before consumers).
 
-    def compute() -> tuple:
-        out: dict[int, Node] = {}
-        stack: list[Node] = [root]
-        while stack:
-            node = stack.pop()
-            if isinstance(node, Access):
-                found: Iterable[Node] = _reachable(node.source, kind)
-            elif isinstance(node, Scope) and node is not root:
-                found = _reachable(node, kind)
-            else:
-                stack.extend(reversed(children(node)))
-                continue
-            for x in found:
-                out.setdefault(id(x), x)
-        if isinstance(root, kind):
-            out.setdefault(id(root), root)
-        return tuple(out.values())
+    Iterative over the nesting (a translated model nests one scope per node, hundreds deep): a node
+    whose nested scopes do not all have their list yet stacks them and waits for them.
+    """
+    name = "scopes_in" if kind is Scope else "tensors_in"
+    stack: list[Node] = [root]
+    while stack:
+        node = stack[-1]
+        if node._memo is not None and name in node._memo:
+            stack.pop()
+        elif missing := _reachable_from_known(node, kind, name):
+            stack += missing
+        else:
+            stack.pop()
+    return root._memo[name]
 
-    return _cached(root, "scopes_in" if kind is Scope else "tensors_in", compute)
+
+def _reachable_from_known(node: Node, kind: type[Scope] | type[Tensor], name: str) -> list[Scope]:
+    """Memoises ``node``'s list when every scope nested in it has its own, and returns ``[]``;
+    otherwise memoises nothing and returns the nested scopes without one."""
+    out: dict[int, Node] = {}
+    missing: list[Scope] = []
+    stack: list[Node] = [node]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Access):
+            nested: Node = x.source
+        elif isinstance(x, Scope) and x is not node:
+            nested = x
+        else:
+            stack.extend(reversed(children(x)))
+            continue
+        if isinstance(nested, Tensor):
+            if kind is Tensor:
+                out.setdefault(id(nested), nested)
+        elif nested._memo is not None and name in nested._memo:
+            for y in nested._memo[name]:
+                out.setdefault(id(y), y)
+        else:
+            missing.append(nested)
+    if missing:
+        return missing
+    if isinstance(node, kind):
+        out.setdefault(id(node), node)
+    _cached(node, name, lambda: tuple(out.values()))
+    return []
