@@ -779,6 +779,36 @@ def _reduce_max(g: _Graph, x: Value) -> bool:
     return True
 
 
+def _pool_window(g: _Graph, x: Value, dilated: bool) -> tuple[dict[str, Any], tuple[int, ...], bool] | None:
+    """Per spatial dimension of ``x`` a kernel, stride, (dilation if ``dilated``) and pads: the
+    pooling attributes, output shape and ``ceil_mode``, or None where a window does not fit."""
+    attrs: dict[str, Any] = {"kernel_shape": [], "strides": [], "pads": []}
+    if dilated:
+        attrs["dilations"] = []
+    ceil = g.d.coin(20)
+    out, ends = [], []
+    for n in x.shape[2:]:
+        k, s = g.d.integer(1, 3), g.d.integer(1, 2)
+        dil = g.d.choice([1, 1, 2]) if dilated else 1
+        pb, pe = g.d.integer(0, k - 1), g.d.integer(0, k - 1)
+        span = n + pb + pe - dil * (k - 1) - 1
+        if span < 0:
+            return None
+        o = -(-span // s) + 1 if ceil else span // s + 1
+        if ceil and (o - 1) * s >= n + pb:
+            return None  # ONNX Runtime drops that last window; ONNX's shape inference does not
+        attrs["kernel_shape"].append(k)
+        attrs["strides"].append(s)
+        if dilated:
+            attrs["dilations"].append(dil)
+        attrs["pads"].append(pb)
+        ends.append(pe)
+        out.append(o)
+    attrs["pads"] += ends
+    shape = (*x.shape[:2], *out)
+    return (attrs, shape, ceil) if _fits(shape) else None
+
+
 def _max_pool(g: _Graph, x: Value) -> bool:
     # Padding is -inf in ONNX (a penalty scope in the IR). A window of -inf values alone is
     # float32's lowest value in ONNX Runtime but -inf in the IR, and ONNX Runtime lets a NaN through
@@ -786,27 +816,10 @@ def _max_pool(g: _Graph, x: Value) -> bool:
     g.exclude("nan", "inf")
     if not 3 <= len(x.shape) <= 4:
         return False
-    attrs: dict[str, Any] = {"kernel_shape": [], "strides": [], "pads": [], "dilations": []}
-    ceil = g.d.coin(20)
-    out, ends = [], []
-    for n in x.shape[2:]:
-        k, s, dil = g.d.integer(1, 3), g.d.integer(1, 2), g.d.choice([1, 1, 2])
-        pb, pe = g.d.integer(0, k - 1), g.d.integer(0, k - 1)
-        span = n + pb + pe - dil * (k - 1) - 1
-        if span < 0:
-            return False
-        o = -(-span // s) + 1 if ceil else span // s + 1
-        if ceil and (o - 1) * s >= n + pb:
-            return False  # ONNX Runtime drops that last window; ONNX's shape inference does not
-        for name, v in (("kernel_shape", k), ("strides", s), ("dilations", dil)):
-            attrs[name].append(v)
-        attrs["pads"].append(pb)
-        ends.append(pe)
-        out.append(o)
-    attrs["pads"] += ends
-    shape = (*x.shape[:2], *out)
-    if not _fits(shape):
+    window = _pool_window(g, x, dilated=True)
+    if window is None:
         return False
+    attrs, shape, ceil = window
     g.node("MaxPool", [x.name], [shape], **attrs, **({"ceil_mode": 1} if ceil else {}))
     return True
 
@@ -841,27 +854,10 @@ def _global_average_pool(g: _Graph, x: Value) -> bool:
 def _average_pool(g: _Graph, x: Value) -> bool:
     if not 3 <= len(x.shape) <= 4:
         return False
-    attrs: dict[str, Any] = {"kernel_shape": [], "strides": [], "pads": []}
-    ceil = g.d.coin(20)
-    out, ends = [], []
-    for n in x.shape[2:]:
-        k, st = g.d.integer(1, 3), g.d.integer(1, 2)
-        pb, pe = g.d.integer(0, k - 1), g.d.integer(0, k - 1)
-        span = n + pb + pe - k
-        if span < 0:
-            return False
-        o = -(-span // st) + 1 if ceil else span // st + 1
-        if ceil and (o - 1) * st >= n + pb:
-            return False  # ONNX Runtime drops that last window; ONNX's shape inference does not
-        attrs["kernel_shape"].append(k)
-        attrs["strides"].append(st)
-        attrs["pads"].append(pb)
-        ends.append(pe)
-        out.append(o)
-    attrs["pads"] += ends
-    shape = (*x.shape[:2], *out)
-    if not _fits(shape):
+    window = _pool_window(g, x, dilated=False)
+    if window is None:
         return False
+    attrs, shape, ceil = window
     extra = {"ceil_mode": 1} if ceil else {}
     g.node("AveragePool", [x.name], [shape], **attrs, **extra, count_include_pad=int(g.d.coin(50)))
     return True
