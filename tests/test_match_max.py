@@ -11,14 +11,18 @@ from __future__ import annotations
 import collections
 
 import numpy as np
+import onnx
 import pytest
 from reduce_cases import MAX_POOLS, REDUCE_MAXES, SOFTMAXES
 from round_trips import depth0, round_trip
 from test_importers import build, run_ort
 
+from einopt import L, Sum, iters, tensor
 from einopt.core import ir
 from einopt.core.parser import parse
 from einopt.core.rewrite import transform
+from einopt.frontend.importers_max import softmax
+from einopt.frontend.operand import Operand as SourceOperand
 from einopt.instantiate.match import MATCHERS, match
 from einopt.instantiate.match_contrib_attention import ATTENTION_MATCHERS
 from einopt.instantiate.match_max import (
@@ -160,6 +164,19 @@ def test_softmax_refuses_a_bound_maximum():
     assert isinstance(match_softmax(scope), OperatorMatch)
     bound = MatchContext(bound=frozenset({scope.body.a.x.b.source}))
     assert "program binding" in match_softmax(scope, bound).reason
+
+
+def test_softmax_at_the_end_of_a_deep_program():
+    # A translated model nests one scope per node (ViT's attention program 272 deep): the forms are
+    # flattened and keyed producers first, never recursing over the nesting.
+    i, j, k = iters("i:3 j:3 k:3")
+    X, W = tensor("X", (3, 3)), tensor("W", (3, 3))
+    chain = []
+    for _ in range(3000):
+        chain.append(L(i, j)(Sum(k)((chain[-1] if chain else X)[i, k] * W[k, j])))
+    scope = softmax(SourceOperand("X", chain[-1], (3, 3), onnx.TensorProto.FLOAT), [1]).y
+    m = match_softmax(scope, MatchContext(bound=frozenset(chain)))
+    assert isinstance(m, OperatorMatch) and m.operands[0].source is chain[-1], m
 
 
 def test_softmax_over_the_last_axes_before_and_from_opset_13():

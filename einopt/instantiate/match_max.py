@@ -276,31 +276,40 @@ def _in_place(e: ir.ValueExpr, traversal: tuple[ir.Iter, ...]) -> bool:
     )
 
 
-def _flattened(scope: ir.Scope) -> ir.Scope:
-    """``scope`` with every read of a scope without reduction that stays inside its box replaced by
-    that scope's body, in nested scopes too: one form whatever the normal form inlined."""
-    memo: dict[ir.Scope, ir.Scope] = {}
+def _flat_key(scope: ir.Scope) -> str:
+    """The canonical key of ``scope`` with every read of a scope without reduction that stays inside
+    its box replaced by that scope's body, in nested scopes too: one form whatever the normal form
+    inlined.
 
-    def visit(x: ir.ValueExpr) -> ir.ValueExpr | None:
-        if not isinstance(x, ir.Access) or not isinstance(x.source, ir.Scope):
-            return None
-        src = flat(x.source)
-        inside = all(
-            it.lo <= lo and hi < it.hi
-            for idx, it in zip(x.indices, src.traversal, strict=True)
-            for lo, hi in (bounds(idx),)
-        )
-        if src.summation or not inside:
-            return ir.Access(src, x.indices)
-        return substitute_iters(src.body, dict(zip(src.traversal, x.indices, strict=True)))
+    Iterative over the nesting: the scopes ``scope`` reaches are flattened and keyed producers
+    first, each memoised on the node (pure functions of immutable nodes), so neither the flattening
+    nor ``keys.key`` (which keys a read's source first) goes deeper than one scope. A translated
+    model nests one scope per node, hundreds deep, and the Softmax candidates of a program share
+    what lies upstream of them.
+    """
+    for s in ir.scopes_in(scope):
+        keys.key(_flat(s))
+    return keys.key(_flat(scope))
 
-    def flat(s: ir.Scope) -> ir.Scope:
-        out = memo.get(s)
-        if out is None:
-            out = memo[s] = s.replace(body=transform(s.body, visit))
-        return out
 
-    return flat(scope)
+def _flat(s: ir.Scope) -> ir.Scope:
+    return ir._cached(s, "match_max.flattened", lambda: s.replace(body=transform(s.body, _flat_read)))
+
+
+def _flat_read(x: ir.ValueExpr) -> ir.ValueExpr | None:
+    """A read of a scope, flattened (its source is, being a producer): the source's body when the
+    scope has no reduction and the read stays inside its box (outside it reads 0)."""
+    if not isinstance(x, ir.Access) or not isinstance(x.source, ir.Scope):
+        return None
+    src = _flat(x.source)
+    inside = all(
+        it.lo <= lo and hi < it.hi
+        for idx, it in zip(x.indices, src.traversal, strict=True)
+        for lo, hi in (bounds(idx),)
+    )
+    if src.summation or not inside:
+        return ir.Access(src, x.indices)
+    return substitute_iters(src.body, dict(zip(src.traversal, x.indices, strict=True)))
 
 
 def _softmax_node(
@@ -348,7 +357,7 @@ def match_softmax(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> Oper
         return Refusal("nothing is normalised")
     src = x.source if _in_place(x, traversal) else ir.Scope(traversal, (), x)
     operand = SourceOperand("X", src, tuple(src.shape), onnx.TensorProto.FLOAT)
-    if keys.key(_flattened(softmax(operand, red).y)) != keys.key(_flattened(scope)):
+    if _flat_key(softmax(operand, red).y) != _flat_key(scope):
         return Refusal(f"not exp(X - max) / sum(exp(X - max)) over axes {red}")
     node = _softmax_node(tuple(src.shape), red, ctx)
     if isinstance(node, Refusal):
