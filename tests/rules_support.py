@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+from hypothesis import event
 from hypothesis import strategies as st
 
 from einopt.core import ir
@@ -68,6 +69,39 @@ def check_result(before: ir.Program, after: ir.Program, ctx: Context = NO_CONTEX
     assert re.fullmatch(r"[0-9a-f]{32}", key(after))
     assert parse(str(after)) is after, f"text does not round-trip:\n{after}"
     return checked
+
+
+def random_walk(
+    start: ir.Program,
+    choices: Sequence[tuple[int, int]],
+    rules: Sequence,
+    check: Callable[[ir.Program, ir.Program], object] = check_result,
+) -> None:
+    """Rules applied in sequence from ``start``, each program checked against it.
+
+    Per ``(rule_pick, match_pick)``: the first rule from ``rules[rule_pick]`` on (cyclically) that
+    offers a match applies its ``match_pick``-th (modulo) match; the walk ends where none does.
+    A failing ``check(start, program)`` raises AssertionError with every step that led there.
+    """
+    program = start
+    trail = [str(start)]
+    for rule_pick, match_pick in choices:
+        offered = []
+        for k in range(len(rules)):
+            rule = rules[(rule_pick + k) % len(rules)]
+            offered = [m for m in rule.match(program) if isinstance(m, Match)]
+            if offered:
+                break
+        if not offered:
+            break
+        m = offered[match_pick % len(offered)]
+        program = rule.apply(program, m)
+        trail.append(f"-- {m}\n{program}")
+        event(f"applied {rule.name}")
+        try:
+            check(start, program)
+        except AssertionError as e:
+            raise AssertionError("\n".join(trail) + f"\n{e}") from None
 
 
 def apply_all(

@@ -18,14 +18,14 @@ import onnx
 import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
-from rules_support import Example, NearMiss, apply_all, check_result, contractions, load, weights
+from rules_support import Example, NearMiss, apply_all, check_result, contractions, load, random_walk, weights
 
 from einopt.core import ir
 from einopt.core.rewrite import map_accesses
 from einopt.frontend.importers_max import max_pool, max_reduction, softmax
 from einopt.frontend.operand import Operand as SourceOperand
 from einopt.frontend.pooling import PoolGeometry
-from einopt.rules import REGISTRY, Match, NotEquivalentError, check_equivalent, get
+from einopt.rules import REGISTRY, NotEquivalentError, check_equivalent, get
 from einopt.search import Budget, search
 
 from strategies import programs as random_programs
@@ -315,26 +315,11 @@ def _check_more_inputs(before: ir.Program, after: ir.Program, what: str) -> None
     st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**6)), min_size=1, max_size=6),
 )
 def test_random_walks_through_maxima_stay_equivalent(start, choices):
-    program = start
-    trail = [str(start)]
-    for rule_pick, match_pick in choices:
-        offered = []
-        for k in range(len(RULES)):
-            rule = RULES[(rule_pick + k) % len(RULES)]
-            offered = [m for m in rule.match(program) if isinstance(m, Match)]
-            if offered:
-                break
-        if not offered:
-            break
-        m = offered[match_pick % len(offered)]
-        program = rule.apply(program, m)
-        trail.append(f"-- {m}\n{program}")
-        event(f"applied {rule.name}")
-        try:
-            check_result(start, program)
-            _check_more_inputs(start, program, "")
-        except AssertionError as e:
-            raise AssertionError("\n".join(trail) + f"\n{e}") from None
+    def check(before: ir.Program, after: ir.Program) -> None:
+        check_result(before, after)
+        _check_more_inputs(before, after, "")
+
+    random_walk(start, choices, RULES, check)
 
 
 def test_every_rule_says_what_it_does_with_maxima():

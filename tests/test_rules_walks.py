@@ -9,12 +9,12 @@ text round trip.
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rules_support import check_result, contractions
+from rules_support import contractions, random_walk
 
 from einopt.core import ir
-from einopt.rules import REGISTRY, Match
+from einopt.rules import REGISTRY
 
 RULES = list(REGISTRY.values())
 
@@ -49,22 +49,4 @@ def start_programs(draw) -> ir.Program:
     st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**6)), min_size=1, max_size=6),
 )
 def test_random_walks_stay_equivalent(start, choices):
-    program = start
-    trail = [str(start)]
-    for rule_pick, match_pick in choices:
-        offered = []
-        for k in range(len(RULES)):  # the first rule, from a random one on, that offers a match
-            rule = RULES[(rule_pick + k) % len(RULES)]
-            offered = [m for m in rule.match(program) if isinstance(m, Match)]
-            if offered:
-                break
-        if not offered:
-            break
-        m = offered[match_pick % len(offered)]
-        program = rule.apply(program, m)
-        trail.append(f"-- {m}\n{program}")
-        event(f"applied {rule.name}")
-        try:
-            check_result(start, program)
-        except AssertionError as e:
-            raise AssertionError("\n".join(trail) + f"\n{e}") from None
+    random_walk(start, choices, RULES)
