@@ -765,14 +765,21 @@ def _space_to_depth(g: _Graph, x: Value) -> bool:
     return True
 
 
-def _reduce_max(g: _Graph, x: Value) -> bool:
-    # ONNX Runtime lets a NaN through a maximum only as the first value it compares; the IR's
-    # maximum is NaN wherever one is read.
-    g.exclude("nan")
+def _reduced(g: _Graph, x: Value) -> tuple[list[int], bool, tuple[int, ...]]:
+    """Random distinct axes of ``x`` (drawn in ``[-rank, rank)``, made non-negative), ``keepdims``
+    and the reduced shape."""
     rank = len(x.shape)
     axes = sorted({g.d.integer(-rank, rank - 1) % rank for _ in range(g.d.integer(1, rank))})
     keepdims = g.d.coin(50)
     out = tuple(1 if d in axes else n for d, n in enumerate(x.shape) if keepdims or d not in axes)
+    return axes, keepdims, out
+
+
+def _reduce_max(g: _Graph, x: Value) -> bool:
+    # ONNX Runtime lets a NaN through a maximum only as the first value it compares; the IR's
+    # maximum is NaN wherever one is read.
+    g.exclude("nan")
+    axes, keepdims, out = _reduced(g, x)
     if not _fits(out):
         return False
     g.node("ReduceMax", [x.name], [out], axes=axes, keepdims=int(keepdims))
@@ -829,10 +836,7 @@ def _reduce(op: str) -> Builder:
     def build(g: _Graph, x: Value) -> bool:
         if not g.allows(op):
             return False
-        rank = len(x.shape)
-        axes = sorted({g.d.integer(-rank, rank - 1) % rank for _ in range(g.d.integer(1, rank))})
-        keepdims = g.d.coin(50)
-        out = tuple(1 if d in axes else n for d, n in enumerate(x.shape) if keepdims or d not in axes)
+        axes, keepdims, out = _reduced(g, x)
         if not _fits(out):
             return False
         if op == "ReduceSum":
