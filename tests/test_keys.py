@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from einopt.api import L, Max, Sum, iters, leaky_relu, maximum, minimum, program, relu, tanh, tensor
+from einopt.core import keys
 from einopt.core.index import linear_form
 from einopt.core.ir import (
     Binary,
@@ -352,6 +353,25 @@ def test_key_format_and_fingerprint():
     assert k1 == hashlib.blake2b(canonical_form(e).encode(), digest_size=16).hexdigest()
     assert fingerprint(e) == int(k1[:16], 16) and 0 <= fingerprint(e) < 2**64
     assert key(e) is k1  # cached on the node
+
+
+def _nested_products(n: int, names: str) -> list[Scope]:
+    i, j, k = iters(" ".join(f"{x}:3" for x in names))
+    X, W = tensor("X", (3, 3)), tensor("W", (3, 3))
+    chain: list[Scope] = []
+    for _ in range(n):
+        chain.append(L(i, j)(Sum(k)((chain[-1] if chain else X)[i, k] * W[k, j])))
+    return chain
+
+
+def test_keys_of_deeply_nested_scopes(monkeypatch):
+    """A translated model nests one scope per node, hundreds deep: keying does not recurse over the
+    nesting, and keys what lies deep producers first with the same result."""
+    assert len(key(_nested_products(3000, "ijk")[-1])) == 32
+    deep = [key(s) for s in _nested_products(60, "ijk")[::-1]]  # new nodes (other names), top first
+    monkeypatch.setattr(keys, "_NESTING_LIMIT", 10**6)  # plain recursion, 60 levels
+    plain = [key(s) for s in _nested_products(60, "abc")[::-1]]
+    assert plain == deep and len(set(deep)) == 60
 
 
 @pytest.mark.parametrize(

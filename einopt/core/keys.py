@@ -119,6 +119,7 @@ from einopt.core.ir import (
     Unary,
     ValueExpr,
     _cached,
+    scopes_in,
 )
 
 __all__ = ["key", "fingerprint", "canonical_form"]
@@ -147,7 +148,30 @@ def key(node: Node) -> str:
         for expressions that differ only by iterator renaming, summation order
         or the order of commutative operands.
     """
-    return _cached(node, "keys.key", lambda: _digest(_form(node)))
+    memo = node._memo
+    if memo is not None and "keys.key" in memo:
+        return memo["keys.key"]
+    global _nesting
+    if _nesting >= _NESTING_LIMIT and isinstance(node, Scope):
+        _key_producers_first(node)
+    _nesting += 1
+    try:
+        return _cached(node, "keys.key", lambda: _digest(_form(node)))
+    finally:
+        _nesting -= 1
+
+
+# A read's key holds its source's key, so keying a scope keys the scopes it reads first, one Python
+# call chain per level of nesting; a translated model nests one scope per node, hundreds deep. Below
+# this many scopes being keyed at once, the rest is keyed producers first (each then finds its
+# sources' keys memoised): the same keys, in bounded stack depth, and no cost where nesting is shallow.
+_NESTING_LIMIT = 16
+_nesting = 0
+
+
+def _key_producers_first(scope: Scope) -> None:
+    for s in scopes_in(scope)[:-1]:  # producers before consumers, ``scope`` itself last
+        _cached(s, "keys.key", lambda s=s: _digest(_form(s)))
 
 
 def fingerprint(node: Node) -> int:
