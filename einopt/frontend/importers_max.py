@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 from einopt.core import ir
 from einopt.core.index import bounds, simplify
-from einopt.frontend.importers_reduce import reduced_shape
+from einopt.frontend.importers_reduce import reduce_importer, reduced_shape
 from einopt.frontend.operand import (
     Importer,
     NodeView,
@@ -43,7 +43,7 @@ from einopt.frontend.operand import (
     numbered,
     operand_shape,
 )
-from einopt.frontend.pooling import PoolGeometry, pool_geometry, reduce_axes
+from einopt.frontend.pooling import PoolGeometry, pool_geometry
 
 __all__ = [
     "MAX_IMPORTERS",
@@ -96,14 +96,10 @@ def max_reduction(x: Operand, axes: Sequence[int], keepdims: bool) -> ir.Scope:
     return ir.Scope(its, ks, access(x, idx), (), "max" if ks else "sum")
 
 
-def import_reduce_max(view: NodeView) -> tuple[ir.Scope, ...]:
-    """``L kept.. Max red..: X[..]`` (axes an input from opset 18, ``keepdims``, ``noop_with_empty_axes``)."""
-    x = float_data(view.input(0), "input data")
-    shape = operand_shape(x)
-    axes = reduce_axes(view, len(shape), REDUCE_MAX_AXES_INPUT_OPSET)
-    keepdims = bool(view.attr("keepdims", 1))
-    checked_output(view, 0, reduced_shape(shape, axes, keepdims))
-    return (max_reduction(x, axes, keepdims),)
+import_reduce_max = reduce_importer(REDUCE_MAX_AXES_INPUT_OPSET, max_reduction)
+import_reduce_max.__doc__ = (
+    "``L kept.. Max red..: X[..]`` (axes an input from opset 18, ``keepdims``, ``noop_with_empty_axes``)."
+)
 
 
 # --------------------------------------------------------------------------

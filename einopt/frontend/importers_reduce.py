@@ -33,6 +33,7 @@ The forms (``einopt.instantiate.match_reduce`` reads them back):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -65,6 +66,7 @@ __all__ = [
     "REDUCE_IMPORTERS",
     "NONLINEAR",
     "reduction",
+    "reduce_importer",
     "average_pool",
     "count_scope",
     "layer_norm",
@@ -129,23 +131,26 @@ def reduction(
     return ir.Scope(its, ks, body)
 
 
-def _reduce_importer(since: int, **form: bool) -> Importer:
+def reduce_importer(since: int, build: Callable[[Operand, list[int], bool], ir.Scope]) -> Importer:
+    """The importer of a Reduce* node: its axes (an attribute before opset ``since``, an input from
+    it on, ``noop_with_empty_axes``) and ``keepdims`` read and checked, then ``build(x, axes, keepdims)``."""
+
     def importer(view: NodeView) -> tuple[ir.Scope, ...]:
         x = float_data(view.input(0), "input data")
         shape = operand_shape(x)
         axes = reduce_axes(view, len(shape), since)
         keepdims = bool(view.attr("keepdims", 1))
         checked_output(view, 0, reduced_shape(shape, axes, keepdims))
-        return (reduction(x, axes, keepdims, **form),)
+        return (build(x, axes, keepdims),)
 
     return importer
 
 
-import_reduce_sum = _reduce_importer(13)
+import_reduce_sum = reduce_importer(13, reduction)
 import_reduce_sum.__doc__ = "``L kept.. Sum red..: X[..]`` (axes an input from opset 13)."
-import_reduce_mean = _reduce_importer(18, mean=True)
+import_reduce_mean = reduce_importer(18, functools.partial(reduction, mean=True))
 import_reduce_mean.__doc__ = "``L kept.. Sum red..: X[..] * (1/N)`` (axes an input from opset 18)."
-import_reduce_sum_square = _reduce_importer(18, square=True)
+import_reduce_sum_square = reduce_importer(18, functools.partial(reduction, square=True))
 import_reduce_sum_square.__doc__ = "``L kept.. Sum red..: X[..] * X[..]`` (axes an input from opset 18)."
 
 
