@@ -165,6 +165,7 @@ def key(node: Node) -> str:
 # call chain per level of nesting; a translated model nests one scope per node, hundreds deep. Below
 # this many scopes being keyed at once, the rest is keyed producers first (each then finds its
 # sources' keys memoised): the same keys, in bounded stack depth, and no cost where nesting is shallow.
+# One counter for the process: threads keying at once only move the switch, never change a key.
 _NESTING_LIMIT = 16
 _nesting = 0
 
