@@ -157,3 +157,12 @@ def test_gelu_joins_the_mlp_and_a_layernorm_ends_its_group():
         ),
         ("linear", ["MatMul"]),
     ]
+
+
+def test_a_subprogram_holds_at_most_max_group_nodes():
+    from einopt.frontend.partition import MAX_GROUP_NODES
+
+    n = MAX_GROUP_NODES + 12
+    spec = ";".join(f"v{k}->v{k + 1}" for k in range(n))
+    groups = _groups(spec, "L" * n)
+    assert [len(nodes) for nodes, _ in groups] == [MAX_GROUP_NODES, 12]
