@@ -15,6 +15,7 @@ from typing import Any
 from einopt.core import ir
 from einopt.core.index import simplify
 from einopt.core.rewrite import (
+    fold_chain,
     index_text,
     map_accesses,
     map_indices,
@@ -35,13 +36,6 @@ __all__ = ["MergeSummations", "RULES"]
 # --------------------------------------------------------------------------
 # Building blocks
 # --------------------------------------------------------------------------
-
-
-def _fold(terms: list[ir.ValueExpr]) -> ir.ValueExpr:
-    out = terms[0]
-    for t in terms[1:]:
-        out = ir.Binary("+", out, t)
-    return out
 
 
 def _plus_chains(body: ir.ValueExpr) -> list[ir.ValueExpr]:
@@ -279,7 +273,7 @@ class MergeSummations(ProgramScopeRule):
         u = terms.index(t1)
         v = next(j for j in range(u + 1, len(terms)) if terms[j] is t2)
         out = [ir.Access(merged, t1.indices) if j == u else t for j, t in enumerate(terms) if j != v]
-        return scope.replace(body=replace_subterm(scope.body, chain, _fold(out)))
+        return scope.replace(body=replace_subterm(scope.body, chain, fold_chain(out, "+")))
 
 
 def _as_scope(merged: ir.Scope, scope: ir.Scope) -> ir.Scope:

@@ -10,7 +10,7 @@ arguments.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from einopt.core import ir
 from einopt.core.index import simplify, substitute
@@ -31,6 +31,7 @@ __all__ = [
     "iter_names",
     "rename_apart",
     "operands",
+    "fold_chain",
     "product_factors",
     "replace_subterm",
     "source_ranges",
@@ -302,6 +303,15 @@ def operands(e: ir.ValueExpr, op: str) -> list[ir.ValueExpr]:
             stack += (x.b, x.a)
         else:
             out.append(x)
+    return out
+
+
+def fold_chain(terms: Sequence[ir.ValueExpr], op: str) -> ir.ValueExpr:
+    """The left-nested chain ``((a op b) op c) ..`` of ``terms`` (at least one): the inverse of
+    :func:`operands`."""
+    out = terms[0]
+    for t in terms[1:]:
+        out = ir.Binary(op, out, t)
     return out
 
 

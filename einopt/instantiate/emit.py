@@ -363,11 +363,8 @@ class _Emitter:
         self.choices: list[Choice] = []
         self.inline_count: dict[str, int] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}  # outputs whose shapes ONNX cannot infer
-        const_scopes = {
-            s for s in ir.scopes_in(program) if all(t.name in constants for t in ir.input_tensors(s))
-        }
+        const_scopes = {s for s in ir.scopes_in(program) if self.reads_constants(s)}
         const_tensors = {t for t in program.inputs if t.name in constants}
-        self.const_scopes = const_scopes
         self.ctx = MatchContext(
             constant=frozenset(const_tensors | const_scopes),
             bound=frozenset(s for _, s in program.bindings),
@@ -497,7 +494,7 @@ class _Emitter:
             return self.bind(done, target, len(self.nodes))
         first = len(self.nodes)
         failures: tuple[tuple[str, str], ...] = ()
-        if scope in self.const_scopes or self.reads_constants(scope):
+        if self.reads_constants(scope):  # a program's scope, or one a match made (a folded bias)
             shaped = _Shaped(scope.shape, np.dtype(np.float32))
             if self.light and _weightlike(shaped):
                 value = self.initializer(shaped, label)
@@ -519,7 +516,7 @@ class _Emitter:
         return value
 
     def reads_constants(self, scope: ir.Scope) -> bool:
-        """Whether a scope a match made (a bias folded from several constant terms) is a compile-time value."""
+        """Whether every tensor ``scope`` reads is a known constant (it is then a compile-time value)."""
         return all(t.name in self.constants for t in ir.input_tensors(scope))
 
     def emit_match(self, m: OperatorMatch, label: str) -> str:

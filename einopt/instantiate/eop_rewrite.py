@@ -10,13 +10,12 @@ scope that :mod:`einopt.instantiate.eop` lowers as it stands.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 
 from einopt.core import ir
 from einopt.core.index import linear_form, simplify, substitute
-from einopt.core.rewrite import accesses, map_indices
+from einopt.core.rewrite import accesses, fold_chain, map_indices
 from einopt.frontend.onnx_graph import unique_name
 from einopt.instantiate.eop_access import plan_access, reads_nothing
 
@@ -118,7 +117,7 @@ def unroll_summation(scope: ir.Scope) -> ir.Scope:
     _, its, copies = best
     summation = tuple(it for it in scope.summation if it not in its)
     op = _UNROLLED[scope.reduce]
-    body = functools.reduce(lambda a, b: ir.Binary(op, a, b), copies)
+    body = fold_chain(copies, op)
     return ir.Scope(scope.traversal, summation, body, (), scope.reduce if summation else "sum")
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from einopt.core import ir
 from einopt.core.index import bounds, linear_form, simplify
 from einopt.core.interp import eval_index
-from einopt.core.rewrite import accesses, operands
+from einopt.core.rewrite import accesses, fold_chain, operands
 from einopt.core.syntax import brief
 from einopt.instantiate.plan import (
     Expand,
@@ -593,9 +593,7 @@ def _one_constant_bias(scope: ir.Scope, ctx: MatchContext) -> ir.ValueExpr | Ref
         return Refusal("not a bias form: a term besides the contraction is not constant")
     read = set().union(*(t.iters() for t in rest))
     its = tuple(it for it in scope.traversal if it in read)
-    folded = rest[0]
-    for t in rest[1:]:
-        folded = ir.Binary("+", folded, t)
+    folded = fold_chain(rest, "+")
     if not its:
         if not all(isinstance(t, ir.Const) for t in rest):
             return Refusal("not a bias form: a scalar bias that is not a constant")
