@@ -26,7 +26,8 @@ Input data (:func:`feeds`): ``"ordinary"`` values in ``[-2, 2)``,
 values: ordinary ones mixed with ``0``, ``-0``, ``+-inf``, NaN, huge
 ``+-1e30``, ``3e38`` and small integers. What "equal" means on them, and
 which (operator, value) combinations are left out and why, is in
-:data:`SPECIAL_VALUES` and the builders' ``exclude`` arguments.
+:data:`SPECIAL_VALUES` and the builders' ``exclude`` arguments; the same
+values computed inside the graph are kept out through ``graph_hazards``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import onnx
+from graph_hazards import ANY_DATA, FINITE, INPUT, Risks, computed
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
@@ -122,6 +124,7 @@ class _HypothesisDraw:
 class Value:
     name: str
     shape: tuple[int, ...]
+    risks: Risks = FINITE  # the infinities and NaN it may hold (graph_hazards)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +152,7 @@ class _Graph:
         self.inits: list[TensorProto] = []
         self.inputs: list[Value] = []
         self.values: list[Value] = []
+        self.by_name: dict[str, Value] = {}  # graph inputs and node outputs (constants are not values)
         self.read: set[str] = set()
         self.ops: list[str] = []
         self.specials = set(SPECIAL_VALUES)
@@ -167,9 +171,10 @@ class _Graph:
         return found[-1] if self.d.coin(60) else self.d.choice(found)
 
     def new_input(self, shape: Sequence[int]) -> str:
-        v = Value(self.fresh("in"), tuple(shape))
+        v = Value(self.fresh("in"), tuple(shape), INPUT)
         self.inputs.append(v)
         self.values.append(v)
+        self.by_name[v.name] = v
         return v.name
 
     def const(self, array: np.ndarray, prefix: str = "c") -> str:
@@ -195,17 +200,37 @@ class _Graph:
         return self.const(np.asarray(values, dtype=np.int64), "k")
 
     def node(
-        self, op: str, inputs: Sequence[str], shapes: Sequence[Sequence[int]], **attrs: Any
+        self,
+        op: str,
+        inputs: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        *,
+        nan_on_any_data: bool = False,
+        **attrs: Any,
     ) -> list[Value]:
-        outs = [Value(self.fresh("v"), tuple(int(n) for n in s)) for s in shapes]
+        """A node and its outputs, with their risks (``nan_on_any_data``: see ``graph_hazards.computed``)."""
+        risks = computed(op, (self.by_name[i].risks for i in inputs if i in self.by_name), nan_on_any_data)
+        outs = [Value(self.fresh("v"), tuple(int(n) for n in s), risks) for s in shapes]
         self.nodes.append(helper.make_node(op, list(inputs), [o.name for o in outs], **attrs))
         self.read.update(i for i in inputs if i)
         self.values.extend(outs)
+        self.by_name.update((o.name, o) for o in outs)
         return outs
 
     def exclude(self, *classes: str) -> None:
         """Keep special values of ``classes`` out of this graph's inputs (the builder says why)."""
         self.specials -= set(classes)
+
+    def keep_out(self, x: Value, inf: bool = False, nan: bool = False) -> bool:
+        """Keep computed infinities (``inf``) and NaN (``nan``) out of ``x`` as ``exclude`` keeps them
+        out of the inputs: exclude the input classes under which ``x`` may hold one. False (``x``
+        cannot be kept clean) when ordinary data can make one.
+        """
+        classes = (x.risks.inf if inf else frozenset()) | (x.risks.nan if nan else frozenset())
+        if ANY_DATA in classes:
+            return False
+        self.exclude(*classes)
+        return True
 
     def allows(self, op: str, opset: int | None = None) -> bool:
         """Whether ``op`` means at ``opset`` (default: the graph's) what its builder builds (at
@@ -328,12 +353,16 @@ def _pow(g: _Graph, x: Value) -> bool:
     exponent = g.d.choice([2.0, 3.0, 0.5, -1.0, 1.0, 0.0, 1.5, -0.5, 4.0])
     dtype = np.int64 if exponent.is_integer() and g.d.coin(30) else np.float32
     if exponent == 0.5:
-        # Imported as sqrt, which gives NaN at -inf where ONNX Runtime's powf gives inf.
+        # Imported as sqrt, which gives NaN at -inf where ONNX Runtime's powf gives inf (a -inf
+        # the graph computes too).
+        if not g.keep_out(x, inf=True):
+            return False
         g.exclude("inf", "huge")
     # Like Div's divisor: a negative power of a computed zero depends on the zero's sign, which
     # kernels disagree on; the base is a graph input or a constant.
     base = g.operand(x.shape, reuse=False) if exponent < 0 else x.name
-    g.node("Pow", [base, g.const(np.array(exponent, dtype))], [x.shape])
+    fractional = not exponent.is_integer()  # of a negative base: NaN
+    g.node("Pow", [base, g.const(np.array(exponent, dtype))], [x.shape], nan_on_any_data=fractional)
     return True
 
 
@@ -777,7 +806,9 @@ def _reduced(g: _Graph, x: Value) -> tuple[list[int], bool, tuple[int, ...]]:
 
 def _reduce_max(g: _Graph, x: Value) -> bool:
     # ONNX Runtime lets a NaN through a maximum only as the first value it compares; the IR's
-    # maximum is NaN wherever one is read.
+    # maximum is NaN wherever one is read. That holds for a NaN the graph computes too.
+    if not g.keep_out(x, nan=True):
+        return False
     g.exclude("nan")
     axes, keepdims, out = _reduced(g, x)
     if not _fits(out):
@@ -819,10 +850,10 @@ def _pool_window(g: _Graph, x: Value, dilated: bool) -> tuple[dict[str, Any], tu
 def _max_pool(g: _Graph, x: Value) -> bool:
     # Padding is -inf in ONNX (a penalty scope in the IR). A window of -inf values alone is
     # float32's lowest value in ONNX Runtime but -inf in the IR, and ONNX Runtime lets a NaN through
-    # only as a window's first value: infinities and NaN stay out.
-    g.exclude("nan", "inf")
-    if not 3 <= len(x.shape) <= 4:
+    # only as a window's first value: infinities and NaN stay out, those the graph computes too.
+    if not 3 <= len(x.shape) <= 4 or not g.keep_out(x, inf=True, nan=True):
         return False
+    g.exclude("nan", "inf")
     window = _pool_window(g, x, dilated=True)
     if window is None:
         return False
@@ -976,7 +1007,7 @@ def build_graph(d: Draw, rng: np.random.Generator, ops: Sequence[str] | None = N
             x = g.pick()
             if attempt % 3 == 2 and op in _INPUT_SHAPES:  # a new graph input of a shape the op takes
                 shape = _INPUT_SHAPES[op](d)
-                x = Value(g.new_input(shape), shape)
+                x = g.by_name[g.new_input(shape)]
             assert x is not None
             if g.allows(op) and OP_BUILDERS[op](g, x):
                 g.ops.append(op)

@@ -12,7 +12,19 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from graph_strategies import OP_BUILDERS, GraphCase, build_graph, check_case, graphs
+from graph_hazards import ANY_DATA, FINITE, INPUT, computed
+from graph_strategies import (
+    DATA_KINDS,
+    OP_BUILDERS,
+    GraphCase,
+    RngDraw,
+    _Graph,
+    _unoptimized_session,
+    build_graph,
+    check_case,
+    feeds,
+    graphs,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -49,14 +61,93 @@ def test_each_op_optimizes_to_equal_models(op: str, data: st.DataObject, seed: i
 
 
 def test_seeded_graphs_are_reproducible() -> None:
-    from graph_strategies import RngDraw
-
     def text(k: int) -> str:
         rng = np.random.default_rng([3, k])
         return onnx.printer.to_text(build_graph(RngDraw(rng), rng).model)
 
     assert text(5) == text(5)
     assert text(5) != text(6)
+
+
+# --------------------------------------------------------------------------
+# Computed infinities and NaN (graph_hazards)
+# --------------------------------------------------------------------------
+
+# A NaN a maximum reads, an infinity MaxPool reads (a window of -inf alone) and a -inf Pow's square
+# root reads are left out of the inputs of those graphs; the graph must not compute one either.
+_WATCHED = {
+    "MaxPool": lambda a: np.isnan(a).any() or np.isinf(a).any(),
+    "ReduceMax": lambda a: np.isnan(a).any(),
+}
+_MAKERS = (
+    "Sqrt",
+    "Div",
+    "Reciprocal",
+    "Exp",
+    "Pow",
+    "Softmax",
+    "HardSwish",
+    "Add",
+    "ReduceSumSquare",
+    "Relu",
+)
+
+
+def _special_reads(case: GraphCase, seed: int) -> list[str]:
+    """The MaxPool and ReduceMax nodes of ``case`` that read a value ``_WATCHED`` refuses, per data kind."""
+    model = onnx.ModelProto()
+    model.CopyFrom(case.model)
+    watched = [(n.op_type, n.input[0]) for n in model.graph.node if n.op_type in _WATCHED]
+    outputs = {o.name for o in model.graph.output}
+    missing = sorted({v for _, v in watched} - outputs)
+    model.graph.output.extend(onnx.ValueInfoProto(name=v) for v in missing)
+    session = _unoptimized_session(model)  # the fuzzer's oracle
+    names = [v for _, v in watched]
+    rng = np.random.default_rng(seed)
+    found = []
+    for kind in DATA_KINDS:
+        values = dict(zip(names, session.run(names, feeds(case, rng, kind)), strict=True))
+        found += [f"{op} reads {v} on {kind} data" for op, v in watched if _WATCHED[op](values[v])]
+    return found
+
+
+@settings(max_examples=60)
+@given(data=st.data(), seed=st.integers(0, 2**32 - 1))
+def test_maxima_read_no_infinity_or_nan_the_graph_computes(data: st.DataObject, seed: int) -> None:
+    # Seed 0 graph 268: Reciprocal of a negative constant, Sqrt (NaN), then MaxPool over [5.12, NaN]:
+    # 5.12 in ONNX Runtime, NaN in the IR; the builders excluded NaN inputs only.
+    makers = data.draw(st.lists(st.sampled_from(_MAKERS), min_size=1, max_size=3))
+    case = data.draw(graphs(ops=(*makers, data.draw(st.sampled_from(sorted(_WATCHED))))))
+    assert not _special_reads(case, seed), case
+
+
+@pytest.mark.parametrize("op", sorted(_WATCHED))
+def test_a_maximum_refuses_a_value_that_ordinary_data_makes_nan(op: str) -> None:
+    rng = np.random.default_rng(0)
+    g = _Graph(RngDraw(rng), rng)
+    x = g.by_name[g.new_input((1, 2, 5))]
+    (root,) = g.node("Sqrt", [x.name], [x.shape])
+    (rectified,) = g.node("Relu", [x.name], [x.shape])
+    assert not OP_BUILDERS[op](g, root)
+    assert OP_BUILDERS[op](g, rectified)
+    assert "nan" not in g.specials
+
+
+def test_risks_of_computed_values() -> None:
+    inputs = (INPUT, INPUT)
+    assert computed("Relu", inputs) == INPUT  # selects: its operands' infinities and NaN, no more
+    assert computed("Transpose", [FINITE]) == FINITE
+    add = computed("Add", inputs)  # inf - inf; 3e38 + 3e38 overflows, to one infinity
+    assert add.inf == {"inf", "huge"} and add.nan == {"nan", "inf"}
+    assert computed("ReduceSum", [FINITE]).nan == {"huge"}  # partial sums overflow to inf and -inf
+    assert computed("Sigmoid", [add]).inf == frozenset()  # bounded, but NaN passes
+    assert computed("Sigmoid", [add]).nan == add.nan
+    assert ANY_DATA in computed("Reciprocal", [FINITE]).inf  # 1 / 0 on integer data
+    assert computed("Sqrt", [FINITE]).nan == {ANY_DATA}
+    assert computed("Pow", [FINITE]).nan == frozenset()  # an integer power of a finite value
+    assert ANY_DATA in computed("Pow", [FINITE]).inf  # 1 / 0 ** 1, or 1618 ** 4 ** 4
+    assert computed("Pow", [FINITE], nan_on_any_data=True).nan == {ANY_DATA}
+    assert computed("Mul", [computed("Exp", [FINITE])]).nan >= {ANY_DATA}  # 0 * exp(1000)
 
 
 # --------------------------------------------------------------------------

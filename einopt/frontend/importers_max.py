@@ -21,7 +21,9 @@ The forms (``einopt.instantiate.match_max`` reads them back):
 Where ONNX Runtime's kernels differ from a maximum (the interpreter's, TVM's, an eOperator's
 ReduceMax): a NaN counts there only as the first value a window compares, and MaxPool starts from
 float32's lowest value, so a window of ``-inf`` alone gives that rather than ``-inf``. Matched back,
-the operators compute as before; a rewritten expression may differ on such inputs.
+the operators compute as before; a rewritten expression may differ on such inputs, and so does a
+maximum of constants, which the emitter folds with the interpreter (a MaxPool of ``sqrt`` of
+negative weights: ``scripts/fuzz.py`` seed 0 graph 268).
 """
 
 from __future__ import annotations
