@@ -13,16 +13,19 @@ import collections
 import numpy as np
 import onnx
 import pytest
-from reduce_cases import MAX_POOLS, REDUCE_MAXES, SOFTMAXES
+from reduce_cases import MAX_POOLS, REDUCE_MAXES, SOFTMAXES, max_pool
 from round_trips import depth0, round_trip
 from test_importers import build, run_ort
 
 from einopt import L, Sum, iters, tensor
 from einopt.core import ir
+from einopt.core.interp import evaluate
 from einopt.core.parser import parse
 from einopt.core.rewrite import transform
+from einopt.frontend.importers import translate_single_node
 from einopt.frontend.importers_max import softmax
 from einopt.frontend.operand import Operand as SourceOperand
+from einopt.instantiate.emit import instantiate
 from einopt.instantiate.match import MATCHERS, match
 from einopt.instantiate.match_contrib_attention import ATTENTION_MATCHERS
 from einopt.instantiate.match_max import (
@@ -34,6 +37,8 @@ from einopt.instantiate.match_max import (
     takes_maxima,
 )
 from einopt.instantiate.plan import NO_MATCH_CONTEXT, MatchContext, Operand, OperatorMatch, Refusal
+from einopt.runtime.verify import subgraph_model
+from einopt.search import Budget, search
 
 F32 = np.float32
 
@@ -285,3 +290,42 @@ def test_scaled_masked_scores_then_softmax_come_back_as_they_were():
     (got,) = run_ort(again, feeds)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     assert ops["Softmax"] == 1 and ops["eop"] == 0, ops
+
+
+# The 1-D dilated, padded pooling of ``scripts/fuzz.py`` seed 0 graph 268, and the padded ones above.
+_PADDED_POOLS = [
+    max_pool("1d-dilated-padded", (1, 3, 3), kernel_shape=[2], dilations=[2], pads=[1, 1]),
+    *(c for c in MAX_POOLS if "pad" in c.id or c.id.startswith("2d-same")),
+]
+# Every special value but NaN (ONNX Runtime passes a NaN only as a window's first value, see
+# importers_max), and no float32's lowest (ONNX Runtime's window of -inf alone, read as -inf).
+_EXTREMES = np.array([0.0, -0.0, np.inf, -np.inf, 1e30, -1e30, 3e38, 1.5, -2.0], F32)
+
+
+@pytest.mark.parametrize("case", _PADDED_POOLS, ids=lambda c: c.id)
+def test_padding_penalty_is_exact_on_infinite_inputs(case):
+    # The penalty scope is 0 inside X and -inf on the padding, added to X's reads (0 outside X):
+    # 0 + -inf, never inf + -inf or -inf * 0, in the translation, in every form the search
+    # finds and in each one's emitted ONNX (a MaxPool, or an eOperator of Pad, Gather, Add and
+    # ReduceMax).
+    model, _ = build(case)
+    program, _ = translate_single_node(model)
+    (x_name,), (y_name,) = [t.name for t in program.inputs], program.outputs
+    candidates = search(program, budget=Budget(max_depth=3, states_per_search=300)).candidates
+    assert len(candidates) > 1  # eOperators besides MaxPool: split and offset maxima, relayouts
+    lowest = np.finfo(F32).min
+    rng = np.random.default_rng(0)
+    shape = tuple(d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim)
+    feeds = [{"x": rng.choice(_EXTREMES, shape)} for _ in range(8)]
+    for c in candidates:
+        inst = instantiate(
+            c.program, onnx_names={x_name: "x", y_name: "y"}, constants={}, opset=17, prefix="p/"
+        )
+        emitted = subgraph_model(model, inst.nodes, feeds[0], ["y"], inst.initializers, inst.functions)
+        for f in feeds:
+            (want,) = run_ort(model, f)
+            want = np.where(want == lowest, -np.inf, want)
+            np.testing.assert_array_equal(evaluate(program, {x_name: f["x"]})[y_name], want)
+            np.testing.assert_array_equal(evaluate(c.program, {x_name: f["x"]})[y_name], want)
+            (got,) = run_ort(emitted, f)
+            np.testing.assert_array_equal(np.where(got == lowest, -np.inf, got), want)
