@@ -11,7 +11,7 @@ rules over bindings (expression splitting) can take it.
 from __future__ import annotations
 
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from einopt.core import ir
 from einopt.core.rewrite import accesses, fresh_name, replace_scopes, sort_bindings
@@ -19,7 +19,16 @@ from einopt.rules.base import NO_CONTEXT, Context, Failure, Match, Rule
 from einopt.rules.boundary import Finite, nothing_finite
 from einopt.rules.traversal import inline
 
-__all__ = ["fuse", "bind_scope", "nested_sums", "FuseExpressions", "BindScope", "RULES"]
+__all__ = [
+    "fuse",
+    "bind_scope",
+    "nested_sums",
+    "producer_cone",
+    "FuseExpressions",
+    "BindScope",
+    "FuseCone",
+    "RULES",
+]
 
 
 def fuse(
@@ -32,23 +41,40 @@ def fuse(
     binding reads it any more and it is not an output. ``finite`` says which
     input tensors are known to be finite (see :func:`~einopt.rules.traversal.inline`).
     """
+    new = _inlined(program, consumer, producer, finite)
+    if isinstance(new, str):
+        return new
+    out = replace_scopes(program, {program.scope(consumer): new})
+    if _kept(program, consumer, producer, new):
+        return out
+    return out.replace(bindings=tuple((n, s) for n, s in out.bindings if n != producer))
+
+
+def _inlined(program: ir.Program, consumer: str, producer: str, finite: Finite) -> ir.Scope | str:
+    """The consumer's scope with every read of the producer in its body inlined, or why not."""
     c, p = program.scope(consumer), program.scope(producer)
     reads = [a for a in accesses(c.body) if a.source is p]
     if not reads:
         return f"{consumer} does not read {producer}"
+    names = program.names()
     new = c
     for acc in reads:
-        found = inline(new, acc, producer, finite, program.names())
+        found = inline(new, acc, producer, finite, names)
         if isinstance(found, str):
             return found
         new = found
-    out = replace_scopes(program, {c: new})
-    if producer not in program.outputs:
-        others = [s for n, s in out.bindings if n != producer]
-        # A consumer that became equal to ``p`` (interning) binds it itself.
-        if not any(s is not p and p in ir.scopes_in(s) for s in others):
-            out = out.replace(bindings=tuple((n, s) for n, s in out.bindings if n != producer))
-    return out
+    return new
+
+
+def _kept(program: ir.Program, consumer: str, producer: str, new: ir.Scope) -> bool:
+    """Whether ``producer`` stays bound once ``consumer`` is ``new``: it is an output, or a binding
+    still reads it (another one, or the consumer from a scope nested in it). A consumer that became
+    equal to the producer (interning) binds it itself."""
+    if producer in program.outputs:
+        return True
+    reads = _program_reads(program)
+    others = any(producer in r for n, r in reads.items() if n not in (consumer, producer))
+    return others or producer in _bound_reads(new, program.names())
 
 
 class FuseExpressions(Rule):
@@ -83,11 +109,12 @@ class FuseExpressions(Rule):
                 names[a.source] for a in accesses(c.body) if a.source in names and a.source is not c
             )
             for producer in producers:
-                found = fuse(program, consumer, producer, ctx.is_finite)
+                # Only the consumer is rewritten to judge the match (the program is rebuilt by apply).
+                found = _inlined(program, consumer, producer, ctx.is_finite)
                 if isinstance(found, str):
                     yield Failure(self.name, consumer, found)
                     continue
-                kept = any(n == producer for n, _ in found.bindings)
+                kept = _kept(program, consumer, producer, found)
                 what = f"inline {producer} into {consumer}" + ("" if kept else f", drop {producer}")
                 yield Match(
                     self.name,
@@ -187,4 +214,122 @@ class BindScope(Rule):
         return bind_scope(program, match["binding"], match["scope"], match["name"])
 
 
-RULES: tuple[Rule, ...] = (FuseExpressions(), BindScope())
+def _bound_reads(scope: ir.Scope, bound: Mapping[ir.Scope, str]) -> set[str]:
+    """The bindings ``scope`` reads, in its body or in the unbound scopes nested in it."""
+    out: set[str] = set()
+    seen: set[ir.Scope] = set()
+    todo = [scope]
+    while todo:
+        for a in accesses(todo.pop().body):
+            src = a.source
+            if not isinstance(src, ir.Scope) or src in seen:
+                continue
+            seen.add(src)
+            if src in bound and src is not scope:
+                out.add(bound[src])
+            else:
+                todo.append(src)
+    return out
+
+
+def _program_reads(program: ir.Program) -> dict[str, set[str]]:
+    """Binding name -> the bindings it reads (:func:`_bound_reads`), once per program."""
+
+    def compute() -> dict[str, set[str]]:
+        names = program.names()
+        return {n: _bound_reads(s, names) for n, s in program.bindings}
+
+    return ir._cached(program, "binding_reads", compute)
+
+
+def producer_cone(
+    program: ir.Program, consumer: str, stop: Callable[[ir.Scope], bool] | None = None
+) -> tuple[str, ...]:
+    """The bindings only ``consumer`` depends on: those it reads, directly or through one another,
+    that are not outputs and that nothing outside them and ``consumer`` reads (in program order).
+    ``stop(scope)`` keeps a binding (and what only it reads) out of the cone.
+    """
+    reads = _program_reads(program)
+    reach: set[str] = set()
+    todo = [consumer]
+    while todo:
+        for p in reads[todo.pop()]:
+            if p in reach or p == consumer or p in program.outputs:
+                continue
+            if stop is not None and stop(program.scope(p)):
+                continue
+            reach.add(p)
+            todo.append(p)
+    # Drop what something outside reads, until what is left is closed (a dropped binding stays
+    # bound, so what reads it from inside the cone still may).
+    cone = set(reach)
+    while bad := {
+        p for p in cone if any(p in r for n, r in reads.items() if n not in cone and n != consumer)
+    }:
+        cone -= bad
+    return tuple(n for n, _ in program.bindings if n in cone)
+
+
+def _reads_weights(ctx: Context) -> Callable[[ir.Scope], bool]:
+    def reads(scope: ir.Scope) -> bool:
+        return any(
+            isinstance(a.source, ir.Tensor) and ctx.is_constant(a.source) for a in accesses(scope.body)
+        )
+
+    return reads
+
+
+class FuseCone(Rule):
+    """Nest the producers only a consumer depends on into it: their bindings go, their scopes stay
+    (the inverse of ``bind_scope`` over a whole cone)::
+
+        P1 = L g1;  P2 = L g2(P1);  C = L_x f(P2[Phi(x)])  ->  C = L_x f({L g2({L g1}[..])}[Phi(x)])
+
+    Always exact: nodes are interned, so the scopes are the same, only no longer named; every
+    read of them is now a read of a nested scope of ``C``. An operator that computes a chain of
+    bindings at once (com.microsoft ``MultiHeadAttention``: the scores, their scale, the softmax
+    and the product with V) takes it only as one expression, and one step of this rule makes it
+    so where ``fuse_expressions`` needs one per binding and order.
+
+    The cone: the bindings ``C`` reads, directly or through one another, that are not program
+    outputs and are read by nothing but ``C`` and the cone. Variants: ``whole`` (all of them) and
+    ``activations`` (not the bindings that read a constant tensor, nor what only they read: the
+    projections by weights stay bound, an operator's inputs).
+
+    Max scopes: nested like sums (nothing is computed differently).
+    """
+
+    name = "fuse_cone"
+    phase = "explore"
+    family = "inter"
+    undoes = ("bind_scope",)
+    variants = ("whole", "activations")
+    math = "P1..Pk only C reads; C = L f(P1..Pk) -> C = L f({P1}..{Pk}) (the bindings go, the scopes stay)"
+
+    def match(self, program: ir.Program, ctx: Context = NO_CONTEXT) -> Iterator[Match | Failure]:
+        for consumer, _ in program.bindings:
+            cones = {way: producer_cone(program, consumer, stop) for way, stop in
+                     (("whole", None), ("activations", _reads_weights(ctx)))}  # fmt: skip
+            if not cones["whole"]:
+                yield Failure(self.name, consumer, "no binding only it reads")
+            for way, cone in cones.items():
+                if cone and (way == "whole" or cone != cones["whole"]):
+                    yield Match(
+                        self.name,
+                        consumer,
+                        f"nest {', '.join(cone)} into {consumer}",
+                        types.MappingProxyType({"consumer": consumer, "cone": cone, "way": way}),
+                    )
+
+    def apply(self, program: ir.Program, match: Match, ctx: Context = NO_CONTEXT) -> ir.Program:
+        if match.rule != self.name:
+            raise ValueError(f"{self.name} cannot apply a match of {match.rule}")
+        consumer, cone = match["consumer"], set(match["cone"])
+        reads = _program_reads(program)
+        outside = set().union(*(r for n, r in reads.items() if n not in cone and n != consumer))
+        if bad := cone & (outside | set(program.outputs)):
+            raise ValueError(f"{', '.join(sorted(bad))}: read outside the cone of {consumer}")
+        return program.replace(bindings=tuple((n, s) for n, s in program.bindings if n not in cone))
+
+
+RULES: tuple[Rule, ...] = (FuseExpressions(), BindScope(), FuseCone())

@@ -1,5 +1,5 @@
 """fuse_expressions: vertical fusion of a bound producer into its consumer; bind_scope, its
-inverse (rules.fusion)."""
+inverse; fuse_cone, the producers only a consumer reads nested into it (rules.fusion)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from rules_support import (
 )
 
 from einopt.core import ir
-from einopt.rules import get
-from einopt.rules.fusion import bind_scope
+from einopt.core.rewrite import accesses
+from einopt.rules import Context, get
+from einopt.rules.fusion import bind_scope, producer_cone
 
 OFFSET_REDUCE = "Y = L[h:6, w:6, f:2] Sum[r:3, s:3] T[r, s, f, h+r-1, w+s-1]"
 WHERE_T = "where T: [3, 3, 2, 6, 6], S: [2]"
@@ -46,7 +47,15 @@ NESTED_TWO = (
     "{L[m:4] Sum[k:2] B[m, k]}[i]\nreturn Z\nwhere A: [4, 3], B: [4, 2]"
 )
 
+# A chain only Z reads (P, then Q), a weight's projection W feeding it, and R that Z and V read.
+CONE = (
+    "W = L[i:4] Sum[k:3] A[i, k] * M[k]\nP = L[i:4] W[i] + 1\nQ = L[i:4] exp(P[i] - {L[r:1] Max[j:4] P[j]}[0])\n"
+    "R = L[i:4] X[i] * 2\nZ = L[i:4] Q[i] * R[i]\nV = L[i:4] R[3-i]\nreturn Z, V\n"
+    "where A: [4, 3], M: [3], X: [4]"
+)
+
 EXAMPLES = {
+    "fuse_cone": [Example(CONE, weights(CONE, "M"), min_matches=2), Example(LAYOUT_CHAIN, min_matches=2)],
     "bind_scope": [Example(NESTED_BIAS), Example(NESTED_TWO, min_matches=2)],
     "fuse_expressions": [
         Example(SCALE_AFTER),
@@ -60,6 +69,11 @@ EXAMPLES = {
 }
 
 NEAR_MISSES = {
+    "fuse_cone": [
+        NearMiss(
+            "P = L[i:4] X[i] + 1\nZ = L[i:4] P[i]\nreturn Z, P\nwhere X: [4]", "no binding only it reads"
+        )
+    ],
     "bind_scope": [
         NearMiss(
             "Z = L[i:4] {L[m:4] X[m] * 2}[i] + 1\nreturn Z\nwhere X: [4]",
@@ -116,6 +130,37 @@ def test_a_producer_read_elsewhere_is_kept():
     found = {m.where: p for m, p in apply_all("fuse_expressions", load(text))}
     assert [n for n, _ in found["Z"].bindings] == ["P", "Z", "V"]
     assert [n for n, _ in found["V"].bindings] == ["P", "Z", "V"]
+
+
+def test_cone_is_what_only_the_consumer_reads():
+    program = load(CONE)
+    assert producer_cone(program, "Z") == ("W", "P", "Q")  # not R: V reads it too
+    weight = next(t for t in program.inputs if t.name == "M")
+    assert producer_cone(program, "Z", lambda s: weight in {a.source for a in accesses(s.body)}) == ("P", "Q")
+    assert producer_cone(program, "V") == ()  # R is read by Z as well
+    assert producer_cone(program, "Q") == ("W", "P")
+
+
+def test_fuse_cone_nests_the_scopes_and_keeps_the_rest():
+    ctx = Context(constants=weights(CONE, "M"))
+    found = {(m.where, m["way"]): (m, after) for m, after in apply_all("fuse_cone", load(CONE), ctx)}
+    m, after = found[("Z", "whole")]
+    assert m.summary == "nest W, P, Q into Z"
+    assert [n for n, _ in after.bindings] == ["R", "Z", "V"]
+    # The scopes are the very nodes that were bound (interned), now read nested.
+    assert load(CONE).scope("Q") in ir.scopes_in(after.scope("Z"))
+    m, after = found[("Z", "activations")]
+    assert m.summary == "nest P, Q into Z"
+    assert [n for n, _ in after.bindings] == ["W", "R", "Z", "V"]
+
+
+def test_fuse_cone_refuses_a_cone_read_elsewhere():
+    program = load(CONE)
+    rule = get("fuse_cone")
+    [m] = [m for m in rule.matches(program) if m.where == "Q" and m["way"] == "whole"]
+    bad = type(m)(m.rule, "Z", m.summary, {**m.params, "consumer": "Z", "cone": ("R",)})
+    with pytest.raises(ValueError, match="R: read outside the cone of Z"):
+        rule.apply(program, bad)
 
 
 def test_bind_scope_names_the_nested_contraction():
