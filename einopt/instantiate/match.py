@@ -492,7 +492,29 @@ def match(
     nodes, needs more nodes for it (a Relu after a Gemm: the product, an Add and
     the Relu); an ONNX Gelu computing the whole scope stays one.
     """
-    found, failures = _first_match(scope, ctx, matchers or MATCHERS)
+    if matchers is not None:
+        return _match(scope, ctx, matchers, prefer)
+    # The search instantiates every candidate state, and most scopes recur unchanged from state to
+    # state: the table's answer is kept per scope and what of the context it can see (scopes are
+    # interned; which of the scopes and tensors it reaches are constant or bound, and the opset).
+    reach = ir.scopes_in(scope)
+    seen = (
+        frozenset(x for x in (*reach, *ir.tensors_in(scope)) if x in ctx.constant),
+        frozenset(x for x in reach if x in ctx.bound),
+        ctx.opset,
+        prefer,
+    )
+    memo = ir._cached(scope, "table_match", dict)
+    found = memo.get(seen)
+    if found is None:
+        found = memo[seen] = _match(scope, ctx, MATCHERS, prefer)
+    return found
+
+
+def _match(
+    scope: ir.Scope, ctx: MatchContext, matchers: dict[str, Matcher], prefer: str
+) -> tuple[OperatorMatch | None, tuple[tuple[str, Refusal], ...]]:
+    found, failures = _first_match(scope, ctx, matchers)
     fn = PREFERRED.get(prefer)
     if fn is None or (found is not None and found.op_type == prefer):
         return found, failures
