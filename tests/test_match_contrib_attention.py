@@ -92,12 +92,14 @@ def _core(
     mask: str = "",
     divide: bool = False,
     axis: str = "j",
+    sources: tuple[ir.Tensor | ir.Scope, ...] = (),
 ) -> ir.Scope:
-    """The core with the Python API: Q [b, s, heads*dh], K [b, kv, heads*dh], V [b, kv, heads*dv],
-    output [b, heads, s, dv]; ``mask`` "": none, "key": M[b, j], "full": M[b, h, i, j]; the scale
-    multiplied (or ``divide``: the scores divided by sqrt(dh)); ``axis`` the softmax's."""
+    """The core with the Python API: Q [b, s, heads*dh], K [b, kv, heads*dh], V [b, kv, heads*dv]
+    (tensors, or the ``sources`` given), output [b, heads, s, dv]; ``mask`` "": none, "key": M[b, j],
+    "full": M[b, h, i, j]; the scale multiplied (or ``divide``: the scores divided by sqrt(dh));
+    ``axis`` the softmax's."""
     B, H, Iq, J, D, E = (ir.Iter(n, 0, x) for n, x in zip("bhijde", (b, heads, s, kv, dh, dv), strict=True))
-    Q, K, V = (
+    Q, K, V = sources or (
         ir.Tensor("Q", (b, s, heads * dh)),
         ir.Tensor("K", (b, kv, heads * dh)),
         ir.Tensor("V", (b, kv, heads * dv)),

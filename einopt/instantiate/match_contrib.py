@@ -13,7 +13,8 @@ exactly what the operator computes, and measured acceptance decides whether the 
 - ``FusedGemm``: ``act(Gemm(A, B, C))``, a Gemm's scope read by an activation (``nn.Linear`` and
   its ReLU, the LSTM gates' sigmoid and tanh).
 - ``MultiHeadAttention``: the attention core, scores to the product with V
-  (``einopt.instantiate.match_contrib_attention``).
+  (``einopt.instantiate.match_contrib_attention``); ``Attention``: the same core whose Q, K and V
+  are inline projections of one input by constant weights, packed at compile time (tried first).
 - ``SkipLayerNormalization``, ``SkipSimplifiedLayerNormalization``: LayerNorm or RMSNorm of a
   residual sum (``einopt.instantiate.match_contrib_norm``).
 - ``QuickGelu``, ``FastGelu``, ``Gelu``, ``BiasGelu``: element-wise GELU-like functions
@@ -466,5 +467,6 @@ CONTRIB_PREFERRED: dict[str, Matcher] = {
     **ATTENTION_MATCHERS,
 }
 """The matcher of each original ONNX operator type these matchers instantiate (the table is keyed by
-op type alone: Gelu, Attention and RotaryEmbedding are also default-domain operators, whose own
-matchers stay preferred for them)."""
+op type alone: Gelu and RotaryEmbedding are also default-domain operators, whose own matchers stay
+preferred for them; ONNX's own Attention, of opset 23, has no importer, so ``Attention`` names
+com.microsoft's)."""

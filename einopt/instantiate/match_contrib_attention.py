@@ -1,4 +1,4 @@
-"""ONNX Runtime's com.microsoft ``MultiHeadAttention`` for the unfused attention core.
+"""ONNX Runtime's com.microsoft ``MultiHeadAttention`` and ``Attention`` for the unfused attention core.
 
 The core is the product of a softmax with V, over the key positions ``j``::
 
@@ -19,16 +19,25 @@ operator's layout. Then the scope is evaluated by the reference interpreter on r
 compared with the operator's formula on the same inputs (float64, relative ``RTOL``) for each
 reading of the roles and each scale the constants suggest; the first that agrees is the match. The
 readings are found once per scope, and evaluated (once) only where one fuses no program binding.
+
+``Attention`` takes the same core where Q, K and V are inline projections of one input ``X`` by
+constant weights: it reads ``input [B, S, hidden]``, the weights packed along their columns
+``[hidden, Hq + Hk + Hv]`` and the biases ``[Hq + Hk + Hv]``, and fuses the projections too. Its
+readings are MultiHeadAttention's whose Q, K and V reads lead into such projections
+(``einopt.instantiate.match_contrib_projection``), checked against its formula in the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from einopt.core import ir
 from einopt.core.interp import evaluate
+from einopt.instantiate.match_contrib_projection import Packing, Projection, pack, read_projection
 from einopt.instantiate.match_max import reads_maxima
 from einopt.instantiate.plan import (
     CONTRIB_DOMAIN,
@@ -46,10 +55,12 @@ from einopt.instantiate.plan import (
 )
 from einopt.instantiate.views import View, arrange, as_product, finish, simple_view
 
-__all__ = ["ATTENTION_MATCHERS", "RTOL", "match_multi_head_attention"]
+__all__ = ["ATTENTION_MATCHERS", "RTOL", "match_attention", "match_multi_head_attention"]
 
 RTOL = 1e-7
-"""How closely the scope must agree with MultiHeadAttention's formula on random inputs (float64)."""
+"""How closely the scope must agree with the operator's formula on random inputs (float64)."""
+
+MHA = "MultiHeadAttention"
 
 Roles = dict[ir.Iter, str]  # an iterator's role: "b", "h", "i", "j", "e", "d"
 
@@ -134,12 +145,17 @@ def _steps(view: View, shape: tuple[int, ...], groups: list[tuple[ir.Iter, ...]]
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Attention:
+    """A reading of the core as MultiHeadAttention: its operands (Q, K, V, the attention bias) in the
+    operator's layout, and the accesses of Q, K and V with their iterators' roles (``_Packed``
+    follows them into the projections)."""
+
     operands: tuple[Operand, ...]
     inputs: tuple[int | None, ...]
     heads: int
     scale: float
     shape: tuple[int, int, int]
     post: tuple[LayoutStep, ...]
+    reads: tuple[tuple[ir.Access, Roles], ...]
 
 
 def _candidates(scope: ir.Scope) -> list[_Attention] | Refusal:
@@ -246,13 +262,15 @@ def _build(scope, qk, qk_roles, v_acc, v_view, roles, found: _Found) -> list[_At
         {qk_scale * c for c in {1.0, *found.constants} if c != 0.0}, key=lambda s: abs(s - qk_scale)
     )
     scales += [qk_scale / c for c in found.constants if c not in (0.0, 1.0)]
+    reads = ((q[0], inner), (k[0], inner), (v_acc, roles))
     return [
-        _Attention(tuple(operands), tuple(inputs), N, float(s), (B, S, N * dv), post)
+        _Attention(tuple(operands), tuple(inputs), N, float(s), (B, S, N * dv), post, reads)
         for s in dict.fromkeys(scales)
     ]
 
 
 def _reference(att: _Attention, arrays: list[np.ndarray]) -> np.ndarray:
+    """MultiHeadAttention's formula on its operands ``[Q, K, V, attention_bias?]``."""
     q, k, v = arrays[:3]
     B, S, _ = q.shape
     N = att.heads
@@ -281,28 +299,35 @@ def _readings(scope: ir.Scope) -> list[Reading] | Refusal:
     cands = _candidates(scope)
     if isinstance(cands, Refusal):
         return cands
-    cands.sort(key=lambda a: sum(steps_cost(o.steps, False) for o in a.operands) + steps_cost(a.post, False))
-    return [(att, _consumed(scope, att)) for att in cands]
+    cands.sort(key=_layout_work)
+    return [(att, _consumed(scope, att.operands)) for att in cands]
 
 
-def _verify(scope: ir.Scope, cands: list[Reading]) -> Reading | Refusal:
-    """The first reading (with the scopes it fuses) whose formula agrees with the interpreter on
-    random inputs."""
+def _layout_work(att: _Attention | _Packed) -> float:
+    return sum(steps_cost(o.steps, False) for o in att.operands) + steps_cost(att.post, False)
+
+
+def _verify(
+    scope: ir.Scope, cands: list, formula: Callable[[Any, list[np.ndarray]], np.ndarray], name: str
+) -> tuple | Refusal:
+    """The first reading (with the scopes it fuses) whose ``formula(reading, operand arrays)`` agrees
+    with the interpreter on random inputs (the values are not kept: the search's states hold many
+    scopes)."""
     rng = np.random.default_rng(0)
     inputs = {t.name: rng.standard_normal(t.shape) for t in ir.input_tensors(scope)}
     y = np.asarray(evaluate(scope, inputs), dtype=np.float64)
     for att, consumed in cands:
         arrays = [apply_steps(o.steps, _source_value(o.source, inputs)) for o in att.operands]
-        got = apply_steps(att.post, _reference(att, arrays))
+        got = apply_steps(att.post, formula(att, arrays))
         if got.shape == y.shape and np.allclose(got, y, rtol=RTOL, atol=RTOL * float(np.max(np.abs(y)))):
             return att, consumed
-    return Refusal("computes another function than MultiHeadAttention for every reading of its roles")
+    return Refusal(f"computes another function than {name} for every reading of its roles")
 
 
-def _consumed(scope: ir.Scope, att: _Attention) -> tuple[ir.Scope, ...]:
+def _consumed(scope: ir.Scope, operands: tuple[Operand, ...]) -> tuple[ir.Scope, ...]:
     """The scopes the operator fuses: those of ``scope`` its operands do not read."""
     kept: set[ir.Scope] = set()
-    for o in att.operands:
+    for o in operands:
         if isinstance(o.source, ir.Scope):
             kept.update(ir.scopes_in(o.source))
     return tuple(s for s in ir.scopes_in(scope) if s is not scope and s not in kept)
@@ -324,7 +349,7 @@ def match_multi_head_attention(
         return cands
     if all(any(s in ctx.bound for s in consumed) for _, consumed in cands):
         return Refusal(_BOUND)
-    found = ir._cached(scope, "contrib_attention", lambda: _verify(scope, cands))
+    found = ir._cached(scope, "contrib_attention", lambda: _verify(scope, cands, _reference, MHA))
     if isinstance(found, Refusal):
         return found
     att, consumed = found
@@ -335,5 +360,122 @@ def match_multi_head_attention(
     return OperatorMatch(f"{CONTRIB_DOMAIN}.MultiHeadAttention", att.operands, (op,), att.post, consumed)
 
 
-ATTENTION_MATCHERS = {"MultiHeadAttention": match_multi_head_attention}
-"""The attention matchers, in the order the table tries them."""
+# --------------------------------------------------------------------------
+# Attention: the core of projections of one input
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Packed:
+    """A reading of the core as Attention: MultiHeadAttention's reading ``core`` whose Q, K and V
+    are projections of one input, packed; ``operands`` are the input, the packed weights and bias,
+    and the attention bias."""
+
+    core: _Attention
+    packing: Packing
+    operands: tuple[Operand, ...]
+    inputs: tuple[int | None, ...]
+
+    @property
+    def post(self) -> tuple[LayoutStep, ...]:
+        return self.core.post
+
+
+_PROJECTIONS = (("Q", "i", "d"), ("K", "j", "d"), ("V", "j", "e"))  # each read's position and column roles
+
+
+def _packed_readings(scope: ir.Scope, readings: list[Reading], ctx: MatchContext) -> list | Refusal:
+    """The readings of ``scope`` as Attention (with the scopes each fuses), the one with least layout
+    work first: those of MultiHeadAttention whose Q, K and V are projections of one input (``ctx``
+    tells the constants)."""
+    out, reasons = [], []
+    found: dict[tuple, Projection | Refusal] = {}  # the readings share their accesses (scales, heads)
+    for att, _ in readings:
+        projections = []
+        for (name, position, column), (acc, roles) in zip(_PROJECTIONS, att.reads, strict=True):
+            key = (acc, position, column, frozenset(roles.items()))
+            if key not in found:
+                found[key] = read_projection(acc, roles, position, column, ctx)
+            if isinstance(found[key], Refusal):
+                reasons.append(f"{name}: {found[key].reason}")
+                break
+            projections.append(found[key])
+        else:
+            packing = pack(tuple(projections), att.heads)
+            if isinstance(packing, Refusal):
+                reasons.append(packing.reason)
+                continue
+            operands = (packing.x, Operand(packing.weights), Operand(packing.bias), *att.operands[3:])
+            inputs = (0, 1, 2, *((None, None, 3) if len(operands) > 3 else ()))
+            out.append((_Packed(att, packing, operands, inputs), _consumed(scope, operands)))
+    if not out:
+        return Refusal(reasons[0])
+    out.sort(key=lambda r: _layout_work(r[0]))
+    return out
+
+
+def _packed_reference(p: _Packed, arrays: list[np.ndarray]) -> np.ndarray:
+    """Attention's formula on its operands ``[input, weights, bias, attention_bias?]``."""
+    x, w, b = arrays[:3]
+    hq, hk, _ = p.packing.sizes
+    q, k, v = np.split(x @ w + b, [hq, hq + hk], axis=-1)
+    return _reference(p.core, [q, k, v, *arrays[3:]])
+
+
+def _constants(scope: ir.Scope, tensors: frozenset[ir.Tensor]) -> MatchContext:
+    """The context in which ``tensors`` and the scopes of ``scope`` that read only them are constant."""
+    scopes = (s for s in ir.scopes_in(scope) if all(t in tensors for t in ir.input_tensors(s)))
+    return MatchContext(constant=tensors | frozenset(scopes))
+
+
+_PACKED_BOUND = "a scope Attention would fuse (a projection, the scores, the softmax) is a program binding"
+
+
+@reads_maxima
+def match_attention(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
+    """The attention core whose Q, K and V are projections ``bias[n] + Sum_k X[.., k] * W[k, n]`` of
+    one input ``X`` by constant weights, as com.microsoft ``Attention``, consuming the projections
+    too (see :mod:`einopt.instantiate.match_contrib_projection`): the weights and biases are packed
+    at compile time."""
+    cands = ir._cached(scope, "contrib_attention_readings", lambda: _readings(scope))
+    if isinstance(cands, Refusal):
+        return cands
+    # Q, K and V are the same accesses in every reading; bound, MultiHeadAttention reads them.
+    bound = [
+        name
+        for (name, _, _), (acc, _) in zip(_PROJECTIONS, cands[0][0].reads, strict=True)
+        if acc.source in ctx.bound
+    ]
+    if bound:
+        return Refusal(
+            f"the projection of {', '.join(bound)} is a program binding (MultiHeadAttention reads it)"
+        )
+    # The projections' analysis depends on which tensors are constant: found once per scope and set.
+    tensors = frozenset(t for t in ir.input_tensors(scope) if ctx.is_constant(t))
+    memo = ir._cached(scope, "contrib_packed_attention", dict)
+    if tensors not in memo:
+        memo[tensors] = _packed_readings(scope, cands, _constants(scope, tensors))
+    packed = memo[tensors]
+    if isinstance(packed, Refusal):
+        return packed
+    if all(any(s in ctx.bound for s in consumed) for _, consumed in packed):
+        return Refusal(_PACKED_BOUND)
+    if ("verified", tensors) not in memo:
+        memo["verified", tensors] = _verify(scope, packed, _packed_reference, "Attention")
+    found = memo["verified", tensors]
+    if isinstance(found, Refusal):
+        return found
+    p, consumed = found
+    if any(s in ctx.bound for s in consumed):
+        return Refusal(_PACKED_BOUND)
+    att, (hq, _, hv) = p.core, p.packing.sizes
+    attrs = (("num_heads", att.heads), ("scale", att.scale))
+    if hv != hq:
+        attrs += (("qkv_hidden_sizes", p.packing.sizes),)
+    op = OpNode("Attention", p.inputs, attrs, CONTRIB_DOMAIN, att.shape)
+    return OperatorMatch(f"{CONTRIB_DOMAIN}.Attention", p.operands, (op,), p.post, consumed)
+
+
+ATTENTION_MATCHERS = {"Attention": match_attention, "MultiHeadAttention": match_multi_head_attention}
+"""The attention matchers, in the order the table tries them (where both accept, Attention fuses
+the projections too)."""

@@ -385,6 +385,17 @@ def _attention_flops(ins: Sequence[tuple[int, ...]], out: tuple[int, ...], node:
     return 2 * b * s * n * (d + out[-1]) + 5 * b * heads * s * n  # two products, the softmax
 
 
+def _packed_attention_flops(
+    ins: Sequence[tuple[int, ...]], out: tuple[int, ...], node: onnx.NodeProto
+) -> int:
+    (b, s, d), (_, h) = ins[0], ins[1]
+    heads = max(_int_attr(node, "num_heads"), 1)
+    hv = out[-1]
+    hq = (h - hv) // 2
+    # the packed projection and its bias, then the core over the sequence itself (no past state)
+    return 2 * b * s * d * h + b * s * h + 2 * b * s * s * (hq + hv) + 5 * b * heads * s * s
+
+
 CONTRIB_FLOPS = {
     "FusedMatMul": _fused_matmul_flops,
     "FusedGemm": _fused_gemm_flops,
@@ -396,6 +407,7 @@ CONTRIB_FLOPS = {
     "SkipLayerNormalization": _per_element(10),
     "SkipSimplifiedLayerNormalization": _per_element(7),
     "MultiHeadAttention": _attention_flops,
+    "Attention": _packed_attention_flops,
 }
 """FLOPs of ONNX Runtime's com.microsoft operators (``einopt.core.cost.FLOPS`` has the default domain's)."""
 
