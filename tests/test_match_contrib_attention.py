@@ -129,6 +129,8 @@ def _core(
 CORES = [
     ("plain", _core(), {"num_heads": 2, "scale": 0.5}),
     ("one_head_batch_one", _core(b=1, heads=1), {"num_heads": 1}),
+    # FusedMatMul would save MatMul the transpose of V here: tried after the attention matchers
+    ("batch_one", _core(b=1), {"num_heads": 2}),
     ("scale_given", _core(scale=0.125), {"scale": 0.125}),
     ("scores_divided", _core(divide=True), {"scale": 0.5}),
     ("key_padding_mask", _core(mask="key"), {}),

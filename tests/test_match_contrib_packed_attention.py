@@ -150,6 +150,7 @@ PACKED = [
     ("value_hidden_size", _packed(dv=3), {"qkv_hidden_sizes": [8, 8, 6]}),
     ("key_padding_mask", _packed(mask="key"), {}),
     ("one_head_batch_one", _packed(b=1, heads=1), {"num_heads": 1}),
+    ("batch_one", _packed(b=1), {"num_heads": 2}),
 ]
 
 
@@ -281,7 +282,7 @@ def test_bound_projections_are_refused_before_evaluating(monkeypatch):
 
 def test_attention_is_tried_before_multi_head_attention():
     names = list(MATCHERS)
-    assert names.index(ATTENTION) < names.index("MultiHeadAttention")
+    assert names.index(ATTENTION) < names.index("MultiHeadAttention") < names.index("FusedMatMul")
     assert PREFERRED[ATTENTION] is match_attention
 
 

@@ -449,9 +449,11 @@ def match_fused_gemm(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> O
 Matcher = Callable[[ir.Scope, MatchContext], OperatorMatch | Refusal]
 
 CONTRIB_MATCHERS: dict[str, Matcher] = {
+    # before FusedMatMul, which would take the product with V alone (leaving the softmax and the
+    # scores to nodes of their own) where it saves MatMul a transpose of V
+    **ATTENTION_MATCHERS,
     "FusedMatMul": match_fused_matmul,
     "FusedGemm": match_fused_gemm,
-    **ATTENTION_MATCHERS,
     **NORM_MATCHERS,
     **ACTIVATION_MATCHERS,
 }
