@@ -27,6 +27,7 @@ from einopt.core.index import linear_form
 from einopt.core.rewrite import accesses
 from einopt.instantiate.match import match_gemm, match_matmul
 from einopt.instantiate.match_band import band_form
+from einopt.instantiate.match_contrib_attention import ATTENTION_MATCHERS
 from einopt.instantiate.match_conv import match_conv, match_conv_transpose
 from einopt.instantiate.match_elementwise import match_elementwise
 from einopt.instantiate.plan import NO_MATCH_CONTEXT, MatchContext, OperatorMatch, Refusal
@@ -45,6 +46,9 @@ __all__ = [
     "match_g2bmm",
     "match_gbmm",
     "matcher_context",
+    "FUSED",
+    "fused_match",
+    "may_fuse",
 ]
 
 INTENSITY_THRESHOLD = 3.0
@@ -85,8 +89,36 @@ TARGETS: dict[str, Callable[[ir.Scope, MatchContext], OperatorMatch | Refusal]] 
     "G2BMM": match_g2bmm,
     "GBMM": match_gbmm,
     "Elementwise": match_elementwise,
+    **ATTENTION_MATCHERS,
 }
 """The target operators of the converging phase and the matcher that decides each."""
+
+FUSED: dict[str, Callable[[ir.Scope, MatchContext], OperatorMatch | Refusal]] = dict(ATTENTION_MATCHERS)
+"""Targets that compute a chain of scopes as one operator (the attention core, from the scores to
+the product with V): the scopes nested in a binding one of them takes are its own, not compute
+scopes of their own (a ``fuse_cone`` step makes the chain one binding; see the schedule)."""
+
+
+def may_fuse(scope: ir.Scope) -> bool:
+    """Whether a :data:`FUSED` target could take ``scope``: each is an attention core, a product
+    with a softmax, so it sums (or re-indexes a nested scope that does) and reaches a maximum (a
+    cheap test before the matchers)."""
+    while (
+        not scope.summation and isinstance(scope.body, ir.Access) and isinstance(scope.body.source, ir.Scope)
+    ):
+        scope = scope.body.source
+    return bool(scope.summation) and any(s.is_max for s in ir.scopes_in(scope))
+
+
+def fused_match(scope: ir.Scope, ctx: MatchContext) -> OperatorMatch | None:
+    """The first :data:`FUSED` target that takes ``scope`` whole, or None."""
+    if not may_fuse(scope):
+        return None
+    for fn in FUSED.values():
+        found = fn(scope, ctx)
+        if isinstance(found, OperatorMatch):
+            return found
+    return None
 
 
 def _window(e: ir.IndexExpr, scope: ir.Scope) -> bool:
@@ -210,8 +242,14 @@ def nearest_memo(scope: ir.Scope, ctx: MatchContext, memo: dict | None) -> int:
 
 
 def compute_scopes(root: ir.Program | ir.Scope, ctx: MatchContext) -> Iterator[ir.Scope]:
-    """The scopes of ``root`` that must run as operators: compute bound and not folded at compile time."""
-    return (s for s in ir.scopes_in(root) if s not in ctx.constant and is_compute(s))
+    """The scopes of ``root`` that must run as operators: compute bound and not folded at compile
+    time, and not inside a binding a :data:`FUSED` target takes (it computes them)."""
+    tops = [s for _, s in root.bindings] if isinstance(root, ir.Program) else [root]
+    taken: set[ir.Scope] = set()
+    for top in tops:
+        if top not in ctx.constant and fused_match(top, ctx) is not None:
+            taken.update(s for s in ir.scopes_in(top) if s is not top)
+    return (s for s in ir.scopes_in(root) if s not in ctx.constant and s not in taken and is_compute(s))
 
 
 def program_distance(root: ir.Program | ir.Scope, ctx: MatchContext, memo: dict | None = None) -> int:

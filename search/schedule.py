@@ -30,6 +30,7 @@ from einopt.rules import REGISTRY, Context, Match
 from einopt.rules.base import Hit
 from einopt.rules.boundary import ProgramFacts
 from einopt.rules.fusion import fuse
+from einopt.search.distance import fused_match, matcher_context, may_fuse
 
 __all__ = ["Use", "Schedule", "DEFAULT_SCHEDULE", "RESTRICTIONS", "explain"]
 
@@ -282,7 +283,29 @@ def _sum_of_contractions(program: ir.Program, m: Match, ctx: Context) -> bool:
     return any(isinstance(h, Hit) for h in merge.match_in(scope, ProgramFacts.of(fused), ctx))
 
 
+def _fused_operator(program: ir.Program, m: Match, ctx: Context) -> bool:
+    # The chain of bindings a fused target computes at once (the attention core) is one step away
+    # for fuse_cone, and many for fuse_expressions (one per binding, in every order): the cone is
+    # nested when a fused target then takes the consumer whole.
+    consumer = program.scope(m["consumer"])
+    if not may_fuse(consumer):
+        return False
+    cone = "fused_cone:" + ",".join(str(id(program.scope(n))) for n in m["cone"])
+
+    def takes() -> bool:
+        nested = REGISTRY[m.rule].apply(program, m, ctx)
+        return fused_match(consumer, matcher_context(nested, frozenset(ctx.constants))) is not None
+
+    # The same consumer and cone recur in many states: decided once (scopes are interned, and the
+    # memo lives on the consumer, so the ids it names are of scopes still alive).
+    return ir._cached(consumer, cone, takes)
+
+
 RESTRICTIONS: dict[str, tuple[Callable[[ir.Program, Match, Context], bool], str]] = {
+    "fused_operator": (
+        _fused_operator,
+        "only when an operator that computes a chain of scopes (attention) then takes the consumer whole",
+    ),
     "constant_source": (
         _constant_source,
         "only reads of constant tensors (weights; folded at compile time) by a scope a merge can take",
@@ -396,6 +419,7 @@ DEFAULT_SCHEDULE = Schedule(
         Use("merge_summations"),
         Use("merge_expressions", ("concat", "join"), restrict="shares_input"),
         Use("fuse_expressions", restrict="data_movement"),
+        Use("fuse_cone", restrict="fused_operator"),
         Use("rewrite_prelu_max"),
         # PRelu as a * y + relu((1 - a) * y): with both scales folded into the weights, two
         # convolutions that ONNX Runtime fuses with the ReLU and the sum (measured against the max form).

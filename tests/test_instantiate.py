@@ -20,6 +20,7 @@ from einopt.core import ir
 from einopt.core.interp import evaluate
 from einopt.instantiate import EOP_DOMAIN
 from einopt.instantiate.emit import Instantiated, InstantiationError, instantiate
+from einopt.instantiate.match import MATCHERS
 from einopt.instantiate.match_contrib import CONTRIB_DOMAIN
 
 OPSET = 17
@@ -604,7 +605,9 @@ def test_choices_record_failures():
     (choice,) = inst.choices
     assert choice.how == "Relu"
     reasons = dict(choice.failures)
-    assert list(reasons)[:2] == ["Layout", "Concat"] and "single access" in reasons["Layout"]
+    # Every matcher before the chosen one, in table order, with its reason.
+    assert list(reasons) == list(MATCHERS)[: list(MATCHERS).index("Elementwise")]
+    assert "single access" in reasons["Layout"]
 
 
 # --------------------------------------------------------------------------

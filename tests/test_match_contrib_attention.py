@@ -180,3 +180,24 @@ def test_attention_is_timed_with_its_flops():
     (node,) = [n for n in node_costs(model, constants) if n.cost.op == MHA]
     b, s, d, n, heads = 1, 8, 16, 8, 2
     assert node.cost.kind == "timed" and node.cost.flops == 2 * b * s * n * (d + d) + 5 * b * heads * s * n
+
+
+def test_the_head_merge_after_the_core_is_the_operators_own_layout():
+    # The exporters transpose and reshape the core's [B, N, S, dv] back to [B, S, N*dv]: read
+    # through that merge, the core is the same operator with no layout step after it.
+    program, constants = attention_core("bert", 1)
+    (out,) = program.outputs
+    core = program.scope(out)
+    b, h, i, e = core.traversal
+    n = ir.Iter("n", 0, h.extent * e.extent)
+    merged = ir.Scope((b, i, n), (), core[b, n // e.extent, i, n % e.extent])
+    others = tuple((name, s) for name, s in program.bindings if name != out)
+    program = ir.Program(program.inputs, (*others, ("Y", merged)), ("Y",))
+    chosen, _ = match(merged, _ctx(program))
+    assert chosen is not None and chosen.op_type == f"{CONTRIB_DOMAIN}.{MHA}" and chosen.post == ()
+    _, nodes = emit_and_run(program, tuple(constants), rtol=1e-4)
+    assert contrib(nodes) == [MHA] and not {"Transpose", "Reshape"} & {op for _, op in nodes}
+    # The core bound apart from its merge: the merge is a layout node of its own.
+    bound = ir.Program(program.inputs, (*others, (out, core), ("Y", merged)), ("Y",))
+    chosen, _ = match(merged, _ctx(bound))
+    assert chosen is None or not chosen.op_type.endswith(MHA)

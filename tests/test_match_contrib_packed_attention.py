@@ -26,7 +26,11 @@ from einopt.frontend.translate import translate_graph
 from einopt.instantiate import match_contrib_attention
 from einopt.instantiate.match import MATCHERS, PREFERRED, match
 from einopt.instantiate.match_contrib import CONTRIB_DOMAIN
-from einopt.instantiate.match_contrib_attention import match_attention, match_multi_head_attention
+from einopt.instantiate.match_contrib_attention import (
+    ATTENTION_MATCHERS,
+    match_attention,
+    match_multi_head_attention,
+)
 from einopt.instantiate.match_contrib_projection import read_projection
 from einopt.instantiate.plan import MatchContext, OperatorMatch, Refusal
 from einopt.runtime import modelio
@@ -283,7 +287,7 @@ def test_bound_projections_are_refused_before_evaluating(monkeypatch):
 def test_attention_is_tried_before_multi_head_attention():
     names = list(MATCHERS)
     assert names.index(ATTENTION) < names.index("MultiHeadAttention") < names.index("FusedMatMul")
-    assert PREFERRED[ATTENTION] is match_attention
+    assert PREFERRED[ATTENTION] is ATTENTION_MATCHERS[ATTENTION]  # match_attention, through the head merge
 
 
 # --------------------------------------------------------------------------

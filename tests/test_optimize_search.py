@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 from onnx_models import assert_same_outputs, deconv_block, lstm_cell, prelu_block, random_feeds
 
+from einopt.models import build
 from einopt.pipeline import Options, optimize
+
 
 def _gates_merged(ops) -> bool:
     """x and h concatenated, then one product per gate (or fewer): the merge over the summation."""
@@ -308,3 +310,19 @@ def test_candidates_predicted_to_save_nothing_are_timed_last():
     order = _timing_order(alive, pending)
     assert order == [("b", 1), ("b", 2), ("c", 0), ("a", 1)]  # c's input saves 0 s, a's candidate -0.1 s
     assert _rounds(order) == [[("b", 1)], [("b", 2), ("c", 0), ("a", 1)]]
+
+
+@pytest.mark.parametrize("name", ["bert", pytest.param("vit", marks=pytest.mark.slow)])
+def test_an_attention_block_comes_out_as_one_fused_operator(name, tmp_path):
+    # The search reaches the attention core as one com.microsoft operator in one fuse_cone step
+    # (the scores, the scale, the softmax and the product with V nested into one binding).
+    model = build(name, 1, size="small")
+    result = optimize(model, Options(accept="verified", cache=tmp_path / "c.sqlite", **SMALL))
+    parts = [p for p in result.parts if "Softmax" in p.ops]
+    assert parts  # a layer's attention each
+    for part in parts:
+        assert part.status == "rewritten", part.reason
+        ops = part.new_ops
+        assert sum(o.endswith("Attention") for o in ops) == 1 and "Softmax" not in ops, ops
+        assert "fuse_cone" in part.trace, part.trace
+    _assert_same(model, result.model)

@@ -33,6 +33,7 @@ from einopt.core.syntax import brief
 from einopt.instantiate import BINARY_OPS, EINSUM_OPSET, UNARY_OPS
 from einopt.instantiate.match_band import match_band
 from einopt.instantiate.match_contrib import CONTRIB_MATCHERS, CONTRIB_PREFERRED
+from einopt.instantiate.match_contrib_attention import ATTENTION_MATCHERS
 from einopt.instantiate.match_conv import match_conv, match_conv_transpose
 from einopt.instantiate.match_elementwise import PATTERNS, match_elementwise
 from einopt.instantiate.match_layout import match_cast, match_concat, match_flatten, match_layout
@@ -436,6 +437,9 @@ def match_einsum(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> Opera
 # --------------------------------------------------------------------------
 
 MATCHERS: dict[str, Matcher] = {
+    # First: they also take the attention core read through its head merge, which the layout
+    # matcher would otherwise take as a Transpose + Reshape of the core computed apart.
+    **ATTENTION_MATCHERS,
     "Layout": match_layout,
     "Concat": match_concat,
     **CONTRIB_MATCHERS,

@@ -38,6 +38,7 @@ import numpy as np
 from einopt.core import ir
 from einopt.core.interp import evaluate
 from einopt.instantiate.match_contrib_projection import Packing, Projection, pack, read_projection
+from einopt.instantiate.match_layout import through_layout
 from einopt.instantiate.match_max import reads_maxima
 from einopt.instantiate.plan import (
     CONTRIB_DOMAIN,
@@ -476,6 +477,10 @@ def match_attention(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> Op
     return OperatorMatch(f"{CONTRIB_DOMAIN}.Attention", p.operands, (op,), p.post, consumed)
 
 
-ATTENTION_MATCHERS = {"Attention": match_attention, "MultiHeadAttention": match_multi_head_attention}
+ATTENTION_MATCHERS = {
+    name: reads_maxima(through_layout(fn))
+    for name, fn in (("Attention", match_attention), ("MultiHeadAttention", match_multi_head_attention))
+}
 """The attention matchers, in the order the table tries them (where both accept, Attention fuses
-the projections too)."""
+the projections too); each also takes the core read through the head merge after it (the
+exporters' Transpose and Reshape back to ``[B, S, hidden]``, the operator's own output layout)."""

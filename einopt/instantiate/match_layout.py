@@ -12,6 +12,7 @@ arithmetically or checked along its single iterator), others are refused.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -44,7 +45,15 @@ from einopt.instantiate.views import (
     to_traversal,
 )
 
-__all__ = ["CHECK_LIMIT", "layout_plan", "match_layout", "match_flatten", "match_concat", "step_label"]
+__all__ = [
+    "CHECK_LIMIT",
+    "layout_plan",
+    "match_layout",
+    "match_flatten",
+    "match_concat",
+    "step_label",
+    "through_layout",
+]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +83,47 @@ def match_layout(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> Opera
     if isinstance(steps, Refusal):
         return steps
     return OperatorMatch(step_label(steps), (Operand(body.source, steps),))
+
+
+def through_layout(fn: Callable[[ir.Scope, MatchContext], OperatorMatch | Refusal]):
+    """``fn``, and also a scope that only re-indexes a nested scope ``fn`` takes: the same operator
+    with the re-indexing after it as layout steps (the attention core's head merge, transposed and
+    reshaped back to ``[B, S, hidden]``, is the operator's own output layout: the steps cancel).
+
+    Only for an operator whose last node states its output shape (com.microsoft ones): the steps
+    are normalised from it."""
+
+    def matcher(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
+        found = fn(scope, ctx)
+        body = scope.body
+        if (
+            isinstance(found, OperatorMatch)
+            or scope.summation
+            or not isinstance(body, ir.Access)
+            or not isinstance(body.source, ir.Scope)
+            or body.source in ctx.bound
+        ):
+            return found
+        inner = matcher(body.source, ctx)  # through a chain of re-indexings
+        if not isinstance(inner, OperatorMatch) or not inner.ops or inner.ops[-1].shape is None:
+            return found
+        plan = layout_plan(scope.traversal, body)
+        if isinstance(plan, Refusal):
+            return found
+        start = tuple(inner.ops[-1].shape)
+        post = normalize(inner.post + plan, start)
+        final = tuple(t.extent for t in scope.traversal)
+        if post and math.prod(start) <= CHECK_LIMIT:
+            # Steps that only split and merge back around a unit dimension (a batch of 1) do not
+            # cancel step by step: their index map says whether they are one Reshape.
+            flat = plan_map(start, post).ravel()
+            if np.array_equal(flat, np.arange(flat.size)):
+                post = normalize((Reshape(final),), start)
+        return dataclasses.replace(inner, post=post, consumes=(*inner.consumes, body.source))
+
+    matcher.__name__ = matcher.__qualname__ = f"{fn.__name__}_through_layout"
+    matcher.__doc__ = fn.__doc__
+    return matcher
 
 
 def match_flatten(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
