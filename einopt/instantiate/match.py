@@ -496,7 +496,7 @@ def match(
     nodes, needs more nodes for it (a Relu after a Gemm: the product, an Add and
     the Relu); an ONNX Gelu computing the whole scope stays one.
     """
-    if matchers is not None:
+    if matchers is not None and matchers is not MATCHERS:
         return _match(scope, ctx, matchers, prefer)
     # The search instantiates every candidate state, and most scopes recur unchanged from state to
     # state: the table's answer is kept per scope and what of the context it can see (scopes are
