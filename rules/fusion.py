@@ -270,13 +270,16 @@ def producer_cone(
     return tuple(n for n, _ in program.bindings if n in cone)
 
 
-def _reads_weights(ctx: Context) -> Callable[[ir.Scope], bool]:
-    def reads(scope: ir.Scope) -> bool:
-        return any(
+def _projects(ctx: Context) -> Callable[[ir.Scope], bool]:
+    """Whether a scope is a projection by weights: it sums and reads a constant tensor (an added
+    constant, a bias or an attention mask, does not make one)."""
+
+    def projects(scope: ir.Scope) -> bool:
+        return bool(scope.summation) and any(
             isinstance(a.source, ir.Tensor) and ctx.is_constant(a.source) for a in accesses(scope.body)
         )
 
-    return reads
+    return projects
 
 
 class FuseCone(Rule):
@@ -293,7 +296,7 @@ class FuseCone(Rule):
 
     The cone: the bindings ``C`` reads, directly or through one another, that are not program
     outputs and are read by nothing but ``C`` and the cone. Variants: ``whole`` (all of them) and
-    ``activations`` (not the bindings that read a constant tensor, nor what only they read: the
+    ``activations`` (not the bindings that sum over a constant tensor, nor what only they read: the
     projections by weights stay bound, an operator's inputs).
 
     Max scopes: nested like sums (nothing is computed differently).
@@ -309,7 +312,7 @@ class FuseCone(Rule):
     def match(self, program: ir.Program, ctx: Context = NO_CONTEXT) -> Iterator[Match | Failure]:
         for consumer, _ in program.bindings:
             cones = {way: producer_cone(program, consumer, stop) for way, stop in
-                     (("whole", None), ("activations", _reads_weights(ctx)))}  # fmt: skip
+                     (("whole", None), ("activations", _projects(ctx)))}  # fmt: skip
             if not cones["whole"]:
                 yield Failure(self.name, consumer, "no binding only it reads")
             for way, cone in cones.items():

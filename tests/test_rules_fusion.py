@@ -225,3 +225,15 @@ def test_fusing_past_the_box_needs_a_finite_weight():
         "inline P into Y",
         "reads P at i-1 in [-1, 4], outside [0, 4), where P is 0 only if W is finite",
     )
+
+
+def test_fuse_cone_activations_keep_only_the_projections_bound():
+    # An added constant (a bias, an attention mask) is no projection: only the sum over a weight
+    # stays bound.
+    text = (
+        "W = L[i:4] Sum[k:3] A[i, k] * M[k]\nS = L[i:4] W[i] + B[i]\nZ = L[i:4] S[i] * 2\nreturn Z\n"
+        "where A: [4, 3], M: [3], B: [4]"
+    )
+    ctx = Context(constants=weights(text, "M", "B"))
+    found = {m["way"]: m["cone"] for m in get("fuse_cone").matches(load(text), ctx) if m.where == "Z"}
+    assert found == {"whole": ("W", "S"), "activations": ("S",)}
