@@ -310,9 +310,9 @@ class FuseCone(Rule):
     math = "P1..Pk only C reads; C = L f(P1..Pk) -> C = L f({P1}..{Pk}) (the bindings go, the scopes stay)"
 
     def match(self, program: ir.Program, ctx: Context = NO_CONTEXT) -> Iterator[Match | Failure]:
+        ways = (("whole", None), ("activations", _projects(ctx)))
         for consumer, _ in program.bindings:
-            cones = {way: producer_cone(program, consumer, stop) for way, stop in
-                     (("whole", None), ("activations", _projects(ctx)))}  # fmt: skip
+            cones = {way: producer_cone(program, consumer, stop) for way, stop in ways}
             if not cones["whole"]:
                 yield Failure(self.name, consumer, "no binding only it reads")
             for way, cone in cones.items():

@@ -103,11 +103,19 @@ def may_fuse(scope: ir.Scope) -> bool:
     """Whether a :data:`FUSED` target could take ``scope``: each is an attention core, a product
     with a softmax, so it sums (or re-indexes a nested scope that does) and reaches a maximum (a
     cheap test before the matchers)."""
-    while (
-        not scope.summation and isinstance(scope.body, ir.Access) and isinstance(scope.body.source, ir.Scope)
-    ):
-        scope = scope.body.source
-    return bool(scope.summation) and any(s.is_max for s in ir.scopes_in(scope))
+
+    def test() -> bool:
+        inner = scope
+        while (
+            not inner.summation
+            and isinstance(inner.body, ir.Access)
+            and isinstance(inner.body.source, ir.Scope)
+        ):
+            inner = inner.body.source
+        return bool(inner.summation) and any(s.is_max for s in ir.scopes_in(inner))
+
+    # Asked for every binding of every state (compute_scopes): once per interned scope.
+    return ir._cached(scope, "may_fuse", test)
 
 
 def fused_match(scope: ir.Scope, ctx: MatchContext) -> OperatorMatch | None:
@@ -247,8 +255,9 @@ def compute_scopes(root: ir.Program | ir.Scope, ctx: MatchContext) -> Iterator[i
     tops = [s for _, s in root.bindings] if isinstance(root, ir.Program) else [root]
     taken: set[ir.Scope] = set()
     for top in tops:
-        if top not in ctx.constant and fused_match(top, ctx) is not None:
-            taken.update(s for s in ir.scopes_in(top) if s is not top)
+        found = fused_match(top, ctx) if top not in ctx.constant else None
+        if found is not None:
+            taken.update(found.consumes)  # not its operands' scopes (bound projections, ...)
     return (s for s in ir.scopes_in(root) if s not in ctx.constant and s not in taken and is_compute(s))
 
 
