@@ -235,6 +235,24 @@ def test_timer_goes_through_the_cache(monkeypatch, tmp_path):
     assert calls["models"] == 1 and timer.cache.stats.hits == 1
 
 
+def test_a_fresh_whole_model_timing_leaves_a_part_timing_of_the_same_graphs_alone(monkeypatch, tmp_path):
+    """A part that is the whole model is timed as the same pair of graphs twice: by selection (cached)
+    and by the confirmation (always fresh). The confirmation must not replace the timing the part was
+    chosen by, or a second run chooses by another number."""
+    from einopt.runtime.verify import PartPair
+
+    speedups = iter([2.0, 1.5])
+    monkeypatch.setattr(accept.bench, "time_models", lambda *a, **k: _cmp(1.0, 1.0 / next(speedups)))
+    timer = Timer(MeasurementCache(tmp_path / "c.sqlite"))
+    m = conv_block()
+    x = {"x": np.zeros((1, 8, 6, 6), np.float32)}
+    pair = PartPair("p", m, x, m, x)
+    assert timer.part(pair).speedup == 2.0
+    assert timer.model(m, m, x, fresh=True).speedup == 1.5
+    again = Timer(MeasurementCache(tmp_path / "c.sqlite")).part(pair)
+    assert again.cached and again.speedup == 2.0
+
+
 def test_a_disturbed_timing_is_trusted_only_when_the_medians_intervals_do_not_overlap():
     """Spread makes a timing unreliable, but when the high end of the new nodes' median's 95% interval
     beats the low end of the original's (beyond the noise band), no spread explains the gap away."""

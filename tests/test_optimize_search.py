@@ -113,13 +113,6 @@ def test_candidates_past_the_selection_budget_are_not_timed_or_chosen(
     assert result.model.SerializeToString() == model.SerializeToString()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open (2026-11-27): with a warm cache the second run can pick another candidate for the "
-    "PRelu block's part (Reshape+MatMul+ReduceMean+PRelu against Conv+Split+Relu+Add) and write "
-    "other bytes, or keep no rewrite; it did so deterministically on an idle machine, with the "
-    "match memo on or off. 'Same options and a warm cache, same model' is broken there.",
-)
 def test_a_second_run_searches_nothing_and_times_only_the_confirmation(
     tmp_path, monkeypatch, every_candidate_timed
 ):
@@ -142,8 +135,7 @@ def test_a_second_run_searches_nothing_and_times_only_the_confirmation(
     made = [r for r in second.acceptance["rounds"] if not r["cached"]]
     assert all(r["stage"] in ("confirm", "retake") for r in made), second.acceptance["rounds"]
     # each made once, or twice when its first timing was disturbed (Timer times it again); none
-    # when the second run kept no rewrite (seen on 2026-11-27: its part read another candidate's
-    # cached timing, 0.90x, where the first run's choice measured 1.13x; an open issue)
+    # when the second run kept no rewrite
     assert len(made) <= second.acceptance["cache"]["measured"] <= 2 * len(made), second.acceptance
     # A fresh confirmation may decide otherwise on a loaded machine (keep, or roll back another
     # rewrite): where both runs kept the same rewrites, the outputs are the same bytes.

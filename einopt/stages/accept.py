@@ -94,11 +94,17 @@ class Timer:
         self.model_max_runs = model_max_runs
 
     def _time(
-        self, before, after, fa, fb, budget: float, max_runs: int, what: str, fresh: bool = False
+        self, kind, before, after, fa, fb, budget: float, max_runs: int, what: str, fresh: bool = False
     ) -> Comparison:
         """Cached unless ``fresh``; a disturbed new timing is made once more, and that one stays (a
-        cached one is trusted: a second run measures nothing new; delete the cache to measure afresh)."""
-        key = self.cache.key(timing_key(before, fa), timing_key(after, fb))
+        cached one is trusted: a second run measures nothing new; delete the cache to measure afresh).
+
+        ``kind`` ("part" or "model") is in the key: where a part is the whole model, its selection
+        timing and the whole model's are the same pair of graphs, and the confirmation, always made
+        afresh, would replace the timing the part was chosen by (a second run then read it and chose
+        another candidate).
+        """
+        key = self.cache.key(timing_key(before, fa, kind), timing_key(after, fb, kind))
 
         def timer() -> Comparison:
             return bench.time_models(
@@ -114,6 +120,7 @@ class Timer:
     def part(self, pair: PartPair) -> Comparison:
         """The rewritten nodes against the original nodes, on the values that reach them."""
         return self._time(
+            "part",
             pair.original,
             pair.rewritten,
             pair.original_feeds,
@@ -134,7 +141,7 @@ class Timer:
         """A whole model against another on the same inputs (``fresh``: timed anew, new sessions, even
         when the cache holds a timing; the new one replaces it)."""
         return self._time(
-            before, after, feeds, feeds, self.model_budget_s, self.model_max_runs, "whole model", fresh
+            "model", before, after, feeds, feeds, self.model_budget_s, self.model_max_runs, "whole model", fresh
         )
 
 
