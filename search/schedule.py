@@ -290,14 +290,15 @@ def _fused_operator(program: ir.Program, m: Match, ctx: Context) -> bool:
     consumer = program.scope(m["consumer"])
     if not may_fuse(consumer):
         return False
-    cone = "fused_cone:" + ",".join(str(id(program.scope(n))) for n in m["cone"])
+    cone = ("fused_cone", *(program.scope(n) for n in m["cone"]))
 
     def takes() -> bool:
         nested = REGISTRY[m.rule].apply(program, m, ctx)
         return fused_match(consumer, matcher_context(nested, frozenset(ctx.constants))) is not None
 
-    # The same consumer and cone recur in many states: decided once (scopes are interned, and the
-    # memo lives on the consumer, so the ids it names are of scopes still alive).
+    # The same consumer and cone recur in many states: decided once (scopes are interned; the memo,
+    # on the consumer, is keyed by the cone's scopes themselves, which keeps them alive: a key of
+    # their ids would name other scopes once these are collected).
     return ir._cached(consumer, cone, takes)
 
 

@@ -31,7 +31,7 @@ import collections
 import dataclasses
 import math
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any, ClassVar, Union
 
 from einopt.core import ops
@@ -177,7 +177,7 @@ def set_formatter(formatter: Callable[[Node], str]) -> None:
     _formatter = formatter
 
 
-def _cached(node: Node, name: str, compute) -> Any:
+def _cached(node: Node, name: Hashable, compute) -> Any:
     """Per-node memo for derived facts (nodes are immutable, so it never goes stale)."""
     memo = node._memo
     if memo is None:

@@ -22,12 +22,19 @@ own fusions decide what that costs. Costed node by node, ``conv(x, a*W) +
 relu(conv(x, (1-a)*W))`` would be two convolutions plus a ReLU and an Add;
 ONNX Runtime runs it as two convolution kernels.
 
+A single-operator session's run costs more than the node does inside a model
+(Python's call, feeding the inputs, the session's bookkeeping): a few
+microseconds, as much as a small node's own work. So each node is timed
+against its twin, a session fed the same inputs that computes nothing (the
+Shape of its first input), called right before it after the same cache
+flush: the median of the differences is the node's time (at least one
+kernel's bookkeeping). Taking a machine-wide overhead measured once off each
+node instead left a 128x128 GEMM at 0.2-1.7 us from one process to the next,
+and a candidate predicted 10x slower than its input was never timed.
+
 The calibration (bandwidth, FLOP rate, what one run of a session and one
 kernel inside a session cost) is measured once per machine and cached with
-the timings. A single-operator session's run costs more than the node does
-inside a model (Python's call, feeding inputs, allocating outputs): that
-overhead is measured on a one-element Relu and taken off every node's time,
-down to the in-model cost of a kernel.
+the timings.
 """
 
 from __future__ import annotations
@@ -61,9 +68,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FORMAT = 3
+FORMAT = 4
 """Bumped when what a stored node time means changes (3: a convolution's time includes the
-element-wise nodes fused into it)."""
+element-wise nodes fused into it; 4: the run overhead is the node's twin's, see the module's
+docstring)."""
 GROUP = 16
 """New nodes timed together (interleaved) at a time."""
 RUNS = (8, 30)
@@ -98,7 +106,8 @@ class Calibration:
 
     bandwidth: float  # bytes/s through an element-wise Add on tensors far beyond the caches
     flops: float  # FLOP/s of a 512^3 MatMul
-    run_s: float  # one run of a one-node session from Python, beyond the node's own work
+    run_s: float  # one run of a one-node session from Python, beyond the node's own work (a node
+    # without a twin pays it)
     kernel_s: float  # one more tiny kernel inside a session
 
     def analytic(self, flops: int, nbytes: int, calls: int = 1) -> float:
@@ -502,6 +511,17 @@ def _fill(node: onnx.NodeProto, i: int, v: _Value, ins: Sequence[_Value | None],
     return np.zeros(v.shape, dtype)
 
 
+def _twin(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """A session of ``model``'s graph inputs that computes nothing (the Shape of the first), or None
+    for a model without graph inputs: what a run costs beyond the node's work."""
+    if not model.graph.input:
+        return None
+    first = model.graph.input[0].name
+    out = helper.make_tensor_value_info("shape", onnx.TensorProto.INT64, None)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    return _model([helper.make_node("Shape", [first], ["shape"])], list(model.graph.input), [out], (), opset)
+
+
 def _runner(sess, feeds: Mapping[str, np.ndarray]):
     names = [o.name for o in sess.get_outputs()]
     feeds = dict(feeds)
@@ -533,8 +553,15 @@ def _cold_call(fn, flush) -> float:
     return time.perf_counter() - t
 
 
-def _time_cold(fns: Mapping[str, object], flush, budget_s: float = GROUP_BUDGET_S) -> dict[str, float | None]:
-    """Median seconds of one call of each of ``fns``, each call timed alone after ``flush()``.
+def _time_cold(
+    fns: Mapping[str, object],
+    flush,
+    budget_s: float = GROUP_BUDGET_S,
+    twins: Mapping[str, object] | None = None,
+) -> dict[str, float | None]:
+    """Median seconds of one call of each of ``fns``, each call timed alone after ``flush()``; for
+    a key with a twin in ``twins``, the median of the differences between its call and its twin's
+    call made right before it (each after its own flush): the run's overhead taken off in pairs.
 
     A first untimed round runs each callable once; one that took over
     :data:`SLOW_S` is timed twice more and keeps the faster of those two runs
@@ -551,20 +578,27 @@ def _time_cold(fns: Mapping[str, object], flush, budget_s: float = GROUP_BUDGET_
         except Exception as e:  # noqa: BLE001 - a node that fails on random values: analytic
             log.info("a node failed to run alone: %s", e)
             out[k] = None
+    twins = twins or {}
+
+    def timed(k: str) -> tuple[float, float]:
+        """One timed call of ``k`` (its twin's call taken off) and the seconds both took."""
+        base = _cold_call(twins[k], flush) if k in twins else 0.0
+        dt = _cold_call(fns[k], flush)
+        return dt - base, dt + base
+
     for k in [k for k, dt in first.items() if dt > SLOW_S]:
         first.pop(k)
-        out[k] = min(_cold_call(fns[k], flush) for _ in range(2))
-    alive = {k: fns[k] for k in first}
-    samples: dict[str, list[float]] = {k: [] for k in alive}
+        out[k] = min(timed(k)[0] for _ in range(2))
+    samples: dict[str, list[float]] = {k: [] for k in first}
     spent = 0.0
     for r in range(1 + RUNS[1]):
         if r >= 1 + RUNS[0] and spent >= budget_s:
             break
-        for k, fn in alive.items():
-            dt = _cold_call(fn, flush)
+        for k in first:
+            dt, took = timed(k)
             if r >= 1:
                 samples[k].append(dt)
-                spent += dt
+                spent += took
     out.update({k: float(np.median(v)) for k, v in samples.items()})
     return out
 
@@ -704,23 +738,26 @@ class OpCosts:
                 left = sum(len(later) for later in groups[g:])
                 log.info("cost stage out of time: %d nodes left unmeasured", left)
                 break
-            fns, whats = {}, {}
+            fns, twins, whats = {}, {}, {}
             for key, n in group:
                 try:
                     model, feeds = _single(n, rng)
                     fns[key] = _runner(session(model), feeds)
+                    twin = _twin(model)
+                    if twin is not None:
+                        twins[key] = _runner(session(twin), feeds)
                     whats[key] = n.cost.what
                 except Exception as e:  # noqa: BLE001 - a node no session runs is costed analytically
                     log.info("cannot time %s alone: %s", n.cost.what, e)
                     self._store(key, n.cost.what, None)
-            t = _time_cold(fns, flush)
+            t = _time_cold(fns, flush, twins=twins)
             for key, median in t.items():
                 if median is not None and median > SLOW_S:
                     log.info("%s: %.3g s alone", whats[key], median)
                 if median is None:
                     self._store(key, whats[key], None)
                     continue
-                seconds = max(median - cal.run_s, cal.kernel_s)
+                seconds = max(median - (0.0 if key in twins else cal.run_s), cal.kernel_s)
                 self._store(key, whats[key], seconds)
                 self.measured += 1
 
