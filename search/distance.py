@@ -27,6 +27,7 @@ from einopt.core.index import linear_form
 from einopt.core.rewrite import accesses
 from einopt.instantiate.match import match_gemm, match_matmul
 from einopt.instantiate.match_band import band_form
+from einopt.instantiate.match_contrib_act import ACTIVATION_MATCHERS
 from einopt.instantiate.match_contrib_attention import ATTENTION_MATCHERS
 from einopt.instantiate.match_conv import match_conv, match_conv_transpose
 from einopt.instantiate.match_elementwise import match_elementwise
@@ -93,16 +94,26 @@ TARGETS: dict[str, Callable[[ir.Scope, MatchContext], OperatorMatch | Refusal]] 
 }
 """The target operators of the converging phase and the matcher that decides each."""
 
-FUSED: dict[str, Callable[[ir.Scope, MatchContext], OperatorMatch | Refusal]] = dict(ATTENTION_MATCHERS)
+FUSED: dict[str, Callable[[ir.Scope, MatchContext], OperatorMatch | Refusal]] = {
+    **ATTENTION_MATCHERS,
+    **ACTIVATION_MATCHERS,
+}
 """Targets that compute a chain of scopes as one operator (the attention core, from the scores to
-the product with V): the scopes nested in a binding one of them takes are its own, not compute
-scopes of their own (a ``fuse_cone`` step makes the chain one binding; see the schedule)."""
+the product with V; a GELU written as five element-wise nodes, with its bias): the scopes nested in
+a binding one of them takes are its own, not compute scopes of their own (a ``fuse_cone`` step
+makes the chain one binding; see the schedule)."""
+
+_ACTIVATION_CALLS = frozenset({"erf", "tanh", "sigmoid"})
+_ACTIVATION_REACH = 4
+"""Scopes back from an element-wise consumer its activation call may be (GELU's last product reads
+its ``1 + erf(..)`` two bindings after the call)."""
 
 
 def may_fuse(scope: ir.Scope) -> bool:
-    """Whether a :data:`FUSED` target could take ``scope``: each is an attention core, a product
-    with a softmax, so it sums (or re-indexes a nested scope that does) and reaches a maximum (a
-    cheap test before the matchers)."""
+    """Whether a :data:`FUSED` target could take ``scope`` (a cheap test before the matchers): an
+    attention core is a product with a softmax, so it sums (or re-indexes a nested scope that does)
+    and reaches a maximum; an activation is element-wise, with its erf, tanh or sigmoid at most
+    :data:`_ACTIVATION_REACH` scopes back."""
 
     def test() -> bool:
         inner = scope
@@ -112,10 +123,24 @@ def may_fuse(scope: ir.Scope) -> bool:
             and isinstance(inner.body.source, ir.Scope)
         ):
             inner = inner.body.source
-        return bool(inner.summation) and any(s.is_max for s in ir.scopes_in(inner))
+        if inner.summation:
+            return any(s.is_max for s in ir.scopes_in(inner))
+        return _calls_near(scope, _ACTIVATION_REACH)
 
     # Asked for every binding of every state (compute_scopes): once per interned scope.
     return ir._cached(scope, "may_fuse", test)
+
+
+def _calls_near(scope: ir.Scope, reach: int) -> bool:
+    """Whether element-wise ``scope`` or one of the element-wise scopes it reads, ``reach`` deep,
+    applies an activation call."""
+    if scope.summation or reach < 0:
+        return False
+    if any(isinstance(e, ir.Unary) and e.fn in _ACTIVATION_CALLS for e in ir.walk(scope.body, ir.Access)):
+        return True
+    return any(
+        isinstance(a.source, ir.Scope) and _calls_near(a.source, reach - 1) for a in accesses(scope.body)
+    )
 
 
 def fused_match(scope: ir.Scope, ctx: MatchContext) -> OperatorMatch | None:

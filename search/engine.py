@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -93,9 +94,14 @@ class _Env:
     explore: tuple = ()  # the explorative uses (with the converging ones when converging is off)
 
     def key(self, program: ir.Program) -> str:
+        """A state's key: the program's (its inputs and outputs) and which scopes are bound. The
+        program's key alone is blind to the bindings (a scope is the same whether bound or nested),
+        and what instantiates differently is a different state: a ``fuse_cone`` step that nests a
+        GELU's five scopes into its last product (one BiasGelu) changes nothing else."""
         found = self.keys.get(program)
         if found is None:
-            found = self.keys[program] = key(program)
+            bound = sorted({key(s) for _, s in program.bindings})
+            found = self.keys[program] = key(program) + ":" + _digest(bound)
         return found
 
     def matcher_context(self, root: ir.Program | ir.Scope):
@@ -114,6 +120,10 @@ class _Env:
         return frozenset(
             s for s in compute_scopes(program, mctx) if nearest_memo(s, mctx, self.distances) > 0
         )
+
+
+def _digest(parts: list[str]) -> str:
+    return hashlib.blake2b("\n".join(parts).encode(), digest_size=8).hexdigest()
 
 
 def _admitted(

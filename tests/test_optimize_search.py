@@ -329,3 +329,44 @@ def test_an_attention_block_comes_out_as_one_fused_operator(name, tmp_path):
         assert sum(o.endswith("Attention") for o in ops) == 1 and "Softmax" not in ops, ops
         assert "fuse_cone" in part.trace, part.trace
     _assert_same(model, result.model)
+
+
+def _gelu_mlp():
+    """An MLP as torch.onnx's dynamo exporter writes it: MatMul, the bias Add, then GELU as five
+    nodes (x / sqrt 2, Erf, + 1, * x, * 0.5), then the second MatMul."""
+    from onnx import helper
+    from onnx_models import make
+
+    rng = np.random.default_rng(0)
+    inits = {
+        "w1": (0.2 * rng.standard_normal((16, 32))).astype(np.float32),
+        "b1": (0.1 * rng.standard_normal(32)).astype(np.float32),
+        "w2": (0.2 * rng.standard_normal((32, 16))).astype(np.float32),
+        "sqrt2": np.array(np.sqrt(2.0), np.float32),
+        "one": np.array(1.0, np.float32),
+        "half": np.array(0.5, np.float32),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["m"]),
+        helper.make_node("Add", ["m", "b1"], ["h"]),
+        helper.make_node("Div", ["h", "sqrt2"], ["d"]),
+        helper.make_node("Erf", ["d"], ["e"]),
+        helper.make_node("Add", ["e", "one"], ["a"]),
+        helper.make_node("Mul", ["h", "a"], ["g0"]),
+        helper.make_node("Mul", ["g0", "half"], ["g"]),
+        helper.make_node("MatMul", ["g", "w2"], ["y"]),
+    ]
+    return make(nodes, [("x", [1, 8, 16])], [("y", [1, 8, 16])], inits, name="gelu_mlp")
+
+
+def test_a_gelu_written_as_five_nodes_comes_out_as_one_bias_gelu(tmp_path):
+    """The five GELU nodes and the bias Add are nested into the last product by one ``fuse_cone``
+    step (the state differs from its parent only in what is bound), which com.microsoft BiasGelu
+    then computes whole; verified in ONNX Runtime."""
+    model = _gelu_mlp()
+    result = optimize(model, Options(accept="verified", cache=tmp_path / "c.sqlite", **SMALL))
+    (part,) = [p for p in result.parts if "Erf" in p.ops]
+    assert part.status == "rewritten", part.reason
+    assert "com.microsoft.BiasGelu" in part.new_ops and "Erf" not in part.new_ops, part.new_ops
+    assert "fuse_cone" in part.trace, part.trace
+    _assert_same(model, result.model)

@@ -29,6 +29,7 @@ import numpy as np
 
 from einopt.core import ir
 from einopt.core.interp import evaluate
+from einopt.core.rewrite import accesses
 from einopt.instantiate.plan import (
     CONTRIB_DOMAIN,
     NO_MATCH_CONTEXT,
@@ -40,6 +41,7 @@ from einopt.instantiate.plan import (
     normalize,
 )
 from einopt.instantiate.views import arrange, simple_view, to_traversal
+from einopt.rules.traversal import inline
 
 __all__ = [
     "ACTIVATION_MATCHERS",
@@ -225,8 +227,38 @@ def _split_bias(scope: ir.Scope, arg: ir.Binary) -> tuple[ir.Access | None, ir.A
     return None, None
 
 
+def _flat(scope: ir.Scope, ctx: MatchContext) -> ir.Scope:
+    """``scope`` with its reads of nested element-wise scopes inlined (not those of bound or constant
+    scopes, which are computed anyway): a GELU whose five nodes a ``fuse_cone`` step nested into its
+    last product is one body again."""
+    for _ in range(_FLAT_MAX):
+        acc = next(
+            (
+                a
+                for a in accesses(scope.body)
+                if isinstance(a.source, ir.Scope)
+                and not a.source.summation
+                and a.source not in ctx.bound
+                and a.source not in ctx.constant
+            ),
+            None,
+        )
+        if acc is None:
+            return scope
+        found = inline(scope, acc, "a nested scope")
+        if isinstance(found, str):
+            return scope
+        scope = found
+    return scope
+
+
+_FLAT_MAX = 16
+"""Nested scopes inlined at most (GELU's erf form nests four)."""
+
+
 def _match(
     scope: ir.Scope,
+    ctx: MatchContext,
     op_type: str,
     own: str,
     other: str | None,
@@ -237,6 +269,7 @@ def _match(
     ``function``'s values (which also gives the attributes)."""
     if scope.summation:
         return Refusal("sums over iterators: not an element-wise function")
+    scope = _flat(scope, ctx)
     fn = _unary(scope.body)
     if isinstance(fn, Refusal):
         return fn
@@ -279,25 +312,25 @@ def _quick_gelu_function(fn: _Unary) -> tuple[np.ndarray, tuple] | Refusal:
 
 def match_quick_gelu(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
     """``L x: X[..] * sigmoid(alpha * X[..])`` (any arrangement) as com.microsoft ``QuickGelu``."""
-    return _match(scope, "QuickGelu", "sigmoid", None, False, _quick_gelu_function)
+    return _match(scope, ctx, "QuickGelu", "sigmoid", None, False, _quick_gelu_function)
 
 
 def match_fast_gelu(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
     """GELU's tanh approximation of ``X[..]`` or ``X[..] + bias[last]`` as com.microsoft ``FastGelu``."""
-    return _match(scope, "FastGelu", "tanh", "erf", True, lambda fn: (_gelu_tanh(SAMPLES), ()))
+    return _match(scope, ctx, "FastGelu", "tanh", "erf", True, lambda fn: (_gelu_tanh(SAMPLES), ()))
 
 
 def match_gelu(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
     """GELU (the erf form) of ``X[..]`` as com.microsoft ``Gelu``."""
-    return _match(scope, "Gelu", "erf", "tanh", False, lambda fn: (_gelu_erf(SAMPLES), ()))
+    return _match(scope, ctx, "Gelu", "erf", "tanh", False, lambda fn: (_gelu_erf(SAMPLES), ()))
 
 
 def match_bias_gelu(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
     """GELU (the erf form) of ``X[..] + bias[last]`` as com.microsoft ``BiasGelu``."""
-    fn = _unary(scope.body) if not scope.summation else None
+    fn = _unary(_flat(scope, ctx).body) if not scope.summation else None
     if isinstance(fn, _Unary) and isinstance(fn.arg, ir.Access):
         return Refusal("no bias: Gelu computes it")
-    return _match(scope, "BiasGelu", "erf", "tanh", True, lambda fn: (_gelu_erf(SAMPLES), ()))
+    return _match(scope, ctx, "BiasGelu", "erf", "tanh", True, lambda fn: (_gelu_erf(SAMPLES), ()))
 
 
 ACTIVATION_MATCHERS: dict[str, Callable[[ir.Scope, MatchContext], OperatorMatch | Refusal]] = {
