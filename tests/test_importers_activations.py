@@ -454,7 +454,8 @@ def test_shared_models_translate_their_activations(name: str) -> None:
 @pytest.mark.parametrize("name", ["mobilenet_v3_small", "se_block"])
 def test_shared_models_write_their_activations_back(name: str) -> None:
     # Importing a model and writing it back costs nothing: each of these activations (subprograms
-    # of their own) comes back as the operator it was.
+    # of their own) comes back as the operator it was. (SiLU's Sigmoid gates its own argument and
+    # joins the Conv before it: partition.absorb_gates.)
     from einopt.frontend.onnx_graph import default_opset
     from einopt.frontend.translate import translate_graph
     from einopt.instantiate.emit import instantiate, original_ops
@@ -463,7 +464,8 @@ def test_shared_models_write_their_activations_back(name: str) -> None:
     opset = default_opset(model)
     ops = SHARED_ACTIVATIONS[name]
     written = 0
-    for part in translate_graph(model):
+    parts = translate_graph(model)
+    for part in parts:
         originals = [model.graph.node[i].op_type for i in part.nodes]
         if part.program is None or not set(originals) <= ops:
             continue
@@ -477,4 +479,5 @@ def test_shared_models_write_their_activations_back(name: str) -> None:
         )
         assert not back.functions and [n.op_type for n in back.nodes] == originals, part.name
         written += 1
-    assert written == sum(n.op_type in ops for n in model.graph.node)
+    own = [p for p in parts if p.kind == "activation" and model.graph.node[p.nodes[0]].op_type in ops]
+    assert written == len(own) >= 1

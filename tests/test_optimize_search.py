@@ -333,6 +333,51 @@ def test_an_attention_block_comes_out_as_one_fused_operator(name, tmp_path):
     _assert_same(model, result.model)
 
 
+def _tanh_gelu_mlp():
+    """An MLP as the dynamo exporter writes GPT-2's: MatMul, the bias Add, then GELU's tanh form
+    as eight nodes (0.5 h, h^3, * 0.044715, + h, * sqrt(2/pi), Tanh, + 1, *), then a MatMul."""
+    from onnx import helper
+    from onnx_models import make
+
+    rng = np.random.default_rng(0)
+    inits = {
+        "w1": (0.2 * rng.standard_normal((16, 32))).astype(np.float32),
+        "b1": (0.1 * rng.standard_normal(32)).astype(np.float32),
+        "w2": (0.2 * rng.standard_normal((32, 16))).astype(np.float32),
+        "half": np.array(0.5, np.float32),
+        "three": np.array(3.0, np.float32),
+        "c": np.array(0.044715, np.float32),
+        "k": np.array(np.sqrt(2 / np.pi), np.float32),
+        "one": np.array(1.0, np.float32),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["m"]),
+        helper.make_node("Add", ["m", "b1"], ["h"]),
+        helper.make_node("Mul", ["h", "half"], ["h2"]),
+        helper.make_node("Pow", ["h", "three"], ["h3"]),
+        helper.make_node("Mul", ["h3", "c"], ["h3c"]),
+        helper.make_node("Add", ["h", "h3c"], ["p"]),
+        helper.make_node("Mul", ["p", "k"], ["pk"]),
+        helper.make_node("Tanh", ["pk"], ["t"]),
+        helper.make_node("Add", ["t", "one"], ["t1"]),
+        helper.make_node("Mul", ["h2", "t1"], ["g"]),
+        helper.make_node("MatMul", ["g", "w2"], ["y"]),
+    ]
+    return make(nodes, [("x", [1, 8, 16])], [("y", [1, 8, 16])], inits, name="tanh_gelu_mlp")
+
+
+def test_a_gelu_in_its_tanh_form_is_one_part_and_comes_out_as_fast_gelu(tmp_path):
+    """The Tanh gates its own argument (partition.absorb_gates), so it does not cut the MLP: the
+    search sees the whole function, which com.microsoft FastGelu computes with its bias."""
+    model = _tanh_gelu_mlp()
+    result = optimize(model, Options(accept="verified", cache=tmp_path / "c.sqlite", **SMALL))
+    (part,) = [p for p in result.parts if "Tanh" in p.ops]
+    assert part.ops.count("MatMul") == 2, part.ops
+    assert part.status == "rewritten", part.reason
+    assert "com.microsoft.FastGelu" in part.new_ops and "Tanh" not in part.new_ops, part.new_ops
+    _assert_same(model, result.model)
+
+
 def _gelu_mlp():
     """An MLP as torch.onnx's dynamo exporter writes it: MatMul, the bias Add, then GELU as five
     nodes (x / sqrt 2, Erf, + 1, * x, * 0.5), then the second MatMul."""

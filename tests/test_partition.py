@@ -166,3 +166,44 @@ def test_a_subprogram_holds_at_most_max_group_nodes():
     spec = ";".join(f"v{k}->v{k + 1}" for k in range(n))
     groups = _groups(spec, "L" * n)
     assert [len(nodes) for nodes, _ in groups] == [MAX_GROUP_NODES, 12]
+
+
+def test_an_activation_that_gates_its_own_argument_does_not_cut():
+    # SiLU (x * sigmoid(x)) and GELU's tanh form multiply the activation by their own argument:
+    # QuickGelu and FastGelu take them whole, so they join the linear work around them.
+    n = helper.make_node
+    nodes = [
+        n("MatMul", ["x", "W1"], ["h"]),
+        n("Sigmoid", ["h"], ["s"]),
+        n("Mul", ["h", "s"], ["silu"]),
+        n("Mul", ["silu", "half"], ["h2"]),
+        n("Pow", ["silu", "three"], ["h3"]),
+        n("Mul", ["h3", "c"], ["h3c"]),
+        n("Add", ["silu", "h3c"], ["p"]),
+        n("Tanh", ["p"], ["t"]),
+        n("Add", ["t", "one"], ["t1"]),
+        n("Mul", ["h2", "t1"], ["g"]),
+        n("MatMul", ["g", "W2"], ["y"]),
+    ]
+    inits = {"W1": (8, 8), "W2": (8, 8), "half": (), "three": (), "c": (), "one": ()}
+    groups = _translated_groups(nodes, inits)
+    assert groups == [("linear", [node.op_type for node in nodes])]
+
+
+def test_activations_gating_other_values_still_cut():
+    # An LSTM's sigmoid(i) * tanh(g) multiplies two activations of different values, and an SE
+    # block's sigmoid scales a value it was not computed from: each activation is its own part.
+    n = helper.make_node
+    nodes = [
+        n("MatMul", ["x", "Wi"], ["i"]),
+        n("MatMul", ["x", "Wg"], ["g"]),
+        n("Sigmoid", ["i"], ["si"]),
+        n("Tanh", ["g"], ["tg"]),
+        n("Mul", ["si", "tg"], ["c"]),
+        n("ReduceMean", ["c"], ["m"], axes=[2], keepdims=1),
+        n("Sigmoid", ["m"], ["sm"]),
+        n("Mul", ["c", "sm"], ["y"]),
+    ]
+    groups = _translated_groups(nodes, {"Wi": (8, 8), "Wg": (8, 8)})
+    activations = [ops for kind, ops in groups if kind == "activation"]
+    assert activations == [["Sigmoid"], ["Tanh"], ["Sigmoid"]], groups

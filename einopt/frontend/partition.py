@@ -50,6 +50,18 @@ ACTIVATIONS: frozenset[str] = (
     - ABSORBED
 )
 
+GATES: frozenset[str] = frozenset({"Tanh", "Sigmoid"})
+"""Activations that a fused target takes whole when they gate their own argument (see
+:func:`absorb_gates`): GELU's tanh form into FastGelu, SiLU/Swish (``x * sigmoid(a x)``) into
+QuickGelu."""
+
+_GATE_ALGEBRA: frozenset[str] = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Neg"})
+"""Element-wise algebra a gate's argument and product are written with."""
+
+_GATE_STEPS = 6
+"""How many algebra nodes back an argument's sources are looked for, and forward the product."""
+
+
 TAILS: frozenset[str] = frozenset(
     {"PRelu", "LayerNormalization"} | {op.onnx for op in UNARY.values() if op.tail}
 )
@@ -146,6 +158,61 @@ def group_nodes(
         Group(tuple(ms), kinds[ms[0]] or "linear")
         for _, ms in sorted(members.items(), key=lambda kv: kv[1][0])
     ]
+
+
+def absorb_gates(
+    nodes: Sequence[onnx.NodeProto],
+    kinds: Sequence[str | None],
+    constants: Mapping[str, object] | frozenset[str],
+) -> list[str | None]:
+    """The kinds with every gating activation made linear.
+
+    An activation in :data:`GATES` *gates its argument* when its output, through element-wise
+    algebra, is multiplied by a value computed by element-wise algebra from the same sources as
+    its own argument: ``0.5 x (1 + tanh(c (x + 0.044715 x^3)))`` or ``x * sigmoid(x)``, the forms
+    FastGelu and QuickGelu compute in one kernel. Such an activation does not cut its subprogram
+    (like :data:`ABSORBED`), so the search sees the whole function and the linear work around it.
+    An LSTM's gates (``sigmoid(i) * tanh(g)``, of different slices) still cut.
+    """
+    producer = {o: i for i, node in enumerate(nodes) for o in node.output if o}
+    readers: dict[str, list[int]] = {}
+    for i, node in enumerate(nodes):
+        for name in node.input:
+            readers.setdefault(name, []).append(i)
+
+    def algebra(i: int) -> bool:
+        return nodes[i].op_type in _GATE_ALGEBRA and kinds[i] == "linear"
+
+    def sources(value: str, steps: int = _GATE_STEPS) -> frozenset[str]:
+        """The non-constant values ``value`` is computed from by element-wise algebra alone."""
+        if value in constants:
+            return frozenset()
+        p = producer.get(value)
+        if p is None or steps == 0 or not algebra(p):
+            return frozenset({value})
+        return frozenset().union(*(sources(v, steps - 1) for v in nodes[p].input if v))
+
+    out = list(kinds)
+    for i, node in enumerate(nodes):
+        if kinds[i] != "activation" or node.op_type not in GATES:
+            continue
+        argument = sources(node.input[0])
+        frontier, seen = [node.output[0]], set()
+        for _ in range(_GATE_STEPS):
+            step = []
+            for value in frontier:
+                for r in readers.get(value, ()):
+                    if r in seen or not algebra(r):
+                        continue
+                    seen.add(r)
+                    others = [v for v in nodes[r].input if v and v != value]
+                    if nodes[r].op_type == "Mul" and any(
+                        v not in constants and sources(v) <= argument for v in others
+                    ):
+                        out[i] = "linear"
+                    step += list(nodes[r].output)
+            frontier = step
+    return out
 
 
 def _acyclic(preds: list[list[int]], label: list[int]) -> bool:

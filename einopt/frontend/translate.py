@@ -22,7 +22,7 @@ from einopt.core import ir
 from einopt.frontend.importers import IMPORTERS, import_node, sanitize_name
 from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, constants, default_opset
 from einopt.frontend.operand import NodeView, Operand, Unsupported, node_attrs
-from einopt.frontend.partition import ACTIVATIONS, group_nodes
+from einopt.frontend.partition import ACTIVATIONS, absorb_gates, group_nodes
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,8 @@ def translate_graph(model: onnx.ModelProto) -> list[Part]:
     t = _Translator(model)
     nodes = list(t.graph.node)
     classes = [t.classify(i, n) for i, n in enumerate(nodes)]
-    groups = group_nodes(nodes, [k for k, _ in classes], t.constant_protos)
+    kinds = absorb_gates(nodes, [k for k, _ in classes], t.constant_protos)
+    groups = group_nodes(nodes, kinds, t.constant_protos)
     in_group = {i for g in groups for i in g.nodes}
     readers: dict[str, set[int]] = {}
     for i, node in enumerate(nodes):
