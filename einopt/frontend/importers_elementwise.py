@@ -368,6 +368,49 @@ def import_batch_normalization(view: NodeView) -> tuple[ir.Scope, ...]:
     return (ir.Scope(its, (), body),)
 
 
+_LOWEST = float(np.finfo(np.float32).min)
+
+
+def import_where(view: NodeView) -> tuple[ir.Scope, ...]:
+    """``Where(C, A, B)`` for a constant condition ``C``, as arithmetic on float32 ``A`` and ``B``.
+
+    - ``C`` the same everywhere: ``A`` or ``B``, broadcast.
+    - ``B`` one constant no greater than float32's lowest finite value (-3.4e38 or -inf: a masked
+      score, what transformers write for a causal mask): ``A + where(C, 0, B)``, an additive mask
+      (attention's bias). Equal to Where for every finite ``A`` when ``B`` is -inf, and for every
+      ``|A| < 2^103`` when it is -3.4e38 (beyond, the sum moves off the lowest value).
+    - Otherwise ``A * C + B * (1 - C)`` with ``C`` as a 0/1 float32 constant (the product with a
+      constant ``B`` folded): equal for finite ``A`` and ``B``, up to the sign of a zero.
+    """
+    cond = view.input(0)
+    if cond is None or cond.value is None:
+        raise Unsupported(f"Where condition {cond.name if cond else ''} is not a constant")
+    c = np.asarray(cond.value).astype(bool)
+    a = float_data(view.input(1), "input X")
+    b = float_data(view.input(2), "input Y")
+    shape = checked_output(view, 0, broadcast_dims(c.shape, operand_shape(a), operand_shape(b)))
+    its = numbered("i", shape)
+    if c.all() or not c.any():
+        chosen = a if c.all() else b
+        return (ir.Scope(its, (), read(chosen, its)),)
+
+    def new(arr: np.ndarray, hint: str) -> Operand:
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+        tensor = view.new_constant(arr, hint)
+        return Operand(tensor.name, tensor, tuple(arr.shape), onnx.TensorProto.FLOAT, arr)
+
+    b_value = None if b.value is None else np.asarray(b.value, np.float32)
+    if b_value is not None and b_value.size == 1 and float(b_value.reshape(-1)[0]) <= _LOWEST:
+        mask = new(np.where(c, np.float32(0), b_value.reshape(-1)[0]), "where_mask")
+        return (ir.Scope(its, (), ir.Binary("+", read(a, its), read(mask, its))),)
+    taken = ir.Binary("*", read(a, its), read(new(c, "where_cond"), its))
+    if b_value is not None:
+        other = read(new(np.where(c, np.float32(0), b_value), "where_else"), its)
+    else:
+        other = ir.Binary("*", read(b, its), read(new(~c, "where_not_cond"), its))
+    return (ir.Scope(its, (), ir.Binary("+", taken, other)),)
+
+
 ELEMENTWISE_IMPORTERS: dict[str, Importer] = {
     # The IR's element-wise operations, from their rows in einopt.core.ops.
     **{op.onnx: _binary(op.name) for op in BINARY.values() if op.onnx != op.onnx_variadic},
@@ -380,4 +423,5 @@ ELEMENTWISE_IMPORTERS: dict[str, Importer] = {
     "PRelu": import_prelu,
     "Clip": import_clip,
     "BatchNormalization": import_batch_normalization,
+    "Where": import_where,
 }
