@@ -196,11 +196,24 @@ def _read_through(program: ir.Program, m: Match, ctx: Context) -> bool:
     # The normal form inlines scopes that only re-index another scope (what substitution leaves
     # behind) and plain copies; a layout scope over an input (a materialised im2col buffer, a split
     # dimension) is kept: it is the converging phase's work.
+    #
+    # A bound re-indexing of a scope that sums (the head merge after an attention's product, bound
+    # as the exporter wrote it) stays bound where a nested scope reads it, as where a binding reads
+    # it (fuse_expressions' job): a Gemm's product nested in its bias epilogue would otherwise read
+    # the product through the merge (a run-time transpose no operator takes) where a Gemm without
+    # bias reads the bound merge plainly, and the attention fuse_cone nests into the merge would
+    # end up inside the projection's product.
     inner = m["access"].source
     body = inner.body
     if inner.summation or not isinstance(body, ir.Access):
         return False
+    if isinstance(body.source, ir.Scope) and body.source.summation and inner in _bound(program):
+        return False
     return isinstance(body.source, ir.Scope) or _is_copy(inner)
+
+
+def _bound(program: ir.Program) -> frozenset[ir.Scope]:
+    return ir._cached(program, "bound_scopes", lambda: frozenset(s for _, s in program.bindings))
 
 
 def _unit_copy(program: ir.Program, m: Match, ctx: Context) -> bool:

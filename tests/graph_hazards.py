@@ -80,7 +80,7 @@ selection, or a function defined at +-inf (``exp(-inf) = 0``, ``1/inf = 0``; Har
 LeakyRelu's slopes are never 0). Every other op may (``inf - inf``, ``0 * inf``, a Softmax or a
 normalisation of a row holding inf, Gelu and HardSwish at ``-inf``: ``-inf * 0``)."""
 
-NO_OVERFLOW = _MOVES | _SELECTS | _BOUNDED | {"Sqrt"}
+NO_OVERFLOW = _MOVES | _SELECTS | _BOUNDED | {"Sqrt", "Where"}
 """Ops whose finite operands give a finite output. Every other op may overflow on huge operands
 (``3e38 + 3e38``, ``1.5 * 3e38`` in LeakyRelu)."""
 

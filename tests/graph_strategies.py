@@ -692,6 +692,25 @@ def _expand(g: _Graph, x: Value) -> bool:
     return True
 
 
+def _where(g: _Graph, x: Value) -> bool:
+    # A constant condition (transformers' causal masks): x where it holds, another value elsewhere.
+    # The IR has no selection: Where is arithmetic with the 0/1 condition, equal for finite values
+    # (0 * inf is NaN where Where drops the infinity), so infinities and NaN stay out of both.
+    cond_shape = _partner_shape(g, x.shape)
+    other = _partner_shape(g, x.shape)
+    out = _broadcast(x.shape, cond_shape, other)
+    if not _fits(out) or not g.keep_out(x, inf=True, nan=True):
+        return False
+    y = g.operand(other)
+    if y in g.by_name and not g.keep_out(g.by_name[y], inf=True, nan=True):
+        return False
+    g.exclude("nan", "inf")
+    cond = g.const(g.rng.random(cond_shape) < 0.6, "mask")
+    args = [cond, x.name, y] if g.d.coin(70) else [cond, y, x.name]
+    g.node("Where", args, [out])
+    return True
+
+
 def _slice(g: _Graph, x: Value) -> bool:
     rank = len(x.shape)
     axes = sorted({g.d.integer(0, rank - 1) for _ in range(g.d.integer(1, rank))})
@@ -924,6 +943,7 @@ OP_BUILDERS: dict[str, Builder] = {
     **{op: _unary(op) for op in ("Erf", "HardSwish")},
     "Cast": _unary("Cast", to=1),  # float32 to float32: a copy
     "Expand": _expand,
+    "Where": _where,
     "Pow": _pow,
     "Reciprocal": _reciprocal,
     "HardSigmoid": _hard_sigmoid,

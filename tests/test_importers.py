@@ -689,7 +689,7 @@ _BACKEND_MODULES = (
     "sqrt squeeze sub sum tanh transpose unsqueeze "
     "reducesum reducemean reducesumsquare reducel2 globalaveragepool averagepool layernormalization "
     "erf pow reciprocal hardsigmoid hardswish gelu "
-    "reducemax maxpool softmax cast expand"
+    "reducemax maxpool softmax cast expand where"
 ).split()
 
 # Inputs the suite feeds as data that a real model has as constants.
@@ -702,10 +702,12 @@ _CONSTANT_INPUTS = {
     "ConvTranspose": {1},
     "Pow": {1},
     "Expand": {1},
+    "Where": {0},  # a constant condition (a causal mask) is translated
 }
 
 _BACKEND_REFUSED = {
     "test_matmul_1d_1d": "rank 0",
+    "test_where_long_example": "INT64 data (only float32)",
     **{
         f"test_pow{case}": "only one constant exponent"
         for case in ("", "_example", "_bcast_array", "_types_float32_int64", "_types_float32_int32")

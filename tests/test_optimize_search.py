@@ -315,13 +315,18 @@ def test_candidates_predicted_to_save_nothing_are_timed_last():
     assert _rounds(order) == [[("b", 1)], [("b", 2), ("c", 0), ("a", 1)]]
 
 
-@pytest.mark.parametrize("name", ["bert", pytest.param("vit", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name", ["bert", pytest.param("gpt2", marks=pytest.mark.slow), pytest.param("vit", marks=pytest.mark.slow)]
+)
 def test_an_attention_block_comes_out_as_one_fused_operator(name, tmp_path):
     # The search reaches the attention core as one com.microsoft operator in one fuse_cone step
-    # (the scores, the scale, the softmax and the product with V nested into one binding).
+    # (the scores, the scale, the softmax and the product with V nested into one binding). GPT-2's
+    # causal mask is a Where on a constant condition, and its output projection a Gemm with bias
+    # reading the head merge (a bound layout the normal form keeps bound: schedule._read_through).
     model = build(name, 1, size="small")
-    # ViT's subprograms hold a whole layer: its attention cone competes with its GELU's (BiasGelu)
-    limits = {"states_per_search": 4_000, "states_per_model": 12_000} if name == "vit" else SMALL
+    # ViT's and GPT-2's subprograms hold a whole layer (GPT-2's: an MLP and the next attention): the
+    # attention cone competes with the GELU's (BiasGelu, FastGelu)
+    limits = {"states_per_search": 4_000, "states_per_model": 12_000} if name != "bert" else SMALL
     result = optimize(model, Options(accept="verified", cache=tmp_path / "c.sqlite", **limits))
     parts = [p for p in result.parts if "Softmax" in p.ops]
     assert parts  # a layer's attention each
@@ -417,3 +422,27 @@ def test_a_gelu_written_as_five_nodes_comes_out_as_one_bias_gelu(tmp_path):
     assert "com.microsoft.BiasGelu" in part.new_ops and "Erf" not in part.new_ops, part.new_ops
     assert "fuse_cone" in part.trace, part.trace
     _assert_same(model, result.model)
+
+
+def test_a_gpt2_attention_read_through_its_head_merge_by_a_biased_projection_is_one_operator():
+    """GPT-2's output projection is a Gemm with bias, so its product is nested in the bias epilogue
+    and reads the bound head merge from a nested scope. The normal form keeps that merge bound (it
+    re-indexes a scope that sums: schedule._read_through), so the projection reads it plainly and
+    one fuse_cone step into the merge gives Attention with its output in place: no Transpose."""
+    from einopt.frontend.fold import prepare
+    from einopt.frontend.translate import translate_graph
+    from einopt.rules import Context
+    from einopt.search import Budget, search
+
+    model = prepare(build("gpt2", 1, size="small")).model
+    part = next(p for p in translate_graph(model) if p.program is not None and "Softmax" in _ops(model, p))
+    found = search(part.program, ctx=Context(constants=part.constants), budget=Budget(states_per_search=600))
+    fused = [c for c in found.candidates if "com.microsoft.Attention" in c.operators]
+    assert fused, [c.operators for c in found.candidates[:5]]
+    best = min(fused, key=lambda c: c.cost)
+    assert [s.rule for s in best.trace] == ["fuse_cone"], best.trace
+    assert "Transpose" not in best.operators and "Softmax" not in best.operators, best.operators
+
+
+def _ops(model, part):
+    return [model.graph.node[i].op_type for i in part.nodes]
