@@ -207,13 +207,13 @@ def _read_through(program: ir.Program, m: Match, ctx: Context) -> bool:
     body = inner.body
     if inner.summation or not isinstance(body, ir.Access):
         return False
-    if isinstance(body.source, ir.Scope) and body.source.summation and inner in _bound(program):
+    if (
+        isinstance(body.source, ir.Scope)
+        and body.source.summation
+        and inner in ProgramFacts.of(program).bound
+    ):
         return False
     return isinstance(body.source, ir.Scope) or _is_copy(inner)
-
-
-def _bound(program: ir.Program) -> frozenset[ir.Scope]:
-    return ir._cached(program, "bound_scopes", lambda: frozenset(s for _, s in program.bindings))
 
 
 def _unit_copy(program: ir.Program, m: Match, ctx: Context) -> bool:

@@ -42,7 +42,12 @@ DIFFERENT |= {
 # (importers_elementwise.import_where) and comes back as that Add: one kernel either way.
 DIFFERENT |= {
     ("gpt2", part): "Add"
-    for part in ("h_0_attn_c_attn_reshape", "h_0_mlp_c_fc_reshape", "h_1_mlp_c_fc_reshape", "h_2_mlp_c_fc_reshape")
+    for part in (
+        "h_0_attn_c_attn_reshape",
+        "h_0_mlp_c_fc_reshape",
+        "h_1_mlp_c_fc_reshape",
+        "h_2_mlp_c_fc_reshape",
+    )
 }
 
 

@@ -316,7 +316,8 @@ def test_candidates_predicted_to_save_nothing_are_timed_last():
 
 
 @pytest.mark.parametrize(
-    "name", ["bert", pytest.param("gpt2", marks=pytest.mark.slow), pytest.param("vit", marks=pytest.mark.slow)]
+    "name",
+    ["bert", pytest.param("gpt2", marks=pytest.mark.slow), pytest.param("vit", marks=pytest.mark.slow)],
 )
 def test_an_attention_block_comes_out_as_one_fused_operator(name, tmp_path):
     # The search reaches the attention core as one com.microsoft operator in one fuse_cone step
