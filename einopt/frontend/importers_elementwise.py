@@ -352,14 +352,9 @@ def import_batch_normalization(view: NodeView) -> tuple[ir.Scope, ...]:
     eps = float(view.attr("epsilon", 1e-5))
     scale = gamma / np.sqrt(var + eps)
     shift = beta - mean * scale
-    folded = []
-    for arr, hint in ((scale, "bn_scale"), (shift, "bn_shift")):
-        arr32 = arr.astype(np.float32)
-        tensor = view.new_constant(arr32, hint)
-        folded.append(Operand(tensor.name, tensor, (channels,), onnx.TensorProto.FLOAT, arr32))
+    scale_op, shift_op = (view.constant_operand(scale, "bn_scale"), view.constant_operand(shift, "bn_shift"))
     out = checked_output(view, 0, shape)
     its = numbered("i", out)
-    scale_op, shift_op = folded
     body = ir.Binary(
         "+",
         ir.Binary("*", read(x, its), access(scale_op, (its[1],))),
@@ -394,20 +389,15 @@ def import_where(view: NodeView) -> tuple[ir.Scope, ...]:
         chosen = a if c.all() else b
         return (ir.Scope(its, (), read(chosen, its)),)
 
-    def new(arr: np.ndarray, hint: str) -> Operand:
-        arr = np.ascontiguousarray(arr, dtype=np.float32)
-        tensor = view.new_constant(arr, hint)
-        return Operand(tensor.name, tensor, tuple(arr.shape), onnx.TensorProto.FLOAT, arr)
-
     b_value = None if b.value is None else np.asarray(b.value, np.float32)
     if b_value is not None and b_value.size == 1 and float(b_value.reshape(-1)[0]) <= _LOWEST:
-        mask = new(np.where(c, np.float32(0), b_value.reshape(-1)[0]), "where_mask")
+        mask = view.constant_operand(np.where(c, np.float32(0), b_value.reshape(-1)[0]), "where_mask")
         return (ir.Scope(its, (), ir.Binary("+", read(a, its), read(mask, its))),)
-    taken = ir.Binary("*", read(a, its), read(new(c, "where_cond"), its))
+    taken = ir.Binary("*", read(a, its), read(view.constant_operand(c, "where_cond"), its))
     if b_value is not None:
-        other = read(new(np.where(c, np.float32(0), b_value), "where_else"), its)
+        other = read(view.constant_operand(np.where(c, np.float32(0), b_value), "where_else"), its)
     else:
-        other = ir.Binary("*", read(b, its), read(new(~c, "where_not_cond"), its))
+        other = ir.Binary("*", read(b, its), read(view.constant_operand(~c, "where_not_cond"), its))
     return (ir.Scope(its, (), ir.Binary("+", taken, other)),)
 
 

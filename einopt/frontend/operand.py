@@ -66,6 +66,12 @@ class NodeView:
     def attr(self, name: str, default: Any = None) -> Any:
         return self.attrs.get(name, default)
 
+    def constant_operand(self, array: np.ndarray, hint: str) -> Operand:
+        """A new float32 constant (folded from the node's constants) as an operand to read."""
+        arr = np.ascontiguousarray(array, dtype=np.float32)
+        tensor = self.new_constant(arr, hint)
+        return Operand(tensor.name, tensor, tuple(arr.shape), onnx.TensorProto.FLOAT, arr)
+
 
 Importer = Callable[[NodeView], tuple[ir.Scope, ...]]
 

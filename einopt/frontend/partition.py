@@ -192,10 +192,7 @@ def absorb_gates(
             return frozenset({value})
         return frozenset().union(*(sources(v, steps - 1) for v in nodes[p].input if v))
 
-    out = list(kinds)
-    for i, node in enumerate(nodes):
-        if kinds[i] != "activation" or node.op_type not in GATES:
-            continue
+    def gates(node: onnx.NodeProto) -> bool:
         argument = sources(node.input[0])
         frontier, seen = [node.output[0]], set()
         for _ in range(_GATE_STEPS):
@@ -209,10 +206,15 @@ def absorb_gates(
                     if nodes[r].op_type == "Mul" and any(
                         v not in constants and sources(v) <= argument for v in others
                     ):
-                        out[i] = "linear"
+                        return True
                     step += list(nodes[r].output)
             frontier = step
-    return out
+        return False
+
+    return [
+        "linear" if kind == "activation" and node.op_type in GATES and gates(node) else kind
+        for node, kind in zip(nodes, kinds, strict=True)
+    ]
 
 
 def _acyclic(preds: list[list[int]], label: list[int]) -> bool:
