@@ -291,6 +291,24 @@ CASES = [
         ("S", "T"),
         ["Mul", "Add"],
     ),
+    (  # two constant terms of a sum (an embedding plus its position and token-type tables): one Add
+        "constant_terms_folded",
+        "L[i:3, j:4] X[i, j] + P[i, j] + T[j] where X:[3,4], P:[3,4], T:[4]",
+        ("P", "T"),
+        ["Add"],
+    ),
+    (
+        "constant_factors_folded",
+        "L[i:3, j:4] S[j] * X[i, j] * 2.0 * R[j] where X:[3,4], S:[4], R:[4]",
+        ("S", "R"),
+        ["Mul"],
+    ),
+    (  # folded, they would be a [3, 4] constant: two broadcast vectors stay
+        "constant_vectors_not_broadcast_into_a_matrix",
+        "L[i:3, j:4] X[i, j] + A[i] + B[j] where X:[3,4], A:[3], B:[4]",
+        ("A", "B"),
+        ["Add", "Add"],
+    ),
     ("transpose", "L[i:4, j:3] X[j, i] where X:[3,4]", (), ["Transpose"]),
     ("slice_then_transpose", "L[i:3, j:2] X[2*j+1, 8-2*i] where X:[4,9]", (), ["Slice", "Transpose"]),
     ("pad_from_range", "L[i=-2:6] X[i] where X:[4]", (), ["Pad"]),
@@ -495,6 +513,11 @@ def test_pieces_that_tile_a_value_are_one_split(pieces, ops):
     [
         # each piece plus its own bias (the LSTM's gates): one Add of the joined biases, then the Split
         ("A = L[i:2, j:3] M[i, j] + b1[j]\nB = L[i:2, j:5] b2[j] + M[i, j + 3]", ["MatMul", "Add", "Split"]),
+        # two biases per piece (two merged Gemms each brought theirs): folded, then joined
+        (
+            "A = L[i:2, j:3] M[i, j] + b1[j] + c1[j]\nB = L[i:2, j:5] b2[j] + M[i, j + 3] + c2[j]",
+            ["MatMul", "Add", "Split"],
+        ),
         # a bias over the rows, not the split axis, or one that is not a constant: the Adds stay
         (
             "A = L[i:2, j:3] M[i, j] + r[i]\nB = L[i:2, j:5] M[i, j + 3] + b2[j]",
@@ -505,18 +528,33 @@ def test_pieces_that_tile_a_value_are_one_split(pieces, ops):
             ["MatMul", "Split", "Add", "Add"],
         ),
     ],
-    ids=["biases", "row_bias", "not_constant"],
+    ids=["biases", "two_biases", "row_bias", "not_constant"],
 )
 def test_biases_of_the_pieces_of_a_split_are_added_before_it(pieces, ops):
     prog = as_program(
         f"""M = L[i:2, j:8] Sum[k:3] X[i, k] * W[k, j]
         {pieces}
         return A, B
-        where X: [2, 3], W: [3, 8], b1: [3], b2: [5], r: [2], v: [3]"""
+        where X: [2, 3], W: [3, 8], b1: [3], b2: [5], c1: [3], c2: [5], r: [2], v: [3]"""
     )
-    names = {t.name for t in prog.inputs} & {"W", "b1", "b2", "r"}
+    names = {t.name for t in prog.inputs} & {"W", "b1", "b2", "c1", "c2", "r"}
     _, got = run_onnx(prog, constants=sorted(names))
     assert got == ops
+
+
+def test_biases_of_the_pieces_of_a_gemm_are_its_bias():
+    """A merged ``nn.Linear`` (a Gemm with ``transB``, as the exporter wrote it) whose pieces each add
+    a bias: the joined bias is the Gemm's C, no Add before the Split."""
+    prog = as_program(
+        """M = L[i:2, j:8] Sum[k:3] X[i, k] * W[j, k]
+        A = L[i:2, j:3] M[i, j] + b1[j]
+        B = L[i:2, j:5] M[i, j + 3] + b2[j]
+        return A, B
+        where X: [2, 3], W: [8, 3], b1: [3], b2: [5]"""
+    )
+    inst, got = run_onnx(prog, constants=["W", "b1", "b2"], preferred={"M": "Gemm"})
+    assert got == ["Gemm", "Split"]
+    assert len(inst.nodes[0].input) == 3
 
 
 def test_intermediate_binding_gets_a_prefixed_name():

@@ -240,6 +240,8 @@ def _split_tilings(em: _Emitter, program: ir.Program) -> None:
             add, adds = biased
             source, outputs, new = add.output[0], [n.output[0] for n in adds], [add]
             dropped |= {id(n) for n in adds}
+            if _into_gemm(em, x, add.input[1], dropped):
+                source, new = x, []
         new.append(helper.make_node("Split", [source, sizes], outputs, name=em.node_name("split"), axis=axis))
         first = min(i for i, n in enumerate(em.nodes) if id(n) in dropped)
         em.nodes = (
@@ -291,6 +293,23 @@ def _biases_first(
     name = em.initializer(joined, "bias")
     out = em.fresh("biased")
     return helper.make_node("Add", [x, name], [out], name=em.node_name("add")), adds
+
+
+def _into_gemm(em: _Emitter, x: str, bias: str, dropped: set[int]) -> bool:
+    """Make ``bias`` the C input of the Gemm computing ``x`` when it has none (and ``beta`` 1), no
+    other node reads ``x`` and it is no program output: the Gemm adds it (one kernel fewer)."""
+    gemm = next((n for n in em.nodes if x in n.output), None)
+    if gemm is None or gemm.op_type != "Gemm" or len(gemm.input) != 2 or x in em.onnx_names.values():
+        return False
+    if any(a.name == "beta" and a.f != 1.0 for a in gemm.attribute):
+        return False
+    if any(x in n.input and id(n) not in dropped for n in em.nodes):
+        return False
+    gemm.input.append(bias)
+    key = em.key_of.pop(x, None)  # no longer the bias-less Gemm it was emitted as
+    if key is not None:
+        em.interned.pop(key, None)
+    return True
 
 
 def _tile(em: _Emitter, node: onnx.NodeProto, shapes) -> tuple[str, int, int, int] | None:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from einopt.core import ir
+from einopt.core.rewrite import accesses, fold_chain, operands
 from einopt.frontend.importers_elementwise import (
     GELU_OPSET,
     GELU_SQRT1_2,
@@ -259,11 +260,12 @@ PATTERN_OPSETS: dict[str, int] = {"HardSwish": 14, "Gelu": GELU_OPSET}
 class _Builder:
     """Numbers operands and ops of one element-wise body (shared sub-expressions once)."""
 
-    def __init__(self, traversal: tuple[ir.Iter, ...], opset: int | None) -> None:
+    def __init__(self, traversal: tuple[ir.Iter, ...], ctx: MatchContext) -> None:
         self.traversal = traversal
+        self.ctx = ctx
         # The patterns whose operator the emitted opset has (None: any).
         self.patterns = [
-            p for name, p in PATTERNS.items() if opset is None or PATTERN_OPSETS.get(name, 0) <= opset
+            p for name, p in PATTERNS.items() if ctx.opset is None or PATTERN_OPSETS.get(name, 0) <= ctx.opset
         ]
         self.operands: list[Operand] = []
         self.ops: list[OpNode] = []
@@ -298,6 +300,12 @@ class _Builder:
                 return bad or self.op(OpNode(hit.op_type, tuple(args), hit.attrs), e)
         if isinstance(e, ir.Access):
             return self.access(e)
+        folded = _constants_folded(e, self.traversal, self.ctx)
+        if folded is not None:
+            value = self.value(folded)
+            if not isinstance(value, Refusal):
+                self.memo[e] = value
+            return value
         if isinstance(e, ir.Binary):
             a, b = self.value(e.a), self.value(e.b)
             bad = next((x for x in (a, b) if isinstance(x, Refusal)), None)
@@ -327,6 +335,29 @@ class _Builder:
         return self.operand(Operand(acc.source, steps), acc)
 
 
+def _constants_folded(
+    e: ir.ValueExpr, traversal: tuple[ir.Iter, ...], ctx: MatchContext
+) -> ir.ValueExpr | None:
+    """A sum (or product) chain with two or more constant terms, at least one a tensor, as the
+    other terms and one term computed at compile time: ``X[n, j] + b1[j] + b2[j]`` as
+    ``X[n, j] + B[j]`` (``B = b1 + b2``, one Add instead of two; two merged contractions each
+    bring their bias). None when there is nothing to fold, or when the folded constant would be
+    larger than its largest term (``a[i] + b[j]`` stays two broadcast vectors)."""
+    if not (isinstance(e, ir.Binary) and e.op in ("+", "*")):
+        return None
+    terms = operands(e, e.op)
+    constant = [t for t in terms if all(ctx.is_constant(a.source) for a in accesses(t))]
+    tensors = [t for t in constant if accesses(t)]
+    if len(constant) < 2 or not tensors or len(constant) == len(terms):
+        return None
+    read = set().union(*(t.iters() for t in constant))
+    if not any(read <= t.iters() for t in tensors):
+        return None
+    its = tuple(it for it in traversal if it in read)
+    term = ir.Access(ir.Scope(its, (), fold_chain(constant, e.op)), its)
+    return fold_chain([t for t in terms if t not in constant] + [term], e.op)
+
+
 def _strip(shape: tuple[int, ...]) -> tuple[int, ...]:
     while shape and shape[0] == 1:
         shape = shape[1:]
@@ -337,7 +368,7 @@ def match_elementwise(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> 
     """Binary/unary operators over broadcast accesses (``L n, f: X[n, f] * s[f] + 1.0``)."""
     if scope.summation:
         return Refusal("sums over iterators: not element-wise")
-    b = _Builder(scope.traversal, ctx.opset)
+    b = _Builder(scope.traversal, ctx)
     root = b.value(scope.body)
     if isinstance(root, Refusal):
         return root
