@@ -237,11 +237,12 @@ def _split_tilings(em: _Emitter, program: ir.Program) -> None:
         )
         new: list[onnx.NodeProto] = []
         if biased is not None:  # the Split cuts the biased value into what the Adds computed
-            add, adds = biased
-            source, outputs, new = add.output[0], [n.output[0] for n in adds], [add]
+            bias, adds = biased
+            outputs = [n.output[0] for n in adds]
             dropped |= {id(n) for n in adds}
-            if _into_gemm(em, x, add.input[1], dropped):
-                source, new = x, []
+            if not _into_gemm(em, x, bias, dropped):
+                add = helper.make_node("Add", [x, bias], [em.fresh("biased")], name=em.node_name("add"))
+                source, new = add.output[0], [add]
         new.append(helper.make_node("Split", [source, sizes], outputs, name=em.node_name("split"), axis=axis))
         first = min(i for i, n in enumerate(em.nodes) if id(n) in dropped)
         em.nodes = (
@@ -256,10 +257,10 @@ def _split_tilings(em: _Emitter, program: ir.Program) -> None:
 
 def _biases_first(
     em: _Emitter, x: str, axis: int, pieces: list[tuple[str, int]], shapes
-) -> tuple[onnx.NodeProto, list[onnx.NodeProto]] | None:
+) -> tuple[str, list[onnx.NodeProto]] | None:
     """When each piece ``(name, size)`` of ``x`` split along ``axis`` is read only by an ``Add`` of a
-    constant over that piece (the gate biases after a merged LSTM MatMul): one ``Add`` of the
-    constants joined along ``axis``, to run before the Split, and the ``Add`` nodes it replaces
+    constant over that piece (the gate biases after a merged LSTM MatMul): the initializer of the
+    constants joined along ``axis``, to add before the Split, and the ``Add`` nodes it replaces
     (None otherwise). One kernel instead of one per piece, which ONNX Runtime fuses into the MatMul
     before it (a Gemm)."""
     outputs = set(em.onnx_names.values())
@@ -290,9 +291,7 @@ def _biases_first(
         )
     else:
         joined = np.concatenate([np.asarray(v, np.float32).reshape(sh) for v, sh in values], axis=axis)
-    name = em.initializer(joined, "bias")
-    out = em.fresh("biased")
-    return helper.make_node("Add", [x, name], [out], name=em.node_name("add")), adds
+    return em.initializer(joined, "bias"), adds
 
 
 def _into_gemm(em: _Emitter, x: str, bias: str, dropped: set[int]) -> bool:

@@ -51,6 +51,7 @@ from einopt.instantiate.plan import (
 )
 from einopt.instantiate.views import (
     arrange,
+    compile_time_term,
     finish,
     simple_view,
 )
@@ -353,8 +354,7 @@ def _constants_folded(
     read = set().union(*(t.iters() for t in constant))
     if not any(read <= t.iters() for t in tensors):
         return None
-    its = tuple(it for it in traversal if it in read)
-    term = ir.Access(ir.Scope(its, (), fold_chain(constant, e.op)), its)
+    term = compile_time_term(constant, e.op, traversal)
     return fold_chain([t for t in terms if t not in constant] + [term], e.op)
 
 

@@ -591,14 +591,19 @@ def _one_constant_bias(scope: ir.Scope, ctx: MatchContext) -> ir.ValueExpr | Ref
     rest = [t for t in terms if t is not inner[0]]
     if not all(ctx.is_constant(a.source) for t in rest for a in accesses(t)):
         return Refusal("not a bias form: a term besides the contraction is not constant")
-    read = set().union(*(t.iters() for t in rest))
-    its = tuple(it for it in scope.traversal if it in read)
-    folded = fold_chain(rest, "+")
-    if not its:
+    if not any(t.iters() for t in rest):
         if not all(isinstance(t, ir.Const) for t in rest):
             return Refusal("not a bias form: a scalar bias that is not a constant")
         return ir.Binary("+", inner[0], ir.Const(sum(t.value for t in rest)))
-    return ir.Binary("+", inner[0], ir.Access(ir.Scope(its, (), folded), its))
+    return ir.Binary("+", inner[0], compile_time_term(rest, "+", scope.traversal))
+
+
+def compile_time_term(terms: Sequence[ir.ValueExpr], op: str, traversal: Sequence[ir.Iter]) -> ir.Access:
+    """Constant ``terms`` of an ``op`` chain as one term: a scope over the traversal iterators they
+    read, which the emitter computes at compile time (it reads only constants), read in place."""
+    read = set().union(*(t.iters() for t in terms))
+    its = tuple(it for it in traversal if it in read)
+    return ir.Access(ir.Scope(its, (), fold_chain(terms, op)), its)
 
 
 def _pairs_const(e: ir.ValueExpr) -> list[tuple[float, ir.ValueExpr]]:
