@@ -158,7 +158,7 @@ def _tables(
     """The coefficient tables of the probed body, checked to be RotaryEmbedding's (module docstring)."""
     # The sequence dimension: the one the tables vary with besides the turned one.
     read = {it for a in accesses(probed.body) if a.source not in probes.values() for it in a.iters()}
-    varying = [it for it in probed.traversal if it in read and it is not rot.turn]
+    varying = [it for it in probed.traversal if it in read and it is not rot.turn and it.extent > 1]
     if len(varying) > 1:
         return Refusal(f"its tables vary with {len(varying)} dimensions besides the head's: RotaryEmbedding's with one")
     position = varying[0] if varying else None
