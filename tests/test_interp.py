@@ -253,6 +253,7 @@ def test_a_sampled_box_reads_its_producers_on_its_rows_alone(monkeypatch):
     )
     box = interp.sample_box(s)
     assert box == ((14, 16), (0, 4))
+    assert interp.sample_box(s, dims=()) == ((0, 16), (0, 4)) == interp.sample_box(s, size=16)
     x, w = np.random.default_rng(0).standard_normal((16, 4, 8)), np.arange(8.0)
     evaluated = []
     frame = interp._Frame

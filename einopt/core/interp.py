@@ -45,7 +45,7 @@ from __future__ import annotations
 import functools
 import math
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -168,13 +168,14 @@ def evaluate(
         return out
 
 
-def sample_box(scope: Scope, size: int = 2) -> tuple[tuple[int, int], ...]:
+def sample_box(scope: Scope, size: int = 2, dims: Sequence[int] | None = None) -> tuple[tuple[int, int], ...]:
     """A box of ``scope``'s traversal to check a claim about it on: its last ``size`` values along
-    its first dimension, the last excepted, of more than ``size`` (a batch, or rows), the whole
-    traversal elsewhere. Operators whose rows are independent (attention, normalizations over the
-    last dimension) are checked on a few rows at the cost of a few rows."""
+    the first of ``dims`` (default: every dimension but the last) of extent more than ``size``, the
+    whole traversal elsewhere. Operators whose rows are independent (normalizations over the last
+    dimension; attention over batch elements) are checked on a few rows at the cost of a few rows."""
     box = [(it.lo, it.hi) for it in scope.traversal]
-    cut = next((d for d, it in enumerate(scope.traversal[:-1]) if it.extent > size), None)
+    allowed = range(len(box) - 1) if dims is None else dims
+    cut = next((d for d in allowed if scope.traversal[d].extent > size), None)
     if cut is not None:
         box[cut] = (scope.traversal[cut].hi - size, scope.traversal[cut].hi)
     return tuple(box)

@@ -316,7 +316,9 @@ def _verify(
     scopes)."""
     rng = np.random.default_rng(0)
     inputs = {t.name: rng.standard_normal(t.shape) for t in ir.input_tensors(scope)}
-    box = sample_box(scope)  # the interpreter's side on two batch elements (or query rows) only
+    # The interpreter's side on two batch elements only. Query rows are not interchangeable: a causal
+    # mask hides keys from every row but the last, so a reading without it agrees on the last rows.
+    box = sample_box(scope, dims=(0,) if len(scope.traversal) >= 3 else ())
     y = np.asarray(evaluate(scope, inputs, box=box), dtype=np.float64)
     rows = tuple(slice(lo - it.lo, hi - it.lo) for (lo, hi), it in zip(box, scope.traversal, strict=True))
     for att, consumed in cands:
