@@ -20,7 +20,9 @@ operators (contractions whose arithmetic intensity is high,
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+
+import numpy as np
 
 from einopt.core import ir
 from einopt.core.index import linear_form
@@ -29,6 +31,7 @@ from einopt.instantiate.match import match_gemm, match_matmul
 from einopt.instantiate.match_band import band_form
 from einopt.instantiate.match_contrib_act import ACTIVATION_MATCHERS
 from einopt.instantiate.match_contrib_attention import ATTENTION_MATCHERS
+from einopt.instantiate.match_contrib_rotary import ROTARY_MATCHERS, turns_half
 from einopt.instantiate.match_conv import match_conv, match_conv_transpose
 from einopt.instantiate.match_elementwise import match_elementwise
 from einopt.instantiate.plan import NO_MATCH_CONTEXT, MatchContext, OperatorMatch, Refusal
@@ -97,9 +100,11 @@ TARGETS: dict[str, Callable[[ir.Scope, MatchContext], OperatorMatch | Refusal]] 
 FUSED: dict[str, Callable[[ir.Scope, MatchContext], OperatorMatch | Refusal]] = {
     **ATTENTION_MATCHERS,
     **ACTIVATION_MATCHERS,
+    **ROTARY_MATCHERS,
 }
 """Targets that compute a chain of scopes as one operator (the attention core, from the scores to
-the product with V; a GELU written as five element-wise nodes, with its bias): the scopes nested in
+the product with V; a GELU written as five element-wise nodes, with its bias; a rotary embedding's
+products with its tables and the concatenation of the turned halves): the scopes nested in
 a binding one of them takes are its own, not compute scopes of their own (a ``fuse_cone`` step
 makes the chain one binding; see the schedule)."""
 
@@ -113,7 +118,8 @@ def may_fuse(scope: ir.Scope) -> bool:
     """Whether a :data:`FUSED` target could take ``scope`` (a cheap test before the matchers): an
     attention core is a product with a softmax, so it sums (or re-indexes a nested scope that does)
     and reaches a maximum; an activation is element-wise, with its erf, tanh or sigmoid at most
-    :data:`_ACTIVATION_REACH` scopes back."""
+    :data:`_ACTIVATION_REACH` scopes back; a rotary embedding is element-wise, with a read half a
+    dimension away as near."""
 
     def test() -> bool:
         inner = scope
@@ -125,7 +131,7 @@ def may_fuse(scope: ir.Scope) -> bool:
             inner = inner.body.source
         if inner.summation:
             return any(s.is_max for s in ir.scopes_in(inner))
-        return _calls_near(scope, _ACTIVATION_REACH)
+        return _calls_near(scope, _ACTIVATION_REACH) or turns_half(scope, _ACTIVATION_REACH)
 
     # Asked for every binding of every state (compute_scopes): once per interned scope.
     return ir._cached(scope, "may_fuse", test)
@@ -255,13 +261,16 @@ def reads_only(node: ir.Scope | ir.ValueExpr, constants: frozenset[str]) -> bool
     return all(t.name in constants for t in ir.tensors_in(node))
 
 
-def matcher_context(root: ir.Program | ir.Scope, constants: frozenset[str]) -> MatchContext:
+def matcher_context(
+    root: ir.Program | ir.Scope, constants: frozenset[str], values: Mapping[str, np.ndarray] | None = None
+) -> MatchContext:
     """The matchers' context for a program (or a scope on its own, bound as a program's one output):
-    constant tensors (and scopes only they feed) and bound scopes."""
+    constant tensors (and scopes only they feed), bound scopes, and the constants' ``values`` where
+    known."""
     tensors = frozenset(t for t in ir.input_tensors(root) if t.name in constants)
     scopes = frozenset(s for s in ir.scopes_in(root) if reads_only(s, constants))
     bound = frozenset(s for _, s in root.bindings) if isinstance(root, ir.Program) else frozenset({root})
-    return MatchContext(constant=tensors | scopes, bound=bound)
+    return MatchContext(constant=tensors | scopes, bound=bound, values=values or {})
 
 
 def nearest_memo(scope: ir.Scope, ctx: MatchContext, memo: dict | None) -> int:

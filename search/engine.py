@@ -107,7 +107,7 @@ class _Env:
     def matcher_context(self, root: ir.Program | ir.Scope):
         found = self.contexts.get(root)
         if found is None:
-            found = self.contexts[root] = matcher_context(root, self.constants)
+            found = self.contexts[root] = matcher_context(root, self.constants, self.ctx.constants)
         return found
 
     def distance(self, root: ir.Program | ir.Scope) -> int:

@@ -303,16 +303,18 @@ def _fused_operator(program: ir.Program, m: Match, ctx: Context) -> bool:
     consumer = program.scope(m["consumer"])
     if not may_fuse(consumer):
         return False
-    cone = ("fused_cone", *(program.scope(n) for n in m["cone"]))
+    # Keyed by the constants' mapping too (RotaryEmbedding's answer depends on the values; the
+    # cached pair keeps the mapping alive, so its id names no other mapping while the entry lives).
+    cone = ("fused_cone", id(ctx.constants), *(program.scope(n) for n in m["cone"]))
 
     def takes() -> bool:
         nested = REGISTRY[m.rule].apply(program, m, ctx)
-        return fused_match(consumer, matcher_context(nested, frozenset(ctx.constants))) is not None
+        return fused_match(consumer, matcher_context(nested, frozenset(ctx.constants), ctx.constants)) is not None
 
     # The same consumer and cone recur in many states: decided once (scopes are interned; the memo,
     # on the consumer, is keyed by the cone's scopes themselves, which keeps them alive: a key of
     # their ids would name other scopes once these are collected).
-    return ir._cached(consumer, cone, takes)
+    return ir._cached(consumer, cone, lambda: (takes(), ctx.constants))[0]
 
 
 RESTRICTIONS: dict[str, tuple[Callable[[ir.Program, Match, Context], bool], str]] = {

@@ -39,12 +39,14 @@ def run_onnx(
     rtol: float = 1e-4,
     preferred=None,
 ) -> tuple[Instantiated, list[str]]:
-    """Instantiate ``program`` (inputs named in ``constants`` are weights; ``preferred`` operator
-    types per binding), run it, compare; return the instantiation and the emitted node op types."""
+    """Instantiate ``program`` (inputs named in ``constants`` are weights, random unless
+    ``constants`` maps them to their values; ``preferred`` operator types per binding), run it,
+    compare; return the instantiation and the emitted node op types."""
     if isinstance(program, str):
         program = as_program(program)
     rng = np.random.default_rng(seed)
     arrays = {t.name: rng.standard_normal(t.shape) for t in program.inputs}
+    arrays |= dict(constants) if isinstance(constants, dict) else {}
     consts = {n: arrays[n] for n in constants}
     names = {t.name: f"in_{t.name}" for t in program.inputs} | {o: f"out_{o}" for o in program.outputs}
     inst = instantiate(
@@ -555,6 +557,29 @@ def test_biases_of_the_pieces_of_a_gemm_are_its_bias():
     inst, got = run_onnx(prog, constants=["W", "b1", "b2"], preferred={"M": "Gemm"})
     assert got == ["Gemm", "Split"]
     assert len(inst.nodes[0].input) == 3
+
+
+def _rope_tables(positions: int, head: int) -> dict[str, np.ndarray]:
+    """cos and sin tables as LLaMA's rotary embedding computes them: ``cat(freqs, freqs)``."""
+    inv = 1.0 / 10000.0 ** (np.arange(0, head, 2) / head)
+    freqs = np.outer(np.arange(positions), inv)
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    return {"C": np.cos(emb), "S": np.sin(emb)}
+
+
+def test_rotary_embedding_in_the_half_split_form_is_one_operator():
+    """``x * cos + rotate_half(x) * sin`` (rotate_half: the halves swapped, the first negated; reads
+    outside x are 0) with LLaMA's tables is com.microsoft RotaryEmbedding, equal in ONNX Runtime."""
+    prog = as_program(
+        """Y = L[b:2, n:3, s:5, d:8] X[b, n, s, d] * C[s, d] + (neg(X[b, n, s, d + 4]) + X[b, n, s, d - 4]) * S[s, d]
+        return Y
+        where X: [2, 3, 5, 8], C: [5, 8], S: [5, 8]"""
+    )
+    inst, ops = run_onnx(prog, constants=_rope_tables(5, 8))
+    assert ops == ["RotaryEmbedding"] and inst.nodes[0].domain == CONTRIB_DOMAIN
+    # Tables whose halves differ are not RotaryEmbedding's: element-wise operators, still equal.
+    _, ops = run_onnx(prog, constants=["C", "S"])
+    assert "RotaryEmbedding" not in ops
 
 
 def test_intermediate_binding_gets_a_prefixed_name():

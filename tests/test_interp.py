@@ -219,6 +219,52 @@ def test_chunked_max_evaluation_matches_naive(s, seed):
     assert_close(got, naive(s, inputs))
 
 
+@settings(max_examples=80)
+@given(programs(allow_max=True), SEEDS)
+def test_nested_scopes_evaluated_on_the_box_they_are_read_on_match_naive(p, seed):
+    # Every nested scope goes through the box path, however much of it is read.
+    inputs = random_inputs(p, np.random.default_rng(seed))
+    saved = interp._PART
+    interp._PART = 1.0
+    try:
+        got = evaluate(p, inputs)
+    finally:
+        interp._PART = saved
+    assert_close(got, naive(p, inputs))
+
+
+@settings(max_examples=80)
+@given(scopes(allow_max=True), SEEDS, st.data())
+def test_a_box_of_a_scope_is_that_part_of_the_whole(s, seed, data):
+    inputs = random_inputs(s, np.random.default_rng(seed))
+    box = []
+    for it in s.traversal:
+        lo = data.draw(st.integers(it.lo, it.hi - 1))
+        box.append((lo, data.draw(st.integers(lo + 1, it.hi))))
+    rows = tuple(slice(lo - it.lo, hi - it.lo) for (lo, hi), it in zip(box, s.traversal, strict=True))
+    assert_close(evaluate(s, inputs, box=tuple(box)), naive(s, inputs)[rows])
+
+
+def test_a_sampled_box_reads_its_producers_on_its_rows_alone(monkeypatch):
+    # Attention-like: the batch's last two elements of a product read through a softmax-like max.
+    s = parse(
+        """L[b:16, i:4] {L[c:16, k:4] Sum[j:8] X[c, k, j] * W[j]}[b, i]
+        - {L[c:16] Max[k:4] X[c, k, 0]}[b] where X: [16, 4, 8], W: [8]"""
+    )
+    box = interp.sample_box(s)
+    assert box == ((14, 16), (0, 4))
+    assert interp.sample_box(s, dims=()) == ((0, 16), (0, 4)) == interp.sample_box(s, size=16)
+    x, w = np.random.default_rng(0).standard_normal((16, 4, 8)), np.arange(8.0)
+    evaluated = []
+    frame = interp._Frame
+    monkeypatch.setattr(interp, "_Frame", lambda scope, dom: evaluated.append(dom) or frame(scope, dom))
+    got = evaluate(s, {"X": x, "W": w}, box=box)
+    np.testing.assert_allclose(got, (x @ w - x[:, :, 0].max(axis=1, keepdims=True))[14:])
+    assert all(lo >= 14 for dom in evaluated for it, (lo, _) in dom.items() if it.name in ("b", "c"))
+    with pytest.raises(EvaluationError, match="not within the traversal"):
+        evaluate(s, {"X": x, "W": w}, box=((0, 17), (0, 4)))
+
+
 def test_max_scope_takes_the_maximum_and_reads_zero_outside():
     x = np.array([[-3.0, -1.0, -2.0], [4.0, -5.0, 6.0]])
     inside = parse("L[i:2] Max[j:3] X[i, j] where X: [2, 3]")

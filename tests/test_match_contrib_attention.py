@@ -201,3 +201,16 @@ def test_the_head_merge_after_the_core_is_the_operators_own_layout():
     bound = ir.Program(program.inputs, (*others, (out, core), ("Y", merged)), ("Y",))
     chosen, _ = match(merged, _ctx(bound))
     assert chosen is None or not chosen.op_type.endswith(MHA)
+
+
+def test_the_interpreter_checks_two_batch_elements_and_every_query_row(monkeypatch):
+    """The reading is checked on two batch elements of a larger batch, never on a few query rows:
+    a causal mask hides keys from every row but the last, so a reading without it agrees there."""
+    from einopt.instantiate import match_contrib_attention
+
+    boxes = []
+    real = match_contrib_attention.evaluate
+    monkeypatch.setattr(match_contrib_attention, "evaluate", lambda *a, **k: boxes.append(k["box"]) or real(*a, **k))
+    assert isinstance(match_multi_head_attention(_core(b=3, s=9)), OperatorMatch)
+    assert isinstance(match_multi_head_attention(_core(b=1, s=9)), OperatorMatch)
+    assert boxes == [((1, 3), (0, 2), (0, 9), (0, 3)), ((0, 1), (0, 2), (0, 9), (0, 3))]

@@ -270,7 +270,7 @@ def test_attention_over_bound_scores_is_refused_before_evaluating(monkeypatch):
     refused = match_multi_head_attention(core, _ctx(program))
     assert isinstance(refused, Refusal) and "program binding" in refused.reason
     calls = []
-    monkeypatch.setattr(match_contrib_attention, "evaluate", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(match_contrib_attention, "evaluate", lambda *a, **k: calls.append(a) or real(*a, **k))
     assert isinstance(match_multi_head_attention(core), OperatorMatch) and calls
     calls.clear()
     assert isinstance(match_multi_head_attention(core), OperatorMatch) and not calls

@@ -22,7 +22,10 @@ operand would exceed ``_BUDGET`` elements is evaluated in chunks of a summation
 range. A max scope evaluates its body over the whole iteration space of the
 iterators it reads and takes the maximum over the summation axes, in chunks of
 a summation range likewise. Nested scopes are evaluated once per call (nodes
-are interned, so identity is structural equality) and then gathered from.
+are interned, so identity is structural equality) and then gathered from; a
+nested scope read only on a box of its traversal at most half its size (a
+scope sampled on a few rows reads its producers on those rows alone) is
+evaluated on that box only.
 
 Modes: ``"float64"`` (default), ``"float32"`` (inputs cast to float32, every
 operation in float32) and ``"int"``: exact integer arithmetic in int64 for
@@ -42,7 +45,7 @@ from __future__ import annotations
 import functools
 import math
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -73,12 +76,15 @@ from einopt.core.ir import (
 )
 from einopt.core.ops import BINARY, UNARY
 
-__all__ = ["evaluate", "eval_index", "EvaluationError", "MODES"]
+__all__ = ["evaluate", "eval_index", "sample_box", "EvaluationError", "MODES"]
 
 MODES: dict[str, type] = {"float64": np.float64, "float32": np.float32, "int": np.int64}
 
 # Largest operand (in elements) built at once before a term is chunked.
 _BUDGET = 1 << 22
+
+# A nested scope read on a box of at most this fraction of its traversal is evaluated on the box alone.
+_PART = 0.5
 
 # A product of sums is expanded into a sum of products only up to this many terms.
 _MAX_TERMS = 16
@@ -94,7 +100,11 @@ class EvaluationError(IRError):
 
 
 def evaluate(
-    node: Scope | Program, inputs: Mapping[str, Any], *, mode: str = "float64"
+    node: Scope | Program,
+    inputs: Mapping[str, Any],
+    *,
+    mode: str = "float64",
+    box: tuple[tuple[int, int], ...] | None = None,
 ) -> np.ndarray | dict[str, np.ndarray]:
     """Evaluate a scope or a program on concrete input tensors.
 
@@ -109,12 +119,17 @@ def evaluate(
         Arithmetic to compute in. ``"int"`` is exact int64 arithmetic: inputs
         must be integer-valued and the expression may not use ``/``, sqrt,
         exp, tanh, sigmoid, or non-integer constants and slopes.
+    box : tuple of (int, int), optional
+        For a scope: the half-open range of traversal values to evaluate per
+        dimension (within the traversal), e.g. from :func:`sample_box`; only
+        the values it reads are computed.
 
     Returns
     -------
     numpy.ndarray or dict of str to numpy.ndarray
-        For a scope, an array of shape ``scope.shape`` whose position ``p`` in
-        dimension ``d`` holds traversal value ``scope.traversal[d].lo + p``.
+        For a scope, an array of shape ``scope.shape`` (the box's, with
+        ``box``) whose position ``p`` in dimension ``d`` holds traversal value
+        ``scope.traversal[d].lo + p`` (the box's start + ``p``).
         For a program, one such array per output, in ``program.outputs`` order.
 
     Raises
@@ -127,6 +142,12 @@ def evaluate(
         raise EvaluationError(f"unknown mode {mode!r} (expected one of {', '.join(MODES)})")
     if not isinstance(node, (Scope, Program)):
         raise EvaluationError(f"evaluate takes a Scope or a Program, got {type(node).__name__}")
+    if box is not None and not (
+        isinstance(node, Scope)
+        and len(box) == len(node.traversal)
+        and all(it.lo <= lo < hi <= it.hi for (lo, hi), it in zip(box, node.traversal, strict=True))
+    ):
+        raise EvaluationError(f"box {box} is not within the traversal of a scope")
     tensors = input_tensors(node)
     exact = mode == "int"
     if exact:
@@ -135,6 +156,9 @@ def evaluate(
     # IEEE semantics for x/0, sqrt(-1), exp overflow: no warnings from the specification.
     with np.errstate(all="ignore"):
         if isinstance(node, Scope):
+            if box is not None:
+                dom = {it: r for it, r in zip(node.traversal, box, strict=True)}
+                return _REDUCERS[node.reduce](ev, _Frame(node, dom | {it: (it.lo, it.hi) for it in node.summation}))
             return ev.scope(node)
         out: dict[str, np.ndarray] = {}
         for name in node.outputs:
@@ -142,6 +166,19 @@ def evaluate(
             # A scope bound under two output names still gives two arrays.
             out[name] = arr.copy() if any(arr is a for a in out.values()) else arr
         return out
+
+
+def sample_box(scope: Scope, size: int = 2, dims: Sequence[int] | None = None) -> tuple[tuple[int, int], ...]:
+    """A box of ``scope``'s traversal to check a claim about it on: its last ``size`` values along
+    the first of ``dims`` (default: every dimension but the last) of extent more than ``size``, the
+    whole traversal elsewhere. Operators whose rows are independent (normalizations over the last
+    dimension; attention over batch elements) are checked on a few rows at the cost of a few rows."""
+    box = [(it.lo, it.hi) for it in scope.traversal]
+    allowed = range(len(box) - 1) if dims is None else dims
+    cut = next((d for d in allowed if scope.traversal[d].extent > size), None)
+    if cut is not None:
+        box[cut] = (scope.traversal[cut].hi - size, scope.traversal[cut].hi)
+    return tuple(box)
 
 
 def _load_inputs(tensors: list[Tensor], inputs: Mapping[str, Any], mode: str) -> dict[str, np.ndarray]:
@@ -259,6 +296,10 @@ class _Frame:
     def restrict(self, it: Iter, lo: int, hi: int) -> _Frame:
         return _Frame(self.scope, {**self.dom, it: (lo, hi)})
 
+    def out_shape(self) -> tuple[int, ...]:
+        """The shape of the scope's value on this frame: its traversal's current extents."""
+        return tuple(self.extent(it) for it in self.scope.traversal)
+
     def shape_of(self, its: frozenset[Iter] | set[Iter]) -> tuple[int, ...]:
         """The broadcast shape of an array depending on ``its``."""
         return tuple(self.extent(it) if it in its else 1 for it in self.axes)
@@ -272,6 +313,7 @@ class _Evaluator:
         self.dtype = np.dtype(dtype)
         self.exact = exact
         self.scopes: dict[Scope, np.ndarray] = {}
+        self.parts: dict[tuple[Scope, tuple[tuple[int, int], ...]], np.ndarray] = {}
 
     def scalar(self, v: float | int) -> np.ndarray:
         return np.asarray(int(v) if self.exact else v, dtype=self.dtype)
@@ -286,9 +328,22 @@ class _Evaluator:
             out = self.scopes[s] = _REDUCERS[s.reduce](self, frame)
         return out
 
+    def part(self, s: Scope, box: tuple[tuple[int, int], ...]) -> tuple[np.ndarray, tuple[int, ...]]:
+        """``s`` on the inclusive ``box`` of its traversal values it is read on, and the traversal
+        value at the array's position 0: ``s`` whole unless the box is at most ``_PART`` of it."""
+        whole = self.scopes.get(s)
+        if whole is None and math.prod(hi - lo + 1 for lo, hi in box) <= _PART * math.prod(s.shape):
+            out = self.parts.get((s, box))
+            if out is None:
+                dom = {it: (lo, hi + 1) for it, (lo, hi) in zip(s.traversal, box, strict=True)}
+                frame = _Frame(s, dom | {it: (it.lo, it.hi) for it in s.summation})
+                out = self.parts[s, box] = _REDUCERS[s.reduce](self, frame)
+            return out, tuple(lo for lo, _ in box)
+        return (whole if whole is not None else self.scope(s)), s.origin
+
     def total(self, frame: _Frame) -> np.ndarray:
         """A sum scope: its body's terms, each contracted over the summation iterators."""
-        out = np.zeros(frame.scope.shape, dtype=self.dtype)
+        out = np.zeros(frame.out_shape(), dtype=self.dtype)
         for coef, factors in _terms(frame.scope.body, self.exact):
             out += self.term(frame, coef, factors)
         return out
@@ -310,7 +365,7 @@ class _Evaluator:
         v = v.reshape((1,) * (len(frame.axes) - v.ndim) + v.shape)
         # Summation axes the body does not read have size 1 here: the maximum of one repeated value.
         v = v.max(axis=tuple(range(len(s.traversal), len(frame.axes))))
-        return np.array(np.broadcast_to(v, s.shape), dtype=self.dtype)
+        return np.array(np.broadcast_to(v, frame.out_shape()), dtype=self.dtype)
 
     def term(self, frame: _Frame, coef: float | int, factors: tuple[ValueExpr, ...]) -> np.ndarray:
         """``coef * Sum[summation] prod(factors)`` as a traversal-shaped array."""
@@ -390,15 +445,15 @@ class _Evaluator:
     def gather(self, frame: _Frame, acc: Access) -> np.ndarray:
         """Read ``acc`` at every point of the frame; out-of-range reads give 0."""
         src = acc.source
+        read = [bounds(e, frame.dom) for e in acc.indices]
         if isinstance(src, Tensor):
-            arr = self.arrays[src.name]
+            arr, origin = self.arrays[src.name], src.origin
         else:
-            arr = self.scope(src)
-        origin = src.origin
-        spans = []
-        for e, o in zip(acc.indices, origin, strict=True):
-            lo, hi = bounds(e, frame.dom)
-            spans.append((lo - o, hi - o))
+            box = tuple((max(lo, it.lo), min(hi, it.hi - 1)) for (lo, hi), it in zip(read, src.traversal, strict=True))
+            if any(lo > hi for lo, hi in box):
+                return self.scalar(0)
+            arr, origin = self.part(src, box)
+        spans = [(lo - o, hi - o) for (lo, hi), o in zip(read, origin, strict=True)]
         if any(hi < 0 or lo >= n for (lo, hi), n in zip(spans, arr.shape, strict=True)):
             return self.scalar(0)
         if all(lo >= 0 and hi < n for (lo, hi), n in zip(spans, arr.shape, strict=True)):

@@ -387,6 +387,7 @@ class _Emitter:
             constant=frozenset(const_tensors | const_scopes),
             bound=frozenset(s for _, s in program.bindings),
             opset=opset,
+            values=constants,
         )
 
     # ---- names -----------------------------------------------------------

@@ -500,19 +500,22 @@ def match(
         return _match(scope, ctx, matchers, prefer)
     # The search instantiates every candidate state, and most scopes recur unchanged from state to
     # state: the table's answer is kept per scope and what of the context it can see (scopes are
-    # interned; which of the scopes and tensors it reaches are constant or bound, and the opset).
+    # interned; which of the scopes and tensors it reaches are constant or bound, the opset, and
+    # the constants' values, by the mapping's identity: RotaryEmbedding's answer depends on them;
+    # the memo keeps the mapping alive, so its id names no other mapping while the entry lives).
     reach = ir.scopes_in(scope)
     seen = (
         frozenset(x for x in (*reach, *ir.tensors_in(scope)) if x in ctx.constant),
         frozenset(x for x in reach if x in ctx.bound),
         ctx.opset,
         prefer,
+        id(ctx.values),
     )
     memo = ir._cached(scope, "table_match", dict)
-    found = memo.get(seen)
-    if found is None:
-        found = memo[seen] = _match(scope, ctx, MATCHERS, prefer)
-    return found
+    entry = memo.get(seen)
+    if entry is None:
+        entry = memo[seen] = (_match(scope, ctx, MATCHERS, prefer), ctx.values)
+    return entry[0]
 
 
 def _match(

@@ -47,6 +47,7 @@ from einopt.instantiate.match_contrib_act import (
 )
 from einopt.instantiate.match_contrib_attention import ATTENTION_MATCHERS
 from einopt.instantiate.match_contrib_norm import NORM_MATCHERS
+from einopt.instantiate.match_contrib_rotary import ROTARY_MATCHERS
 from einopt.instantiate.plan import (
     CONTRIB_DOMAIN,
     NO_MATCH_CONTEXT,
@@ -456,6 +457,7 @@ CONTRIB_MATCHERS: dict[str, Matcher] = {
     "FusedGemm": match_fused_gemm,
     **NORM_MATCHERS,
     **ACTIVATION_MATCHERS,
+    **ROTARY_MATCHERS,
 }
 """Matcher per name, in order of preference, tried where ``einopt.instantiate.match.MATCHERS`` places them."""
 

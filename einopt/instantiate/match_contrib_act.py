@@ -46,6 +46,7 @@ from einopt.rules.traversal import inline
 __all__ = [
     "ACTIVATION_MATCHERS",
     "RTOL",
+    "flat_elementwise",
     "match_bias_gelu",
     "match_fast_gelu",
     "match_gelu",
@@ -227,7 +228,7 @@ def _split_bias(scope: ir.Scope, arg: ir.Binary) -> tuple[ir.Access | None, ir.A
     return None, None
 
 
-def _flat(scope: ir.Scope, ctx: MatchContext) -> ir.Scope:
+def flat_elementwise(scope: ir.Scope, ctx: MatchContext) -> ir.Scope:
     """``scope`` with its reads of nested element-wise scopes inlined (not those of bound or constant
     scopes, which are computed anyway): a GELU whose five nodes a ``fuse_cone`` step nested into its
     last product is one body again."""
@@ -269,7 +270,7 @@ def _match(
     ``function``'s values (which also gives the attributes)."""
     if scope.summation:
         return Refusal("sums over iterators: not an element-wise function")
-    scope = _flat(scope, ctx)
+    scope = flat_elementwise(scope, ctx)
     fn = _unary(scope.body)
     if isinstance(fn, Refusal):
         return fn
@@ -327,7 +328,7 @@ def match_gelu(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> Operato
 
 def match_bias_gelu(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
     """GELU (the erf form) of ``X[..] + bias[last]`` as com.microsoft ``BiasGelu``."""
-    fn = _unary(_flat(scope, ctx).body) if not scope.summation else None
+    fn = _unary(flat_elementwise(scope, ctx).body) if not scope.summation else None
     if isinstance(fn, _Unary) and isinstance(fn.arg, ir.Access):
         return Refusal("no bias: Gelu computes it")
     return _match(scope, ctx, "BiasGelu", "erf", "tanh", True, lambda fn: (_gelu_erf(SAMPLES), ()))

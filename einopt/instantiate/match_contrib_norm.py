@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 from einopt.core import ir
-from einopt.core.interp import evaluate
+from einopt.core.interp import evaluate, sample_box
 from einopt.instantiate.plan import (
     CONTRIB_DOMAIN,
     NO_MATCH_CONTEXT,
@@ -130,6 +130,13 @@ def _normalized(s: np.ndarray, eps: float, simplified: bool) -> np.ndarray:
     return centred / np.sqrt(np.mean(centred * centred, axis=-1, keepdims=True) + eps)
 
 
+def _moved(box: tuple[tuple[int, int], ...], scope: ir.Scope, total: ir.Scope) -> tuple[tuple[int, int], ...]:
+    """``box`` of ``scope``'s traversal as the same positions of ``total`` (of the same shape)."""
+    return tuple(
+        (lo - a.lo + b.lo, hi - a.lo + b.lo) for (lo, hi), a, b in zip(box, scope.traversal, total.traversal, strict=True)
+    )
+
+
 def _analyse(scope: ir.Scope) -> _SkipNorm | Refusal:
     if scope.summation:
         return Refusal("sums over iterators: not a normalization's output")
@@ -153,10 +160,11 @@ def _analyse(scope: ir.Scope) -> _SkipNorm | Refusal:
         return Refusal(reason)
     rng = np.random.default_rng(0)
     inputs = {t.name: rng.standard_normal(t.shape) for t in ir.input_tensors(scope)}
-    y = np.asarray(evaluate(scope, inputs), dtype=np.float64)
+    box = sample_box(scope)  # two rows (or batch elements): each is normalized on its own
+    y = np.asarray(evaluate(scope, inputs, box=box), dtype=np.float64)
     for total, vectors, epsilons in readings:
         x, skip, bias = _sum_parts(total)
-        s = np.asarray(evaluate(total, inputs), dtype=np.float64)
+        s = np.asarray(evaluate(total, inputs, box=_moved(box, scope, total)), dtype=np.float64)
         values = {a: apply_steps(simple_view(a).steps, inputs[a.source.name]) for a in vectors}
         roles = [(g, None, True) for g in vectors] if len(vectors) == 1 else []
         roles += [(g, b, False) for g, b in itertools.permutations(vectors, 2)]

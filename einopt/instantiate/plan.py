@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -349,12 +349,16 @@ class MatchContext:
     ``constant``: tensors and scopes whose values are known at compile time
     (layout steps on them are free). ``bound``: scopes materialised as program
     bindings, which a matcher must not fuse (they are computed anyway).
-    ``opset``: operators newer than it are refused.
+    ``opset``: operators newer than it are refused. ``values``: the arrays of
+    constant input tensors by name, for a matcher whose operator holds only
+    for some values (RotaryEmbedding's tables repeat their halves); absent
+    ones are unknown and such a matcher refuses.
     """
 
     constant: frozenset = frozenset()
     bound: frozenset = frozenset()
     opset: int | None = None  # default-domain opset emitted for (None: any operator is available)
+    values: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict, compare=False, hash=False)
 
     def is_constant(self, src: Source) -> bool:
         return isinstance(src, Literal) or src in self.constant

@@ -417,6 +417,7 @@ CONTRIB_FLOPS = {
     "SkipSimplifiedLayerNormalization": _per_element(7),
     "MultiHeadAttention": _attention_flops,
     "Attention": _packed_attention_flops,
+    "RotaryEmbedding": _per_element(3),  # two products and a sum per element
 }
 """FLOPs of ONNX Runtime's com.microsoft operators (``einopt.core.cost.FLOPS`` has the default domain's)."""
 
