@@ -309,7 +309,10 @@ def _fused_operator(program: ir.Program, m: Match, ctx: Context) -> bool:
 
     def takes() -> bool:
         nested = REGISTRY[m.rule].apply(program, m, ctx)
-        return fused_match(consumer, matcher_context(nested, frozenset(ctx.constants), ctx.constants)) is not None
+        return (
+            fused_match(consumer, matcher_context(nested, frozenset(ctx.constants), ctx.constants))
+            is not None
+        )
 
     # The same consumer and cone recur in many states: decided once (scopes are interned; the memo,
     # on the consumer, is keyed by the cone's scopes themselves, which keeps them alive: a key of

@@ -210,7 +210,9 @@ def test_the_interpreter_checks_two_batch_elements_and_every_query_row(monkeypat
 
     boxes = []
     real = match_contrib_attention.evaluate
-    monkeypatch.setattr(match_contrib_attention, "evaluate", lambda *a, **k: boxes.append(k["box"]) or real(*a, **k))
+    monkeypatch.setattr(
+        match_contrib_attention, "evaluate", lambda *a, **k: boxes.append(k["box"]) or real(*a, **k)
+    )
     assert isinstance(match_multi_head_attention(_core(b=3, s=9)), OperatorMatch)
     assert isinstance(match_multi_head_attention(_core(b=1, s=9)), OperatorMatch)
     assert boxes == [((1, 3), (0, 2), (0, 9), (0, 3)), ((0, 1), (0, 2), (0, 9), (0, 3))]

@@ -22,7 +22,9 @@ def _tables(positions: int, head: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _match(body: str, values: dict[str, np.ndarray] | None = None):
-    prog = einopt.parse(f"Y = L[b:2, n:3, s:5, d:8] {body}\nreturn Y\nwhere X: [2, 3, 5, 8], C: [5, 8], S: [5, 8]")
+    prog = einopt.parse(
+        f"Y = L[b:2, n:3, s:5, d:8] {body}\nreturn Y\nwhere X: [2, 3, 5, 8], C: [5, 8], S: [5, 8]"
+    )
     scope = prog.scope("Y")
     tensors = frozenset(t for t in prog.inputs if t.name in ("C", "S"))
     cos, sin = _tables(5, 8)
@@ -99,7 +101,10 @@ def _llama_rope():
 def test_the_search_finds_rotary_embedding_on_an_exporters_graph(tmp_path):
     model = _llama_rope()
     result = optimize(
-        model, Options(accept="verified", cache=tmp_path / "c.sqlite", states_per_search=1_000, states_per_model=2_000)
+        model,
+        Options(
+            accept="verified", cache=tmp_path / "c.sqlite", states_per_search=1_000, states_per_model=2_000
+        ),
     )
     (part,) = [p for p in result.parts if "Concat" in p.ops]
     assert part.status == "rewritten", part.reason

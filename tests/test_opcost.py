@@ -405,7 +405,9 @@ def test_a_node_is_timed_against_its_twin_which_runs_its_inputs_and_computes_not
     single, feeds = _single(nodes[0], np.random.default_rng(0))
     twin = _twin(single)
     assert [n.op_type for n in twin.graph.node] == ["Shape"]
-    assert [i.name for i in twin.graph.input] == [i.name for i in single.graph.input] and not twin.graph.initializer
+    assert [i.name for i in twin.graph.input] == [
+        i.name for i in single.graph.input
+    ] and not twin.graph.initializer
     (shape,) = ort.InferenceSession(twin.SerializeToString()).run(None, feeds)
     assert shape.tolist() == [2, 8]
     # 3 ms against a 2 ms twin: the node's own 1 ms (sleeps are coarse, not that coarse)

@@ -158,7 +158,9 @@ def evaluate(
         if isinstance(node, Scope):
             if box is not None:
                 dom = {it: r for it, r in zip(node.traversal, box, strict=True)}
-                return _REDUCERS[node.reduce](ev, _Frame(node, dom | {it: (it.lo, it.hi) for it in node.summation}))
+                return _REDUCERS[node.reduce](
+                    ev, _Frame(node, dom | {it: (it.lo, it.hi) for it in node.summation})
+                )
             return ev.scope(node)
         out: dict[str, np.ndarray] = {}
         for name in node.outputs:
@@ -449,7 +451,9 @@ class _Evaluator:
         if isinstance(src, Tensor):
             arr, origin = self.arrays[src.name], src.origin
         else:
-            box = tuple((max(lo, it.lo), min(hi, it.hi - 1)) for (lo, hi), it in zip(read, src.traversal, strict=True))
+            box = tuple(
+                (max(lo, it.lo), min(hi, it.hi - 1)) for (lo, hi), it in zip(read, src.traversal, strict=True)
+            )
             if any(lo > hi for lo, hi in box):
                 return self.scalar(0)
             arr, origin = self.part(src, box)

@@ -133,7 +133,8 @@ def _normalized(s: np.ndarray, eps: float, simplified: bool) -> np.ndarray:
 def _moved(box: tuple[tuple[int, int], ...], scope: ir.Scope, total: ir.Scope) -> tuple[tuple[int, int], ...]:
     """``box`` of ``scope``'s traversal as the same positions of ``total`` (of the same shape)."""
     return tuple(
-        (lo - a.lo + b.lo, hi - a.lo + b.lo) for (lo, hi), a, b in zip(box, scope.traversal, total.traversal, strict=True)
+        (lo - a.lo + b.lo, hi - a.lo + b.lo)
+        for (lo, hi), a, b in zip(box, scope.traversal, total.traversal, strict=True)
     )
 
 

@@ -96,7 +96,9 @@ def _rotation(body: ir.ValueExpr, traversal: tuple[ir.Iter, ...], ctx: MatchCont
         if len(half) != 1 or 0 in half:
             continue
         (h,) = half
-        turn = next((it for it, c in linear_form(base.indices[k]).coeffs if c == 1 and it.extent == 2 * h), None)
+        turn = next(
+            (it for it, c in linear_form(base.indices[k]).coeffs if c == 1 and it.extent == 2 * h), None
+        )
         if turn is None or turn not in traversal:
             continue
         by_offset: dict[int, tuple[ir.Access, ...]] = {0: (base,)}
@@ -117,7 +119,9 @@ def turns_half(scope: ir.Scope, reach: int = 0) -> bool:
             lf = linear_form(e)
             if lf.const and any(c == 1 and 2 * abs(lf.const) == it.extent for it, c in lf.coeffs):
                 return True
-    return any(isinstance(a.source, ir.Scope) and turns_half(a.source, reach - 1) for a in accesses(scope.body))
+    return any(
+        isinstance(a.source, ir.Scope) and turns_half(a.source, reach - 1) for a in accesses(scope.body)
+    )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -160,10 +164,14 @@ def _tables(
     read = {it for a in accesses(probed.body) if a.source not in probes.values() for it in a.iters()}
     varying = [it for it in probed.traversal if it in read and it is not rot.turn and it.extent > 1]
     if len(varying) > 1:
-        return Refusal(f"its tables vary with {len(varying)} dimensions besides the head's: RotaryEmbedding's with one")
+        return Refusal(
+            f"its tables vary with {len(varying)} dimensions besides the head's: RotaryEmbedding's with one"
+        )
     position = varying[0] if varying else None
     # One position of every other dimension: the tables do not read them.
-    box = tuple((it.lo, it.hi) if it in (rot.turn, position) else (it.lo, it.lo + 1) for it in probed.traversal)
+    box = tuple(
+        (it.lo, it.hi) if it in (rot.turn, position) else (it.lo, it.lo + 1) for it in probed.traversal
+    )
 
     def at(arrays: dict[str, np.ndarray]) -> np.ndarray:
         return np.asarray(evaluate(probed, values | arrays, box=box), dtype=np.float64)
@@ -179,7 +187,9 @@ def _tables(
         reads = ir.Scope(probed.traversal, (), ir.Access(p, a.indices))  # the probe as the body reads it
         want += coef[c] * np.asarray(evaluate(reads, sample, box=box), dtype=np.float64)
     scale = max(1.0, float(np.max(np.abs(want))))
-    if np.any(np.abs(constant) > RTOL * scale) or not np.allclose(at(sample), want, rtol=RTOL, atol=RTOL * scale):
+    if np.any(np.abs(constant) > RTOL * scale) or not np.allclose(
+        at(sample), want, rtol=RTOL, atol=RTOL * scale
+    ):
         return Refusal("is not linear in its reads of the input (or adds a term of its own)")
     return _check(coef, probed.traversal, rot.turn, position)
 
@@ -204,7 +214,9 @@ def _check(
         return bool(np.allclose(x, y, rtol=RTOL, atol=RTOL * scale))
 
     if not same(own[:, h:], own[:, :h]):
-        return Refusal("the table of the input's own read does not repeat its halves: not RotaryEmbedding's cos")
+        return Refusal(
+            "the table of the input's own read does not repeat its halves: not RotaryEmbedding's cos"
+        )
     if not same(down[:, h:], -up[:, :h]):
         return Refusal("the rotated halves are not turned by one table (-sin, then sin): not RotaryEmbedding")
     return _Tables(own[:, :h].astype(np.float32), down[:, h:].astype(np.float32), position)
@@ -243,7 +255,12 @@ def match_rotary_embedding(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT
         return found
     rot, tables = found
     others = [it for it in scope.traversal if it not in (rot.turn, tables.position)]
-    groups = [tuple(others[:-1]), tuple(others[-1:]), (tables.position,) if tables.position else (), (rot.turn,)]
+    groups = [
+        tuple(others[:-1]),
+        tuple(others[-1:]),
+        (tables.position,) if tables.position else (),
+        (rot.turn,),
+    ]
     view = simple_view(rot.x)
     steps = normalize(view.steps + arrange(view.labels, view.shape, groups), tuple(rot.x.source.shape))
     shape = tuple(math.prod(it.extent for it in g) for g in groups)
@@ -254,7 +271,9 @@ def match_rotary_embedding(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT
         Operand(Literal(tables.sin)),
     )
     op = OpNode("RotaryEmbedding", (0, 1, 2, 3), (("interleaved", 0),), CONTRIB_DOMAIN, shape)
-    return OperatorMatch(f"{CONTRIB_DOMAIN}.RotaryEmbedding", operands, (op,), finish(groups, scope.traversal))
+    return OperatorMatch(
+        f"{CONTRIB_DOMAIN}.RotaryEmbedding", operands, (op,), finish(groups, scope.traversal)
+    )
 
 
 ROTARY_MATCHERS = {"RotaryEmbedding": match_rotary_embedding}

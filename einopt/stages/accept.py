@@ -141,7 +141,15 @@ class Timer:
         """A whole model against another on the same inputs (``fresh``: timed anew, new sessions, even
         when the cache holds a timing; the new one replaces it)."""
         return self._time(
-            "model", before, after, feeds, feeds, self.model_budget_s, self.model_max_runs, "whole model", fresh
+            "model",
+            before,
+            after,
+            feeds,
+            feeds,
+            self.model_budget_s,
+            self.model_max_runs,
+            "whole model",
+            fresh,
         )
 
 
