@@ -26,6 +26,7 @@ from collections.abc import Callable
 from einopt.core import ir
 from einopt.core.index import linear_form
 from einopt.core.rewrite import accesses, operands, substitute_iters
+from einopt.instantiate.plan import known_values
 from einopt.rules import REGISTRY, Context, Match
 from einopt.rules.base import Hit
 from einopt.rules.boundary import ProgramFacts
@@ -303,9 +304,13 @@ def _fused_operator(program: ir.Program, m: Match, ctx: Context) -> bool:
     consumer = program.scope(m["consumer"])
     if not may_fuse(consumer):
         return False
-    # Keyed by the constants' mapping too (RotaryEmbedding's answer depends on the values; the
-    # cached pair keeps the mapping alive, so its id names no other mapping while the entry lives).
-    cone = ("fused_cone", id(ctx.constants), *(program.scope(n) for n in m["cone"]))
+    # Keyed by the constant tensors' values too, by identity (RotaryEmbedding's answer depends on
+    # them; the cached pair holds the arrays, so an id names no other array while the entry lives).
+    scopes = (consumer, *(program.scope(n) for n in m["cone"]))
+    arrays = known_values(
+        sorted({t for s in scopes for t in ir.tensors_in(s)}, key=lambda t: t.name), ctx.constants
+    )
+    cone = ("fused_cone", tuple(map(id, arrays)), *scopes[1:])
 
     def takes() -> bool:
         nested = REGISTRY[m.rule].apply(program, m, ctx)
@@ -317,7 +322,7 @@ def _fused_operator(program: ir.Program, m: Match, ctx: Context) -> bool:
     # The same consumer and cone recur in many states: decided once (scopes are interned; the memo,
     # on the consumer, is keyed by the cone's scopes themselves, which keeps them alive: a key of
     # their ids would name other scopes once these are collected).
-    return ir._cached(consumer, cone, lambda: (takes(), ctx.constants))[0]
+    return ir._cached(consumer, cone, lambda: (takes(), arrays))[0]
 
 
 RESTRICTIONS: dict[str, tuple[Callable[[ir.Program, Match, Context], bool], str]] = {

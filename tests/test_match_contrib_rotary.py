@@ -110,3 +110,30 @@ def test_the_search_finds_rotary_embedding_on_an_exporters_graph(tmp_path):
     assert part.status == "rewritten", part.reason
     assert list(part.new_ops) == ["com.microsoft.RotaryEmbedding"], part.new_ops
     assert_same_outputs(model, result.model, random_feeds(model, seed=1))
+
+
+def test_the_tables_answer_is_kept_across_copies_of_the_constants_mapping(monkeypatch):
+    """Every instantiation copies the constants mapping, never its arrays: the match table's answer
+    is kept per the arrays (by identity), and asked again on other arrays it is computed again."""
+    from einopt.instantiate import match as table
+
+    # S of 6 positions: a scope no other test matched
+    prog = einopt.parse(
+        f"Y = L[b:2, n:3, s:5, d:8] {ROPE}\nreturn Y\nwhere X: [2, 3, 5, 8], C: [5, 8], S: [6, 8]"
+    )
+    scope = prog.scope("Y")
+    tensors = frozenset(t for t in prog.inputs if t.name in ("C", "S"))
+    cos, sin = _tables(6, 8)
+    values = {"C": cos[:5], "S": sin}
+
+    def ctx(v):
+        return MatchContext(constant=tensors, values=dict(v))
+
+    found, _ = table.match(scope, ctx(values))
+    assert found is not None and found.op_type.endswith("RotaryEmbedding")
+    calls = []
+    real = table._match
+    monkeypatch.setattr(table, "_match", lambda *a: calls.append(a) or real(*a))
+    assert table.match(scope, ctx(values))[0] is found and not calls
+    table.match(scope, ctx({k: v.copy() for k, v in values.items()}))
+    assert len(calls) == 1

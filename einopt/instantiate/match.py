@@ -51,6 +51,7 @@ from einopt.instantiate.plan import (
     Refusal,
     Scale,
     Transpose,
+    known_values,
     normalize,
     steps_cost,
 )
@@ -501,20 +502,21 @@ def match(
     # The search instantiates every candidate state, and most scopes recur unchanged from state to
     # state: the table's answer is kept per scope and what of the context it can see (scopes are
     # interned; which of the scopes and tensors it reaches are constant or bound, the opset, and
-    # the constants' values, by the mapping's identity: RotaryEmbedding's answer depends on them;
-    # the memo keeps the mapping alive, so its id names no other mapping while the entry lives).
+    # the constant tensors' values, by identity: RotaryEmbedding's answer depends on them).
     reach = ir.scopes_in(scope)
+    constant = [t for t in ir.tensors_in(scope) if t in ctx.constant]
+    arrays = known_values(constant, ctx.values)
     seen = (
-        frozenset(x for x in (*reach, *ir.tensors_in(scope)) if x in ctx.constant),
+        frozenset(constant) | frozenset(x for x in reach if x in ctx.constant),
         frozenset(x for x in reach if x in ctx.bound),
         ctx.opset,
         prefer,
-        id(ctx.values),
+        tuple(map(id, arrays)),
     )
     memo = ir._cached(scope, "table_match", dict)
     entry = memo.get(seen)
     if entry is None:
-        entry = memo[seen] = (_match(scope, ctx, MATCHERS, prefer), ctx.values)
+        entry = memo[seen] = (_match(scope, ctx, MATCHERS, prefer), arrays)
     return entry[0]
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -342,6 +343,10 @@ class Refusal:
         return self.reason
 
 
+# No constant's value known: one shared mapping, so that memos keyed by the mapping's identity hit.
+NO_VALUES: Mapping[str, np.ndarray] = types.MappingProxyType({})
+
+
 @dataclasses.dataclass(frozen=True)
 class MatchContext:
     """What a matcher may know besides the scope (a rule's is an :class:`einopt.rules.Context`).
@@ -358,10 +363,19 @@ class MatchContext:
     constant: frozenset = frozenset()
     bound: frozenset = frozenset()
     opset: int | None = None  # default-domain opset emitted for (None: any operator is available)
-    values: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict, compare=False, hash=False)
+    values: Mapping[str, np.ndarray] = dataclasses.field(
+        default_factory=lambda: NO_VALUES, compare=False, hash=False
+    )
 
     def is_constant(self, src: Source) -> bool:
         return isinstance(src, Literal) or src in self.constant
+
+
+def known_values(tensors: Iterable[ir.Tensor], values: Mapping[str, np.ndarray]) -> tuple[Any, ...]:
+    """The arrays ``values`` holds for ``tensors`` (None where it holds none), for a memo whose
+    answer depends on them: keyed by their identities (callers copy the mapping, never the arrays),
+    the entry holding the arrays too, so that an id names no other array while the entry lives."""
+    return tuple(values.get(t.name) for t in tensors)
 
 
 # The context of a scope matched on its own: nothing constant, nothing bound.
