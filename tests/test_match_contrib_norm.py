@@ -156,6 +156,41 @@ def test_a_bound_sum_is_not_fused():
     assert not contrib(nodes)
 
 
+@pytest.mark.parametrize("gamma_shape", [(H,), (1, 1, H)])
+def test_layer_norm_of_a_sum_runs_on_rows_onnx_runtime_does_not_fuse(gamma_shape):
+    """A LayerNormalization of a bound 3-D sum is written on its rows merged to 2-D (a scale of rank
+    3 reshaped to the normalized dimension): ONNX Runtime then keeps the Add and LayerNormalization
+    rather than its slower SkipLayerNormalization."""
+    model = layer_norm_model()
+    model.graph.initializer[0].CopyFrom(
+        numpy_helper.from_array(
+            numpy_helper.to_array(model.graph.initializer[0]).reshape(gamma_shape), "gamma"
+        )
+    )
+    (part,) = [p for p in translate_graph(prepare(model, {}).model) if p.translated]
+    emitted, nodes = emit_and_run(part.program, tuple(part.constants))
+    assert [op for _, op in nodes] == ["Add", "Reshape", "LayerNormalization", "Reshape"]
+    ops = [n.op_type for n in onnx.load_from_string(_optimized(emitted)).graph.node]
+    assert "SkipLayerNormalization" not in ops and "LayerNormalization" in ops
+    if gamma_shape == (H,):  # what ONNX Runtime makes of the exporter's form
+        assert [n.op_type for n in onnx.load_from_string(_optimized(model)).graph.node] == [
+            "SkipLayerNormalization"
+        ]
+
+
+def _optimized(model: onnx.ModelProto) -> bytes:
+    import tempfile
+
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as tmp:
+        so = ort.SessionOptions()
+        so.optimized_model_filepath = f"{tmp}/m.onnx"
+        so.log_severity_level = 3
+        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return open(f"{tmp}/m.onnx", "rb").read()
+
+
 REFUSALS = [
     # (id, model, words of the reason)
     (

@@ -47,6 +47,7 @@ from einopt.instantiate.plan import (
     OperatorMatch,
     OpNode,
     Refusal,
+    Reshape,
     Scale,
     steps_cost,
 )
@@ -512,10 +513,18 @@ def _mean_axis(mean: ir.ValueExpr, rank: int, inl: _Inliner) -> list[int]:
     return list(dict.fromkeys([min(max(guess, 0), rank - 1), *range(rank - 1, -1, -1)]))
 
 
-def _norm_operand(op: SourceOperand, inner: tuple[int, ...]) -> Operand | None:
-    """The operator input for a scale or bias: its source, or the constant filled to ``inner``."""
+def _a_sum(src: ir.Tensor | ir.Scope) -> bool:
+    """Whether ``src`` is computed as a sum (an Add that ONNX Runtime would fuse with the
+    normalization after it)."""
+    return isinstance(src, ir.Scope) and isinstance(src.body, ir.Binary) and src.body.op == "+"
+
+
+def _norm_operand(op: SourceOperand, inner: tuple[int, ...], flat: bool = False) -> Operand | None:
+    """The operator input for a scale or bias: its source (of ``inner``'s shape on ``flat`` rows,
+    whose rank it may not exceed), or the constant filled to ``inner``."""
     if op.expr is not None:
-        return Operand(op.expr)
+        fit = flat and tuple(op.shape) != inner
+        return Operand(op.expr, (Reshape(inner),) if fit else ())
     return Operand(Literal(np.full(inner, float(op.value.reshape(-1)[0]), dtype=np.float32)))
 
 
@@ -556,16 +565,24 @@ def match_layer_norm(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> O
             # The same substitutions on both sides: a program binding stays a read of it.
             if keys.key(_Inliner(ctx).scope(want)) != keys.key(expanded):
                 continue
-            operands = [Operand(src), _norm_operand(scale, inner)]
+            # On the rows merged into one dimension: ONNX Runtime rewrites an Add feeding a
+            # LayerNormalization over 3-D values into SkipLayerNormalization, whose CPU kernel runs
+            # 3-4x slower than the Add and LayerNormalization it replaces (0.32 against 1.26 ms on
+            # [16, 128, 256], 2 threads); on 2-D rows it leaves them as they are.
+            rows, post, flat = (), (), axis >= 2 and _a_sum(src)
+            if flat:
+                rows, post = (Reshape((math.prod(shape[:axis]), *inner)),), (Reshape(shape),)
+                axis = 1
+            operands = [Operand(src, rows), _norm_operand(scale, inner, flat)]
             if bias is not None:
-                operands.append(_norm_operand(bias, inner))
+                operands.append(_norm_operand(bias, inner, flat))
             op = OpNode(
                 "LayerNormalization",
                 tuple(range(len(operands))),
                 (("axis", axis), ("epsilon", float(parts.epsilon))),
             )
             consumed = tuple(s for s in inl.consumed if s is not scope)
-            return OperatorMatch("LayerNormalization", tuple(operands), (op,), (), consumed)
+            return OperatorMatch("LayerNormalization", tuple(operands), (op,), post, consumed)
     return Refusal("the mean and variance are not LayerNormalization's over trailing axes")
 
 
