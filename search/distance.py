@@ -34,7 +34,7 @@ from einopt.instantiate.match_contrib_attention import ATTENTION_MATCHERS
 from einopt.instantiate.match_contrib_rotary import ROTARY_MATCHERS, turns_half
 from einopt.instantiate.match_conv import match_conv, match_conv_transpose
 from einopt.instantiate.match_elementwise import match_elementwise
-from einopt.instantiate.plan import NO_MATCH_CONTEXT, NO_VALUES, MatchContext, OperatorMatch, Refusal
+from einopt.instantiate.plan import NO_MATCH_CONTEXT, MatchContext, OperatorMatch, Refusal
 
 __all__ = [
     "TARGETS",
@@ -270,7 +270,7 @@ def matcher_context(
     tensors = frozenset(t for t in ir.input_tensors(root) if t.name in constants)
     scopes = frozenset(s for s in ir.scopes_in(root) if reads_only(s, constants))
     bound = frozenset(s for _, s in root.bindings) if isinstance(root, ir.Program) else frozenset({root})
-    return MatchContext(constant=tensors | scopes, bound=bound, values=values or NO_VALUES)
+    return MatchContext(constant=tensors | scopes, bound=bound, values=values or {})
 
 
 def nearest_memo(scope: ir.Scope, ctx: MatchContext, memo: dict | None) -> int:

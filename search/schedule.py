@@ -306,11 +306,9 @@ def _fused_operator(program: ir.Program, m: Match, ctx: Context) -> bool:
         return False
     # Keyed by the constant tensors' values too, by identity (RotaryEmbedding's answer depends on
     # them; the cached pair holds the arrays, so an id names no other array while the entry lives).
-    scopes = (consumer, *(program.scope(n) for n in m["cone"]))
-    arrays = known_values(
-        sorted({t for s in scopes for t in ir.tensors_in(s)}, key=lambda t: t.name), ctx.constants
-    )
-    cone = ("fused_cone", tuple(map(id, arrays)), *scopes[1:])
+    # (the consumer reaches every tensor of its cone)
+    arrays = known_values(ir.tensors_in(consumer), ctx.constants)
+    cone = ("fused_cone", tuple(map(id, arrays)), *(program.scope(n) for n in m["cone"]))
 
     def takes() -> bool:
         nested = REGISTRY[m.rule].apply(program, m, ctx)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import types
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -343,10 +342,6 @@ class Refusal:
         return self.reason
 
 
-# No constant's value known: one shared mapping, so that memos keyed by the mapping's identity hit.
-NO_VALUES: Mapping[str, np.ndarray] = types.MappingProxyType({})
-
-
 @dataclasses.dataclass(frozen=True)
 class MatchContext:
     """What a matcher may know besides the scope (a rule's is an :class:`einopt.rules.Context`).
@@ -363,9 +358,7 @@ class MatchContext:
     constant: frozenset = frozenset()
     bound: frozenset = frozenset()
     opset: int | None = None  # default-domain opset emitted for (None: any operator is available)
-    values: Mapping[str, np.ndarray] = dataclasses.field(
-        default_factory=lambda: NO_VALUES, compare=False, hash=False
-    )
+    values: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict, compare=False, hash=False)
 
     def is_constant(self, src: Source) -> bool:
         return isinstance(src, Literal) or src in self.constant
