@@ -50,6 +50,10 @@ ACTIVATIONS: frozenset[str] = (
     - ABSORBED
 )
 
+ELEMENTWISE_ACTIVATIONS: frozenset[str] = ACTIVATIONS - importers_reduce.NONLINEAR - importers_max.NONLINEAR
+"""The activations that work element by element (no reduction, no window): those ONNX Runtime may
+fuse into the node before them."""
+
 GATES: frozenset[str] = frozenset({"Tanh", "Sigmoid"})
 """Activations that a fused target takes whole when they gate their own argument (see
 :func:`absorb_gates`): GELU's tanh form into FastGelu, SiLU/Swish (``x * sigmoid(a x)``) into

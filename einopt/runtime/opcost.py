@@ -85,10 +85,11 @@ MEMORY_SHARE = 0.25
 over for ONNX Runtime's own buffers); a node needing more alone is costed analytically."""
 FUSES = {
     "Conv": frozenset({"Add", "Mul", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid"}),
+    "Gemm": frozenset({"Relu", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid"}),
 }
 """Operators ONNX Runtime fuses element-wise successors into, and which successors (CPU, all graph
-optimizations: a bias or scale by a constant, the sum with another tensor of the output's shape in
-its blocked layout, an activation). A successor joins the group when it is the only reader of the
+optimizations: into a Conv a bias or scale by a constant, the sum with another tensor of the output's
+shape in its blocked layout, an activation; into a Gemm an activation, making a FusedGemm). A successor joins the group when it is the only reader of the
 value before it; what ONNX Runtime really fuses, the group's single session shows."""
 FUSED_MAX = 3
 """Element-wise nodes a group takes at most after its head."""

@@ -21,6 +21,7 @@ import onnx
 
 from einopt.core.cost import value_bytes
 from einopt.errors import UnsupportedModelError
+from einopt.frontend.partition import ELEMENTWISE_ACTIVATIONS
 from einopt.runtime import modelio
 
 if TYPE_CHECKING:
@@ -239,6 +240,53 @@ class PartPair:
     rewritten_feeds: dict[str, np.ndarray]
 
 
+@dataclasses.dataclass(frozen=True)
+class Epilogue:
+    """The element-wise activations right after a part, which ONNX Runtime may fuse into the node
+    that makes their input (Gemm + Sigmoid into FusedGemm, Conv + Relu into FusedConv).
+
+    A part's nodes end where the graph's activations start, so a part timed on its own cannot see
+    that fusion: four Gemms each read by a Sigmoid become four fused kernels, one Gemm split four
+    ways does not. Timing a part's nodes with its epilogue (the same nodes on both sides) shows it.
+    """
+
+    nodes: tuple[onnx.NodeProto, ...]
+    outputs: tuple[str, ...]
+    """The values the part with its epilogue gives the rest of the graph: each epilogue node's
+    outputs, and the part's outputs still read by something else (or graph outputs)."""
+
+
+def epilogue(model: onnx.ModelProto, part: Part) -> Epilogue:
+    """``part``'s :class:`Epilogue` in ``model``: each node reading one of its outputs that is an
+    element-wise activation (:data:`einopt.frontend.partition.ELEMENTWISE_ACTIVATIONS`) whose
+    other inputs are initializers (a Clip's bounds, a LeakyRelu has none)."""
+    outputs = [part.names[o] for o in part.program.outputs]
+    mine = set(outputs)
+    constants = {t.name for t in model.graph.initializer} - {i.name for i in model.graph.input}
+    inside = set(part.nodes)
+    taken: list[onnx.NodeProto] = []
+    other_readers: set[str] = {o.name for o in model.graph.output} & mine
+    for index, node in enumerate(model.graph.node):
+        if index in inside:
+            continue
+        read = [i for i in node.input if i in mine]
+        if not read:
+            continue
+        others = [i for i in node.input if i and i not in mine]
+        if (
+            node.op_type in ELEMENTWISE_ACTIVATIONS
+            and node.domain in ("", "ai.onnx")
+            and len(read) == 1
+            and all(i in constants for i in others)
+        ):
+            taken.append(node)
+        else:
+            other_readers.update(read)
+    made = [o for n in taken for o in n.output if o]
+    kept = [o for o in outputs if o in other_readers or not any(o in n.input for n in taken)]
+    return Epilogue(tuple(taken), tuple(dict.fromkeys([*kept, *made])))
+
+
 CAPTURE_BYTES = 2 << 30
 """Intermediate values captured at once for part checks; more parts means more runs of the model."""
 
@@ -249,6 +297,7 @@ def part_pairs(
     emitted: Mapping[str, Instantiated],
     feeds: Mapping[str, np.ndarray],
     max_bytes: int = CAPTURE_BYTES,
+    epilogues: bool = False,
 ) -> Iterator[PartPair]:
     """For each part, its original nodes and its new nodes as two models on the values ``feeds`` produce.
 
@@ -265,6 +314,10 @@ def part_pairs(
         the model (parts are taken in order, in groups that fit; a part that
         alone needs more is a group of its own), so big models at big batches
         are checked without holding every intermediate value at once.
+    epilogues : bool
+        Append each part's :func:`epilogue` to both its models (for timing: what ONNX Runtime
+        fuses across the part's boundary is then in both), instead of ending at the part's outputs
+        (for checking them).
     """
     nodes = list(model.graph.node)
     boundary: dict[str, tuple[list[str], list[str]]] = {}
@@ -284,8 +337,13 @@ def part_pairs(
         for p in group:
             inst = emitted[p.name]
             outputs = [p.names[o] for o in p.program.outputs]
+            after: list[onnx.NodeProto] = []
+            if epilogues:
+                tail = epilogue(model, p)
+                after, outputs = list(tail.nodes), list(tail.outputs)
             old_in, new_in = boundary[p.name]
-            old_nodes = [nodes[i] for i in p.nodes]
+            old_nodes = [*(nodes[i] for i in p.nodes), *after]
+            new_nodes = [*inst.nodes, *after]
             old_feeds = {n: values[n] for n in old_in}
             new_feeds = {n: values[n] for n in new_in}
             yield PartPair(
@@ -294,10 +352,10 @@ def part_pairs(
                 old_feeds,
                 subgraph_model(
                     model,
-                    inst.nodes,
+                    new_nodes,
                     new_feeds,
                     outputs,
-                    [*inst.initializers, *_constants(inst.nodes, consts)],
+                    [*inst.initializers, *_constants(new_nodes, consts)],
                     inst.functions,
                 ),
                 new_feeds,

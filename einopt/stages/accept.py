@@ -468,7 +468,9 @@ def accept_rewrites(
     try:
         timer = timer or Timer(store, part_budget_s=part_budget_s, model_budget_s=model_budget_s)
         made = {n: t for n, t in (measured or {}).items() if n in emitted}
-        pairs = part_pairs(model, [parts[n] for n in emitted if n not in made], emitted, feeds)
+        pairs = part_pairs(
+            model, [parts[n] for n in emitted if n not in made], emitted, feeds, epilogues=True
+        )
         verdicts = judge_parts([*made.items(), *pairs], timer, noise)
         gains = {n: v.timing.speedup for n, v in verdicts.items() if v.accepted}
 

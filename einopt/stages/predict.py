@@ -24,6 +24,7 @@ from onnx import helper
 
 from einopt.frontend.translate import Part, value_types
 from einopt.runtime.opcost import OpCosts, footprint, memory_limit, node_costs
+from einopt.runtime.verify import Epilogue, epilogue
 from einopt.search.results import Candidate
 from einopt.stages.export import program_model, weight_names
 from einopt.stages.partsearch import PartSearch
@@ -73,14 +74,17 @@ def predict(
     """
     deadline = time.monotonic() + (BUDGET_S if budget_s is None else budget_s)
     types = value_types(model)
+    inits = {t.name: t for t in model.graph.initializer}
     nodes: dict[tuple[str, int], list] = {}
     for p in parts:
         search = searches.get(p.name)
         if p.program is None or search is None or not search.candidates:
             continue
+        tail = epilogue(model, p)
         for i, c in enumerate(search.candidates):
             try:
                 m, weights = _original(model, p, types) if not c.trace else _light(c, p)
+                m = _with_epilogue(m, tail, {} if not c.trace else p.names, inits)
                 nodes[(p.name, i)] = node_costs(m, weights)
             except Exception as e:  # noqa: BLE001 - what cannot be built keeps its analytic estimate
                 log.info("%s: cannot cost a found program: %s", p.name, e)
@@ -146,6 +150,33 @@ def _measure_promising(
 
 def _largest(nodes) -> int:
     return max((footprint(n.cost) for n in nodes), default=0)
+
+
+def _with_epilogue(
+    m: onnx.ModelProto, tail: Epilogue, names: Mapping[str, str], inits: Mapping[str, onnx.TensorProto]
+) -> onnx.ModelProto:
+    """``m`` (a part's nodes, its outputs named by ``names``' keys, or ONNX's names when ``names`` is
+    empty) with the part's epilogue after it, so that what ONNX Runtime fuses into the part's last
+    nodes (:data:`einopt.runtime.opcost.FUSES`) is costed as one group."""
+    if not tail.nodes:
+        return m
+    local = {onnx_name: name for name, onnx_name in names.items()}
+    graph_outputs = {o.name: o for o in m.graph.output}
+    after = []
+    for node in tail.nodes:
+        node = onnx.NodeProto.FromString(node.SerializeToString())
+        node.input[:] = [local.get(i, i) for i in node.input]
+        after.append(node)
+    out = onnx.ModelProto.FromString(m.SerializeToString())
+    out.graph.node.extend(after)
+    have = {t.name for t in out.graph.initializer}
+    read = dict.fromkeys(i for n in after for i in n.input if i in inits and i not in have)
+    out.graph.initializer.extend(inits[i] for i in read)
+    del out.graph.output[:]
+    for o in tail.outputs:
+        name = local.get(o, o)
+        out.graph.output.append(graph_outputs.get(name) or onnx.ValueInfoProto(name=name))
+    return out
 
 
 def _light(c: Candidate, p: Part) -> tuple[onnx.ModelProto, frozenset[str]]:

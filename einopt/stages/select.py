@@ -191,7 +191,7 @@ def select(
         if not timing or not ok:
             continue
         todo = [pseudo[_pseudo(name, i)] for name, i in ok]
-        for pair in part_pairs(model, todo, {p.name: emitted[p.name] for p in todo}, feeds):
+        for pair in part_pairs(model, todo, {p.name: emitted[p.name] for p in todo}, feeds, epilogues=True):
             name, i = _unpseudo(pair.name)
             if time.monotonic() > deadline:
                 pending[name][i] = dataclasses.replace(pending[name][i], rejected=ran_out)
