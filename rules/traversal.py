@@ -39,21 +39,34 @@ def format_indices(acc: ir.Access) -> str:
 
 def _occurrences(e: ir.ValueExpr, acc: ir.Access) -> int:
     """How many times ``acc`` occurs in the tree of ``e`` (shared subterms counted at every use)."""
-    memo: dict[ir.ValueExpr, int] = {}
+    return ir._cached(e, "access_uses", lambda: _uses(e)).get(acc, 0)
 
-    def go(x: ir.ValueExpr) -> int:
-        found = memo.get(x)
-        if found is None:
-            if x is acc:
-                found = 1
-            elif isinstance(x, ir.Access):
-                found = 0
-            else:
-                found = sum(map(go, ir.children(x)))
-            memo[x] = found
-        return found
 
-    return go(e)
+def _uses(e: ir.ValueExpr) -> dict[ir.Access, int]:
+    """How many times each access occurs in the tree of ``e``: the number of paths to it from ``e``
+    in the DAG of its interned subterms (found once per term: the search asks for every read of
+    every body it tries to inline)."""
+    order: list[ir.ValueExpr] = []  # post-order: every node after its children
+    seen: set[ir.ValueExpr] = set()
+    stack: list[tuple[ir.ValueExpr, bool]] = [(e, False)]
+    while stack:
+        x, done = stack.pop()
+        if done:
+            order.append(x)
+            continue
+        if x in seen:
+            continue
+        seen.add(x)
+        stack.append((x, True))
+        if not isinstance(x, ir.Access):
+            stack.extend((c, False) for c in ir.children(x) if c not in seen)
+    paths: dict[ir.ValueExpr, int] = {e: 1}
+    for x in reversed(order):  # parents before children
+        n = paths.get(x, 0)
+        if n and not isinstance(x, ir.Access):
+            for c in ir.children(x):
+                paths[c] = paths.get(c, 0) + n
+    return {x: n for x, n in paths.items() if isinstance(x, ir.Access)}
 
 
 def _operator(e: ir.ValueExpr) -> str:

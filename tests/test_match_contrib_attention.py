@@ -216,3 +216,46 @@ def test_the_interpreter_checks_two_batch_elements_and_every_query_row(monkeypat
     assert isinstance(match_multi_head_attention(_core(b=3, s=9)), OperatorMatch)
     assert isinstance(match_multi_head_attention(_core(b=1, s=9)), OperatorMatch)
     assert boxes == [((1, 3), (0, 2), (0, 9), (0, 3)), ((0, 1), (0, 2), (0, 9), (0, 3))]
+
+
+@pytest.mark.parametrize("name", ["bert", "vit"])
+def test_the_check_cuts_the_operands_out_and_keeps_the_cores_values(name):
+    """The reading is checked on random operands: the projections (and what they read) are cut out
+    of the core and read as inputs; the core on the operands' own values is the scope's value."""
+    from einopt.core.interp import evaluate
+    from einopt.instantiate.match_contrib_attention import _cut, _cut_sources, _readings
+
+    program, constants = attention_core(name, 2)
+    (out,) = program.outputs
+    scope = program.scope(out)
+    (att, _), *_ = _readings(scope)
+    sources = _cut_sources(scope, att.operands)
+    assert sources and all(isinstance(s, ir.Scope) for s in sources)
+    core, cut = _cut(scope, sources)
+    weights = {t.name for t in ir.input_tensors(scope) if t.name in constants}
+    # The projections are cut: the core reads no projection weight.
+    assert not weights & {t.name for t in ir.input_tensors(core)}
+    rng = np.random.default_rng(0)
+    inputs = {t.name: rng.standard_normal(t.shape) for t in ir.input_tensors(scope)}
+    inputs |= {cut[s].name: np.asarray(evaluate(s, inputs)) for s in sources}
+    want = np.asarray(evaluate(scope, inputs))
+    np.testing.assert_allclose(np.asarray(evaluate(core, inputs)), want, rtol=1e-9, atol=1e-9)
+
+
+def test_a_source_tied_to_the_core_is_not_cut():
+    """A softmax whose numerator subtracts a row maximum computed as its own scope: that maximum
+    reads what the core reads, so it keeps its values (a random one would break the shift)."""
+    from einopt.instantiate.match_contrib_attention import _cut_sources
+    from einopt.instantiate.plan import Operand
+
+    b, m, n = ir.Iter("b", 0, 2), ir.Iter("m", 0, 3), ir.Iter("n", 0, 4)
+    k = ir.Iter("k", 0, 4)
+    x, y = ir.Tensor("x", (2, 3, 4)), ir.Tensor("y", (2, 3, 4))
+    scores = ir.Scope((b, m, n), (), x[b, m, n] * 2.0)
+    row_max = ir.Scope((b, m), (k,), scores[b, m, k], reduce="max")
+    operand = (Operand(row_max, ()),)
+    # The core reads the scores the maximum reads, or the tensor they read: tied.
+    assert _cut_sources(ir.Scope((b, m, n), (), scores[b, m, n] - row_max[b, m]), operand) == ()
+    assert _cut_sources(ir.Scope((b, m, n), (), x[b, m, n] * 2.0 - row_max[b, m]), operand) == ()
+    # Read beside another tensor only, it is an operand like any other.
+    assert _cut_sources(ir.Scope((b, m, n), (), y[b, m, n] - row_max[b, m]), operand) == (row_max,)

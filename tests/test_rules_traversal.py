@@ -137,3 +137,14 @@ def test_inlining_past_the_box_needs_a_finite_weight():
         "inline Y.1 read at [i-1]",
         "reads Y.1 at i-1 in [-1, 4], outside [0, 4), where Y.1 is 0 only if W is finite",
     )
+
+
+def test_occurrences_count_every_use_of_a_shared_subterm():
+    from einopt.rules.traversal import _occurrences
+
+    i = ir.Iter("i", 0, 4)
+    a, b = ir.Tensor("a", (4,))[i], ir.Tensor("b", (4,))[i]
+    shared = a * b + a  # a twice here
+    body = shared * shared - b  # shared twice: a four times, b three times
+    assert _occurrences(body, a) == 4 and _occurrences(body, b) == 3
+    assert _occurrences(shared, a) == 2 and _occurrences(a, a) == 1 and _occurrences(b, a) == 0

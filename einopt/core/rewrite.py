@@ -41,8 +41,12 @@ __all__ = [
 
 
 def accesses(e: ir.ValueExpr) -> list[ir.Access]:
-    """Distinct accesses of a body, first first (nested scopes are closed: not entered)."""
-    return [x for x in ir.walk(e, stop=ir.Access) if isinstance(x, ir.Access)]
+    """Distinct accesses of a body, first first (nested scopes are closed: not entered). Found once
+    per body (the search asks again for every body of every state it looks at)."""
+    found = ir._cached(
+        e, "accesses", lambda: tuple(x for x in ir.walk(e, stop=ir.Access) if isinstance(x, ir.Access))
+    )
+    return list(found)
 
 
 def transform(e: ir.ValueExpr, visit: Callable[[ir.ValueExpr], ir.ValueExpr | None]) -> ir.ValueExpr:
