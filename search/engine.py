@@ -463,7 +463,6 @@ def search(
     SearchResult
     """
     t_start = time.perf_counter()
-    m_start = time.monotonic()
     if isinstance(program, ir.Scope):
         from einopt.stages.export import as_program
 
@@ -578,7 +577,7 @@ def search(
             # are candidates all the same (converging them would generate nothing). Past the
             # deadline, only for a grace of a tenth of the search's time: a frontier of thousands
             # of states, each instantiated, took GPT-2 bs16's search 245 s past a 150 s deadline.
-            grace = None if deadline is None else deadline + DEADLINE_GRACE * (time.monotonic() - m_start)
+            grace = None if deadline is None else deadline + DEADLINE_GRACE * (time.perf_counter() - t_start)
             for st in pending:
                 if stats.stopped == "deadline" and not in_time(grace):
                     break

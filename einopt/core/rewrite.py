@@ -22,6 +22,7 @@ __all__ = [
     "map_indices",
     "substitute_iters",
     "replace_scopes",
+    "replace_reads",
     "rename_tensors",
     "binding_program",
     "put_binding",
@@ -94,9 +95,25 @@ def replace_scopes(program: ir.Program, mapping: Mapping[ir.Scope, ir.Scope]) ->
     rebuilt. The inputs stay as declared; bindings are reordered (stably)
     where a replacement reads a later binding.
     """
-    memo: dict[ir.Scope, ir.Scope] = dict(mapping)
+    scope = _replacer(mapping)
+    # A replacement may read bindings that come later (a merged scope reads both parts' inputs):
+    # reorder stably so that producers still precede readers.
+    bindings = sort_bindings((n, scope(s)) for n, s in program.bindings)
+    return program.replace(bindings=bindings)
 
-    def scope(s: ir.Scope) -> ir.Scope:
+
+def replace_reads(scope: ir.Scope, mapping: Mapping[ir.Scope, ir.Scope | ir.Tensor]) -> ir.Scope | ir.Tensor:
+    """``scope`` with every read of each key scope, however deeply nested, a read of its value (a
+    scope, or an input tensor of its shape); see :func:`replace_scopes`."""
+    return _replacer(mapping)(scope)
+
+
+def _replacer(mapping: Mapping[ir.Scope, ir.Scope | ir.Tensor]):
+    """Scope -> the scope with ``mapping`` applied to its reads (memoised: shared scopes are
+    rebuilt once)."""
+    memo: dict[ir.Scope, ir.Scope | ir.Tensor] = dict(mapping)
+
+    def scope(s: ir.Scope) -> ir.Scope | ir.Tensor:
         out = memo.get(s)
         if out is None:
             # A scope that reaches no replaced scope stays as it is (without walking its body).
@@ -107,10 +124,7 @@ def replace_scopes(program: ir.Program, mapping: Mapping[ir.Scope, ir.Scope]) ->
     def access(a: ir.Access) -> ir.Access:
         return a if isinstance(a.source, ir.Tensor) else a.replace(source=scope(a.source))
 
-    # A replacement may read bindings that come later (a merged scope reads both parts' inputs):
-    # reorder stably so that producers still precede readers.
-    bindings = sort_bindings((n, scope(s)) for n, s in program.bindings)
-    return program.replace(bindings=bindings)
+    return scope
 
 
 def rename_tensors(program: ir.Program, names: Mapping[str, str]) -> ir.Program:

@@ -37,7 +37,7 @@ import numpy as np
 
 from einopt.core import ir
 from einopt.core.interp import evaluate, sample_box
-from einopt.core.rewrite import accesses, fresh_name, map_accesses
+from einopt.core.rewrite import accesses, fresh_name, replace_reads
 from einopt.instantiate.match_contrib_projection import Packing, Projection, pack, read_projection
 from einopt.instantiate.match_layout import through_layout
 from einopt.instantiate.match_max import reads_maxima
@@ -323,32 +323,50 @@ def _verify(
     shape), and only the fused core is evaluated, on two batch elements. Evaluating the operands
     (ViT's patch embedding, layer norm and projections at batch 16) took 1.2 s a check, most of a
     batch-16 search's time."""
-    out: dict[tuple[ir.Scope, ...], tuple[ir.Scope, dict[ir.Scope, ir.Tensor]]] = {}
+    checked: dict[tuple[ir.Scope, ...], _Side] = {}
     for att, consumed in cands:
         sources = _cut_sources(scope, att.operands)
-        if sources not in out:
-            out[sources] = _cut(scope, sources)
-        core, cut = out[sources]
-        rng = np.random.default_rng(0)
-        reads = [
-            core,
-            *(o.source for o in att.operands if isinstance(o.source, ir.Scope) and o.source not in cut),
-        ]
-        tensors = dict.fromkeys(t for r in reads for t in ir.input_tensors(r))
-        tensors.update(dict.fromkeys(o.source for o in att.operands if isinstance(o.source, ir.Tensor)))
-        inputs = {t.name: rng.standard_normal(t.shape) for t in tensors}
-        # The interpreter's side on two batch elements only. Query rows are not interchangeable: a
-        # causal mask hides keys from every row but the last, so a reading without it agrees on the
-        # last rows.
-        box = sample_box(core, dims=(0,) if len(core.traversal) >= 3 else ())
-        y = np.asarray(evaluate(core, inputs, box=box), dtype=np.float64)
-        rows = tuple(slice(lo - it.lo, hi - it.lo) for (lo, hi), it in zip(box, core.traversal, strict=True))
+        if sources not in checked:
+            checked[sources] = _interpreter_side(scope, sources)
+        side = checked[sources]
+        cut, inputs, y, rows = side.cut, side.inputs, side.y, side.rows
+        # An operand the core does not read as it is (a packed weight) may read tensors it does not.
+        rng = np.random.default_rng(1)
+        for o in att.operands:
+            if o.source not in cut:
+                for t in [o.source] if isinstance(o.source, ir.Tensor) else ir.input_tensors(o.source):
+                    if t.name not in inputs:
+                        inputs[t.name] = rng.standard_normal(t.shape)
         arrays = [apply_steps(o.steps, _source_value(o.source, inputs, cut)) for o in att.operands]
         got = apply_steps(att.post, formula(att, arrays))
         got = got[rows] if got.shape == scope.shape else got
         if got.shape == y.shape and np.allclose(got, y, rtol=RTOL, atol=RTOL * float(np.max(np.abs(y)))):
             return att, consumed
     return Refusal(f"computes another function than {name} for every reading of its roles")
+
+
+@dataclasses.dataclass
+class _Side:
+    """The interpreter's side of :func:`_verify` for one set of cut sources: the inputs (random
+    values by tensor name), the core's value ``y`` on the sampled box and that box as ``rows``."""
+
+    cut: dict[ir.Scope, ir.Tensor]
+    inputs: dict[str, np.ndarray]
+    y: np.ndarray
+    rows: tuple[slice, ...]
+
+
+def _interpreter_side(scope: ir.Scope, sources: tuple[ir.Scope, ...]) -> _Side:
+    """``scope`` with ``sources`` cut out, evaluated on random inputs: on two batch elements only.
+    Query rows are not interchangeable: a causal mask hides keys from every row but the last, so a
+    reading without it agrees on the last rows."""
+    core, cut = _cut(scope, sources)
+    rng = np.random.default_rng(0)
+    inputs = {t.name: rng.standard_normal(t.shape) for t in ir.input_tensors(core)}
+    box = sample_box(core, dims=(0,) if len(core.traversal) >= 3 else ())
+    y = np.asarray(evaluate(core, inputs, box=box), dtype=np.float64)
+    rows = tuple(slice(lo - it.lo, hi - it.lo) for (lo, hi), it in zip(box, core.traversal, strict=True))
+    return _Side(cut, inputs, y, rows)
 
 
 def _cut_sources(scope: ir.Scope, operands: tuple[Operand, ...]) -> tuple[ir.Scope, ...]:
@@ -400,20 +418,7 @@ def _cut(scope: ir.Scope, sources: tuple[ir.Scope, ...]) -> tuple[ir.Scope, dict
     for i, s in enumerate(sources):
         cut[s] = ir.Tensor(fresh_name(f"operand{i}", taken), s.shape)
         taken.add(cut[s].name)
-    memo: dict[ir.Scope, ir.Scope] = {}
-
-    def rebuilt(s: ir.Scope) -> ir.Scope:
-        if s not in memo:
-            touched = not cut.keys().isdisjoint(ir.scopes_in(s))
-            memo[s] = s.replace(body=map_accesses(s.body, access)) if touched else s
-        return memo[s]
-
-    def access(a: ir.Access) -> ir.Access:
-        if isinstance(a.source, ir.Tensor):
-            return a
-        return a.replace(source=cut.get(a.source) or rebuilt(a.source))
-
-    return rebuilt(scope), cut
+    return replace_reads(scope, cut), cut
 
 
 def _consumed(scope: ir.Scope, operands: tuple[Operand, ...]) -> tuple[ir.Scope, ...]:
