@@ -578,7 +578,7 @@ def main() -> None:
         type=Path,
         help="measurement cache to use and fill (default: none, every timing is made afresh)",
     )
-    ap.add_argument("--einopt", default=f"{sys.executable} -m einopt", help="how to run einopt")
+    ap.add_argument("--einopt", default=f"{sys.executable} -P -m einopt", help="how to run einopt")
     ap.add_argument("--max-depth", type=int, help="search depth (default: einopt's, 7)")
     ap.add_argument("--max-states", type=int, metavar="N", help="states per search (default: einopt's)")
     ap.add_argument("--model-states", type=int, metavar="N", help="states per model (default: einopt's)")
