@@ -326,8 +326,10 @@ def test_an_attention_block_comes_out_as_one_fused_operator(name, tmp_path):
     # reading the head merge (a bound layout the normal form keeps bound: schedule._read_through).
     model = build(name, 1, size="small")
     # ViT's and GPT-2's subprograms hold a whole layer (GPT-2's: an MLP and the next attention): the
-    # attention cone competes with the GELU's (BiasGelu, FastGelu)
-    limits = {"states_per_search": 4_000, "states_per_model": 12_000} if name != "bert" else SMALL
+    # attention cone competes with the GELU's (BiasGelu, FastGelu). Bounded by states only: the
+    # default 600 s deadline cut ViT's 12,000 states short on a VM 3x slower than usual (2026-11-28)
+    limits = {"states_per_search": 4_000, "states_per_model": 12_000, "deadline_s": None}
+    limits = limits if name != "bert" else SMALL
     result = optimize(model, Options(accept="verified", cache=tmp_path / "c.sqlite", **limits))
     parts = [p for p in result.parts if "Softmax" in p.ops]
     assert parts  # a layer's attention each
