@@ -15,7 +15,7 @@ import pytest
 
 import einopt
 from einopt.core import ir
-from einopt.instantiate import match_contrib
+from einopt.instantiate import match_contrib, views
 from einopt.instantiate.match import _batch_groups, _contraction, _product_groups, layout_cost, match_matmul
 from einopt.instantiate.match_contrib import (
     _SAVING,
@@ -32,6 +32,7 @@ from einopt.instantiate.plan import (
     OperatorMatch,
     OpNode,
     Refusal,
+    Scale,
     normalize,
     steps_cost,
 )
@@ -185,21 +186,16 @@ def test_fused_matmul_leaves_the_flags_alone_where_matmul_needs_no_layout_work(m
         assert isinstance(refused, Refusal) and "standard operator needs no more" in refused.reason
 
 
-def test_fused_matmul_arranges_once(monkeypatch):
+def test_fused_matmul_arranges_once():
     """The operands' layouts of every reading and flag are computed once: asking again, in another
     context or with other constant operands, or for another scope that reads the same operands in the
-    same traversal, arranges nothing."""
-    calls = []
-    real = match_contrib.arrange
-    monkeypatch.setattr(match_contrib, "arrange", lambda *a: calls.append(a) or real(*a))
-    match_contrib._arranged.cache_clear()
+    same traversal, arranges nothing new."""
+    views._arranged.cache_clear()
     text = "L[h:2, i:7, j:6] Sum[d:4] 0.5 * Q[i, h*4+d] * K[j, h*4+d] where Q:[7,8], K:[6,8]"
     scope = einopt.parse(text)
     first = match_fused_matmul(scope)
-    assert isinstance(first, OperatorMatch) and calls
-    # one arrangement per distinct operand grouping, not one per flag combination
-    assert len(calls) == len({(a[0], str(a[2])) for a in calls})
-    calls.clear()
+    arranged = views._arranged.cache_info().misses
+    assert isinstance(first, OperatorMatch) and arranged
     q = next(t for t in ir.input_tensors(scope) if t.name == "Q")
     for ctx in (
         NO_MATCH_CONTEXT,
@@ -209,7 +205,23 @@ def test_fused_matmul_arranges_once(monkeypatch):
         match_fused_matmul(scope, ctx)
     other = einopt.parse(text.replace("0.5", "0.25"))  # another scope: its readings are its own
     assert other is not scope and isinstance(match_fused_matmul(other), OperatorMatch)
-    assert not calls
+    assert views._arranged.cache_info().misses == arranged
+
+
+def test_matmul_match_is_kept_per_scope_and_constant_operands():
+    """MatMul's answer is memoised per scope, keyed by which operands are constant: the scale
+    moves to a constant A when one is given, and back on B in a context without it."""
+    scope = einopt.parse("L[m:4, n:7] Sum[k:6] 0.5 * A[m, k] * B[k, n] where A:[4,6], B:[6,7]")
+    a = next(t for t in ir.input_tensors(scope) if t.name == "A")
+
+    def scaled(m: OperatorMatch) -> list[str]:
+        return [o.source.name for o in m.operands if any(isinstance(st, Scale) for st in o.steps)]
+
+    plain = match_matmul(scope)
+    on_a = match_matmul(scope, MatchContext(constant=frozenset({a})))
+    assert scaled(plain) == ["B"] and scaled(on_a) == ["A"]
+    assert match_matmul(scope, MatchContext(bound=frozenset({scope}))) is plain
+    assert match_matmul(scope, MatchContext(constant=frozenset({a}))) is on_a
 
 
 # --------------------------------------------------------------------------

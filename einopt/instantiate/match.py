@@ -21,6 +21,7 @@ table; Conv/ConvTranspose live in ``match_conv``, element-wise operators in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import string
@@ -59,8 +60,10 @@ from einopt.instantiate.views import (
     BiasForm,
     View,
     arrange,
+    arranged,
     as_product,
     finish,
+    finished,
     simple_view,
     split_bias,
 )
@@ -124,6 +127,7 @@ def _contraction(scope: ir.Scope, need_sum: bool = True) -> _Contraction | Refus
     return _Contraction(scale, tuple(views), scope.traversal, scope.summation)
 
 
+@functools.lru_cache(maxsize=1 << 15)
 def _with_scale(
     steps: tuple[LayoutStep, ...], scale: float, shape: tuple[int, ...]
 ) -> tuple[LayoutStep, ...]:
@@ -220,13 +224,12 @@ def _matmul_from(
     for g in gs:
         a_groups = _batch_groups(g.batch, va.labels) + [g.m, g.k]
         b_groups = _batch_groups(g.batch, vb.labels) + [g.k, g.n]
-        a_steps = normalize(va.steps + arrange(va.labels, va.shape, a_groups), tuple(va.source.shape))
-        b_steps = normalize(vb.steps + arrange(vb.labels, vb.shape, b_groups), tuple(vb.source.shape))
+        a_steps, b_steps = arranged(va, a_groups), arranged(vb, b_groups)
         if scale_on_a:
             a_steps = _with_scale(a_steps, c.scale, tuple(va.source.shape))
         else:
             b_steps = _with_scale(b_steps, c.scale, tuple(vb.source.shape))
-        post = finish([(t,) for t in g.batch] + [g.m, g.n], c.traversal)
+        post = finished((*((t,) for t in g.batch), g.m, g.n), c.traversal)
         cost = steps_cost(a_steps, const_a) + steps_cost(b_steps, const_b) + steps_cost(post, False)
         ops = (OpNode("MatMul", (0, 1)),)
         yield (
@@ -255,11 +258,16 @@ def match_matmul(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> Opera
         return c
     if len(c.views) != 2:
         return Refusal(f"a product of {len(c.views)} accesses: MatMul takes two")
-    cands = _matmul_candidates(c, ctx)
-    if isinstance(cands, Refusal):
-        return cands
-    best = _best(cands)
-    return best[1] if best else Refusal("no iterator correspondence")
+    # The search asks again for the scopes its states share (matching, distance, FusedMatMul's
+    # comparison): the answer depends on the context only through which operands are constant.
+    constant = tuple(ctx.is_constant(v.source) for v in c.views)
+    memo = ir._cached(scope, "matmul_match", dict)
+    if constant not in memo:
+        cands = _matmul_candidates(c, ctx)
+        best = None if isinstance(cands, Refusal) else _best(cands)
+        memo[constant] = cands if isinstance(cands, Refusal) else best[1] if best else None
+    found = memo[constant]
+    return found if found is not None else Refusal("no iterator correspondence")
 
 
 # --------------------------------------------------------------------------
@@ -353,16 +361,10 @@ def _gemm_from(
                     bias_op = Operand(bv.source, c_steps)
             if bias_op is None:
                 continue
-        post = finish([g.m, g.n], c.traversal)
+        post = finished((g.m, g.n), c.traversal)
         for ta, tb in itertools.product((0, 1), (0, 1)):
-            a_steps = normalize(
-                va.steps + arrange(va.labels, va.shape, [g.k, g.m] if ta else [g.m, g.k]),
-                tuple(va.source.shape),
-            )
-            b_steps = normalize(
-                vb.steps + arrange(vb.labels, vb.shape, [g.n, g.k] if tb else [g.k, g.n]),
-                tuple(vb.source.shape),
-            )
+            a_steps = arranged(va, (g.k, g.m) if ta else (g.m, g.k))
+            b_steps = arranged(vb, (g.n, g.k) if tb else (g.k, g.n))
             cost = steps_cost(a_steps, const_a) + steps_cost(b_steps, const_b) + steps_cost(post, False)
             if bias_op is not None:
                 cost += steps_cost(bias_op.steps, ctx.is_constant(bias_op.source))

@@ -30,7 +30,6 @@ this one for its table (its helpers are imported inside the matchers).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import math
 from collections.abc import Callable
@@ -60,11 +59,10 @@ from einopt.instantiate.plan import (
     Refusal,
     Reshape,
     Transpose,
-    normalize,
     steps_cost,
     steps_shape,
 )
-from einopt.instantiate.views import View, arrange, finish
+from einopt.instantiate.views import View, arranged, finished
 
 __all__ = [
     "CONTRIB_DOMAIN",
@@ -133,27 +131,6 @@ class _Products:
     fewest_calls: int  # the GEMM calls of any FusedMatMul: at least one per common batch element
 
 
-# Layouts are pure functions of interned iterators and hashable steps, and the states of a search
-# share most accesses and traversals: computed once across scopes (bounded).
-@functools.lru_cache(maxsize=1 << 14)
-def _arranged(
-    labels: tuple[ir.Iter, ...], steps: tuple[LayoutStep, ...], source: tuple[int, ...], groups: tuple
-) -> tuple[LayoutStep, ...]:
-    return normalize(steps + arrange(labels, tuple(t.extent for t in labels), groups), source)
-
-
-def _operand_steps(view: View, groups: Groups) -> tuple[LayoutStep, ...]:
-    """``view`` arranged to one dimension per group (as ``views.arrange``, memoised)."""
-    return _arranged(view.labels, view.steps, tuple(view.source.shape), tuple(groups))
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _finished(
-    groups: tuple[tuple[ir.Iter, ...], ...], traversal: tuple[ir.Iter, ...]
-) -> tuple[LayoutStep, ...]:
-    return finish(groups, traversal)
-
-
 def _readings(scope: ir.Scope) -> _Products | Refusal:
     """Every reading of ``scope`` as a MatMul, computed once per (interned) scope."""
     from einopt.instantiate.match import _batch_groups, _contraction, _product_groups
@@ -172,9 +149,9 @@ def _readings(scope: ir.Scope) -> _Products | Refusal:
             reasons.append(gs.reason)
             continue
         for g in gs:
-            a = _operand_steps(va, _batch_groups(g.batch, va.labels) + [g.m, g.k])
-            b = _operand_steps(vb, _batch_groups(g.batch, vb.labels) + [g.k, g.n])
-            post = _finished((*((t,) for t in g.batch), g.m, g.n), c.traversal)
+            a = arranged(va, _batch_groups(g.batch, va.labels) + [g.m, g.k])
+            b = arranged(vb, _batch_groups(g.batch, vb.labels) + [g.k, g.n])
+            post = finished((*((t,) for t in g.batch), g.m, g.n), c.traversal)
             a_shape = steps_shape(a, tuple(va.source.shape))[:-2]
             b_shape = steps_shape(b, tuple(vb.source.shape))[:-2]
             calls = math.prod(t.extent for t in g.batch)
@@ -203,7 +180,7 @@ def _flagged(products: _Products) -> list[tuple[dict, dict]]:
                 )
                 for trans, moved in itertools.product((0, 1), (0, 1) if any_batch else (0,)):
                     layout = _fused_layout([*batch, *last], bool(trans), bool(moved))
-                    steps[trans, moved, any_batch] = _operand_steps(view, layout)
+                    steps[trans, moved, any_batch] = arranged(view, layout)
         out.append((a, b))
     return out
 

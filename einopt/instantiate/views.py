@@ -18,6 +18,7 @@ plans are checked with.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Hashable, Sequence
 
@@ -474,6 +475,30 @@ def finish(groups: Sequence[Sequence[ir.Iter]], traversal: Sequence[ir.Iter]) ->
 # --------------------------------------------------------------------------
 # Index maps: the exact check of layout plans
 # --------------------------------------------------------------------------
+
+
+# Layouts are pure functions of interned iterators and hashable steps, and the states of a search
+# share most accesses and traversals: the matchers' arrangements are computed once across scopes
+# (bounded caches).
+@functools.lru_cache(maxsize=1 << 15)
+def _arranged(
+    labels: tuple[ir.Iter, ...], steps: tuple[LayoutStep, ...], source: tuple[int, ...], groups: tuple
+) -> tuple[LayoutStep, ...]:
+    return normalize(steps + arrange(labels, tuple(t.extent for t in labels), groups), source)
+
+
+def arranged(view: View, groups: Sequence[Sequence[ir.Iter]]) -> tuple[LayoutStep, ...]:
+    """``view`` read from its source and arranged to one dimension per group (:func:`arrange`
+    after the view's own steps, normalised; memoised)."""
+    return _arranged(view.labels, view.steps, tuple(view.source.shape), tuple(map(tuple, groups)))
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def finished(
+    groups: tuple[tuple[ir.Iter, ...], ...], traversal: tuple[ir.Iter, ...]
+) -> tuple[LayoutStep, ...]:
+    """:func:`finish`, memoised (both arguments tuples)."""
+    return finish(groups, traversal)
 
 
 def index_map(traversal: Sequence[ir.Iter], acc: ir.Access) -> np.ndarray:
