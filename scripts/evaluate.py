@@ -5,6 +5,7 @@
     python scripts/evaluate.py --models shared         # only the shared exporter models (``generated``: only the generators)
     python scripts/evaluate.py --models bert_tiny lstm # names from either section
     python scripts/evaluate.py --size small            # the generators at the reduced test sizes (quick check)
+    python scripts/evaluate.py --resume                # continue a stopped run (same code and command)
     python scripts/evaluate.py --models espcn_x3 --max-states 100 --model-states 300 --budget 1 --no-readme
 
 Generated models: the MODELS table of ``einopt.models`` (the 8 of EinNet's
@@ -33,6 +34,14 @@ replace the blocks between the ``results:start`` / ``results:end`` and the
 ``shared-results:start`` / ``shared-results:end`` markers in README.md when a
 section ran whole.
 
+A run that does not fit in one sitting (the whole table takes 2.5 hours or
+more on a 2-core machine) is continued with ``--resume``: the finished rows of
+the run in ``--out`` are kept and the rest measured, only when that run's
+command and code are this one's (``summary.json`` records a fingerprint of the
+installed einopt package, this script and the runtimes' versions); each row
+records when and in which sitting it was measured, and the tables say over how
+many sittings. A row is never measured twice in one run.
+
 OpenVINO column: OpenVINO's speedup over ONNX Runtime on the same input model
 (ORT median / OpenVINO median, interleaved in one process after the einopt
 run, in a fresh process of its own; ORT set up as einopt times it, OpenVINO
@@ -51,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import shlex
@@ -392,10 +402,18 @@ OPENVINO_NOTE = (
 )
 
 
-def _provenance(machine: dict, command: str) -> str:
+def _provenance(machine: dict, command: str, rows: Sequence[dict] = ()) -> str:
     cpu = machine.get("cpu", "?")
+    days = sorted({r["measured"][:10] for r in rows if "measured" in r}) or [datetime.date.today().isoformat()]
+    sittings = len({r["sitting"] for r in rows if "sitting" in r})
+    when = days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
+    resumed = (
+        f" (one run of the same code, resumed: {sittings} sittings, each row measured whole in one)"
+        if sittings > 1
+        else ""
+    )
     return (
-        f"Measured {datetime.date.today().isoformat()} on {cpu}, {machine.get('threads', '?')} threads, "
+        f"Measured {when}{resumed} on {cpu}, {machine.get('threads', '?')} threads, "
         f"ONNX Runtime {machine.get('onnxruntime', '?')}, with `{command}`. "
     )
 
@@ -431,7 +449,7 @@ def markdown(rows: list[dict], machine: dict, command: str) -> str:
             f"Geometric mean of the speedups: {g:.2f}x (target >= {GEOMEAN_TARGET}x). "
             f"Longest einopt run: {slowest:.1f} min (target <= {MINUTES_TARGET:g} min)."
         )
-    head = _provenance(machine, command) + (
+    head = _provenance(machine, command, rows) + (
         "Speedup = ORT median / einopt median (interleaved runs in one process); "
         "0.95-1.05 is within this machine's noise. Confirmation: the fresh whole-model comparison "
         "`einopt optimize` made last before keeping its output (speedup and the 95% interval of the "
@@ -481,7 +499,7 @@ def shared_markdown(rows: list[dict], machine: dict, command: str) -> str:
             f"Targets met: {hits} of {len(rows)}."
             + (f" Geometric mean of the speedups: {g:.2f}x." if g is not None else "")
         )
-    head = _provenance(machine, command) + (
+    head = _provenance(machine, command, rows) + (
         "Real `torch.onnx` exports (TorchScript and dynamo) from `../shared/models`, at their fixed inputs. "
         "Speedup = ORT median / einopt median (interleaved runs in one process); target: issue 27's, met "
         "only when verified. "
@@ -505,7 +523,9 @@ def update_readme(readme: Path, table: str, start: str = START, end: str = END) 
     readme.write_text(f"{before}{start}\n{table}{end}{after}")
 
 
-def write_summary(rows: list[dict], shared_rows: list[dict], command: str, out: Path) -> tuple[str, str]:
+def write_summary(
+    rows: list[dict], shared_rows: list[dict], command: str, out: Path, code: str = ""
+) -> tuple[str, str]:
     """results/summary.json and results/results.md from the rows so far; the two tables."""
     machine = {}
     for r in [*rows, *shared_rows]:
@@ -515,6 +535,7 @@ def write_summary(rows: list[dict], shared_rows: list[dict], command: str, out: 
     summary = {
         "date": datetime.date.today().isoformat(),
         "command": command,
+        "code": code,
         "machine": machine,
         "rows": rows,
         "shared_rows": shared_rows,
@@ -525,6 +546,57 @@ def write_summary(rows: list[dict], shared_rows: list[dict], command: str, out: 
     parts = [table, "## Shared exporter models\n\n" + shared if shared else ""]
     (out / "results.md").write_text("\n".join(p for p in parts if p))
     return table, shared
+
+
+# ----------------------------------------------------------------------------- resuming a run
+
+
+def code_fingerprint() -> str:
+    """What the rows depend on besides the machine: the installed einopt package's source (the
+    package ``python -P -m einopt`` runs), this script and its side checks, and the runtimes' versions."""
+    import importlib.metadata
+    import importlib.util
+
+    h = hashlib.sha256()
+    (package,) = importlib.util.find_spec("einopt").submodule_search_locations
+    files = sorted(Path(package).rglob("*.py"), key=lambda f: f.relative_to(package).as_posix())
+    here = Path(__file__).resolve().parent
+    for f in [*files, here / "evaluate.py", here / "evaluate_checks.py"]:
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    for dist in ("onnx", "onnxruntime", "numpy", "openvino"):
+        try:
+            h.update(f"{dist}={importlib.metadata.version(dist)}".encode())
+        except importlib.metadata.PackageNotFoundError:
+            h.update(f"{dist}=absent".encode())
+    return h.hexdigest()[:16]
+
+
+def resumable(out: Path, command: str, code: str) -> tuple[dict, dict]:
+    """The finished rows of the run in ``out`` to keep, by stem: generated and shared.
+
+    Raises ValueError when that run's command or code differ from this one's (its rows would mix
+    two versions of the code, or two different runs, in one table).
+    """
+    path = out / "summary.json"
+    if not path.exists():
+        return {}, {}
+    try:
+        prev = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {path}: {e}") from e
+    if prev.get("command") != command:
+        raise ValueError(
+            f"{path} is from another command ({prev.get('command')!r}); run it again, or start afresh "
+            "without --resume"
+        )
+    if prev.get("code") != code:
+        raise ValueError(
+            f"{path} was measured with other code (einopt, this script or a runtime changed since "
+            "its rows were measured): start afresh without --resume"
+        )
+    generated = {f"{r['model']}_bs{r['batch']}": r for r in prev.get("rows", []) if "error" not in r}
+    shared = {r["model"]: r for r in prev.get("shared_rows", []) if "error" not in r}
+    return generated, shared
 
 
 # ----------------------------------------------------------------------------- command line
@@ -583,6 +655,11 @@ def main() -> None:
     ap.add_argument("--max-states", type=int, metavar="N", help="states per search (default: einopt's)")
     ap.add_argument("--model-states", type=int, metavar="N", help="states per model (default: einopt's)")
     ap.add_argument("--jobs", type=int, default=1, help="search processes per model (default 1)")
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the stopped run in --out: keep its finished rows (same command and code), run the rest",
+    )
     args = ap.parse_args()
     batches = args.batch or [1, 16]
     args.shared = args.shared.resolve()
@@ -599,20 +676,39 @@ def main() -> None:
     args.build.mkdir(parents=True, exist_ok=True)
     everything = set(generated) == set(MODELS) and set(shared) == set(index or ())
     command = _command(args, generated, shared, everything)
+    code = code_fingerprint()
+    try:
+        kept, kept_shared = resumable(args.out, command, code) if args.resume else ({}, {})
+    except ValueError as e:
+        ap.error(str(e))
+    sitting = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     rows: list[dict] = []
     shared_rows: list[dict] = []
+
+    def measured(row: dict) -> dict:
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        return row | {"measured": now, "sitting": sitting}
+
     for name in generated:
         for batch in batches:
+            stem = f"{name}_bs{batch}"
+            if stem in kept:
+                print(f"{name} batch {batch}: kept from {kept[stem].get('measured', 'the run resumed')}")
+                rows.append(kept[stem])
+                continue
             print(f"{name} batch {batch}", flush=True)
-            rows.append(run_pair(name, batch, args))
-            write_summary(
-                rows, shared_rows, command, args.out
-            )  # after every row: a stopped run keeps its table
+            rows.append(measured(run_pair(name, batch, args)))
+            # after every row: a stopped run keeps its table (and --resume continues it)
+            write_summary(rows, shared_rows, command, args.out, code)
     for name in shared:
+        if name in kept_shared:
+            print(f"{name}: kept from {kept_shared[name].get('measured', 'the run resumed')}")
+            shared_rows.append(kept_shared[name])
+            continue
         print(f"{name} (shared, {index[name].get('exporter', '?')})", flush=True)
-        shared_rows.append(run_shared(name, index[name], args))
-        write_summary(rows, shared_rows, command, args.out)
-    table, shared_table = write_summary(rows, shared_rows, command, args.out)
+        shared_rows.append(measured(run_shared(name, index[name], args)))
+        write_summary(rows, shared_rows, command, args.out, code)
+    table, shared_table = write_summary(rows, shared_rows, command, args.out, code)
     print("\n".join(t for t in (table, shared_table) if t))
     readme = ROOT / "README.md"
     if (

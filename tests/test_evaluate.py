@@ -300,6 +300,31 @@ def test_write_summary_keeps_both_sections(tmp_path):
     assert (tmp_path / "results.md").read_text() == "## Shared exporter models\n\n" + shared
 
 
+def test_a_resumed_run_keeps_the_finished_rows_of_the_same_command_and_code(tmp_path):
+    machine = {"cpu": "CPU X", "threads": 2, "onnxruntime": "1.2"}
+    (tmp_path / "bert_tiny.json").write_text(json.dumps({"bench": {"machine": machine}}))
+    done = _row("bert_tiny", measured="2026-11-28T13:00:00+00:00", sitting="2026-11-28T12:00:00+00:00")
+    failed = {"model": "se_block", "exporter": "dynamo", "error": "exit 1"}
+    generated = {"model": "lstm", "batch": 16, "measured": "2026-11-29T01:00:00+00:00", "sitting": "s2"}
+    generated |= {"accepted": 1, "rewritten": 1, "rolled_back": 0}
+    evaluate.write_summary([generated | _row("lstm", file="bert_tiny.json")], [done, failed], "cmd", tmp_path, "abc")
+    kept, kept_shared = evaluate.resumable(tmp_path, "cmd", "abc")
+    assert list(kept) == ["lstm_bs16"] and list(kept_shared) == ["bert_tiny"]  # the failed row runs again
+    assert evaluate.resumable(tmp_path / "none", "cmd", "abc") == ({}, {})
+    with pytest.raises(ValueError, match="other code"):
+        evaluate.resumable(tmp_path, "cmd", "abd")
+    with pytest.raises(ValueError, match="another command"):
+        evaluate.resumable(tmp_path, "cmd --batch 1", "abc")
+    # the tables say the run was resumed, over which days
+    table = evaluate.shared_markdown([done, generated | _row("x")], machine, "cmd")
+    assert "Measured 2026-11-28 to 2026-11-29 (one run of the same code, resumed: 2 sittings" in table
+
+
+def test_the_code_fingerprint_names_the_installed_package():
+    first = evaluate.code_fingerprint()
+    assert len(first) == 16 and first == evaluate.code_fingerprint()
+
+
 def test_update_readme_replaces_only_its_block(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(
