@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -571,15 +572,20 @@ def code_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-def resumable(out: Path, command: str, code: str) -> tuple[dict, dict]:
-    """The finished rows of the run in ``out`` to keep, by stem: generated and shared.
+def row_key(row: Mapping) -> tuple[str, int | None]:
+    """A row's place in a run: (model, batch) for a generated model, (model, None) for a shared one."""
+    return row["model"], row.get("batch")
+
+
+def resumable(out: Path, command: str, code: str) -> dict[tuple[str, int | None], dict]:
+    """The finished rows of the run in ``out`` to keep, by :func:`row_key`.
 
     Raises ValueError when that run's command or code differ from this one's (its rows would mix
     two versions of the code, or two different runs, in one table).
     """
     path = out / "summary.json"
     if not path.exists():
-        return {}, {}
+        return {}
     try:
         prev = json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -594,9 +600,8 @@ def resumable(out: Path, command: str, code: str) -> tuple[dict, dict]:
             f"{path} was measured with other code (einopt, this script or a runtime changed since "
             "its rows were measured): start afresh without --resume"
         )
-    generated = {f"{r['model']}_bs{r['batch']}": r for r in prev.get("rows", []) if "error" not in r}
-    shared = {r["model"]: r for r in prev.get("shared_rows", []) if "error" not in r}
-    return generated, shared
+    rows = [*prev.get("rows", []), *prev.get("shared_rows", [])]
+    return {row_key(r): r for r in rows if "error" not in r}
 
 
 # ----------------------------------------------------------------------------- command line
@@ -678,35 +683,32 @@ def main() -> None:
     command = _command(args, generated, shared, everything)
     code = code_fingerprint()
     try:
-        kept, kept_shared = resumable(args.out, command, code) if args.resume else ({}, {})
+        kept = resumable(args.out, command, code) if args.resume else {}
     except ValueError as e:
         ap.error(str(e))
     sitting = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     rows: list[dict] = []
     shared_rows: list[dict] = []
-
-    def measured(row: dict) -> dict:
-        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        return row | {"measured": now, "sitting": sitting}
-
-    for name in generated:
-        for batch in batches:
-            stem = f"{name}_bs{batch}"
-            if stem in kept:
-                print(f"{name} batch {batch}: kept from {kept[stem].get('measured', 'the run resumed')}")
-                rows.append(kept[stem])
-                continue
-            print(f"{name} batch {batch}", flush=True)
-            rows.append(measured(run_pair(name, batch, args)))
-            # after every row: a stopped run keeps its table (and --resume continues it)
-            write_summary(rows, shared_rows, command, args.out, code)
-    for name in shared:
-        if name in kept_shared:
-            print(f"{name}: kept from {kept_shared[name].get('measured', 'the run resumed')}")
-            shared_rows.append(kept_shared[name])
+    jobs = [
+        ((name, batch), f"{name} batch {batch}", rows, functools.partial(run_pair, name, batch, args))
+        for name in generated
+        for batch in batches
+    ]
+    jobs += [
+        ((name, None), f"{name} (shared, {index[name].get('exporter', '?')})", shared_rows,
+         functools.partial(run_shared, name, index[name], args))
+        for name in shared
+    ]  # fmt: skip
+    for key, label, section, run in jobs:
+        if key in kept:
+            print(f"{label}: kept from {kept[key]['measured']}")
+            section.append(kept[key])
             continue
-        print(f"{name} (shared, {index[name].get('exporter', '?')})", flush=True)
-        shared_rows.append(measured(run_shared(name, index[name], args)))
+        print(label, flush=True)
+        row = run()
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        section.append(row | {"measured": now, "sitting": sitting})
+        # after every row: a stopped run keeps its table (and --resume continues it)
         write_summary(rows, shared_rows, command, args.out, code)
     table, shared_table = write_summary(rows, shared_rows, command, args.out, code)
     print("\n".join(t for t in (table, shared_table) if t))

@@ -308,9 +308,9 @@ def test_a_resumed_run_keeps_the_finished_rows_of_the_same_command_and_code(tmp_
     generated = {"model": "lstm", "batch": 16, "measured": "2026-11-29T01:00:00+00:00", "sitting": "s2"}
     generated |= {"accepted": 1, "rewritten": 1, "rolled_back": 0}
     evaluate.write_summary([generated | _row("lstm", file="bert_tiny.json")], [done, failed], "cmd", tmp_path, "abc")
-    kept, kept_shared = evaluate.resumable(tmp_path, "cmd", "abc")
-    assert list(kept) == ["lstm_bs16"] and list(kept_shared) == ["bert_tiny"]  # the failed row runs again
-    assert evaluate.resumable(tmp_path / "none", "cmd", "abc") == ({}, {})
+    kept = evaluate.resumable(tmp_path, "cmd", "abc")
+    assert list(kept) == [("lstm", 16), ("bert_tiny", None)]  # the failed row runs again
+    assert evaluate.resumable(tmp_path / "none", "cmd", "abc") == {}
     with pytest.raises(ValueError, match="other code"):
         evaluate.resumable(tmp_path, "cmd", "abd")
     with pytest.raises(ValueError, match="another command"):

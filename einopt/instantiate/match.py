@@ -59,7 +59,6 @@ from einopt.instantiate.plan import (
 from einopt.instantiate.views import (
     BiasForm,
     View,
-    arrange,
     arranged,
     as_product,
     finish,
@@ -264,10 +263,12 @@ def match_matmul(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> Opera
     memo = ir._cached(scope, "matmul_match", dict)
     if constant not in memo:
         cands = _matmul_candidates(c, ctx)
-        best = None if isinstance(cands, Refusal) else _best(cands)
-        memo[constant] = cands if isinstance(cands, Refusal) else best[1] if best else None
-    found = memo[constant]
-    return found if found is not None else Refusal("no iterator correspondence")
+        if isinstance(cands, Refusal):
+            memo[constant] = cands
+        else:
+            best = _best(cands)
+            memo[constant] = best[1] if best else Refusal("no iterator correspondence")
+    return memo[constant]
 
 
 # --------------------------------------------------------------------------
@@ -357,7 +358,7 @@ def _gemm_from(
                 while cg and not cg[0]:  # right-aligned broadcasting
                     cg.pop(0)
                 if set(bv.labels) <= set(g.m) | set(g.n):
-                    c_steps = normalize(bv.steps + arrange(bv.labels, bv.shape, cg), tuple(bv.source.shape))
+                    c_steps = arranged(bv, cg)
                     bias_op = Operand(bv.source, c_steps)
             if bias_op is None:
                 continue

@@ -40,7 +40,7 @@ from einopt.instantiate.plan import (
     Refusal,
     normalize,
 )
-from einopt.instantiate.views import arrange, simple_view, to_traversal
+from einopt.instantiate.views import arranged, simple_view, to_traversal
 from einopt.rules.traversal import inline
 
 __all__ = [
@@ -203,9 +203,7 @@ def _operands(
     if isinstance(view, Refusal):
         return Refusal(f"input: {view.reason}")
     order = [t for t in scope.traversal if t in view.labels]
-    steps = normalize(
-        view.steps + arrange(view.labels, view.shape, [(t,) for t in order]), tuple(x.source.shape)
-    )
+    steps = arranged(view, [(t,) for t in order])
     shape = tuple(t.extent for t in order)
     operands = (Operand(x.source, steps),)
     if bias is not None:

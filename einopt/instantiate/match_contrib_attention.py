@@ -55,7 +55,7 @@ from einopt.instantiate.plan import (
     normalize,
     steps_cost,
 )
-from einopt.instantiate.views import View, arrange, as_product, finish, simple_view
+from einopt.instantiate.views import View, arrange, arranged, as_product, finish, simple_view
 
 __all__ = ["ATTENTION_MATCHERS", "RTOL", "match_attention", "match_multi_head_attention"]
 
@@ -139,10 +139,6 @@ def _labels(view: View, roles: Roles) -> dict[str, ir.Iter] | None:
             return None
         out[r] = it
     return out
-
-
-def _steps(view: View, shape: tuple[int, ...], groups: list[tuple[ir.Iter, ...]]) -> tuple[LayoutStep, ...]:
-    return normalize(view.steps + arrange(view.labels, view.shape, groups), shape)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -233,9 +229,9 @@ def _build(scope, qk, qk_roles, v_acc, v_view, roles, found: _Found) -> list[_At
                 tuple(lab[r] for r in ("h", "d" if "d" in lab else "e") if r in lab)]  # fmt: skip
 
     operands = [
-        Operand(q[0].source, _steps(q[1], tuple(q[0].source.shape), groups(q[2], "i"))),
-        Operand(k[0].source, _steps(k[1], tuple(k[0].source.shape), groups(k[2], "j"))),
-        Operand(v_acc.source, _steps(v_view, tuple(v_acc.source.shape), groups(v_lab, "j"))),
+        Operand(q[0].source, arranged(q[1], groups(q[2], "i"))),
+        Operand(k[0].source, arranged(k[1], groups(k[2], "j"))),
+        Operand(v_acc.source, arranged(v_view, groups(v_lab, "j"))),
     ]
     inputs: list[int | None] = [0, 1, 2]
     masks = {a.source: (a, r) for a, r in found.masks}

@@ -39,9 +39,8 @@ from einopt.instantiate.plan import (
     OpNode,
     Refusal,
     apply_steps,
-    normalize,
 )
-from einopt.instantiate.views import View, arrange, finish, simple_view
+from einopt.instantiate.views import View, arranged, finish, simple_view
 
 __all__ = ["NORM_MATCHERS", "RTOL", "match_skip_layer_norm", "match_skip_simplified_layer_norm"]
 
@@ -195,8 +194,8 @@ def _layouts(found: _SkipNorm) -> tuple[tuple[LayoutStep, ...], tuple[LayoutStep
     if unread != rows[:k] or k and all(t in unread for t in rows):
         return Refusal("the skip connection varies along a dimension X does not, or lacks inner rows")
     groups = [tuple(rows[:k]), tuple(rows[k:]), (its[-1],)] if k else [tuple(rows), (its[-1],)]
-    x_steps = normalize(xv.steps + arrange(xv.labels, xv.shape, groups), tuple(found.x.source.shape))
-    s_steps = normalize(sv.steps + arrange(sv.labels, sv.shape, groups[-2:]), tuple(found.skip.source.shape))
+    x_steps = arranged(xv, groups)
+    s_steps = arranged(sv, groups[-2:])
     return x_steps, s_steps, groups
 
 

@@ -22,8 +22,8 @@ import dataclasses
 from einopt.core import ir
 from einopt.core.index import bounds, simplify, substitute
 from einopt.core.rewrite import accesses, fresh_name, map_accesses, substitute_iters
-from einopt.instantiate.plan import MatchContext, Operand, Refusal, normalize
-from einopt.instantiate.views import arrange, as_product, simple_view, source_name, split_bias
+from einopt.instantiate.plan import MatchContext, Operand, Refusal
+from einopt.instantiate.views import arranged, as_product, simple_view, source_name, split_bias
 from einopt.rules.merge import concat_scope
 
 __all__ = ["Packing", "Projection", "pack", "read_projection"]
@@ -189,7 +189,7 @@ def pack(projections: tuple[Projection, Projection, Projection], heads: int) -> 
     q = projections[0]
     view = reads[0][0]
     groups = [(q.batch,) if q.batch in view.labels else (), (q.position,), (q.kappa,)]
-    steps = normalize(view.steps + arrange(view.labels, view.shape, groups), tuple(view.source.shape))
+    steps = arranged(view, groups)
     columns = [_columns(p, heads) for p in projections]
     sizes = tuple(w.shape[1] for w, _ in columns)
     hq, hk, hv = sizes

@@ -44,9 +44,8 @@ from einopt.instantiate.plan import (
     OperatorMatch,
     OpNode,
     Refusal,
-    normalize,
 )
-from einopt.instantiate.views import arrange, finish, simple_view
+from einopt.instantiate.views import arranged, finish, simple_view
 
 __all__ = ["ROTARY_MATCHERS", "match_rotary_embedding", "turns_half"]
 
@@ -262,7 +261,7 @@ def match_rotary_embedding(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT
         (rot.turn,),
     ]
     view = simple_view(rot.x)
-    steps = normalize(view.steps + arrange(view.labels, view.shape, groups), tuple(rot.x.source.shape))
+    steps = arranged(view, groups)
     shape = tuple(math.prod(it.extent for it in g) for g in groups)
     operands = (
         Operand(rot.x.source, steps),

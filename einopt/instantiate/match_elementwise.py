@@ -50,7 +50,7 @@ from einopt.instantiate.plan import (
     steps_shape,
 )
 from einopt.instantiate.views import (
-    arrange,
+    arranged,
     compile_time_term,
     finish,
     simple_view,
@@ -328,7 +328,7 @@ class _Builder:
         first = next((d for d, t in enumerate(self.traversal) if t in view.labels), len(self.traversal))
         groups = [(t,) if t in view.labels else () for t in self.traversal[first:]]
         shape = tuple(acc.source.shape)
-        steps = normalize(view.steps + arrange(view.labels, view.shape, groups), shape)
+        steps = arranged(view, groups)
         if steps and isinstance(steps[-1], Reshape):
             before = steps_shape(steps[:-1], shape)
             if len(before) <= len(self.traversal) and _strip(before) == _strip(steps[-1].shape):
