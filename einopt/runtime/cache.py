@@ -31,14 +31,19 @@ log = logging.getLogger(__name__)
 SCHEMA = 1
 
 
-def default_path() -> Path:
-    """Where the cache lives unless told otherwise."""
+def cache_dir() -> Path:
+    """einopt's folder in the user's cache directory (``EINOPT_CACHE_DIR`` overrides it)."""
     env = os.environ.get("EINOPT_CACHE_DIR")
     if env:
-        return Path(env) / "measurements.sqlite"
+        return Path(env)
     import platformdirs
 
-    return Path(platformdirs.user_cache_dir("einopt")) / "measurements.sqlite"
+    return Path(platformdirs.user_cache_dir("einopt"))
+
+
+def default_path() -> Path:
+    """Where the cache lives unless told otherwise."""
+    return cache_dir() / "measurements.sqlite"
 
 
 def resolve_path(cache: bool | str | Path | None) -> Path | None:

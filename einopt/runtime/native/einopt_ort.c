@@ -1,0 +1,628 @@
+/*
+ * einopt's ONNX Runtime custom-op library: TVM-compiled kernels run on ONNX Runtime's own buffers.
+ *
+ * One operator, ai.einopt::TvmKernel:
+ *
+ *   input 0       uint8, a constant initializer: the shared object holding the model's kernels
+ *                 (TVM's LLVM output linked with tvm_shim.c)
+ *   inputs 1..    float32 tensors, the kernel's inputs in parameter order
+ *   outputs       float32 tensors, the kernel's outputs in parameter order
+ *   attributes    symbol (string): the kernel's name (its entry point is __tvm_ffi_<symbol>)
+ *                 output_ranks (ints), output_shapes (ints, the outputs' dimensions one after another)
+ *
+ * The shared object is loaded once per process for every distinct content (from memory, through a
+ * memfd), and the kernel is called with DLTensors that point at ORT's input and output buffers: no
+ * copies and no Python on the call path. Parallel loops in a kernel run on the session's intra-op
+ * threads (KernelContext_ParallelFor).
+ *
+ * ONNX Runtime's wheel ships no C headers, so this file declares only what it uses, from the
+ * documented ABI: OrtApi is a table of function pointers that only grows (a function's slot never
+ * moves), requested at the version below; OrtCustomOp is laid out as of its version 16.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* ------------------------------------------------------------------ ONNX Runtime's C ABI (used part) */
+
+typedef struct OrtStatus OrtStatus;
+typedef struct OrtKernelInfo OrtKernelInfo;
+typedef struct OrtKernelContext OrtKernelContext;
+typedef struct OrtValue OrtValue;
+typedef struct OrtTensorTypeAndShapeInfo OrtShapeInfo;
+typedef struct OrtSessionOptions OrtSessionOptions;
+typedef struct OrtCustomOpDomain OrtCustomOpDomain;
+
+typedef struct {
+    const void *(*GetApi)(uint32_t version);
+    const char *(*GetVersionString)(void);
+} OrtApiBase;
+
+/* The API version asked for: 17 is the first with KernelContext_ParallelFor (ONNX Runtime 1.17). */
+#define API_VERSION 17
+
+/* Slots of the OrtApi table used here (0-based; each slot is one function pointer). */
+enum {
+    SLOT_CreateStatus = 0,
+    SLOT_CreateCustomOpDomain = 26,
+    SLOT_CustomOpDomain_Add = 27,
+    SLOT_AddCustomOpDomain = 28,
+    SLOT_GetTensorMutableData = 51,
+    SLOT_GetTensorElementType = 60,
+    SLOT_GetDimensionsCount = 61,
+    SLOT_GetDimensions = 62,
+    SLOT_GetTensorShapeElementCount = 64,
+    SLOT_GetTensorTypeAndShape = 65,
+    SLOT_KernelInfoGetAttribute_string = 87,
+    SLOT_KernelContext_GetInputCount = 88,
+    SLOT_KernelContext_GetOutputCount = 89,
+    SLOT_KernelContext_GetInput = 90,
+    SLOT_KernelContext_GetOutput = 91,
+    SLOT_ReleaseStatus = 93,
+    SLOT_ReleaseTensorTypeAndShapeInfo = 99,
+    SLOT_KernelInfoGetAttributeArray_int64 = 163,
+    SLOT_KernelInfoGetConstantInput_tensor = 249,
+    SLOT_KernelContext_ParallelFor = 274,
+};
+
+enum { ORT_FAIL = 1, ORT_INVALID_ARGUMENT = 2, ORT_RUNTIME_EXCEPTION = 6, ORT_INVALID_GRAPH = 10 };
+enum { ELEMENT_FLOAT = 1, ELEMENT_UINT8 = 2 };
+enum { IO_REQUIRED = 0, IO_VARIADIC = 2 };
+enum { MEM_DEFAULT = 0 };
+
+static const void *const *ort; /* the OrtApi table, as slots */
+
+#define ORT(slot, type) ((type)ort[SLOT_##slot])
+
+typedef OrtStatus *(*CreateStatusFn)(int code, const char *msg);
+typedef void (*ReleaseStatusFn)(OrtStatus *status);
+typedef OrtStatus *(*CreateCustomOpDomainFn)(const char *domain, OrtCustomOpDomain **out);
+typedef OrtStatus *(*CustomOpDomainAddFn)(OrtCustomOpDomain *domain, const void *op);
+typedef OrtStatus *(*AddCustomOpDomainFn)(OrtSessionOptions *options, OrtCustomOpDomain *domain);
+typedef OrtStatus *(*GetTensorMutableDataFn)(OrtValue *value, void **out);
+typedef OrtStatus *(*GetTensorElementTypeFn)(const OrtShapeInfo *info, int *out);
+typedef OrtStatus *(*GetDimensionsCountFn)(const OrtShapeInfo *info, size_t *out);
+typedef OrtStatus *(*GetDimensionsFn)(const OrtShapeInfo *info, int64_t *dims, size_t count);
+typedef OrtStatus *(*GetTensorShapeElementCountFn)(const OrtShapeInfo *info, size_t *out);
+typedef OrtStatus *(*GetTensorTypeAndShapeFn)(const OrtValue *value, OrtShapeInfo **out);
+typedef void (*ReleaseShapeInfoFn)(OrtShapeInfo *info);
+typedef OrtStatus *(*GetAttributeStringFn)(const OrtKernelInfo *info, const char *name, char *out, size_t *size);
+typedef OrtStatus *(*GetAttributeInt64sFn)(const OrtKernelInfo *info, const char *name, int64_t *out, size_t *size);
+typedef OrtStatus *(*GetConstantInputFn)(const OrtKernelInfo *info, size_t index, int *is_constant,
+                                         const OrtValue **out);
+typedef OrtStatus *(*GetCountFn)(const OrtKernelContext *context, size_t *out);
+typedef OrtStatus *(*GetInputFn)(const OrtKernelContext *context, size_t index, const OrtValue **out);
+typedef OrtStatus *(*GetOutputFn)(OrtKernelContext *context, size_t index, const int64_t *dims, size_t count,
+                                  OrtValue **out);
+typedef OrtStatus *(*ParallelForFn)(const OrtKernelContext *context, void (*fn)(void *data, size_t i),
+                                    size_t total, size_t batches, void *data);
+
+/* OrtCustomOp at its version 16: the members ORT reads at that version, then the later ones (unused). */
+typedef struct OrtCustomOp OrtCustomOp;
+struct OrtCustomOp {
+    uint32_t version;
+    void *(*CreateKernel)(const OrtCustomOp *op, const void *api, const OrtKernelInfo *info);
+    const char *(*GetName)(const OrtCustomOp *op);
+    const char *(*GetExecutionProviderType)(const OrtCustomOp *op);
+    int (*GetInputType)(const OrtCustomOp *op, size_t index);
+    size_t (*GetInputTypeCount)(const OrtCustomOp *op);
+    int (*GetOutputType)(const OrtCustomOp *op, size_t index);
+    size_t (*GetOutputTypeCount)(const OrtCustomOp *op);
+    void (*KernelCompute)(void *kernel, OrtKernelContext *context);
+    void (*KernelDestroy)(void *kernel);
+    int (*GetInputCharacteristic)(const OrtCustomOp *op, size_t index);
+    int (*GetOutputCharacteristic)(const OrtCustomOp *op, size_t index);
+    int (*GetInputMemoryType)(const OrtCustomOp *op, size_t index);
+    int (*GetVariadicInputMinArity)(const OrtCustomOp *op);
+    int (*GetVariadicInputHomogeneity)(const OrtCustomOp *op);
+    int (*GetVariadicOutputMinArity)(const OrtCustomOp *op);
+    int (*GetVariadicOutputHomogeneity)(const OrtCustomOp *op);
+    OrtStatus *(*CreateKernelV2)(const OrtCustomOp *op, const void *api, const OrtKernelInfo *info, void **kernel);
+    OrtStatus *(*KernelComputeV2)(void *kernel, OrtKernelContext *context);
+    void *later[7]; /* shape inference, opset range, in-place and alias maps: read from version 17 on */
+};
+_Static_assert(sizeof(OrtCustomOp) == 8 + 25 * sizeof(void *), "OrtCustomOp layout");
+
+static OrtStatus *error(int code, const char *format, ...) __attribute__((format(printf, 2, 3)));
+
+static OrtStatus *error(int code, const char *format, ...) {
+    char message[1024];
+    va_list args;
+    va_start(args, format);
+    vsnprintf(message, sizeof message, format, args);
+    va_end(args);
+    return ORT(CreateStatus, CreateStatusFn)(code, message);
+}
+
+/* ------------------------------------------------------------------ DLPack and TVM's calling convention */
+
+typedef struct {
+    int32_t device_type, device_id;
+} DLDevice;
+typedef struct {
+    uint8_t code, bits;
+    uint16_t lanes;
+} DLDataType;
+typedef struct {
+    void *data;
+    DLDevice device;
+    int32_t ndim;
+    DLDataType dtype;
+    int64_t *shape;
+    int64_t *strides;
+    uint64_t byte_offset;
+} DLTensor;
+
+/* tvm-ffi's value cell (16 bytes); a DLTensor is passed by pointer with type index 7. */
+typedef struct {
+    int32_t type_index;
+    uint32_t zero_padding;
+    union {
+        int64_t v_int64;
+        double v_float64;
+        void *v_ptr;
+    } v;
+} TVMFFIAny;
+
+enum { TVMFFI_NONE = 0, TVMFFI_DLTENSOR_PTR = 7 };
+enum { DL_CPU = 1, DL_FLOAT = 2 };
+
+typedef int (*KernelFn)(void *self, const TVMFFIAny *args, int32_t count, TVMFFIAny *result);
+
+typedef struct {
+    void *sync_handle;
+    int32_t num_task;
+} ParallelGroup;
+typedef int (*ParallelLambda)(int task, ParallelGroup *group, void *data);
+
+/* TVM's generated code assumes its buffers start on this boundary (its kAllocAlignment). */
+#define ALIGNMENT 64
+#define MAX_ARGS 64
+#define MAX_RANK 8
+
+/* ------------------------------------------------------------------ the hooks a kernel library calls */
+
+/* The kernel context of the call running on this thread: parallel loops go to its intra-op threads. */
+static _Thread_local const OrtKernelContext *running;
+static int cores = 1;
+
+typedef struct {
+    ParallelLambda lambda;
+    void *data;
+    ParallelGroup group;
+    atomic_int failed;
+} ParallelJob;
+
+static void run_task(void *job_, size_t task) {
+    ParallelJob *job = job_;
+    if (job->lambda((int)task, &job->group, job->data) != 0)
+        atomic_store(&job->failed, 1);
+}
+
+static int parallel_launch(ParallelLambda lambda, void *data, int tasks) {
+    ParallelJob job = {lambda, data, {NULL, tasks > 0 ? tasks : cores}, 0};
+    const OrtKernelContext *context = running;
+    if (context == NULL || job.group.num_task == 1) {
+        for (int i = 0; i < job.group.num_task; i++)
+            run_task(&job, (size_t)i);
+    } else {
+        OrtStatus *status = ORT(KernelContext_ParallelFor, ParallelForFn)(context, run_task,
+                                                                          (size_t)job.group.num_task, 0, &job);
+        if (status != NULL) {
+            ORT(ReleaseStatus, ReleaseStatusFn)(status);
+            return -1;
+        }
+    }
+    return atomic_load(&job.failed) ? -1 : 0;
+}
+
+/* Tasks may run one after another on ORT's pool: a barrier between them could never be passed. */
+static int parallel_barrier(int task, ParallelGroup *group) {
+    (void)task, (void)group;
+    return -1;
+}
+
+static void *alloc_workspace(int device_type, int device_id, uint64_t bytes, int code_hint, int bits_hint) {
+    (void)device_type, (void)device_id, (void)code_hint, (void)bits_hint;
+    void *p = NULL;
+    return posix_memalign(&p, ALIGNMENT, bytes ? (size_t)bytes : 1) == 0 ? p : NULL;
+}
+
+static int free_workspace(int device_type, int device_id, void *p) {
+    (void)device_type, (void)device_id;
+    free(p);
+    return 0;
+}
+
+/* einopt's kernels never call other packed functions or modules: a call that does fails cleanly. */
+static int not_supported(void) { return -1; }
+
+/* ------------------------------------------------------------------ kernel libraries, loaded once */
+
+typedef struct Library {
+    uint64_t hash;
+    size_t size;
+    void *handle;
+    const char *(*last_error)(void);
+    struct Library *next;
+} Library;
+
+static pthread_mutex_t libraries_lock = PTHREAD_MUTEX_INITIALIZER;
+static Library *libraries; /* never unloaded: sessions in the process may still run their kernels */
+
+static uint64_t fnv1a(const uint8_t *bytes, size_t size) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < size; i++)
+        h = (h ^ bytes[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Point every hook the library defines at its implementation (TVM's own loader does the same). */
+static void fill_hooks(void *handle, void (*set_raised)(void)) {
+    static const struct {
+        const char *name;
+        void *fn;
+    } hooks[] = {
+        {"__TVMBackendParallelLaunch", (void *)parallel_launch},
+        {"__TVMBackendParallelBarrier", (void *)parallel_barrier},
+        {"__TVMBackendAllocWorkspace", (void *)alloc_workspace},
+        {"__TVMBackendFreeWorkspace", (void *)free_workspace},
+        {"__TVMFFIFunctionCall", (void *)not_supported},
+        {"__TVMFFIHandleInitOnce", (void *)not_supported},
+        {"__TVMFFIEnvModLookupFromImports", (void *)not_supported},
+    };
+    for (size_t i = 0; i < sizeof hooks / sizeof hooks[0]; i++) {
+        void **slot = dlsym(handle, hooks[i].name);
+        if (slot != NULL)
+            *slot = hooks[i].fn;
+    }
+    void **slot = dlsym(handle, "__TVMFFIErrorSetRaisedFromCStr");
+    if (slot != NULL)
+        *slot = (void *)set_raised;
+}
+
+static void *open_from_memory(const uint8_t *bytes, size_t size, char *why, size_t why_size) {
+    char path[64];
+    int fd = memfd_create("einopt-kernels", MFD_CLOEXEC);
+    int unlink_after = 0;
+    if (fd < 0) {
+        const char *dir = getenv("TMPDIR");
+        snprintf(path, sizeof path, "%.40s/einopt-XXXXXX", dir && *dir && strlen(dir) < 40 ? dir : "/tmp");
+        fd = mkstemp(path);
+        unlink_after = 1;
+    } else {
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    }
+    if (fd < 0) {
+        snprintf(why, why_size, "cannot make a file for the kernel library: %s", strerror(errno));
+        return NULL;
+    }
+    size_t done = 0;
+    while (done < size) {
+        ssize_t n = write(fd, bytes + done, size - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            snprintf(why, why_size, "cannot write the kernel library: %s", strerror(errno));
+            close(fd);
+            if (unlink_after)
+                unlink(path);
+            return NULL;
+        }
+        done += (size_t)n;
+    }
+    void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (handle == NULL)
+        snprintf(why, why_size, "cannot load the kernel library: %s", dlerror());
+    close(fd);
+    if (unlink_after)
+        unlink(path);
+    return handle;
+}
+
+static Library *load_library(const uint8_t *bytes, size_t size, char *why, size_t why_size) {
+    uint64_t hash = fnv1a(bytes, size);
+    pthread_mutex_lock(&libraries_lock);
+    Library *lib = libraries;
+    while (lib != NULL && !(lib->hash == hash && lib->size == size))
+        lib = lib->next;
+    if (lib == NULL) {
+        void *handle = open_from_memory(bytes, size, why, why_size);
+        void (*set_raised)(void) = handle ? (void (*)(void))dlsym(handle, "einopt_tvm_set_raised") : NULL;
+        const char *(*last_error)(void) = handle ? (const char *(*)(void))dlsym(handle, "einopt_tvm_last_error") : NULL;
+        if (handle != NULL && (set_raised == NULL || last_error == NULL)) {
+            snprintf(why, why_size, "the kernel library was not linked with einopt's shim (no einopt_tvm_last_error)");
+            dlclose(handle);
+            handle = NULL;
+        }
+        if (handle != NULL && (lib = calloc(1, sizeof *lib)) != NULL) {
+            fill_hooks(handle, set_raised);
+            *lib = (Library){hash, size, handle, last_error, libraries};
+            libraries = lib;
+        } else if (handle != NULL) {
+            snprintf(why, why_size, "out of memory");
+            dlclose(handle);
+        }
+    }
+    pthread_mutex_unlock(&libraries_lock);
+    return lib;
+}
+
+/* ------------------------------------------------------------------ the operator */
+
+typedef struct {
+    char symbol[256];
+    KernelFn fn;
+    Library *library;
+    size_t outputs;
+    int64_t ranks[MAX_ARGS];
+    int64_t shapes[MAX_ARGS][MAX_RANK];
+} Kernel;
+
+static OrtStatus *read_ints(const OrtKernelInfo *info, const char *name, int64_t *out, size_t capacity,
+                            size_t *count) {
+    size_t size = 0;
+    OrtStatus *status = ORT(KernelInfoGetAttributeArray_int64, GetAttributeInt64sFn)(info, name, NULL, &size);
+    if (status != NULL) {
+        ORT(ReleaseStatus, ReleaseStatusFn)(status);
+        return error(ORT_INVALID_GRAPH, "einopt TvmKernel: missing attribute %s", name);
+    }
+    if (size > capacity)
+        return error(ORT_INVALID_GRAPH, "einopt TvmKernel: attribute %s has %zu values (at most %zu)", name, size,
+                     capacity);
+    *count = size;
+    return size ? ORT(KernelInfoGetAttributeArray_int64, GetAttributeInt64sFn)(info, name, out, &size) : NULL;
+}
+
+static OrtStatus *read_attributes(Kernel *k, const OrtKernelInfo *info) {
+    size_t size = sizeof k->symbol;
+    OrtStatus *status = ORT(KernelInfoGetAttribute_string, GetAttributeStringFn)(info, "symbol", k->symbol, &size);
+    if (status != NULL) {
+        ORT(ReleaseStatus, ReleaseStatusFn)(status);
+        return error(ORT_INVALID_GRAPH, "einopt TvmKernel: the attribute symbol is missing or too long");
+    }
+    int64_t dims[MAX_ARGS * MAX_RANK];
+    size_t n_dims = 0;
+    if ((status = read_ints(info, "output_ranks", k->ranks, MAX_ARGS, &k->outputs)) != NULL)
+        return status;
+    if ((status = read_ints(info, "output_shapes", dims, MAX_ARGS * MAX_RANK, &n_dims)) != NULL)
+        return status;
+    size_t at = 0;
+    for (size_t j = 0; j < k->outputs; j++) {
+        if (k->ranks[j] < 0 || k->ranks[j] > MAX_RANK || at + (size_t)k->ranks[j] > n_dims)
+            return error(ORT_INVALID_GRAPH, "einopt TvmKernel %s: output_ranks and output_shapes disagree", k->symbol);
+        for (int64_t d = 0; d < k->ranks[j]; d++)
+            k->shapes[j][d] = dims[at++];
+    }
+    if (at != n_dims)
+        return error(ORT_INVALID_GRAPH, "einopt TvmKernel %s: output_ranks and output_shapes disagree", k->symbol);
+    return NULL;
+}
+
+static OrtStatus *create_kernel(const OrtCustomOp *op, const void *api, const OrtKernelInfo *info, void **out) {
+    (void)op, (void)api;
+    Kernel *k = calloc(1, sizeof *k);
+    if (k == NULL)
+        return error(ORT_FAIL, "einopt TvmKernel: out of memory");
+    OrtStatus *status = read_attributes(k, info);
+    const OrtValue *code = NULL;
+    int constant = 0;
+    if (status == NULL)
+        status = ORT(KernelInfoGetConstantInput_tensor, GetConstantInputFn)(info, 0, &constant, &code);
+    if (status == NULL && (!constant || code == NULL))
+        status = error(ORT_INVALID_GRAPH,
+                       "einopt TvmKernel %s: input 0 must be a constant initializer (the kernel library)", k->symbol);
+    OrtShapeInfo *shape = NULL;
+    size_t size = 0;
+    void *bytes = NULL;
+    if (status == NULL)
+        status = ORT(GetTensorTypeAndShape, GetTensorTypeAndShapeFn)(code, &shape);
+    if (status == NULL)
+        status = ORT(GetTensorShapeElementCount, GetTensorShapeElementCountFn)(shape, &size);
+    if (shape != NULL)
+        ORT(ReleaseTensorTypeAndShapeInfo, ReleaseShapeInfoFn)(shape);
+    if (status == NULL)
+        status = ORT(GetTensorMutableData, GetTensorMutableDataFn)((OrtValue *)code, &bytes);
+    if (status == NULL) {
+        char why[512] = "";
+        k->library = load_library(bytes, size, why, sizeof why);
+        if (k->library == NULL)
+            status = error(ORT_FAIL, "einopt TvmKernel %s: %s", k->symbol, why);
+    }
+    if (status == NULL) {
+        char name[300];
+        snprintf(name, sizeof name, "__tvm_ffi_%s", k->symbol);
+        k->fn = (KernelFn)dlsym(k->library->handle, name);
+        if (k->fn == NULL)
+            status = error(ORT_INVALID_GRAPH, "einopt TvmKernel: the kernel library has no kernel %s", k->symbol);
+    }
+    if (status != NULL) {
+        free(k);
+        return status;
+    }
+    *out = k;
+    return NULL;
+}
+
+/* One float32 tensor as a DLTensor on its buffer. */
+static OrtStatus *describe(const OrtValue *value, DLTensor *t, int64_t *dims, const char *symbol, size_t index) {
+    OrtShapeInfo *info = NULL;
+    OrtStatus *status = ORT(GetTensorTypeAndShape, GetTensorTypeAndShapeFn)(value, &info);
+    int type = 0;
+    size_t rank = 0;
+    if (status == NULL)
+        status = ORT(GetTensorElementType, GetTensorElementTypeFn)(info, &type);
+    if (status == NULL)
+        status = ORT(GetDimensionsCount, GetDimensionsCountFn)(info, &rank);
+    if (status == NULL && (type != ELEMENT_FLOAT || rank > MAX_RANK))
+        status = error(ORT_INVALID_ARGUMENT, "einopt TvmKernel %s: input %zu must be float32 of rank <= %d",
+                       symbol, index, MAX_RANK);
+    if (status == NULL)
+        status = ORT(GetDimensions, GetDimensionsFn)(info, dims, rank);
+    if (info != NULL)
+        ORT(ReleaseTensorTypeAndShapeInfo, ReleaseShapeInfoFn)(info);
+    void *data = NULL;
+    if (status == NULL)
+        status = ORT(GetTensorMutableData, GetTensorMutableDataFn)((OrtValue *)value, &data);
+    *t = (DLTensor){data, {DL_CPU, 0}, (int32_t)rank, {DL_FLOAT, 32, 1}, dims, NULL, 0};
+    return status;
+}
+
+static size_t elements(const DLTensor *t) {
+    size_t n = 1;
+    for (int32_t d = 0; d < t->ndim; d++)
+        n *= (size_t)t->shape[d];
+    return n;
+}
+
+/* A buffer off TVM's alignment is read from (or written to) an aligned copy. */
+static OrtStatus *aligned(DLTensor *t, void **copy, int fill, const char *symbol) {
+    *copy = NULL;
+    if (((uintptr_t)t->data & (ALIGNMENT - 1)) == 0)
+        return NULL;
+    size_t bytes = elements(t) * sizeof(float);
+    if (posix_memalign(copy, ALIGNMENT, bytes ? bytes : 1) != 0)
+        return error(ORT_FAIL, "einopt TvmKernel %s: out of memory", symbol);
+    if (fill)
+        memcpy(*copy, t->data, bytes);
+    void *original = t->data;
+    t->data = *copy;
+    *copy = original; /* the caller copies back to it (outputs) and frees t->data */
+    return NULL;
+}
+
+static OrtStatus *compute(void *kernel, OrtKernelContext *context) {
+    Kernel *k = kernel;
+    size_t n_in = 0, n_out = 0;
+    OrtStatus *status = ORT(KernelContext_GetInputCount, GetCountFn)(context, &n_in);
+    if (status == NULL)
+        status = ORT(KernelContext_GetOutputCount, GetCountFn)(context, &n_out);
+    if (status != NULL)
+        return status;
+    size_t n = n_in - 1 + n_out;
+    if (n_in < 1 || n_out != k->outputs || n > MAX_ARGS)
+        return error(ORT_INVALID_ARGUMENT, "einopt TvmKernel %s: %zu inputs and %zu outputs, expected %zu outputs",
+                     k->symbol, n_in, n_out, k->outputs);
+    DLTensor tensors[MAX_ARGS];
+    int64_t dims[MAX_ARGS][MAX_RANK];
+    void *originals[MAX_ARGS];
+    TVMFFIAny args[MAX_ARGS];
+    size_t prepared = 0;
+    for (size_t i = 1; i < n_in && status == NULL; i++, prepared++) {
+        const OrtValue *value = NULL;
+        status = ORT(KernelContext_GetInput, GetInputFn)(context, i, &value);
+        if (status == NULL)
+            status = describe(value, &tensors[i - 1], dims[i - 1], k->symbol, i);
+        originals[i - 1] = NULL;
+        if (status == NULL)
+            status = aligned(&tensors[i - 1], &originals[i - 1], 1, k->symbol);
+    }
+    for (size_t j = 0; j < n_out && status == NULL; j++, prepared++) {
+        OrtValue *value = NULL;
+        size_t a = n_in - 1 + j;
+        originals[a] = NULL;
+        status = ORT(KernelContext_GetOutput, GetOutputFn)(context, j, k->shapes[j], (size_t)k->ranks[j], &value);
+        void *data = NULL;
+        if (status == NULL)
+            status = ORT(GetTensorMutableData, GetTensorMutableDataFn)(value, &data);
+        memcpy(dims[a], k->shapes[j], sizeof(int64_t) * (size_t)k->ranks[j]);
+        tensors[a] = (DLTensor){data, {DL_CPU, 0}, (int32_t)k->ranks[j], {DL_FLOAT, 32, 1}, dims[a], NULL, 0};
+        if (status == NULL)
+            status = aligned(&tensors[a], &originals[a], 0, k->symbol);
+    }
+    if (status == NULL) {
+        for (size_t a = 0; a < n; a++)
+            args[a] = (TVMFFIAny){TVMFFI_DLTENSOR_PTR, 0, {.v_ptr = &tensors[a]}};
+        TVMFFIAny result = {TVMFFI_NONE, 0, {0}};
+        const OrtKernelContext *outer = running;
+        running = context;
+        int rc = k->fn(NULL, args, (int32_t)n, &result);
+        running = outer;
+        if (rc != 0)
+            status = error(ORT_RUNTIME_EXCEPTION, "einopt TvmKernel %s failed: %s", k->symbol,
+                           k->library->last_error());
+    }
+    for (size_t a = 0; a < prepared; a++) {
+        if (originals[a] == NULL)
+            continue;
+        if (status == NULL && a >= n_in - 1)
+            memcpy(originals[a], tensors[a].data, elements(&tensors[a]) * sizeof(float));
+        free(tensors[a].data);
+    }
+    return status;
+}
+
+static void destroy_kernel(void *kernel) { free(kernel); }
+
+static const char *op_name(const OrtCustomOp *op) { (void)op; return "TvmKernel"; }
+static const char *op_provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
+static size_t op_input_count(const OrtCustomOp *op) { (void)op; return 2; }
+static size_t op_output_count(const OrtCustomOp *op) { (void)op; return 1; }
+static int op_input_type(const OrtCustomOp *op, size_t i) { (void)op; return i == 0 ? ELEMENT_UINT8 : ELEMENT_FLOAT; }
+static int op_output_type(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return ELEMENT_FLOAT; }
+static int op_input_io(const OrtCustomOp *op, size_t i) { (void)op; return i == 0 ? IO_REQUIRED : IO_VARIADIC; }
+static int op_output_io(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return IO_VARIADIC; }
+static int op_memory(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return MEM_DEFAULT; }
+static int op_one(const OrtCustomOp *op) { (void)op; return 1; }
+
+static const OrtCustomOp tvm_kernel = {
+    .version = 16,
+    .GetName = op_name,
+    .GetExecutionProviderType = op_provider,
+    .GetInputType = op_input_type,
+    .GetInputTypeCount = op_input_count,
+    .GetOutputType = op_output_type,
+    .GetOutputTypeCount = op_output_count,
+    .KernelDestroy = destroy_kernel,
+    .GetInputCharacteristic = op_input_io,
+    .GetOutputCharacteristic = op_output_io,
+    .GetInputMemoryType = op_memory,
+    .GetVariadicInputMinArity = op_one,
+    .GetVariadicInputHomogeneity = op_one,
+    .GetVariadicOutputMinArity = op_one,
+    .GetVariadicOutputHomogeneity = op_one,
+    .CreateKernelV2 = create_kernel,
+    .KernelComputeV2 = compute,
+};
+
+/* ------------------------------------------------------------------ registration */
+
+/* The library's own version, for einopt to check that a cached build is the current source. */
+EXPORT const char *einopt_ort_library_version(void) {
+#ifdef EINOPT_SOURCE_HASH
+    return EINOPT_SOURCE_HASH;
+#else
+    return "unversioned";
+#endif
+}
+
+EXPORT OrtStatus *RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
+    const char *version = base->GetVersionString();
+    int major = 0, minor = 0;
+    ort = base->GetApi(API_VERSION);
+    if (ort == NULL || sscanf(version, "%d.%d", &major, &minor) != 2 || (major == 1 && minor < 17)) {
+        ort = base->GetApi(1); /* every runtime has version 1: enough to say why */
+        return error(ORT_FAIL, "einopt's kernel library needs ONNX Runtime 1.17 or later (API %d); this is %s",
+                     API_VERSION, version);
+    }
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    cores = online > 0 ? (int)online : 1;
+    OrtCustomOpDomain *domain = NULL; /* kept for the process: sessions hold on to it */
+    OrtStatus *status = ORT(CreateCustomOpDomain, CreateCustomOpDomainFn)("ai.einopt", &domain);
+    if (status == NULL)
+        status = ORT(CustomOpDomain_Add, CustomOpDomainAddFn)(domain, &tvm_kernel);
+    if (status == NULL)
+        status = ORT(AddCustomOpDomain, AddCustomOpDomainFn)(options, domain);
+    return status;
+}
