@@ -6,6 +6,7 @@
     python scripts/evaluate.py --models bert_tiny lstm # names from either section
     python scripts/evaluate.py --size small            # the generators at the reduced test sizes (quick check)
     python scripts/evaluate.py --resume                # continue a stopped run (same code and command)
+    python scripts/evaluate.py --render                # rewrite the tables from results/summary.json, measuring nothing
     python scripts/evaluate.py --models espcn_x3 --max-states 100 --model-states 300 --budget 1 --no-readme
 
 Generated models: the MODELS table of ``einopt.models`` (the 8 of EinNet's
@@ -41,6 +42,12 @@ command and code are this one's (``summary.json`` records a fingerprint of the
 installed einopt package, this script and the runtimes' versions); each row
 records when and in which sitting it was measured, and the tables say over how
 many sittings. A row is never measured twice in one run.
+
+A row whose output is byte-identical to its input (einopt kept nothing) counts
+as 1.00x in the targets and the geometric mean: timing a file against itself
+measures only the machine's noise, which the cell shows beside it ("1.00x
+(output = input; read 0.93x)"). ``--render`` writes the tables of the run in
+``--out`` again without measuring (after a change in how they are shown).
 
 OpenVINO column: OpenVINO's speedup over ONNX Runtime on the same input model
 (ORT median / OpenVINO median, interleaved in one process after the einopt
@@ -178,6 +185,7 @@ def run_pair(name: str, batch: int, args: argparse.Namespace) -> dict:
     if report is None:
         return row
     row |= report_fields(report)
+    row["identical"] = same_file(model, args.build / f"{stem}.einopt.onnx")
     if not args.no_openvino:  # nothing else to check beside a generated model
         side = run_side(SideJob(model, feeds, row["threads"], args.budget, True))
         row["openvino"] = _side_openvino(side)
@@ -208,6 +216,7 @@ def run_shared(name: str, entry: Mapping, args: argparse.Namespace) -> dict:
     row |= report_fields(report)
     row["passed_through"] = passthrough(report)
     output = args.build / f"{name}.einopt.onnx"
+    row["identical"] = same_file(source, output)
     job = SideJob(source, feeds_path, row["threads"], args.budget, not args.no_openvino, reference, output)
     side = run_side(job)
     row["openvino"] = _side_openvino(side)
@@ -221,6 +230,24 @@ def run_shared(name: str, entry: Mapping, args: argparse.Namespace) -> dict:
         f"OpenVINO {openvino_text(row['openvino'])} ({row['wall_s']:.0f} s)"
     )
     return row
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two files hold the same bytes (einopt wrote its input back: nothing was kept)."""
+    return (
+        a.is_file()
+        and b.is_file()
+        and a.stat().st_size == b.stat().st_size
+        and a.read_bytes() == b.read_bytes()
+    )
+
+
+def row_files(row: Mapping, args: argparse.Namespace) -> tuple[Path, Path]:
+    """A row's input model and einopt's output, where a run of ``args`` writes them."""
+    if "batch" in row:
+        stem = f"{row['model']}_bs{row['batch']}" + ("_small" if args.size == "small" else "")
+        return args.build / f"{stem}.onnx", args.build / f"{stem}.einopt.onnx"
+    return args.shared / f"{row['model']}.onnx", args.build / f"{row['model']}.einopt.onnx"
 
 
 def _side_openvino(side: Mapping) -> dict | None:
@@ -360,9 +387,17 @@ def met(speedup: float | None, goal: float, verified: bool = True) -> str:
     return "met" if verified and speedup is not None and speedup >= goal else "**missed**"
 
 
+def speedup(r: Mapping) -> float | None:
+    """What a row's user gets: 1.0 when einopt's output is its input byte for byte (the timing of a
+    file against itself measures only the machine's noise), else the measured speedup."""
+    return 1.0 if r.get("identical") and r.get("speedup") is not None else r.get("speedup")
+
+
 def _speedup_text(r: dict) -> str:
     if r.get("speedup") is None:
         return "not timed (outputs differ)"
+    if r.get("identical"):
+        return f"1.00x (output = input; read {r['speedup']:.2f}x)"
     return f"{r['speedup']:.2f}x" + (" (unreliable)" if r.get("unreliable") else "")
 
 
@@ -405,7 +440,9 @@ OPENVINO_NOTE = (
 
 def _provenance(machine: dict, command: str, rows: Sequence[dict] = ()) -> str:
     cpu = machine.get("cpu", "?")
-    days = sorted({r["measured"][:10] for r in rows if "measured" in r}) or [datetime.date.today().isoformat()]
+    days = sorted({r["measured"][:10] for r in rows if "measured" in r}) or [
+        datetime.date.today().isoformat()
+    ]
     sittings = len({r["sitting"] for r in rows if "sitting" in r})
     when = days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
     resumed = (
@@ -435,14 +472,14 @@ def markdown(rows: list[dict], machine: dict, command: str) -> str:
             continue
         lines.append(
             f"| {r['model']} | {r['batch']} | {r['ort_ms']:.3g} | {r['einopt_ms']:.3g} | "
-            f"{_speedup_text(r)} | >= {target(r):.2f}x {met(r['speedup'], target(r))} | "
+            f"{_speedup_text(r)} | >= {target(r):.2f}x {met(speedup(r), target(r))} | "
             f"{_confirmation_text(r.get('confirmation'))} | {_cell(openvino_text(r.get('openvino')))} | "
             f"{r['kernels'][0]} -> {r['kernels'][1]} | "
             f"{r['found']} / {r['subprograms']} | "
             f"{r['accepted']} / {r['rewritten']} / {r['subprograms']} | {r['rolled_back']} | "
             f"{r['optimize_s']:.1f} | {'yes' if r['verified'] else 'NO'} |"
         )
-    g = geomean([r["speedup"] for r in rows if "error" not in r and r["speedup"]])
+    g = geomean([speedup(r) for r in rows if "error" not in r and r["speedup"]])
     slowest = max((r["optimize_s"] for r in rows if "error" not in r), default=0.0) / 60
     if g is not None:
         lines.append("")
@@ -452,7 +489,8 @@ def markdown(rows: list[dict], machine: dict, command: str) -> str:
         )
     head = _provenance(machine, command, rows) + (
         "Speedup = ORT median / einopt median (interleaved runs in one process); "
-        "0.95-1.05 is within this machine's noise. Confirmation: the fresh whole-model comparison "
+        "0.95-1.05 is within this machine's noise; an output byte-identical to its input counts as 1.00x "
+        "(the reading beside it is the noise). Confirmation: the fresh whole-model comparison "
         "`einopt optimize` made last before keeping its output (speedup and the 95% interval of the "
         "per-round ratios; '-' when no rewrite reached it). "
         + OPENVINO_NOTE
@@ -483,7 +521,7 @@ def shared_markdown(rows: list[dict], machine: dict, command: str) -> str:
             continue
         lines.append(
             f"| {r['model']} | {r['exporter']} | {r['ort_ms']:.3g} | {r['einopt_ms']:.3g} | {_speedup_text(r)} | "
-            f">= {goal:.2f}x {met(r['speedup'], goal, r['verified'])} | {_cell(openvino_text(r.get('openvino')))} | "
+            f">= {goal:.2f}x {met(speedup(r), goal, r['verified'])} | {_cell(openvino_text(r.get('openvino')))} | "
             f"{r['kernels'][0]} -> {r['kernels'][1]} | {r['found']} / {r['subprograms']} | "
             f"{passthrough_text(r.get('passed_through'))} | {r['optimize_s']:.1f} | {_verified_text(r)} |"
         )
@@ -491,9 +529,9 @@ def shared_markdown(rows: list[dict], machine: dict, command: str) -> str:
     hits = sum(
         1
         for r in rows
-        if "error" not in r and met(r["speedup"], shared_target(r["model"]), r["verified"]) == "met"
+        if "error" not in r and met(speedup(r), shared_target(r["model"]), r["verified"]) == "met"
     )
-    g = geomean([r["speedup"] for r in done if r["speedup"]])
+    g = geomean([speedup(r) for r in done if r["speedup"]])
     if rows:
         lines.append("")
         lines.append(
@@ -502,7 +540,8 @@ def shared_markdown(rows: list[dict], machine: dict, command: str) -> str:
         )
     head = _provenance(machine, command, rows) + (
         "Real `torch.onnx` exports (TorchScript and dynamo) from `../shared/models`, at their fixed inputs. "
-        "Speedup = ORT median / einopt median (interleaved runs in one process); target: issue 27's, met "
+        "Speedup = ORT median / einopt median (interleaved runs in one process; an output byte-identical "
+        "to its input counts as 1.00x, the reading beside it is the noise); target: issue 27's, met "
         "only when verified. "
         + OPENVINO_NOTE
         + " Rewrites found: subprograms whose nodes in the output came "
@@ -525,16 +564,22 @@ def update_readme(readme: Path, table: str, start: str = START, end: str = END) 
 
 
 def write_summary(
-    rows: list[dict], shared_rows: list[dict], command: str, out: Path, code: str = ""
+    rows: list[dict],
+    shared_rows: list[dict],
+    command: str,
+    out: Path,
+    code: str = "",
+    date: str | None = None,
 ) -> tuple[str, str]:
-    """results/summary.json and results/results.md from the rows so far; the two tables."""
+    """results/summary.json and results/results.md from the rows so far (``date``: today's unless
+    given); the two tables."""
     machine = {}
     for r in [*rows, *shared_rows]:
         if "error" not in r:
             machine = json.loads((out / r["file"]).read_text())["bench"]["machine"]
             break
     summary = {
-        "date": datetime.date.today().isoformat(),
+        "date": date or datetime.date.today().isoformat(),
         "command": command,
         "code": code,
         "machine": machine,
@@ -620,6 +665,35 @@ def _command(args: argparse.Namespace, generated: list[str], shared: list[str], 
     return command
 
 
+def render(args: argparse.Namespace, index: Mapping | None) -> int:
+    """``--render``: the tables of the run in ``args.out`` written again, measuring nothing; a row
+    measured before rows recorded ``identical`` gets it from the files the run left in ``args.build``."""
+    from einopt.models import MODELS
+
+    path = args.out / "summary.json"
+    try:
+        prev = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        print(f"cannot read {path}: {e}", file=sys.stderr)
+        return 1
+    rows, shared_rows = prev.get("rows", []), prev.get("shared_rows", [])
+    for r in [*rows, *shared_rows]:
+        if "error" not in r and "identical" not in r:
+            r["identical"] = same_file(*row_files(r, args))
+    table, shared = write_summary(
+        rows, shared_rows, prev["command"], args.out, prev.get("code", ""), prev.get("date")
+    )
+    print("\n".join(t for t in (table, shared) if t))
+    done = {row_key(r) for r in rows}
+    if not args.no_readme and done >= {(m, b) for m in MODELS for b in (1, 16)}:
+        update_readme(ROOT / "README.md", table)
+        print("README.md updated (generated models)")
+    if not args.no_readme and index and {r["model"] for r in shared_rows} >= set(index):
+        update_readme(ROOT / "README.md", shared, SHARED_START, SHARED_END)
+        print("README.md updated (shared models)")
+    return 0
+
+
 def main() -> None:
     from einopt.models import MODELS
 
@@ -661,6 +735,11 @@ def main() -> None:
     ap.add_argument("--model-states", type=int, metavar="N", help="states per model (default: einopt's)")
     ap.add_argument("--jobs", type=int, default=1, help="search processes per model (default 1)")
     ap.add_argument(
+        "--render",
+        action="store_true",
+        help="measure nothing: rewrite the tables (results.md, README.md) from the run in --out",
+    )
+    ap.add_argument(
         "--resume",
         action="store_true",
         help="continue the stopped run in --out: keep its finished rows (same command and code), run the rest",
@@ -669,6 +748,8 @@ def main() -> None:
     batches = args.batch or [1, 16]
     args.shared = args.shared.resolve()
     index = read_index(args.shared)
+    if args.render:
+        sys.exit(render(args, index))
     try:
         generated, shared = select(
             args.models, list(MODELS), list(index) if index is not None else None, args.shared

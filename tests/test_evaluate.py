@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -287,6 +288,40 @@ def test_generated_markdown_has_the_openvino_column():
     cells = [c.strip() for c in header.strip("|").split("|")]
     assert cells[7] == "OpenVINO vs ORT"
     assert [c.strip() for c in line.strip("|").split("|")][7] == "1.14x"
+
+
+def test_an_output_identical_to_its_input_counts_as_one_and_shows_the_noise():
+    same = _row("unet_tiny", speedup=0.93, identical=True)
+    slower = _row("se_block", speedup=0.93, identical=False)
+    table = evaluate.shared_markdown([same, slower], {}, "cmd")
+    body = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
+    assert "| 1.00x (output = input; read 0.93x) | >= 0.99x met |" in body["unet_tiny"]
+    assert "| 0.93x | >= 0.99x **missed** |" in body["se_block"]
+    assert evaluate.speedup(same) == 1.0 and evaluate.speedup(slower) == 0.93
+    assert table.splitlines()[-1] == "Targets met: 1 of 2. Geometric mean of the speedups: 0.96x."
+    # a transformer's bar stays out of reach of an output that is its input
+    vit = _row("vit", batch=16, speedup=0.93, identical=True, confirmation=None, accepted=0, rewritten=6)
+    line = evaluate.markdown([vit | {"rolled_back": 6}], {}, "cmd").split("\n\n")[1].splitlines()[2]
+    assert "| 1.00x (output = input; read 0.93x) | >= 1.10x **missed** |" in line
+
+
+def test_render_rewrites_the_tables_and_finds_identical_outputs_from_the_files(tmp_path, monkeypatch):
+    out, build, shared = tmp_path / "results", tmp_path / "build", tmp_path / "shared"
+    for d in (out, build, shared):
+        d.mkdir()
+    machine = {"cpu": "CPU X", "threads": 2, "onnxruntime": "1.2"}
+    (out / "bert_tiny.json").write_text(json.dumps({"bench": {"machine": machine}}))
+    for name, output in (("bert_tiny", b"model"), ("se_block", b"other")):
+        (shared / f"{name}.onnx").write_bytes(b"model")
+        (build / f"{name}.einopt.onnx").write_bytes(output)
+    rows = [_row("bert_tiny", speedup=0.97), _row("se_block", file="bert_tiny.json", speedup=0.97)]
+    evaluate.write_summary([], rows, "cmd", out, "abc", "2026-11-28")
+    args = SimpleNamespace(out=out, build=build, shared=shared, size="full", no_readme=True)
+    assert evaluate.render(args, {"bert_tiny": {}, "se_block": {}}) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["identical"] for r in summary["shared_rows"]] == [True, False]
+    assert (summary["code"], summary["date"], summary["command"]) == ("abc", "2026-11-28", "cmd")
+    assert "1.00x (output = input; read 0.97x)" in (out / "results.md").read_text()
 
 
 def test_write_summary_keeps_both_sections(tmp_path):
