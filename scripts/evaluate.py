@@ -177,7 +177,7 @@ def run_pair(name: str, batch: int, args: argparse.Namespace) -> dict:
     """Build one generated model, run ``einopt optimize --bench`` on it, and return its summary row."""
     from einopt.models import write
 
-    stem = f"{name}_bs{batch}" + ("_small" if args.size == "small" else "")
+    stem = _stem(name, batch, args)
     model = write(name, batch, args.build, size=args.size, seed=0)
     feeds = model.with_suffix(".npz")
     report, row = run_einopt(einopt_command(model, feeds, stem, args), stem, args.out)
@@ -242,11 +242,17 @@ def same_file(a: Path, b: Path) -> bool:
     )
 
 
+def _stem(name: str, batch: int, args: argparse.Namespace) -> str:
+    """A generated row's file stem (reports, einopt's output)."""
+    return f"{name}_bs{batch}" + ("_small" if args.size == "small" else "")
+
+
 def row_files(row: Mapping, args: argparse.Namespace) -> tuple[Path, Path]:
     """A row's input model and einopt's output, where a run of ``args`` writes them."""
     if "batch" in row:
-        stem = f"{row['model']}_bs{row['batch']}" + ("_small" if args.size == "small" else "")
-        return args.build / f"{stem}.onnx", args.build / f"{stem}.einopt.onnx"
+        name, batch = row["model"], row["batch"]
+        # einopt.models.write names the model NAME_bsN at either size
+        return args.build / f"{name}_bs{batch}.onnx", args.build / f"{_stem(name, batch, args)}.einopt.onnx"
     return args.shared / f"{row['model']}.onnx", args.build / f"{row['model']}.einopt.onnx"
 
 
@@ -685,7 +691,7 @@ def render(args: argparse.Namespace, index: Mapping | None) -> int:
     )
     print("\n".join(t for t in (table, shared) if t))
     done = {row_key(r) for r in rows}
-    if not args.no_readme and done >= {(m, b) for m in MODELS for b in (1, 16)}:
+    if not args.no_readme and args.size == "full" and done >= {(m, b) for m in MODELS for b in (1, 16)}:
         update_readme(ROOT / "README.md", table)
         print("README.md updated (generated models)")
     if not args.no_readme and index and {r["model"] for r in shared_rows} >= set(index):
