@@ -30,6 +30,7 @@ from einopt.errors import UnsupportedModelError
 from einopt.frontend.fold import prepare
 from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset
 from einopt.frontend.translate import Part, translate_graph
+from einopt.instantiate.emit import KERNEL_FORMS
 from einopt.reports.result import PartResult, Result, Workspace, part_result
 from einopt.runtime import modelio
 from einopt.runtime.cache import MeasurementCache, resolve_path
@@ -109,6 +110,11 @@ class Options:
     part_budget_s, model_budget_s : float
         Seconds of timed runs per subprogram and per whole-model comparison
         (timing, not search: the search is bounded by states).
+    kernels : {"onnx", "tvm"}
+        How eOperators are written: ``onnx`` as model-local functions of
+        standard operators (runs in any ONNX Runtime), ``tvm`` as kernels
+        compiled by TVM for this CPU, embedded in the model and run by
+        einopt's custom-op library (``einopt.runtime.kernels``).
 
     ``budget`` (not a parameter) is the :class:`einopt.search.Budget` the
     search fields make, the one the search stage is given.
@@ -132,6 +138,7 @@ class Options:
     model_noise: float = MODEL_NOISE
     part_budget_s: float = 1.0
     model_budget_s: float = 10.0
+    kernels: str = "onnx"
     budget: Budget = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -150,6 +157,8 @@ class Options:
             raise ValueError(f"model_noise must be in [0, 1), not {self.model_noise}")
         if self.part_budget_s <= 0 or self.model_budget_s <= 0:
             raise ValueError("timing budgets must be positive")
+        if self.kernels not in KERNEL_FORMS:
+            raise ValueError(f"kernels must be one of {', '.join(KERNEL_FORMS)}, not {self.kernels!r}")
 
 
 def optimize(
@@ -168,6 +177,10 @@ def optimize(
     at all is an error.
     """
     clock = _Clock()
+    if options.kernels == "tvm":  # no C compiler: one clear error before any work
+        from einopt.runtime.kernels import library_path
+
+        library_path()
     original = modelio.load_model(source)
     why = _unworkable(original)
     if why:
@@ -237,7 +250,7 @@ def _rewrite(
         clock("search")
         if timed:
             configure_threads()
-            searches = predict(model, translated, searches, OpCosts(store))
+            searches = predict(model, translated, searches, OpCosts(store), kernels=options.kernels)
             clock("cost")
         states = fill(states, search=searches)
         selections = select(
@@ -250,6 +263,7 @@ def _rewrite(
             feeds=feeds,
             taken={f.name for f in original.functions},
             top_k=options.top_k if options.max_depth > 0 else 0,
+            kernels=options.kernels,
         )
         states = fill(states, selection=selections)
         clock("select")

@@ -773,7 +773,7 @@ def main() -> None:
         kept = resumable(args.out, command, code) if args.resume else {}
     except ValueError as e:
         ap.error(str(e))
-    sitting = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    sitting = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     rows: list[dict] = []
     shared_rows: list[dict] = []
     jobs = [
@@ -793,7 +793,7 @@ def main() -> None:
             continue
         print(label, flush=True)
         row = run()
-        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         section.append(row | {"measured": now, "sitting": sitting})
         # after every row: a stopped run keeps its table (and --resume continues it)
         write_summary(rows, shared_rows, command, args.out, code)

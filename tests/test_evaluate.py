@@ -342,7 +342,9 @@ def test_a_resumed_run_keeps_the_finished_rows_of_the_same_command_and_code(tmp_
     failed = {"model": "se_block", "exporter": "dynamo", "error": "exit 1"}
     generated = {"model": "lstm", "batch": 16, "measured": "2026-11-29T01:00:00+00:00", "sitting": "s2"}
     generated |= {"accepted": 1, "rewritten": 1, "rolled_back": 0}
-    evaluate.write_summary([generated | _row("lstm", file="bert_tiny.json")], [done, failed], "cmd", tmp_path, "abc")
+    evaluate.write_summary(
+        [generated | _row("lstm", file="bert_tiny.json")], [done, failed], "cmd", tmp_path, "abc"
+    )
     kept = evaluate.resumable(tmp_path, "cmd", "abc")
     assert list(kept) == [("lstm", 16), ("bert_tiny", None)]  # the failed row runs again
     assert evaluate.resumable(tmp_path / "none", "cmd", "abc") == {}

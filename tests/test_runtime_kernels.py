@@ -18,7 +18,8 @@ tvm = pytest.importorskip("tvm")
 from tvm import s_tir, te  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
-    not any(__import__("shutil").which(c) for c in ("cc", "gcc", "clang")), reason="no C compiler on this machine"
+    not any(__import__("shutil").which(c) for c in ("cc", "gcc", "clang")),
+    reason="no C compiler on this machine",
 )
 
 
@@ -32,7 +33,9 @@ def _axpy(name: str, rows: int, cols: int, parallel: bool) -> object:
     i, j = sch.get_loops(sch.get_sblock("C"))
     if parallel:
         sch.parallel(i)
-    return tvm.tirx.build(tvm.IRModule({name: sch.mod["main"].with_attr("global_symbol", name)}), target="llvm")
+    return tvm.tirx.build(
+        tvm.IRModule({name: sch.mod["main"].with_attr("global_symbol", name)}), target="llvm"
+    )
 
 
 def _model(library: bytes, symbol: str, shape: tuple[int, int], kernel_input_shape=None) -> onnx.ModelProto:
@@ -60,7 +63,9 @@ def _model(library: bytes, symbol: str, shape: tuple[int, int], kernel_input_sha
 
 @pytest.fixture(scope="module")
 def library() -> bytes:
-    return kernels.link_kernels([_axpy("axpy", 64, 96, parallel=False), _axpy("axpy_par", 256, 96, parallel=True)])
+    return kernels.link_kernels(
+        [_axpy("axpy", 64, 96, parallel=False), _axpy("axpy_par", 256, 96, parallel=True)]
+    )
 
 
 @pytest.mark.parametrize("symbol, shape", [("axpy", (64, 96)), ("axpy_par", (256, 96))])

@@ -73,7 +73,7 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except click.ClickException:
             raise
         except Exception as e:  # noqa: BLE001 - the last line of defence for the user
-            if type(e).__name__ == "DeviceUnavailableError":
+            if type(e).__name__ in ("DeviceUnavailableError", "NativeBuildError"):
                 _fail(str(e), "unavailable", verbose)
             _fail(
                 f"internal error: {type(e).__name__}: {e} (please report it; -v shows the traceback)",

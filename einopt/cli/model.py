@@ -103,6 +103,15 @@ _shape_option = click.option(
 )
 @click.option("--no-verify", is_flag=True, help="Skip verification in ONNX Runtime (experts only).")
 @click.option(
+    "--kernels",
+    type=click.Choice(["onnx", "tvm"]),
+    default="onnx",
+    show_default=True,
+    help="How eOperators are written. onnx: model-local functions of standard operators (runs in any "
+    "ONNX Runtime). tvm: kernels compiled by TVM for this CPU, embedded in the model; ONNX Runtime "
+    "runs them with einopt's custom-op library registered (einopt.runtime.kernels; needs a C compiler).",
+)
+@click.option(
     "--accept",
     type=click.Choice(["measured", "verified"]),
     default="measured",
@@ -163,6 +172,7 @@ def optimize(
     input_shapes,
     npz,
     no_verify,
+    kernels,
     accept,
     noise,
     model_noise,
@@ -214,6 +224,7 @@ def optimize(
             noise=noise,
             model_noise=model_noise,
             cache=False if no_cache else (cache_path or True),
+            kernels=kernels,
         )
     except ValueError as e:  # the same checks, and words, as the Python API
         raise click.UsageError(str(e).replace("max_depth", "--max-depth")) from None

@@ -10,8 +10,13 @@ materialised once, by the first of:
    computed it originally, that operator's matcher when it is as cheap): its
    operands' layout steps are emitted (or folded, for constant operands), then
    its operators and the steps on the result;
-3. otherwise an eOperator call (a model-local function in domain
-   ``einopt.eop``, ``einopt.instantiate.eop``).
+3. otherwise an eOperator: with ``kernels="onnx"`` (the default, the portable
+   form) a call of a model-local function of standard operators in domain
+   ``einopt.eop`` (``einopt.instantiate.eop``); with ``kernels="tvm"`` a node
+   ``ai.einopt::TvmKernel`` running the scope compiled by TVM for this CPU
+   (``einopt.codegen.ortkernel``), its kernel library an initializer of the
+   model (``einopt.runtime.kernels``). A scope that cannot be a kernel (one
+   reading a non-float tensor) is a function call in either form.
 
 Nodes are interned: the same operator on the same inputs is emitted once.
 Program outputs are produced under exactly the ONNX names given; every other
@@ -31,6 +36,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from einopt.codegen.ortkernel import KernelUnsupported, kernel_flops, ort_kernel, stand_in
 from einopt.core import ir
 from einopt.core.interp import evaluate
 from einopt.frontend.onnx_graph import unique_name
@@ -50,11 +56,20 @@ from einopt.instantiate.plan import (
     SpaceToDepth,
     Transpose,
 )
+from einopt.runtime import kernels
 
 if TYPE_CHECKING:
     from einopt.frontend.translate import Part
 
-__all__ = ["Choice", "Instantiated", "InstantiationError", "MIN_OPSET", "instantiate", "original_ops"]
+__all__ = [
+    "Choice",
+    "Instantiated",
+    "InstantiationError",
+    "KERNEL_FORMS",
+    "MIN_OPSET",
+    "instantiate",
+    "original_ops",
+]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +80,9 @@ inference reads Reshape targets and the like)."""
 # From opset 7 on, element-wise ops broadcast like numpy; forms that changed later (Slice, Pad,
 # Clip, ReduceSum, Expand, DepthToSpace's mode) are chosen per opset below.
 MIN_OPSET = 7
+
+KERNEL_FORMS = ("onnx", "tvm")
+"""How eOperators are written: model-local functions of standard operators, or generated kernels."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +151,7 @@ def instantiate(
     taken_function_names: set[str] | frozenset[str] = frozenset(),
     preferred: Mapping[str, str] | None = None,
     light: bool = False,
+    kernels: str = "onnx",
 ) -> Instantiated:
     """Emit ONNX nodes computing ``program``.
 
@@ -161,7 +180,10 @@ def instantiate(
         (``placeholders`` gives their names, types and shapes), and with them
         the work of computing them (folding large constant scopes, eOperators'
         Gather indices): enough to cost the result, not to run it. Large
-        constants are not deduplicated by content then.
+        constants are not deduplicated by content then. Generated kernels are
+        not compiled then (their library is a placeholder).
+    kernels : {"onnx", "tvm"}
+        How eOperators are written (:data:`KERNEL_FORMS`, the module docstring).
 
     Returns
     -------
@@ -180,10 +202,12 @@ def instantiate(
         raise InstantiationError(
             f"opset {opset} unsupported: need {MIN_OPSET} <= opset <= {onnx.defs.onnx_opset_version()}"
         )
+    if kernels not in KERNEL_FORMS:
+        raise InstantiationError(f"kernels must be one of {', '.join(KERNEL_FORMS)}, not {kernels!r}")
     missing = [o for o in program.outputs if o not in onnx_names]
     if missing:
         raise InstantiationError(f"program output(s) {', '.join(missing)} have no ONNX name")
-    em = _Emitter(program, onnx_names, constants, opset, prefix, set(taken_function_names), light)
+    em = _Emitter(program, onnx_names, constants, opset, prefix, set(taken_function_names), light, kernels)
     outputs = set(program.outputs)
     preferred = preferred or {}
     for name, scope in program.bindings:
@@ -360,8 +384,10 @@ class _Emitter:
         prefix: str,
         taken_functions: set[str],
         light: bool = False,
+        kernels: str = "onnx",
     ) -> None:
         self.light = light
+        self.kernels = kernels
         self.onnx_names = onnx_names
         self.constants = constants
         self.opset = opset
@@ -550,12 +576,38 @@ class _Emitter:
 
     def eoperator(self, scope: ir.Scope, label: str) -> tuple[str, str]:
         kind = eop.eop_name(scope)
+        if self.kernels == "tvm":
+            try:
+                return self.generated_kernel(scope, label, kind)
+            except KernelUnsupported as e:
+                log.debug("%s: no generated kernel, %s", label, e)
         fname = unique_name(_identifier(self.prefix + kind), self.taken_functions)
         op = eop.eoperator(scope, fname, self.opset, self.light)
         self.functions.append(op.function)
         inputs = [self.value_of(s, label) for s in op.sources]
         out = self.node(op.function.name, inputs, (), domain=EOP_DOMAIN, base=kind)
         return out, f"eop:{kind}"
+
+    def generated_kernel(self, scope: ir.Scope, label: str, kind: str) -> tuple[str, str]:
+        """``scope`` as an ``ai.einopt::TvmKernel`` node (light: not compiled, the library a placeholder)."""
+        if self.light:
+            s = stand_in(scope)
+            symbol, sources = s.symbol, s.sources
+            library = self.initializer(_Shaped((1,), np.dtype(np.uint8)), "einopt_kernels")
+        else:
+            k = ort_kernel(scope)
+            symbol, sources = k.symbol, k.sources
+            library = self.initializer(np.frombuffer(k.library, dtype=np.uint8), "einopt_kernels")
+        inputs = [library, *(self.value_of(s, label) for s in sources)]
+        attrs = (
+            ("symbol", symbol),
+            ("output_ranks", (scope.rank,)),
+            ("output_shapes", scope.shape),
+            ("flops", kernel_flops(scope)),
+        )
+        out = self.node(kernels.OP_TYPE, inputs, attrs, domain=kernels.DOMAIN, base=kind)
+        self.shapes[out] = scope.shape
+        return out, f"kernel:{kind}"
 
 
 # --------------------------------------------------------------------------

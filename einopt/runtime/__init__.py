@@ -1,1 +1,19 @@
-"""ONNX Runtime services: model I/O and sessions, timing, benchmarking, the measurement cache, operator costs, verification."""
+"""ONNX Runtime services: model I/O and sessions, timing, benchmarking, the measurement cache, operator costs, verification.
+
+``einopt.runtime.session(path)`` opens a model in ONNX Runtime with einopt's custom-op library
+registered, for models written with ``--kernels tvm`` (see ``einopt.runtime.kernels``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["session"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "session":  # imported on use: the package itself loads no ONNX Runtime
+        from einopt.runtime.kernels import session
+
+        return session
+    raise AttributeError(f"module 'einopt.runtime' has no attribute {name!r}")

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from einopt.runtime.cache import cache_dir
+from einopt.runtime.modelio import KERNEL_DOMAIN
 
 __all__ = [
     "DOMAIN",
@@ -45,7 +46,7 @@ __all__ = [
     "session",
 ]
 
-DOMAIN = "ai.einopt"
+DOMAIN = KERNEL_DOMAIN
 OP_TYPE = "TvmKernel"
 
 NATIVE = Path(__file__).resolve().parent / "native"
@@ -90,7 +91,15 @@ def library_path() -> Path:
     cc = compiler()
     source = LIBRARY_SOURCE.read_bytes()
     key = hashlib.sha256(
-        b"\0".join([source, _ort_version().encode(), platform.machine().encode(), cc.encode(), " ".join(CFLAGS).encode()])
+        b"\0".join(
+            [
+                source,
+                _ort_version().encode(),
+                platform.machine().encode(),
+                cc.encode(),
+                " ".join(CFLAGS).encode(),
+            ]
+        )
     ).hexdigest()[:16]
     folder = cache_dir() / "native" / key
     path = folder / "libeinopt_ort.so"
@@ -100,7 +109,16 @@ def library_path() -> Path:
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         built = Path(tmp) / path.name
         _compile(
-            [cc, *CFLAGS, f'-DEINOPT_SOURCE_HASH="{key}"', "-o", str(built), str(LIBRARY_SOURCE), "-ldl", "-lpthread"],
+            [
+                cc,
+                *CFLAGS,
+                f'-DEINOPT_SOURCE_HASH="{key}"',
+                "-o",
+                str(built),
+                str(LIBRARY_SOURCE),
+                "-ldl",
+                "-lpthread",
+            ],
             "einopt's ONNX Runtime library",
         )
         os.replace(built, path)  # atomic: another process building the same key reads a whole file
@@ -116,7 +134,9 @@ def register(options: Any = None) -> Any:
     return options
 
 
-def session(path: str | Path | bytes, options: Any = None, providers: Sequence[str] = ("CPUExecutionProvider",)) -> Any:
+def session(
+    path: str | Path | bytes, options: Any = None, providers: Sequence[str] = ("CPUExecutionProvider",)
+) -> Any:
     """An ``onnxruntime.InferenceSession`` of ``path`` (a file or model bytes) that runs einopt's kernels."""
     import onnxruntime
 

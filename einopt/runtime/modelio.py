@@ -32,6 +32,9 @@ from einopt.errors import ModelError, UnsupportedModelError
 from einopt.runtime.inputs import feed_inputs, load_inputs, random_inputs
 from einopt.runtime.timing import thread_options
 
+KERNEL_DOMAIN = "ai.einopt"
+"""The domain of einopt's generated-kernel nodes (``einopt.runtime.kernels.DOMAIN``)."""
+
 log = logging.getLogger(__name__)
 
 # ORT logs a failing kernel on stderr through the run's logger; einopt reports the error itself.
@@ -588,6 +591,8 @@ def session(
     ``arena=False`` turns off ONNX Runtime's CPU memory arena, which keeps the
     peak memory of a run until the session is gone: right for sessions that
     run once (verification of big models at big batches), wrong for timed ones.
+    A model with einopt's generated kernels (nodes of ``einopt.runtime.kernels.DOMAIN``) gets
+    einopt's custom-op library registered (built on first use).
 
     Raises
     ------
@@ -612,6 +617,13 @@ def session(
     if profile_prefix is not None:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
+    if uses_generated_kernels(model):
+        from einopt.runtime import kernels
+
+        try:
+            kernels.register(options)
+        except kernels.NativeBuildError as e:
+            raise UnsupportedModelError(f"the model runs einopt's generated kernels, and {e}") from e
     providers = ["CPUExecutionProvider"]
     try:
         if total_tensor_bytes(model) <= LARGE_MODEL_BYTES:
@@ -626,6 +638,13 @@ def session(
             return ort.InferenceSession(path, options, providers=providers)
     except _ORT_ERRORS as e:
         raise UnsupportedModelError(f"onnxruntime cannot load the model: {_ort_message(e)}") from e
+
+
+def uses_generated_kernels(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` has nodes of einopt's custom-op domain (``ai.einopt``: generated kernels)."""
+    return any(o.domain == KERNEL_DOMAIN for o in model.opset_import) or any(
+        n.domain == KERNEL_DOMAIN for n in model.graph.node
+    )
 
 
 def _ort_message(e: BaseException) -> str:

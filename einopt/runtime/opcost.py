@@ -53,7 +53,7 @@ import onnx.shape_inference
 from onnx import helper, numpy_helper
 
 from einopt.core.cost import FLOPS, VIEWS, itemsize
-from einopt.runtime.modelio import available_bytes, missing_opsets
+from einopt.runtime.modelio import KERNEL_DOMAIN, available_bytes, missing_opsets
 
 __all__ = [
     "Calibration",
@@ -365,8 +365,12 @@ def _flops_bytes(
     if any(v is None for v in outs) or not outs:
         return 0, 0
     shapes = [v.shape for v in ins if v is not None]
-    table = CONTRIB_FLOPS if node.domain == "com.microsoft" else FLOPS
-    flops = table[node.op_type](shapes, outs[0].shape, node) if node.op_type in table else 0
+    if node.domain == KERNEL_DOMAIN:  # a generated kernel: its FLOPs are an attribute, its library no data
+        flops = _int_attr(node, "flops")
+        ins = ins[1:]
+    else:
+        table = CONTRIB_FLOPS if node.domain == "com.microsoft" else FLOPS
+        flops = table[node.op_type](shapes, outs[0].shape, node) if node.op_type in table else 0
     nbytes = sum(math.prod(v.shape) * itemsize(v.dtype) for v in [*ins, *outs] if v is not None)
     return int(flops), int(nbytes)
 

@@ -28,6 +28,7 @@ def program_model(
     opset: int = PROGRAM_OPSET,
     name: str = "einopt",
     light: bool = False,
+    kernels: str = "onnx",
 ) -> tuple[onnx.ModelProto, Instantiated]:
     """A model computing ``program``, runnable in stock ONNX Runtime, and how it was instantiated.
 
@@ -47,6 +48,8 @@ def program_model(
         Weights and folded constants over ``emit.LIGHT_LIMIT`` bytes become typed
         graph inputs instead of initializers: a model to cost (same nodes,
         shapes, FLOPs and bytes), not to run. The search costs candidates so.
+    kernels : {"onnx", "tvm"}
+        How eOperators are written (``einopt.instantiate.emit.KERNEL_FORMS``).
 
     Returns
     -------
@@ -59,7 +62,9 @@ def program_model(
     if unknown:
         raise ValueError(f"constants {', '.join(unknown)} are not inputs of the program")
     names = {t.name: t.name for t in program.inputs} | {o: o for o in program.outputs}
-    inst = instantiate(program, onnx_names=names, constants=constants, opset=opset, prefix="e/", light=light)
+    inst = instantiate(
+        program, onnx_names=names, constants=constants, opset=opset, prefix="e/", light=light, kernels=kernels
+    )
     used = {i for n in inst.nodes for i in n.input}
     # Without values (``light``): large weights the nodes read are declared like activations.
     declared = {

@@ -47,6 +47,7 @@ def predict(
     searches: Mapping[str, PartSearch],
     costs: OpCosts,
     budget_s: float | None = None,
+    kernels: str = "onnx",
 ) -> dict[str, PartSearch]:
     """Each part's found programs with measured-operator predictions, best predicted first.
 
@@ -64,6 +65,9 @@ def predict(
     budget_s : float, optional
         Seconds of node timing at most (default :data:`BUDGET_S`); nodes not
         timed by then are estimated.
+    kernels : {"onnx", "tvm"}
+        How the found programs' eOperators are written (generated kernels are costed analytically:
+        their bytes at the measured bandwidth, their FLOPs at the measured rate).
 
     Returns
     -------
@@ -83,7 +87,7 @@ def predict(
         tail = epilogue(model, p)
         for i, c in enumerate(search.candidates):
             try:
-                m, weights = _original(model, p, types) if not c.trace else _light(c, p)
+                m, weights = _original(model, p, types) if not c.trace else _light(c, p, kernels)
                 m = _with_epilogue(m, tail, {} if not c.trace else p.names, inits)
                 nodes[(p.name, i)] = node_costs(m, weights)
             except Exception as e:  # noqa: BLE001 - what cannot be built keeps its analytic estimate
@@ -179,8 +183,8 @@ def _with_epilogue(
     return out
 
 
-def _light(c: Candidate, p: Part) -> tuple[onnx.ModelProto, frozenset[str]]:
-    m, inst = program_model(c.program, dict(p.constants), light=True)
+def _light(c: Candidate, p: Part, kernels: str) -> tuple[onnx.ModelProto, frozenset[str]]:
+    m, inst = program_model(c.program, dict(p.constants), light=True, kernels=kernels)
     return m, weight_names(p.constants, inst)
 
 

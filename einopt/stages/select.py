@@ -123,6 +123,7 @@ def select(
     taken: set[str],
     top_k: int = DEFAULT_TOP_K,
     budget_s: float | None = None,
+    kernels: str = "onnx",
 ) -> dict[str, Selection]:
     """Instantiate, verify and (with a ``timer``) time each part's candidates; choose the fastest.
 
@@ -150,6 +151,8 @@ def select(
     budget_s : float, optional
         Seconds the stage may take before it stops timing (default :data:`BUDGET_S`; the
         verification counts).
+    kernels : {"onnx", "tvm"}
+        How the candidates' eOperators are written (``einopt.instantiate.emit.KERNEL_FORMS``).
 
     Returns
     -------
@@ -162,7 +165,9 @@ def select(
     pending: dict[str, list[Trial]] = {}
     for p in parts:
         search = searches.get(p.name)
-        pending[p.name] = [_instantiated(model, p, c, opset, taken) for c in _worth_trying(p, search, top_k)]
+        pending[p.name] = [
+            _instantiated(model, p, c, opset, taken, kernels) for c in _worth_trying(p, search, top_k)
+        ]
     by_name = {p.name: p for p in parts}
     alive = {
         (name, i): c
@@ -297,7 +302,7 @@ def _worth_trying(p: Part, search: PartSearch | None, top_k: int) -> list[Candid
 
 
 def _instantiated(
-    model: onnx.ModelProto, p: Part, candidate: Candidate, opset: int, taken: set[str]
+    model: onnx.ModelProto, p: Part, candidate: Candidate, opset: int, taken: set[str], kernels: str
 ) -> Trial:
     trial = Trial(p.name, candidate)
     try:
@@ -309,6 +314,7 @@ def _instantiated(
             prefix=p.name + "/",
             taken_function_names=taken,
             preferred=original_ops(model, p) if not candidate.trace else None,
+            kernels=kernels,
         )
     except Exception as e:  # noqa: BLE001 - one bad candidate must not sink the part; the report says why
         log.warning("%s (%s): instantiation failed: %s", p.name, trial.label, first_line(e))

@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -292,15 +293,58 @@ static void fill_hooks(void *handle, void (*set_raised)(void)) {
         *slot = (void *)set_raised;
 }
 
+/*
+ * The dynamic loader knows a loaded object by the name it was opened under: a second dlopen of a
+ * name already loaded returns the first object. A memfd's "/proc/self/fd/N" names a different file
+ * once N is closed and reused, so each library is opened under a name of its own: a symbolic link
+ * "<private directory>/<count>.so" to the memfd (the loader maps the memfd, so a noexec /tmp does
+ * not matter), removed once loaded. Without a private directory the memfd stays open, so that its
+ * number is never reused. Called with libraries_lock held.
+ */
+static char link_dir[256];
+static unsigned long opened;
+
+static void remove_link_dir(void) {
+    if (link_dir[0])
+        rmdir(link_dir);
+}
+
+static const char *unique_name(const char *target, char *name, size_t size) {
+    if (!link_dir[0]) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(link_dir, sizeof link_dir, "%.200s/einopt-kernels-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        if (mkdtemp(link_dir) == NULL) {
+            link_dir[0] = '\0';
+            return NULL;
+        }
+        atexit(remove_link_dir);
+    }
+    snprintf(name, size, "%s/%lu.so", link_dir, opened++);
+    return symlink(target, name) == 0 ? name : NULL;
+}
+
+static int write_all(int fd, const uint8_t *bytes, size_t size) {
+    size_t done = 0;
+    while (done < size) {
+        ssize_t n = write(fd, bytes + done, size - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        done += (size_t)n;
+    }
+    return 0;
+}
+
 static void *open_from_memory(const uint8_t *bytes, size_t size, char *why, size_t why_size) {
-    char path[64];
+    char path[320], name[320];
     int fd = memfd_create("einopt-kernels", MFD_CLOEXEC);
-    int unlink_after = 0;
+    int is_temp_file = 0;
     if (fd < 0) {
         const char *dir = getenv("TMPDIR");
-        snprintf(path, sizeof path, "%.40s/einopt-XXXXXX", dir && *dir && strlen(dir) < 40 ? dir : "/tmp");
+        snprintf(path, sizeof path, "%.200s/einopt-XXXXXX", dir && *dir ? dir : "/tmp");
         fd = mkstemp(path);
-        unlink_after = 1;
+        is_temp_file = 1;
     } else {
         snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
     }
@@ -308,26 +352,24 @@ static void *open_from_memory(const uint8_t *bytes, size_t size, char *why, size
         snprintf(why, why_size, "cannot make a file for the kernel library: %s", strerror(errno));
         return NULL;
     }
-    size_t done = 0;
-    while (done < size) {
-        ssize_t n = write(fd, bytes + done, size - done);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            snprintf(why, why_size, "cannot write the kernel library: %s", strerror(errno));
-            close(fd);
-            if (unlink_after)
-                unlink(path);
-            return NULL;
-        }
-        done += (size_t)n;
+    if (write_all(fd, bytes, size) != 0) {
+        snprintf(why, why_size, "cannot write the kernel library: %s", strerror(errno));
+        close(fd);
+        if (is_temp_file)
+            unlink(path);
+        return NULL;
     }
-    void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    /* A temporary file's name is unique while it exists (it is removed after loading). */
+    const char *link = is_temp_file ? NULL : unique_name(path, name, sizeof name);
+    void *handle = dlopen(link ? link : path, RTLD_NOW | RTLD_LOCAL);
     if (handle == NULL)
         snprintf(why, why_size, "cannot load the kernel library: %s", dlerror());
-    close(fd);
-    if (unlink_after)
+    if (link)
+        unlink(link);
+    if (is_temp_file)
         unlink(path);
+    if (link || is_temp_file || handle == NULL)
+        close(fd); /* else the memfd stays open: its number, the library's name, is never reused */
     return handle;
 }
 

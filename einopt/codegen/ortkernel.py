@@ -1,0 +1,192 @@
+"""A scope as a kernel that ONNX Runtime runs: compiled by TVM, linked into a small shared library.
+
+``ort_kernel(scope)`` gives what an ``ai.einopt::TvmKernel`` node needs (see
+``einopt.runtime.kernels``): the kernel library's bytes, the kernel's symbol,
+and the values to feed it, in order. The scope's direct sources (input
+tensors and the nested scopes it reads, first read first) become the kernel's
+parameters ``x000, x001, ...``; a nested scope is read as a tensor of its shape
+(its traversal value ``v`` at array position ``v - lo``, as it is
+materialised). The scope's ``pad`` is dropped: the node's output is the scope's
+value, not a padded buffer.
+
+Libraries are cached twice: per process by the stand-in scope, and on disk in
+the user's cache directory (``kernels/<build fingerprint>/<symbol>.so``; the
+fingerprint covers TVM's version, the target CPU, einopt's code generator and
+the shim), so a second run of a model compiles nothing.
+
+``kernel_flops`` is the analytic work of a scope (the cost model's FLOPs of the
+node); it needs no TVM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import logging
+import math
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+from einopt.core import ir
+from einopt.core.keys import key
+from einopt.core.ops import BINARY, UNARY
+
+__all__ = ["KernelUnsupported", "OrtKernel", "ort_kernel", "stand_in", "kernel_flops"]
+
+log = logging.getLogger(__name__)
+
+CODEGEN = Path(__file__).resolve().parent
+
+
+class KernelUnsupported(ValueError):
+    """A scope that cannot be a generated kernel here (the message says why)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OrtKernel:
+    """One compiled scope: ``library`` (shared-object bytes) exports ``__tvm_ffi_<symbol>``, called
+    with ``sources`` (tensors and nested scopes, in order) and writing one float32 output of ``shape``."""
+
+    symbol: str
+    library: bytes
+    sources: tuple[ir.Tensor | ir.Scope, ...]
+    shape: tuple[int, ...]
+    scheduled: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class StandIn:
+    """A scope rewritten to read its direct sources as the tensors ``x000, x001, ...``."""
+
+    scope: ir.Scope
+    sources: tuple[ir.Tensor | ir.Scope, ...]
+
+    @property
+    def symbol(self) -> str:
+        return "einopt_" + key(self.scope)
+
+
+def stand_in(scope: ir.Scope) -> StandIn:
+    """``scope`` reading each distinct direct source (first read first) as a float32 tensor.
+
+    Raises
+    ------
+    KernelUnsupported
+        When a source is not float32 (einopt's ONNX Runtime operator takes float32 tensors).
+    """
+    order: dict[ir.Tensor | ir.Scope, ir.Tensor] = {}
+    for e in ir.walk(scope.body, stop=ir.Access):
+        if isinstance(e, ir.Access) and e.source not in order:
+            src = e.source
+            if isinstance(src, ir.Tensor) and src.dtype != "float32":
+                raise KernelUnsupported(f"it reads {src.name}, a {src.dtype} tensor (kernels take float32)")
+            order[src] = ir.Tensor(f"x{len(order):03d}", src.shape, "float32")
+
+    def go(node: ir.Node) -> ir.Node:
+        node = ir.rebuild(node, go) if not isinstance(node, ir.Access) else node
+        if not isinstance(node, ir.Access):
+            return node
+        indices = node.indices
+        if isinstance(node.source, ir.Scope):
+            indices = tuple(
+                ir.ISub(i, ir.IConst(lo)) if lo else i
+                for i, lo in zip(indices, node.source.origin, strict=True)
+            )
+        return ir.Access(order[node.source], indices)
+
+    body = go(scope.body)
+    new = ir.Scope(scope.traversal, scope.summation, body, (), scope.reduce)
+    return StandIn(new, tuple(order))
+
+
+def kernel_flops(scope: ir.Scope) -> int:
+    """Arithmetic operations of one run of ``scope``: per point of its traversal and reduction, one per
+    operator in its body (``einopt.core.ops``'s FLOPs of it) and one for the reduction."""
+    ops = 0
+    for e in ir.walk(scope.body, stop=ir.Access):
+        if isinstance(e, ir.Binary):
+            ops += BINARY[e.op].flops
+        elif isinstance(e, ir.Unary):
+            ops += UNARY[e.fn].flops
+    points = math.prod(scope.shape) * math.prod(it.extent for it in scope.summation)
+    return int(points * (ops + (1 if scope.summation else 0)))
+
+
+_CACHE: dict[ir.Scope, tuple[bytes, bool]] = {}
+_LOCK = threading.Lock()
+
+
+def ort_kernel(scope: ir.Scope) -> OrtKernel:
+    """Compile ``scope`` for this CPU into a kernel library (cached per process and on disk).
+
+    Raises
+    ------
+    KernelUnsupported
+        When the scope cannot be a kernel (see :func:`stand_in`).
+    einopt.runtime.kernels.NativeBuildError
+        When there is no C compiler to link the library with, or linking fails.
+    """
+    s = stand_in(scope)
+    with _LOCK:
+        done = _CACHE.get(s.scope)
+        if done is None:
+            done = _CACHE[s.scope] = _library(s)
+    library, scheduled = done
+    return OrtKernel(s.symbol, library, s.sources, scope.shape, scheduled)
+
+
+def _library(s: StandIn) -> tuple[bytes, bool]:
+    folder = _disk_folder()
+    path = folder / f"{s.symbol}.so"
+    if path.exists():
+        return path.read_bytes(), True
+    module, scheduled = _build(s)
+    from einopt.runtime.kernels import link_kernels
+
+    library = link_kernels([module])
+    if scheduled:  # an unscheduled build is a fallback; it is tried again next time
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, delete=False, suffix=".tmp") as f:
+            f.write(library)
+        os.replace(f.name, path)  # atomic: a concurrent process reads a whole file
+    return library, scheduled
+
+
+def _build(s: StandIn) -> tuple[object, bool]:
+    import tvm
+
+    from einopt.codegen.build import resolve_target
+    from einopt.codegen.schedule import schedule_cpu
+    from einopt.codegen.te import lower
+
+    lowered = lower(s.scope)
+    target = resolve_target("llvm")
+
+    def compiled(func) -> object:
+        func = func.with_attr("global_symbol", s.symbol)
+        return tvm.tirx.build(tvm.IRModule({s.symbol: func}), target=target)
+
+    try:
+        return compiled(schedule_cpu(lowered).mod["main"]), True
+    except Exception as e:  # noqa: BLE001 - a failed schedule must not fail the kernel
+        log.debug("%s: scheduled build failed, building unscheduled loops: %s", s.symbol, e)
+        return compiled(lowered.func), False
+
+
+@functools.cache
+def _disk_folder() -> Path:
+    import tvm
+
+    from einopt.codegen.build import resolve_target
+    from einopt.runtime import kernels
+    from einopt.runtime.cache import cache_dir
+
+    h = hashlib.sha256()
+    for part in (tvm.__version__, str(resolve_target("llvm")), " ".join(kernels.CFLAGS)):
+        h.update(part.encode() + b"\0")
+    for source in sorted([*CODEGEN.glob("*.py"), kernels.SHIM_SOURCE]):
+        h.update(source.read_bytes())
+    return cache_dir() / "kernels" / h.hexdigest()[:16]

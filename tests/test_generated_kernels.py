@@ -1,0 +1,184 @@
+"""``--kernels tvm``: eOperators as TVM kernels that ONNX Runtime runs through einopt's custom-op library.
+
+Every generated kernel is compared with the float64 reference interpreter, run
+inside ONNX Runtime on ORT's own buffers (``einopt.runtime.modelio.session``
+registers the library for a model that needs it). A model written with
+generated kernels also runs in a fresh process, and a plain ONNX Runtime
+session without the library refuses it with ONNX Runtime's own error.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from einopt import L, Sum, iters, program, relu, tensor
+from einopt.codegen.ortkernel import KernelUnsupported, kernel_flops, ort_kernel, stand_in
+from einopt.core import ir
+from einopt.core.interp import evaluate
+from einopt.runtime import kernels, modelio
+from einopt.stages.export import program_model
+
+from strategies import random_inputs, scopes
+
+needs_cc = pytest.mark.skipif(
+    not any(shutil.which(c) for c in ("cc", "gcc", "clang")), reason="no C compiler on this machine"
+)
+
+
+def _conv_program() -> ir.Program:
+    """A matmul-shaped binding T read by an OffsetReduce Y (no ONNX operator computes Y)."""
+    h, w, f, r, s, c = iters("h:6 w:7 f:4 r:3 s:3 c:3")
+    t1, t2 = iters("t1:6 t2:7")
+    A, K = tensor("A", (6, 7, 3)), tensor("K", (3, 3, 4, 3))
+    T = L(r, s, f, t1, t2)(Sum(c)(A[t1, t2, c] * K[r, s, f, c]))
+    Y = L(h, w, f)(Sum(r, s)(T[r, s, f, h + r - 1, w + s - 1]))
+    return program({"Y": Y}, {"T": T})
+
+
+def _shifted_program() -> ir.Program:
+    """An inline scope over ``t = -1 : 7`` (origin -1) read by a kernel at ``h + r - 1``."""
+    h, f, r, c = iters("h:6 f:4 r:3 c:5")
+    (t,) = iters("t=-1:7")
+    A, K = tensor("A", (6, 5)), tensor("K", (3, 4, 5))
+    inner = L(r, f, t)(Sum(c)(A[t, c] * K[r, f, c]))
+    return program({"Y": L(h, f)(Sum(r)(relu(inner[r, f, h + r - 1])))})
+
+
+def _run_both(prog: ir.Program, seed: int = 0) -> tuple[onnx.ModelProto, dict, dict]:
+    """The program written with generated kernels, its ONNX Runtime outputs and the interpreter's."""
+    model, inst = program_model(prog, kernels="tvm")
+    inputs = random_inputs(prog, np.random.default_rng(seed))
+    feeds = {k: v.astype(np.float32) for k, v in inputs.items()}
+    got = modelio.run(model, feeds)
+    want = evaluate(prog, inputs)
+    return model, got, want
+
+
+def _close(got: np.ndarray, want: np.ndarray) -> None:
+    scale = max(1.0, float(np.max(np.abs(want), initial=0.0)))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale)
+
+
+def _kernel_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [n for n in model.graph.node if n.domain == kernels.DOMAIN]
+
+
+def test_a_stand_in_reads_its_sources_as_tensors_at_their_origins():
+    prog = _shifted_program()
+    scope = prog.scope("Y")
+    s = stand_in(scope)
+    assert [type(x).__name__ for x in s.sources] == ["Scope"]
+    assert s.sources[0].origin == (0, 0, -1)
+    inputs = random_inputs(prog, np.random.default_rng(0))
+    values = {f"x{i:03d}": evaluate(src, inputs) for i, src in enumerate(s.sources)}
+    np.testing.assert_allclose(evaluate(s.scope, values), evaluate(scope, inputs), rtol=1e-12)
+    assert s.symbol.startswith("einopt_") and s.symbol.isidentifier()
+
+
+def test_a_scope_reading_a_non_float_tensor_is_no_kernel():
+    (i,) = iters("i:4")
+    x = tensor("X", (4,), "int64")
+    with pytest.raises(KernelUnsupported, match="int64"):
+        stand_in(L(i)(x[i] * 2.0))
+
+
+def test_kernel_flops_count_the_body_and_the_reduction():
+    h, w, f, r, s, c = iters("h:6 w:7 f:4 r:3 s:3 c:3")
+    Y = _conv_program().scope("Y")
+    assert kernel_flops(Y) == 6 * 7 * 4 * 9 * 1  # a sum of reads: one add per point
+    A, K = tensor("A", (6, 7, 3)), tensor("K", (3, 3, 4, 3))
+    conv = L(h, w, f)(Sum(r, s, c)(A[h + r - 1, w + s - 1, c] * K[r, s, f, c]))
+    assert kernel_flops(conv) == 6 * 7 * 4 * 27 * 2
+
+
+@pytest.mark.tvm
+@needs_cc
+@pytest.mark.parametrize("make", [_conv_program, _shifted_program])
+def test_generated_kernels_equal_the_interpreter_in_onnx_runtime(make):
+    model, got, want = _run_both(make())
+    nodes = _kernel_nodes(model)
+    assert nodes, "the eOperator was not written as a generated kernel"
+    assert not model.functions  # no standard-op function beside it
+    assert {o.domain for o in model.opset_import} >= {kernels.DOMAIN}
+    for name in want:
+        _close(got[name], want[name])
+
+
+@pytest.mark.tvm
+@needs_cc
+def test_one_scope_is_compiled_once_and_its_library_is_embedded_once():
+    prog = _conv_program()
+    a = ort_kernel(prog.scope("Y"))
+    assert ort_kernel(prog.scope("Y")) is not a and ort_kernel(prog.scope("Y")).library is a.library
+    model, _ = program_model(prog, kernels="tvm")
+    libraries = [t for t in model.graph.initializer if t.data_type == onnx.TensorProto.UINT8]
+    assert len(libraries) == 1 and libraries[0].raw_data == a.library
+
+
+@pytest.mark.tvm
+@needs_cc
+def test_a_light_instantiation_compiles_nothing_and_carries_the_flops():
+    prog = _conv_program()
+    model, inst = program_model(prog, kernels="tvm", light=True)
+    (node,) = _kernel_nodes(model)
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["flops"] == kernel_flops(prog.scope("Y"))
+    assert attrs["output_shapes"] == [6, 7, 4]
+    assert node.input[0] in {v.name for v in inst.placeholders}  # no library bytes
+
+
+@pytest.mark.tvm
+@needs_cc
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scopes(max_depth=2))
+def test_random_scopes_as_generated_kernels_equal_the_interpreter(scope):
+    prog = program({"Y": scope})
+    try:
+        model, got, want = _run_both(prog)
+    except KernelUnsupported:
+        pytest.skip("not a kernel")
+    _close(got["Y"], want["Y"])
+
+
+@pytest.mark.tvm
+@needs_cc
+def test_a_model_with_generated_kernels_runs_in_a_fresh_process_and_fails_clearly_without_the_library(
+    tmp_path,
+):
+    prog = _conv_program()
+    model, _ = program_model(prog, kernels="tvm")
+    inputs = random_inputs(prog, np.random.default_rng(3))
+    path = tmp_path / "kernels.onnx"
+    onnx.save(model, path)
+    np.savez(tmp_path / "io.npz", **{k: v.astype(np.float32) for k, v in inputs.items()})
+    np.save(tmp_path / "want.npy", evaluate(prog, inputs)["Y"])
+    script = textwrap.dedent(
+        f"""
+        import numpy as np, onnxruntime
+        import einopt.runtime
+        feeds = dict(np.load({str(tmp_path / "io.npz")!r}))
+        try:
+            onnxruntime.InferenceSession({str(path)!r}, providers=["CPUExecutionProvider"])
+        except Exception as e:
+            print("PLAIN:", e)
+        (y,) = einopt.runtime.session({str(path)!r}).run(["Y"], feeds)
+        want = np.load({str(tmp_path / "want.npy")!r})
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+        print("OK")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert "OK" in done.stdout
+    plain = next(line for line in done.stdout.splitlines() if line.startswith("PLAIN:"))
+    assert "TvmKernel" in plain and kernels.DOMAIN in plain
