@@ -238,7 +238,7 @@ def _rewrite(
         if not folded.ok:
             return folded.message
     clock("prepare")
-    parts = translate_graph(model)
+    parts = translate_graph(model, fuse_activations=options.kernels == "tvm")
     states = start(model, parts)
     translated = [p for p in parts if p.translated]
     clock("translate")

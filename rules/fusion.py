@@ -24,6 +24,7 @@ __all__ = [
     "bind_scope",
     "nested_sums",
     "producer_cone",
+    "program_reads",
     "FuseExpressions",
     "BindScope",
     "FuseCone",
@@ -72,7 +73,7 @@ def _kept(program: ir.Program, consumer: str, producer: str, new: ir.Scope) -> b
     equal to the producer (interning) binds it itself."""
     if producer in program.outputs:
         return True
-    reads = _program_reads(program)
+    reads = program_reads(program)
     others = any(producer in r for n, r in reads.items() if n not in (consumer, producer))
     return others or producer in _bound_reads(new, program.names())
 
@@ -232,7 +233,7 @@ def _bound_reads(scope: ir.Scope, bound: Mapping[ir.Scope, str]) -> set[str]:
     return out
 
 
-def _program_reads(program: ir.Program) -> dict[str, set[str]]:
+def program_reads(program: ir.Program) -> dict[str, set[str]]:
     """Binding name -> the bindings it reads (:func:`_bound_reads`), once per program."""
 
     def compute() -> dict[str, set[str]]:
@@ -249,7 +250,7 @@ def producer_cone(
     that are not outputs and that nothing outside them and ``consumer`` reads (in program order).
     ``stop(scope)`` keeps a binding (and what only it reads) out of the cone.
     """
-    reads = _program_reads(program)
+    reads = program_reads(program)
     reach: set[str] = set()
     todo = [consumer]
     while todo:
@@ -328,7 +329,7 @@ class FuseCone(Rule):
         if match.rule != self.name:
             raise ValueError(f"{self.name} cannot apply a match of {match.rule}")
         consumer, cone = match["consumer"], set(match["cone"])
-        reads = _program_reads(program)
+        reads = program_reads(program)
         outside = set().union(*(r for n, r in reads.items() if n not in cone and n != consumer))
         if bad := cone & (outside | set(program.outputs)):
             raise ValueError(f"{', '.join(sorted(bad))}: read outside the cone of {consumer}")

@@ -368,7 +368,10 @@ def test_a_drifting_input_time_forces_a_retake():
     assert "3 ms against 2 ms" in rounds[1].reason and rounds[1].rolled_back == ()
     # a confirmation whose input keeps moving (1.5x from each timing to the next) is judged on the
     # least of its timings: one of them only 1.01-1.11x, inside the band, so nothing is kept
-    moving = [_paired(2.0 * 1.5**k, g, g - 0.05, g + 0.05) for k, g in zip(range(1, 4), (1.25, 1.06, 1.3), strict=False)]
+    moving = [
+        _paired(2.0 * 1.5**k, g, g - 0.05, g + 0.05)
+        for k, g in zip(range(1, 4), (1.25, 1.06, 1.3), strict=False)
+    ]
     timer = ScriptedTimer(good, *moving)
     kept, rounds = accept_model(None, {}, lambda names: names, {"a": 1.5}, timer)
     assert kept == frozenset() and [r.stage for r in rounds] == [
@@ -381,7 +384,10 @@ def test_a_drifting_input_time_forces_a_retake():
     assert "kept changing: judged on the least of its 3 timings" in rounds[-2].reason
     assert rounds[-1].rolled_back == ("a",) and "1.010-1.110x" in rounds[-1].reason
     # the same moving machine with the gain clear in every timing: kept, on its least timing
-    moving = [_paired(2.0 * 1.5**k, g, g - 0.02, g + 0.02) for k, g in zip(range(1, 4), (1.25, 1.1, 1.3), strict=False)]
+    moving = [
+        _paired(2.0 * 1.5**k, g, g - 0.02, g + 0.02)
+        for k, g in zip(range(1, 4), (1.25, 1.1, 1.3), strict=False)
+    ]
     timer = ScriptedTimer(good, *moving)
     kept, rounds = accept_model(None, {}, lambda names: names, {"a": 1.5}, timer)
     assert kept == {"a"} and [r.stage for r in rounds][-1] == "confirm"

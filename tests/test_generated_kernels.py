@@ -19,12 +19,13 @@ import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from einopt import L, Sum, iters, program, relu, tensor
+from einopt import L, Sum, iters, program, relu, sigmoid, tanh, tensor
 from einopt.codegen.ortkernel import KernelUnsupported, kernel_flops, ort_kernel, stand_in
 from einopt.core import ir
 from einopt.core.interp import evaluate
 from einopt.runtime import kernels, modelio
 from einopt.stages.export import program_model
+from einopt.stages.kernelfusion import PHASE, fuse_for_kernels
 
 from strategies import random_inputs, scopes
 
@@ -182,3 +183,72 @@ def test_a_model_with_generated_kernels_runs_in_a_fresh_process_and_fails_clearl
     assert "OK" in done.stdout
     plain = next(line for line in done.stdout.splitlines() if line.startswith("PLAIN:"))
     assert "TvmKernel" in plain and kernels.DOMAIN in plain
+
+
+def _lstm_tail() -> ir.Program:
+    """An LSTM cell's element-wise tail: gates from a MatMul's output ``G`` at offsets, two outputs."""
+    m, n, k = iters("m:2 n:8 k:6")
+    X, W, C = tensor("X", (2, 6)), tensor("W", (32, 6)), tensor("C", (2, 8))
+    (wide,) = iters("n:32")
+    G = L(m, wide)(Sum(k)(X[m, k] * W[wide, k]))
+    gate = {g: L(m, n)(sigmoid(G[m, n + 8 * i])) for i, g in enumerate("ifo")}
+    cand = L(m, n)(tanh(G[m, n + 24]))
+    c2 = L(m, n)(gate["f"][m, n] * C[m, n] + gate["i"][m, n] * cand[m, n])
+    h2 = L(m, n)(gate["o"][m, n] * tanh(c2[m, n]))
+    return program({"H": h2, "C2": c2}, {"G": G, **{f"g{g}": s for g, s in gate.items()}, "cand": cand})
+
+
+def test_kernel_fusion_leaves_the_matmul_and_one_scope_per_output():
+    prog = _lstm_tail()
+    fused, steps = fuse_for_kernels(prog)
+    assert steps and all(s.rule == "fuse_expressions" and s.phase == PHASE for s in steps)
+    assert [name for name, _ in fused.bindings] == ["G", "C2", "H"]
+    assert fused.scope("G").summation  # the MatMul is no element-wise work: it stays
+    inputs = random_inputs(prog, np.random.default_rng(0))
+    want, got = evaluate(prog, inputs), evaluate(fused, inputs)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-12)
+    assert fuse_for_kernels(fused)[1] == ()  # a fixed point
+
+
+def test_kernel_fusion_never_inlines_a_reduction_or_an_output():
+    prog = _conv_program()
+    assert fuse_for_kernels(prog)[1] == ()  # Y reduces: T is not inlined into it
+    (i,) = iters("i:4")
+    X = tensor("X", (4,))
+    a = L(i)(relu(X[i]))
+    b = L(i)(a[i] * 2.0)
+    assert fuse_for_kernels(program({"A": a, "B": b}))[1] == ()  # A is an output
+
+
+@pytest.mark.tvm
+@needs_cc
+def test_an_elementwise_chain_is_one_generated_kernel_with_kernels_tvm():
+    prog, _ = fuse_for_kernels(_lstm_tail())
+    model, got, want = _run_both(prog)
+    kinds = [n.op_type for n in model.graph.node]
+    assert kinds.count(kernels.OP_TYPE) == 2 and "Sigmoid" not in kinds and "Split" not in kinds
+    for name in want:
+        _close(got[name], want[name])
+    onnx_model, _ = program_model(prog)  # the portable form writes the chain as standard nodes
+    assert "Sigmoid" in {n.op_type for n in onnx_model.graph.node}
+
+
+def test_partition_with_fused_activations_keeps_matmuls_apart_from_the_elementwise_tail():
+    from onnx import helper
+
+    from einopt.frontend.partition import group_nodes
+
+    nodes = [
+        helper.make_node("Gemm", ["x", "w"], ["g"]),
+        helper.make_node("Sigmoid", ["g"], ["s"]),
+        helper.make_node("Tanh", ["g"], ["t"]),
+        helper.make_node("Mul", ["s", "t"], ["y"]),
+        helper.make_node("Relu", ["y"], ["z"]),
+    ]
+    kinds = ["linear", "activation", "activation", "linear", "activation"]
+    plain = group_nodes(nodes, kinds, {"w"})
+    assert [g.nodes for g in plain] == [(0,), (1,), (2,), (3,), (4,)]
+    fused = group_nodes(nodes, kinds, {"w"}, fuse_activations=True)
+    assert [g.nodes for g in fused] == [(0,), (1, 2, 3, 4)]
+    assert [g.kind for g in fused] == ["linear", "linear"]

@@ -11,8 +11,8 @@ value, not a padded buffer.
 
 Libraries are cached twice: per process by the stand-in scope, and on disk in
 the user's cache directory (``kernels/<build fingerprint>/<symbol>.so``; the
-fingerprint covers TVM's version, the target CPU, einopt's code generator and
-the shim), so a second run of a model compiles nothing.
+fingerprint covers TVM's version, the target CPU, einopt's code generator, its
+IR and operations (their TVM forms), and the shim), so a second run of a model compiles nothing.
 
 ``kernel_flops`` is the analytic work of a scope (the cost model's FLOPs of the
 node); it needs no TVM.
@@ -39,6 +39,7 @@ __all__ = ["KernelUnsupported", "OrtKernel", "ort_kernel", "stand_in", "kernel_f
 log = logging.getLogger(__name__)
 
 CODEGEN = Path(__file__).resolve().parent
+CORE = CODEGEN.parent / "core"  # the IR and its operations' TVM forms
 
 
 class KernelUnsupported(ValueError):
@@ -187,6 +188,6 @@ def _disk_folder() -> Path:
     h = hashlib.sha256()
     for part in (tvm.__version__, str(resolve_target("llvm")), " ".join(kernels.CFLAGS)):
         h.update(part.encode() + b"\0")
-    for source in sorted([*CODEGEN.glob("*.py"), kernels.SHIM_SOURCE]):
+    for source in sorted([*CODEGEN.glob("*.py"), *CORE.glob("*.py"), kernels.SHIM_SOURCE]):
         h.update(source.read_bytes())
     return cache_dir() / "kernels" / h.hexdigest()[:16]

@@ -54,6 +54,12 @@ ELEMENTWISE_ACTIVATIONS: frozenset[str] = ACTIVATIONS - importers_reduce.NONLINE
 """The activations that work element by element (no reduction, no window): those ONNX Runtime may
 fuse into the node before them."""
 
+ELEMENTWISE_LINEAR: frozenset[str] = frozenset(
+    {op.onnx for op in UNARY.values() if not op.activation}
+    | {name for op in BINARY.values() if not op.activation for name in (op.onnx, op.onnx_variadic) if name}
+)
+"""Linear operators that work element by element (Add, Sub, Mul, Div, Neg, Sum, ...)."""
+
 GATES: frozenset[str] = frozenset({"Tanh", "Sigmoid"})
 """Activations that a fused target takes whole when they gate their own argument (see
 :func:`absorb_gates`): GELU's tanh form into FastGelu, SiLU/Swish (``x * sigmoid(a x)``) into
@@ -94,8 +100,17 @@ def group_nodes(
     nodes: Sequence[onnx.NodeProto],
     kinds: Sequence[str | None],
     constants: Mapping[str, object] | frozenset[str],
+    *,
+    fuse_activations: bool = False,
 ) -> list[Group]:
     """Group translatable nodes into convex subprograms.
+
+    With ``fuse_activations``, an element-wise activation (:data:`ELEMENTWISE_ACTIVATIONS`, tails
+    aside: they keep joining the linear node they read) joins
+    like a linear node, but only element-wise work (:data:`ELEMENTWISE_LINEAR`): a group holds either
+    such activations or operators with reductions (MatMul, Gemm, Conv, ...), never both. The
+    element-wise tail of an LSTM cell (gates, products, sum) is then one subprogram that a generated
+    kernel computes whole, while its MatMuls stay a subprogram the search rewrites as before.
 
     Parameters
     ----------
@@ -105,6 +120,8 @@ def group_nodes(
         Per node: ``"linear"``, ``"activation"`` or ``None`` (passes through).
     constants
         Names of constant values; sharing a constant does not join nodes.
+    fuse_activations
+        Element-wise activations join element-wise work (above).
 
     Returns
     -------
@@ -129,7 +146,16 @@ def group_nodes(
                 readers.setdefault(name, []).append(i)
 
     label = list(range(n))  # group id of each node: the smallest node index in the group
-    linear = [k == "linear" for k in kinds]
+    fused = [
+        fuse_activations and k == "activation" and node.op_type in ELEMENTWISE_ACTIVATIONS - TAILS
+        for node, k in zip(nodes, kinds, strict=True)
+    ]
+    linear = [k == "linear" or f for k, f in zip(kinds, fused, strict=True)]
+    # per group label: whether it holds a fused activation, and whether work that is not element-wise
+    has_activation = fused[:]
+    has_reduction = [
+        k == "linear" and node.op_type not in ELEMENTWISE_LINEAR for node, k in zip(nodes, kinds, strict=True)
+    ]
     candidates: list[tuple[int, int]] = []
     for i in range(n):
         if linear[i]:
@@ -145,6 +171,8 @@ def group_nodes(
         ga, gb = label[a], label[b]
         if ga == gb or size[ga] + size[gb] > MAX_GROUP_NODES:
             continue
+        if (has_activation[ga] or has_activation[gb]) and (has_reduction[ga] or has_reduction[gb]):
+            continue
         keep, gone = min(ga, gb), max(ga, gb)
         moved = [i for i in range(n) if label[i] == gone]
         for i in moved:
@@ -154,12 +182,14 @@ def group_nodes(
                 label[i] = gone
         else:
             size[keep] += size[gone]
+            has_activation[keep] = has_activation[keep] or has_activation[gone]
+            has_reduction[keep] = has_reduction[keep] or has_reduction[gone]
     members: dict[int, list[int]] = {}
     for i in range(n):
         if kinds[i] is not None:
             members.setdefault(label[i], []).append(i)
     return [
-        Group(tuple(ms), kinds[ms[0]] or "linear")
+        Group(tuple(ms), "linear" if any(kinds[i] == "linear" for i in ms) else kinds[ms[0]] or "linear")
         for _, ms in sorted(members.items(), key=lambda kv: kv[1][0])
     ]
 

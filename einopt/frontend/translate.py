@@ -169,8 +169,12 @@ class _Translator:
         return ("activation" if node.op_type in ACTIVATIONS else "linear"), None
 
 
-def translate_graph(model: onnx.ModelProto) -> list[Part]:
+def translate_graph(model: onnx.ModelProto, *, fuse_activations: bool = False) -> list[Part]:
     """Partition and translate a shape-inferred model.
+
+    With ``fuse_activations`` (generated kernels: ``--kernels tvm``), element-wise activations join
+    the element-wise work around them (see :func:`~einopt.frontend.partition.group_nodes`), which a
+    generated kernel computes whole (:mod:`einopt.stages.kernelfusion`).
 
     Returns one :class:`Part` per subprogram and one per passed-through node,
     in graph order of their first node.
@@ -179,7 +183,7 @@ def translate_graph(model: onnx.ModelProto) -> list[Part]:
     nodes = list(t.graph.node)
     classes = [t.classify(i, n) for i, n in enumerate(nodes)]
     kinds = absorb_gates(nodes, [k for k, _ in classes], t.constant_protos)
-    groups = group_nodes(nodes, kinds, t.constant_protos)
+    groups = group_nodes(nodes, kinds, t.constant_protos, fuse_activations=fuse_activations)
     in_group = {i for g in groups for i in g.nodes}
     readers: dict[str, set[int]] = {}
     for i, node in enumerate(nodes):

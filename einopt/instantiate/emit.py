@@ -39,6 +39,7 @@ from onnx import helper, numpy_helper
 from einopt.codegen.ortkernel import KernelUnsupported, kernel_flops, ort_kernel, stand_in
 from einopt.core import ir
 from einopt.core.interp import evaluate
+from einopt.core.ops import BINARY, UNARY
 from einopt.frontend.onnx_graph import unique_name
 from einopt.instantiate import EINSUM_OPSET, EOP_DOMAIN, eop
 from einopt.instantiate.match import MATCHERS, match
@@ -232,6 +233,20 @@ def instantiate(
     )
     return Instantiated(
         tuple(em.nodes), tuple(inits), tuple(em.functions), tuple(em.choices), tuple(placeholders), value_info
+    )
+
+
+ELEMENTWISE_OPS: frozenset[str] = frozenset(
+    {op.onnx for op in UNARY.values()}
+    | {name for op in BINARY.values() for name in (op.onnx, op.onnx_variadic) if name}
+)
+"""Default-domain operators that work element by element (a chain of them is one generated kernel)."""
+
+
+def _elementwise_chain(m: OperatorMatch) -> bool:
+    """Whether ``m`` runs as two or more element-wise nodes (with ``kernels="tvm"``: one kernel instead)."""
+    return len(m.ops) >= 2 and all(
+        op.domain in ("", "ai.onnx") and op.op_type in ELEMENTWISE_OPS for op in m.ops
     )
 
 
@@ -549,7 +564,12 @@ class _Emitter:
         else:
             m, fails = match(scope, self.ctx, MATCHERS, prefer)
             failures = tuple((n, f.reason) for n, f in fails)
-            if m is not None:
+            if m is not None and self.kernels == "tvm" and _elementwise_chain(m):
+                try:  # one generated kernel instead of a chain of element-wise nodes
+                    value, how = self.generated_kernel(scope, label, eop.eop_name(scope))
+                except KernelUnsupported:
+                    value, how = self.emit_match(m, label), m.op_type
+            elif m is not None:
                 value, how = self.emit_match(m, label), m.op_type
             else:
                 value, how = self.eoperator(scope, label)

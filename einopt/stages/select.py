@@ -32,6 +32,7 @@ from einopt.runtime.timing import Comparison
 from einopt.runtime.verify import Agreement, Tolerance, first_line, part_pairs, verify_parts
 from einopt.search.results import Candidate
 from einopt.stages.accept import Timer, is_unchanged
+from einopt.stages.kernelfusion import fuse_for_kernels
 from einopt.stages.partsearch import PartSearch
 
 __all__ = ["Trial", "Selection", "PREDICTED_SLACK", "DEFAULT_TOP_K", "BUDGET_S", "NOT_TIMED", "select"]
@@ -165,9 +166,10 @@ def select(
     pending: dict[str, list[Trial]] = {}
     for p in parts:
         search = searches.get(p.name)
-        pending[p.name] = [
-            _instantiated(model, p, c, opset, taken, kernels) for c in _worth_trying(p, search, top_k)
-        ]
+        tries = _worth_trying(p, search, top_k)
+        if kernels == "tvm":
+            tries = _with_fused(tries)
+        pending[p.name] = [_instantiated(model, p, c, opset, taken, kernels) for c in tries]
     by_name = {p.name: p for p in parts}
     alive = {
         (name, i): c
@@ -299,6 +301,19 @@ def _worth_trying(p: Part, search: PartSearch | None, top_k: int) -> list[Candid
         if c.trace and (not base.cost or c.cost <= PREDICTED_SLACK * base.cost)
     ]
     return [base, *derived[:top_k]]
+
+
+def _with_fused(candidates: list[Candidate]) -> list[Candidate]:
+    """Each candidate, then the ones whose element-wise chains fuse into fewer generated kernels
+    (:func:`einopt.stages.kernelfusion.fuse_for_kernels`), each program once."""
+    out = list(candidates)
+    seen = {c.program for c in candidates}
+    for c in candidates:
+        fused, steps = fuse_for_kernels(c.program)
+        if steps and fused not in seen:
+            seen.add(fused)
+            out.append(dataclasses.replace(c, program=fused, trace=c.trace + steps))
+    return out
 
 
 def _instantiated(

@@ -528,20 +528,31 @@ static size_t elements(const DLTensor *t) {
     return n;
 }
 
-/* A buffer off TVM's alignment is read from (or written to) an aligned copy. */
-static OrtStatus *aligned(DLTensor *t, void **copy, int fill, const char *symbol) {
-    *copy = NULL;
-    if (((uintptr_t)t->data & (ALIGNMENT - 1)) == 0)
+/*
+ * TVM's kernels assume 64-byte aligned buffers (they use aligned vector loads). ONNX Runtime's own
+ * buffers are, but a graph input fed from Python may not be (numpy aligns to 16 bytes): such a
+ * buffer is read from (or written to) an aligned copy, in a scratch area that each thread keeps and
+ * only grows, so a call allocates nothing.
+ */
+static _Thread_local void *scratch;
+static _Thread_local size_t scratch_size;
+
+static void *scratch_of(size_t bytes) {
+    if (bytes <= scratch_size)
+        return scratch;
+    void *p = NULL;
+    if (posix_memalign(&p, ALIGNMENT, bytes) != 0)
         return NULL;
-    size_t bytes = elements(t) * sizeof(float);
-    if (posix_memalign(copy, ALIGNMENT, bytes ? bytes : 1) != 0)
-        return error(ORT_FAIL, "einopt TvmKernel %s: out of memory", symbol);
-    if (fill)
-        memcpy(*copy, t->data, bytes);
-    void *original = t->data;
-    t->data = *copy;
-    *copy = original; /* the caller copies back to it (outputs) and frees t->data */
-    return NULL;
+    free(scratch);
+    scratch = p;
+    scratch_size = bytes;
+    return p;
+}
+
+static int misaligned(const DLTensor *t) { return ((uintptr_t)t->data & (ALIGNMENT - 1)) != 0; }
+
+static size_t padded_bytes(const DLTensor *t) {
+    return (elements(t) * sizeof(float) + ALIGNMENT - 1) & ~(size_t)(ALIGNMENT - 1);
 }
 
 static OrtStatus *compute(void *kernel, OrtKernelContext *context) {
@@ -560,49 +571,53 @@ static OrtStatus *compute(void *kernel, OrtKernelContext *context) {
     int64_t dims[MAX_ARGS][MAX_RANK];
     void *originals[MAX_ARGS];
     TVMFFIAny args[MAX_ARGS];
-    size_t prepared = 0;
-    for (size_t i = 1; i < n_in && status == NULL; i++, prepared++) {
+    for (size_t i = 1; i < n_in && status == NULL; i++) {
         const OrtValue *value = NULL;
         status = ORT(KernelContext_GetInput, GetInputFn)(context, i, &value);
         if (status == NULL)
             status = describe(value, &tensors[i - 1], dims[i - 1], k->symbol, i);
-        originals[i - 1] = NULL;
-        if (status == NULL)
-            status = aligned(&tensors[i - 1], &originals[i - 1], 1, k->symbol);
     }
-    for (size_t j = 0; j < n_out && status == NULL; j++, prepared++) {
+    for (size_t j = 0; j < n_out && status == NULL; j++) {
         OrtValue *value = NULL;
         size_t a = n_in - 1 + j;
-        originals[a] = NULL;
         status = ORT(KernelContext_GetOutput, GetOutputFn)(context, j, k->shapes[j], (size_t)k->ranks[j], &value);
         void *data = NULL;
         if (status == NULL)
             status = ORT(GetTensorMutableData, GetTensorMutableDataFn)(value, &data);
         memcpy(dims[a], k->shapes[j], sizeof(int64_t) * (size_t)k->ranks[j]);
         tensors[a] = (DLTensor){data, {DL_CPU, 0}, (int32_t)k->ranks[j], {DL_FLOAT, 32, 1}, dims[a], NULL, 0};
-        if (status == NULL)
-            status = aligned(&tensors[a], &originals[a], 0, k->symbol);
     }
-    if (status == NULL) {
-        for (size_t a = 0; a < n; a++)
-            args[a] = (TVMFFIAny){TVMFFI_DLTENSOR_PTR, 0, {.v_ptr = &tensors[a]}};
-        TVMFFIAny result = {TVMFFI_NONE, 0, {0}};
-        const OrtKernelContext *outer = running;
-        running = context;
-        int rc = k->fn(NULL, args, (int32_t)n, &result);
-        running = outer;
-        if (rc != 0)
-            status = error(ORT_RUNTIME_EXCEPTION, "einopt TvmKernel %s failed: %s", k->symbol,
-                           k->library->last_error());
-    }
-    for (size_t a = 0; a < prepared; a++) {
-        if (originals[a] == NULL)
+    if (status != NULL)
+        return status;
+    size_t need = 0;
+    for (size_t a = 0; a < n; a++)
+        need += misaligned(&tensors[a]) ? padded_bytes(&tensors[a]) : 0;
+    char *area = need ? scratch_of(need) : NULL;
+    if (need && area == NULL)
+        return error(ORT_FAIL, "einopt TvmKernel %s: out of memory", k->symbol);
+    for (size_t a = 0; a < n; a++) {
+        originals[a] = NULL;
+        if (!misaligned(&tensors[a]))
             continue;
-        if (status == NULL && a >= n_in - 1)
-            memcpy(originals[a], tensors[a].data, elements(&tensors[a]) * sizeof(float));
-        free(tensors[a].data);
+        originals[a] = tensors[a].data;
+        if (a < n_in - 1)
+            memcpy(area, tensors[a].data, elements(&tensors[a]) * sizeof(float));
+        tensors[a].data = area;
+        area += padded_bytes(&tensors[a]);
     }
-    return status;
+    for (size_t a = 0; a < n; a++)
+        args[a] = (TVMFFIAny){TVMFFI_DLTENSOR_PTR, 0, {.v_ptr = &tensors[a]}};
+    TVMFFIAny result = {TVMFFI_NONE, 0, {0}};
+    const OrtKernelContext *outer = running;
+    running = context;
+    int rc = k->fn(NULL, args, (int32_t)n, &result);
+    running = outer;
+    if (rc != 0)
+        return error(ORT_RUNTIME_EXCEPTION, "einopt TvmKernel %s failed: %s", k->symbol, k->library->last_error());
+    for (size_t a = n_in - 1; a < n; a++)
+        if (originals[a] != NULL)
+            memcpy(originals[a], tensors[a].data, elements(&tensors[a]) * sizeof(float));
+    return NULL;
 }
 
 static void destroy_kernel(void *kernel) { free(kernel); }
