@@ -28,6 +28,7 @@ import onnx
 from einopt.frontend.onnx_graph import default_opset
 from einopt.frontend.translate import Part
 from einopt.instantiate.emit import Instantiated, instantiate, original_ops
+from einopt.runtime.modelio import KERNEL_DOMAIN
 from einopt.runtime.timing import Comparison
 from einopt.runtime.verify import Agreement, Tolerance, first_line, part_pairs, verify_parts
 from einopt.search.results import Candidate
@@ -335,12 +336,29 @@ def _instantiated(
         log.warning("%s (%s): instantiation failed: %s", p.name, trial.label, first_line(e))
         return dataclasses.replace(trial, rejected=f"instantiation failed: {first_line(e)}")
     unchanged = not inst.functions and _same_nodes(model, p, inst, opset)
+    if kernels != "onnx":  # the search listed what its program runs as in the portable form
+        trial = dataclasses.replace(
+            trial, candidate=dataclasses.replace(candidate, operators=_operators(inst))
+        )
     return dataclasses.replace(
         trial,
         instantiated=inst,
         unchanged=unchanged,
         rejected="re-instantiated as the same nodes" if unchanged else "",
     )
+
+
+def _operators(inst: Instantiated) -> tuple[str, ...]:
+    """What an instantiation runs as: ONNX op types, ``DOMAIN.NAME`` for other domains' operators,
+    ``kernel:KIND`` for generated kernels (in the order their choices were made)."""
+    kinds = iter(c.how for c in inst.choices if c.how.startswith("kernel:"))
+    out = []
+    for n in inst.nodes:
+        if n.domain == KERNEL_DOMAIN:
+            out.append(next(kinds, "kernel:?"))
+        else:
+            out.append(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}")
+    return tuple(out)
 
 
 def _same_nodes(model: onnx.ModelProto, p: Part, inst: Instantiated, opset: int) -> bool:
