@@ -252,3 +252,59 @@ def test_partition_with_fused_activations_keeps_matmuls_apart_from_the_elementwi
     fused = group_nodes(nodes, kinds, {"w"}, fuse_activations=True)
     assert [g.nodes for g in fused] == [(0,), (1, 2, 3, 4)]
     assert [g.kind for g in fused] == ["linear", "linear"]
+
+
+def _tail_model() -> onnx.ModelProto:
+    """``y = sigmoid(a) * c + tanh(b)``: four element-wise nodes, two of them activations."""
+    from onnx import TensorProto, helper
+
+    v = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 64])  # noqa: E731
+    nodes = [
+        helper.make_node("Sigmoid", ["a"], ["s"]),
+        helper.make_node("Mul", ["s", "c"], ["m"]),
+        helper.make_node("Tanh", ["b"], ["t"]),
+        helper.make_node("Add", ["m", "t"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "tail", [v("a"), v("b"), v("c")], [v("y")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.tvm
+@needs_cc
+def test_optimize_kernels_tvm_writes_one_kernel_that_runs_with_the_library_only(tmp_path):
+    import onnxruntime
+    from click.testing import CliRunner
+
+    import einopt.runtime
+    from einopt.cli import main
+
+    src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(_tail_model(), src)
+    args = ["optimize", src, "-o", out, "--kernels", "tvm", "--max-depth", 0, "--accept", "verified", "--no-cache"]
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    model = onnx.load(out)
+    assert [n.op_type for n in model.graph.node] == [kernels.OP_TYPE]
+    feeds = {k: np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32) for k in "abc"}
+    want = 1 / (1 + np.exp(-feeds["a"])) * feeds["c"] + np.tanh(feeds["b"])
+    (got,) = einopt.runtime.session(out).run(None, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(Exception, match="TvmKernel"):
+        onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+
+
+def test_optimize_kernels_tvm_without_a_c_compiler_is_one_clear_error(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from einopt.cli import EXIT_CODES, main
+
+    def no_compiler() -> str:
+        raise kernels.NativeBuildError("no C compiler was found (test)")
+
+    monkeypatch.setattr(kernels, "compiler", no_compiler)
+    src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(_tail_model(), src)
+    result = CliRunner().invoke(main, ["optimize", str(src), "-o", str(out), "--kernels", "tvm"])
+    assert result.exit_code == EXIT_CODES["unavailable"], result.output
+    assert "no C compiler" in result.output and "Traceback" not in result.output
+    assert not out.exists()
