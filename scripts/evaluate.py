@@ -7,6 +7,7 @@
     python scripts/evaluate.py --size small            # the generators at the reduced test sizes (quick check)
     python scripts/evaluate.py --resume                # continue a stopped run (same code and command)
     python scripts/evaluate.py --render                # rewrite the tables from results/summary.json, measuring nothing
+    python scripts/evaluate.py --kernels tvm           # every row with generated kernels, beside the onnx run in results/
     python scripts/evaluate.py --models espcn_x3 --max-states 100 --model-states 300 --budget 1 --no-readme
 
 Generated models: the MODELS table of ``einopt.models`` (the 8 of EinNet's
@@ -87,6 +88,7 @@ from evaluate_checks import SideJob, openvino_text, run_side, split_reference
 ROOT = Path(__file__).resolve().parent.parent
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 SHARED_START, SHARED_END = "<!-- shared-results:start -->", "<!-- shared-results:end -->"
+KERNELS_START, KERNELS_END = "<!-- kernels-results:start -->", "<!-- kernels-results:end -->"
 SECTIONS = ("generated", "shared")
 """Words ``--models`` takes for a whole section."""
 
@@ -117,6 +119,7 @@ def einopt_command(model: Path, inputs: Path, stem: str, args: argparse.Namespac
         *(["--max-states", str(args.max_states)] if args.max_states is not None else []),
         *(["--model-states", str(args.model_states)] if args.model_states is not None else []),
         *(["--jobs", str(args.jobs)] if args.jobs > 1 else []),
+        *(["--kernels", args.kernels] if args.kernels != "onnx" else []),
     ]
 
 
@@ -379,6 +382,22 @@ NEVER_SLOWER = 0.99
 GEOMEAN_TARGET = 1.2
 MINUTES_TARGET = 5.0
 
+KERNEL_TARGETS = {
+    ("lstm", 1): 2.0,
+    ("lstm", 16): 1.4,
+    ("lstm_linear_cell", None): 2.0,
+    ("gcn", 1): 1.15,
+    ("gcn", 16): 1.15,
+    ("longformer", 1): 1.8,
+    **{(m, b): 1.2 for m in ("bert", "gpt2", "vit") for b in (1, 16)},
+    **{(m, None): 1.2 for m in ("bert_tiny", "gpt2_tiny_dynamo", "vit_tiny_dynamo")},
+}
+"""Issue 28's targets for ``--kernels tvm`` (every other row: >= 0.99x and not below its ``--kernels
+onnx`` row beyond the noise; InfoGAN and DCGAN: at least the onnx row's speedup)."""
+KERNEL_GEOMEAN_TARGET = 1.4
+KERNEL_NOISE = 0.05
+"""How far below the ``--kernels onnx`` row a ``--kernels tvm`` row may read and still be a tie."""
+
 
 def target(r: dict) -> float:
     return TARGETS.get((r["model"], r["batch"]), NEVER_SLOWER)
@@ -559,6 +578,49 @@ def shared_markdown(rows: list[dict], machine: dict, command: str) -> str:
     return head + "\n\n" + "\n".join(lines) + "\n"
 
 
+def kernels_markdown(onnx_rows: Sequence[dict], tvm_rows: Sequence[dict], machine: dict, command: str) -> str:
+    """Both forms of eOperators side by side: each row of a ``--kernels tvm`` run beside the same
+    model's row of the ``--kernels onnx`` run, with issue 28's targets."""
+    by_key = {row_key(r): r for r in onnx_rows}
+    lines = [
+        "| model | batch | `--kernels onnx` | `--kernels tvm` | target (tvm) | kernels: input -> onnx / tvm "
+        "| verified (tvm) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    speedups = []
+    for r in tvm_rows:
+        key = row_key(r)
+        o = by_key.get(key)
+        batch = "" if key[1] is None else key[1]
+        onnx_text = _speedup_text(o) if o and "error" not in o else "-"
+        if "error" in r:
+            lines.append(f"| {key[0]} | {batch} | {onnx_text} | failed: {_cell(r['error'])} | | | |")
+            continue
+        s, base = speedup(r), speedup(o) if o and "error" not in o else None
+        goal = KERNEL_TARGETS.get(key, NEVER_SLOWER)
+        ok = met(s, goal, r["verified"]) == "met" and (base is None or s >= base * (1 - KERNEL_NOISE))
+        speedups.append(s)
+        kernels = (
+            f"{r['kernels'][0]} -> {o['kernels'][1] if o and 'error' not in o else '?'} / {r['kernels'][1]}"
+        )
+        lines.append(
+            f"| {key[0]} | {batch} | {onnx_text} | {_speedup_text(r)} | >= {goal:.2f}x"
+            f"{' and >= onnx' if base else ''} {'met' if ok else '**missed**'} | {kernels} "
+            f"| {'yes' if r['verified'] else 'NO'} |"
+        )
+    g = geomean([s for s in speedups if s])
+    tail = (
+        f"\nGeometric mean with `--kernels tvm`: {g:.2f}x (target >= {KERNEL_GEOMEAN_TARGET}x).\n"
+        if g
+        else ""
+    )
+    head = _provenance(machine, command, tvm_rows) + (
+        "Each `--kernels tvm` row beside the same model's row of the `--kernels onnx` run "
+        f"(a tie within {KERNEL_NOISE:.0%} of it counts as not slower). "
+    )
+    return head + "\n\n" + "\n".join(lines) + "\n" + tail
+
+
 def update_readme(readme: Path, table: str, start: str = START, end: str = END) -> None:
     """Replace the block between the ``start`` and ``end`` markers of ``readme`` with ``table``."""
     text = readme.read_text()
@@ -668,7 +730,32 @@ def _command(args: argparse.Namespace, generated: list[str], shared: list[str], 
     command += f" --budget {args.budget:g}" if args.budget != 20.0 else ""
     command += f" --batch {' --batch '.join(map(str, args.batch))}" if args.batch else ""
     command += f" --models {' '.join([*generated, *shared])}" if not everything else ""
+    command += f" --kernels {args.kernels}" if args.kernels != "onnx" else ""
     return command
+
+
+def compare_kernels(rows: list[dict], command: str, args: argparse.Namespace, whole: bool) -> None:
+    """``kernels.md`` in ``args.out``: the run's rows beside the onnx run's, and the README's block
+    when the run covers every row at full size."""
+    try:
+        onnx_run = json.loads((args.onnx_results / "summary.json").read_text())
+    except (OSError, ValueError):
+        onnx_run = {"rows": [], "shared_rows": []}
+        print(f"no --kernels onnx run in {args.onnx_results}: the table has no onnx column", file=sys.stderr)
+    machine = next(
+        (
+            json.loads((args.out / r["file"]).read_text())["bench"]["machine"]
+            for r in rows
+            if "error" not in r
+        ),
+        {},
+    )
+    table = kernels_markdown(onnx_run["rows"] + onnx_run["shared_rows"], rows, machine, command)
+    (args.out / "kernels.md").write_text(table)
+    print(table)
+    if whole and not args.no_readme and args.size == "full":
+        update_readme(ROOT / "README.md", table, KERNELS_START, KERNELS_END)
+        print("README.md updated (--kernels tvm beside --kernels onnx)")
 
 
 def render(args: argparse.Namespace, index: Mapping | None) -> int:
@@ -691,6 +778,12 @@ def render(args: argparse.Namespace, index: Mapping | None) -> int:
     )
     print("\n".join(t for t in (table, shared) if t))
     done = {row_key(r) for r in rows}
+    if args.kernels != "onnx":
+        every = done >= {(m, b) for m in MODELS for b in (1, 16)} and (
+            not index or {r["model"] for r in shared_rows} >= set(index)
+        )
+        compare_kernels(rows + shared_rows, prev["command"], args, whole=every)
+        return 0
     if not args.no_readme and args.size == "full" and done >= {(m, b) for m in MODELS for b in (1, 16)}:
         update_readme(ROOT / "README.md", table)
         print("README.md updated (generated models)")
@@ -722,12 +815,8 @@ def main() -> None:
         help="the shared exporter models (default ../shared/models; the section is skipped without it)",
     )
     ap.add_argument("--budget", type=float, default=20.0, help="seconds of timed runs per model (default 20)")
-    ap.add_argument(
-        "--out", type=Path, default=ROOT / "results", help="where the reports go (default results/)"
-    )
-    ap.add_argument(
-        "--build", type=Path, default=ROOT / "build" / "models", help="where the models are written"
-    )
+    ap.add_argument("--out", type=Path, help="where the reports go (default results/)")
+    ap.add_argument("--build", type=Path, help="where the models are written (default build/models/)")
     ap.add_argument("--no-readme", action="store_true", help="do not update README.md")
     ap.add_argument("--no-openvino", action="store_true", help="do not time OpenVINO against ORT")
     ap.add_argument(
@@ -741,6 +830,19 @@ def main() -> None:
     ap.add_argument("--model-states", type=int, metavar="N", help="states per model (default: einopt's)")
     ap.add_argument("--jobs", type=int, default=1, help="search processes per model (default 1)")
     ap.add_argument(
+        "--kernels",
+        choices=["onnx", "tvm"],
+        default="onnx",
+        help="how einopt writes eOperators (default onnx); a tvm run goes to results/kernels-tvm/ unless "
+        "--out is given, and its table sets each row beside the onnx run's in --onnx-results",
+    )
+    ap.add_argument(
+        "--onnx-results",
+        type=Path,
+        default=ROOT / "results",
+        help="the --kernels onnx run a tvm run is compared with (default results/)",
+    )
+    ap.add_argument(
         "--render",
         action="store_true",
         help="measure nothing: rewrite the tables (results.md, README.md) from the run in --out",
@@ -751,6 +853,9 @@ def main() -> None:
         help="continue the stopped run in --out: keep its finished rows (same command and code), run the rest",
     )
     args = ap.parse_args()
+    form = "kernels-tvm" if args.kernels == "tvm" else ""
+    args.out = args.out or ROOT / "results" / form
+    args.build = args.build or ROOT / "build" / "models" / form
     batches = args.batch or [1, 16]
     args.shared = args.shared.resolve()
     index = read_index(args.shared)
@@ -800,7 +905,9 @@ def main() -> None:
     table, shared_table = write_summary(rows, shared_rows, command, args.out, code)
     print("\n".join(t for t in (table, shared_table) if t))
     readme = ROOT / "README.md"
-    if (
+    if args.kernels != "onnx":
+        compare_kernels(rows + shared_rows, command, args, whole=everything and set(batches) == {1, 16})
+    elif (
         not args.no_readme
         and args.size == "full"
         and set(batches) == {1, 16}

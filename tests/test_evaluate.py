@@ -316,7 +316,7 @@ def test_render_rewrites_the_tables_and_finds_identical_outputs_from_the_files(t
         (build / f"{name}.einopt.onnx").write_bytes(output)
     rows = [_row("bert_tiny", speedup=0.97), _row("se_block", file="bert_tiny.json", speedup=0.97)]
     evaluate.write_summary([], rows, "cmd", out, "abc", "2026-11-28")
-    args = SimpleNamespace(out=out, build=build, shared=shared, size="full", no_readme=True)
+    args = SimpleNamespace(out=out, build=build, shared=shared, size="full", no_readme=True, kernels="onnx")
     assert evaluate.render(args, {"bert_tiny": {}, "se_block": {}}) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert [r["identical"] for r in summary["shared_rows"]] == [True, False]
@@ -388,3 +388,28 @@ def test_a_failed_side_process_shows_in_the_openvino_column():
 )
 def test_generated_targets(model, batch, goal):
     assert evaluate.target({"model": model, "batch": batch}) == goal
+
+
+def test_kernels_table_sets_each_tvm_row_beside_the_onnx_row_with_issue_28s_targets():
+    onnx_rows = [
+        _row("lstm", batch=1, speedup=1.5, kernels=[21, 12]),
+        _row("gcn", batch=1, speedup=1.05, kernels=[71, 80]),
+        _row("se_block", speedup=1.0, identical=True),
+    ]
+    tvm_rows = [
+        _row("lstm", batch=1, speedup=2.1, kernels=[21, 5]),  # meets 2.0x
+        _row("gcn", batch=1, speedup=1.11, kernels=[71, 94]),  # above onnx, below 1.15x
+        _row("se_block", speedup=0.93),  # not identical: a real reading below the onnx row
+        _row("dcgan", batch=16, error="exit 1"),
+    ]
+    table = evaluate.kernels_markdown(onnx_rows, tvm_rows, {}, "python scripts/evaluate.py --kernels tvm")
+    lines = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
+    assert (
+        "2.10x" in lines["lstm"]
+        and ">= 2.00x and >= onnx met" in lines["lstm"]
+        and "21 -> 12 / 5" in lines["lstm"]
+    )
+    assert "1.05x" in lines["gcn"] and ">= 1.15x and >= onnx **missed**" in lines["gcn"]
+    assert "1.00x (output = input" in lines["se_block"] and "**missed**" in lines["se_block"]  # 0.93 < 0.99
+    assert "failed: exit 1" in lines["dcgan"]
+    assert "Geometric mean with `--kernels tvm`" in table and "target >= 1.4x" in table
