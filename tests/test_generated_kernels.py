@@ -280,7 +280,19 @@ def test_optimize_kernels_tvm_writes_one_kernel_that_runs_with_the_library_only(
 
     src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
     onnx.save(_tail_model(), src)
-    args = ["optimize", src, "-o", out, "--kernels", "tvm", "--max-depth", 0, "--accept", "verified", "--no-cache"]
+    args = [
+        "optimize",
+        src,
+        "-o",
+        out,
+        "--kernels",
+        "tvm",
+        "--max-depth",
+        0,
+        "--accept",
+        "verified",
+        "--no-cache",
+    ]
     result = CliRunner().invoke(main, [str(a) for a in args])
     assert result.exit_code == 0, result.output
     model = onnx.load(out)
@@ -308,3 +320,19 @@ def test_optimize_kernels_tvm_without_a_c_compiler_is_one_clear_error(tmp_path, 
     assert result.exit_code == EXIT_CODES["unavailable"], result.output
     assert "no C compiler" in result.output and "Traceback" not in result.output
     assert not out.exists()
+
+
+@pytest.mark.tvm
+@needs_cc
+def test_the_profile_lists_each_generated_kernel_with_its_bytes_and_flops():
+    from einopt.runtime.bench import profile_model
+
+    prog = _conv_program()
+    model, _ = program_model(prog, kernels="tvm")
+    feeds = {k: v.astype(np.float32) for k, v in random_inputs(prog, np.random.default_rng(0)).items()}
+    (k,) = profile_model(model, feeds, runs=3)["generated_kernels"]
+    (node,) = _kernel_nodes(model)
+    assert k["node"] == node.name
+    t = prog.scope("T")
+    assert k["bytes"] == 4 * (int(np.prod(t.shape)) + 6 * 7 * 4)  # reads T, writes Y
+    assert k["flops"] == kernel_flops(prog.scope("Y")) and k["ms"] > 0 and k["gb_s"] > 0

@@ -16,6 +16,7 @@ import bisect
 import dataclasses
 import json
 import logging
+import math
 import os
 import statistics
 import tempfile
@@ -54,10 +55,16 @@ def profile_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], runs:
     the layout conversions it inserted count as ``ReorderInput`` /
     ``ReorderOutput``. The trace file is deleted.
 
+    Each generated kernel (einopt's ``TvmKernel``, ``--kernels tvm``) is also listed with what it
+    achieved: its median time, the float32 bytes of its inputs and outputs over that time (GB/s) and
+    its FLOPs (its ``flops`` attribute) over that time (GFLOP/s). The profiler's own overhead is in
+    the time, so a kernel of a few microseconds reads slower than it runs.
+
     Returns
     -------
     dict
-        ``{"kernels": median kernels per run, "time_by_op": {op: median ms per run}}``.
+        ``{"kernels": median kernels per run, "time_by_op": {op: median ms per run},
+        "generated_kernels": [{"node", "ms", "bytes", "flops", "gb_s", "gflop_s"}, ...]}`` (slowest first).
     """
     with tempfile.TemporaryDirectory(prefix="einopt-prof-") as tmp:
         sess = modelio.session(model, profile_prefix=os.path.join(tmp, "ort"))
@@ -74,6 +81,8 @@ def profile_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], runs:
     )
     per_run: list[dict[str, float]] = [{} for _ in runs_at]
     kernels = [0 for _ in runs_at]
+    generated: dict[str, list[float]] = {}
+    moved: dict[str, int] = {}
     starts = [a for a, _ in runs_at]
     for e in events:
         if e.get("cat") != "Node" or not str(e.get("name", "")).endswith("_kernel_time"):
@@ -84,12 +93,52 @@ def profile_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], runs:
         op = e.get("args", {}).get("op_name", "?")
         per_run[k][op] = per_run[k].get(op, 0.0) + e.get("dur", 0) / 1e3
         kernels[k] += 1
+        if op == GENERATED_OP and k > 0:
+            node = str(e["name"])[: -len("_kernel_time")]
+            generated.setdefault(node, []).append(e.get("dur", 0) / 1e3)
+            moved[node] = _float_bytes(e["args"])
     per_run, kernels = per_run[1:] or per_run, kernels[1:] or kernels
+    flops = {
+        n.name: next((a.i for a in n.attribute if a.name == "flops"), 0)
+        for n in model.graph.node
+        if n.op_type == GENERATED_OP
+    }
+    achieved = []
+    for node, times in generated.items():
+        ms = float(np.median(times))
+        f = flops.get(node, 0)
+        achieved.append(
+            {
+                "node": node,
+                "ms": ms,
+                "bytes": moved[node],
+                "flops": f,
+                "gb_s": moved[node] / ms / 1e6 if ms else None,
+                "gflop_s": f / ms / 1e6 if ms else None,
+            }
+        )
+    achieved.sort(key=lambda a: -a["ms"])
     ops = sorted({op for r in per_run for op in r})
     return {
         "kernels": int(statistics.median(kernels)) if kernels else 0,
         "time_by_op": {op: float(np.median([r.get(op, 0.0) for r in per_run])) for op in ops},
+        "generated_kernels": achieved,
     }
+
+
+GENERATED_OP = "TvmKernel"
+"""The op type of einopt's generated kernels (``einopt.runtime.kernels.OP_TYPE``)."""
+
+
+def _float_bytes(args: Mapping) -> int:
+    """Bytes of the float32 inputs and outputs of a profiled node (its kernel library, uint8, aside)."""
+    total = 0
+    for key in ("input_type_shape", "output_type_shape"):
+        for entry in args.get(key, []):
+            for dtype, shape in entry.items():
+                if dtype == "float":
+                    total += 4 * math.prod(shape)
+    return total
 
 
 def _signature(model: onnx.ModelProto) -> dict[tuple[str, str], onnx.ValueInfoProto]:
@@ -169,6 +218,7 @@ def _stats(model: onnx.ModelProto, timing: Timing | None, profile: dict) -> dict
         "flops": cost.flops,
         "bytes": cost.bytes,
         "time_by_op": profile.get("time_by_op", {}),
+        "generated_kernels": profile.get("generated_kernels", []),
     }
 
 
