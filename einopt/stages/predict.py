@@ -183,7 +183,7 @@ def _with_epilogue(
     return out
 
 
-def _light(c: Candidate, p: Part, kernels: str) -> tuple[onnx.ModelProto, frozenset[str]]:
+def _light(c: Candidate, p: Part, kernels: str = "onnx") -> tuple[onnx.ModelProto, frozenset[str]]:
     m, inst = program_model(c.program, dict(p.constants), light=True, kernels=kernels)
     return m, weight_names(p.constants, inst)
 
