@@ -336,3 +336,50 @@ def test_the_profile_lists_each_generated_kernel_with_its_bytes_and_flops():
     t = prog.scope("T")
     assert k["bytes"] == 4 * (int(np.prod(t.shape)) + 6 * 7 * 4)  # reads T, writes Y
     assert k["flops"] == kernel_flops(prog.scope("Y")) and k["ms"] > 0 and k["gb_s"] > 0
+
+
+@pytest.mark.tvm
+@needs_cc
+def test_parts_with_the_same_kernel_share_one_library_in_the_output(tmp_path):
+    from click.testing import CliRunner
+    from onnx import TensorProto, helper
+
+    import einopt.runtime
+    from einopt.cli import main
+
+    v = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 64])  # noqa: E731
+    nodes = []
+    for k, (a, b, c) in enumerate(("abc", "def")):
+        nodes += [
+            helper.make_node("Sigmoid", [a], [f"s{k}"]),
+            helper.make_node("Mul", [f"s{k}", c], [f"m{k}"]),
+            helper.make_node("Tanh", [b], [f"t{k}"]),
+            helper.make_node("Add", [f"m{k}", f"t{k}"], [f"y{k}"]),
+        ]
+    graph = helper.make_graph(nodes, "two", [v(x) for x in "abcdef"], [v("y0"), v("y1")])
+    src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src)
+    args = [
+        "optimize",
+        src,
+        "-o",
+        out,
+        "--kernels",
+        "tvm",
+        "--max-depth",
+        0,
+        "--accept",
+        "verified",
+        "--no-cache",
+    ]
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    model = onnx.load(out)
+    generated = _kernel_nodes(model)
+    assert len(generated) == 2 and generated[0].input[0] == generated[1].input[0]
+    assert sum(t.data_type == onnx.TensorProto.UINT8 for t in model.graph.initializer) == 1
+    feeds = {k: np.random.default_rng(2).standard_normal((2, 64)).astype(np.float32) for k in "abcdef"}
+    y0, y1 = einopt.runtime.session(out).run(["y0", "y1"], feeds)
+    np.testing.assert_allclose(
+        y1, 1 / (1 + np.exp(-feeds["d"])) * feeds["f"] + np.tanh(feeds["e"]), rtol=1e-5, atol=1e-6
+    )

@@ -38,8 +38,12 @@ def _axpy(name: str, rows: int, cols: int, parallel: bool) -> object:
     )
 
 
-def _model(library: bytes, symbol: str, shape: tuple[int, int], kernel_input_shape=None) -> onnx.ModelProto:
+def _model(
+    library: bytes, symbol: str, shape: tuple[int, int], kernel_input_shape=None, declared: bool = False
+) -> onnx.ModelProto:
+    """One kernel node; ``declared``: it declares the shapes the kernel was compiled for (``shape``)."""
     code = numpy_helper.from_array(np.frombuffer(library, dtype=np.uint8), "einopt_kernels")
+    inputs = {"input_ranks": [2, 2], "input_shapes": [*shape, *shape]} if declared else {}
     node = helper.make_node(
         kernels.OP_TYPE,
         ["einopt_kernels", "a", "b"],
@@ -48,6 +52,7 @@ def _model(library: bytes, symbol: str, shape: tuple[int, int], kernel_input_sha
         symbol=symbol,
         output_ranks=[2],
         output_shapes=list(shape),
+        **inputs,
     )
     graph = helper.make_graph(
         [node],
@@ -68,31 +73,36 @@ def library() -> bytes:
     )
 
 
+@pytest.mark.parametrize("declared", [False, True])
 @pytest.mark.parametrize("symbol, shape", [("axpy", (64, 96)), ("axpy_par", (256, 96))])
-def test_a_kernel_runs_on_ort_buffers(library, symbol, shape):
+def test_a_kernel_runs_on_ort_buffers(library, symbol, shape, declared):
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
     for threads in (1, 2):
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads
-        sess = kernels.session(_model(library, symbol, shape).SerializeToString(), options)
+        sess = kernels.session(_model(library, symbol, shape, declared=declared).SerializeToString(), options)
         (c,) = sess.run(None, {"a": a, "b": b})
         np.testing.assert_array_equal(c, 2 * a + b)
 
 
-def test_a_misaligned_input_is_read_through_an_aligned_copy(library):
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_misaligned_input_is_read_through_an_aligned_copy(library, declared):
     rng = np.random.default_rng(1)
     raw = rng.standard_normal(64 * 96 + 1).astype(np.float32)
     a = raw[1:].reshape(64, 96)  # 4 bytes past an aligned start
     b = rng.standard_normal((64, 96)).astype(np.float32)
-    sess = kernels.session(_model(library, "axpy", (64, 96)).SerializeToString())
+    sess = kernels.session(_model(library, "axpy", (64, 96), declared=declared).SerializeToString())
     (c,) = sess.run(None, {"a": a, "b": b})
     np.testing.assert_array_equal(c, 2 * a + b)
 
 
-def test_a_failed_kernel_check_is_an_ort_error_with_the_kernels_message(library):
-    # the node's inputs are [64, 95]: TVM's argument check refuses them, and ORT raises
-    sess = kernels.session(_model(library, "axpy", (64, 96), kernel_input_shape=(64, 95)).SerializeToString())
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_failed_kernel_check_is_an_ort_error_with_the_kernels_message(library, declared):
+    # the node's inputs are [64, 95]: TVM's argument check refuses them, and ORT raises (a node that
+    # declares [64, 96] finds the size wrong and reads the real shape, which TVM refuses)
+    model = _model(library, "axpy", (64, 96), kernel_input_shape=(64, 95), declared=declared)
+    sess = kernels.session(model.SerializeToString())
     x = np.zeros((64, 95), np.float32)
     with pytest.raises(Exception, match="einopt TvmKernel axpy failed: .*shape"):
         sess.run(None, {"a": x, "b": x})

@@ -18,6 +18,10 @@ materialised once, by the first of:
    model (``einopt.runtime.kernels``). A scope that cannot be a kernel (one
    reading a non-float tensor) is a function call in either form.
 
+With ``kernels="tvm"``, a match that would be two or more element-wise nodes
+(a fused element-wise chain, ``einopt.stages.kernelfusion``) is one generated
+kernel instead.
+
 Nodes are interned: the same operator on the same inputs is emitted once.
 Program outputs are produced under exactly the ONNX names given; every other
 value gets a fresh readable name starting with the prefix.
@@ -623,6 +627,8 @@ class _Emitter:
             ("symbol", symbol),
             ("output_ranks", (scope.rank,)),
             ("output_shapes", scope.shape),
+            ("input_ranks", tuple(s.rank for s in sources)),
+            ("input_shapes", tuple(d for s in sources for d in s.shape)),
             ("flops", kernel_flops(scope)),
         )
         out = self.node(kernels.OP_TYPE, inputs, attrs, domain=kernels.DOMAIN, base=kind)

@@ -9,6 +9,8 @@
  *   outputs       float32 tensors, the kernel's outputs in parameter order
  *   attributes    symbol (string): the kernel's name (its entry point is __tvm_ffi_<symbol>)
  *                 output_ranks (ints), output_shapes (ints, the outputs' dimensions one after another)
+ *                 input_ranks, input_shapes (ints, optional): the inputs' shapes the kernel was compiled
+ *                 for; with them (and ONNX Runtime 1.23 or later) an input is checked by its size alone
  *
  * The shared object is loaded once per process for every distinct content (from memory, through a
  * memfd), and the kernel is called with DLTensors that point at ORT's input and output buffers: no
@@ -52,6 +54,11 @@ typedef struct {
 
 /* The API version asked for: 17 is the first with KernelContext_ParallelFor (ONNX Runtime 1.17). */
 #define API_VERSION 17
+/* From version 23 on (ONNX Runtime 1.23), GetTensorSizeInBytes (slot 318) is there too: with it, an input
+ * whose shape the node declares is checked by its size alone, without building a shape-info object
+ * (an allocation and a free per input per call). */
+#define SIZE_API_VERSION 23
+#define SLOT_GetTensorSizeInBytes 318
 
 /* Slots of the OrtApi table used here (0-based; each slot is one function pointer). */
 enum {
@@ -97,6 +104,7 @@ typedef OrtStatus *(*GetDimensionsCountFn)(const OrtShapeInfo *info, size_t *out
 typedef OrtStatus *(*GetDimensionsFn)(const OrtShapeInfo *info, int64_t *dims, size_t count);
 typedef OrtStatus *(*GetTensorShapeElementCountFn)(const OrtShapeInfo *info, size_t *out);
 typedef OrtStatus *(*GetTensorTypeAndShapeFn)(const OrtValue *value, OrtShapeInfo **out);
+typedef OrtStatus *(*GetTensorSizeInBytesFn)(const OrtValue *value, size_t *out);
 typedef void (*ReleaseShapeInfoFn)(OrtShapeInfo *info);
 typedef OrtStatus *(*GetAttributeStringFn)(const OrtKernelInfo *info, const char *name, char *out, size_t *size);
 typedef OrtStatus *(*GetAttributeInt64sFn)(const OrtKernelInfo *info, const char *name, int64_t *out, size_t *size);
@@ -410,7 +418,13 @@ typedef struct {
     size_t outputs;
     int64_t ranks[MAX_ARGS];
     int64_t shapes[MAX_ARGS][MAX_RANK];
+    size_t inputs; /* 0: the node declares no input shapes, each input's is read from ORT */
+    int64_t input_ranks[MAX_ARGS];
+    int64_t input_shapes[MAX_ARGS][MAX_RANK];
+    size_t input_bytes[MAX_ARGS];
 } Kernel;
+
+static GetTensorSizeInBytesFn size_in_bytes; /* NULL before ONNX Runtime 1.23 */
 
 static OrtStatus *read_ints(const OrtKernelInfo *info, const char *name, int64_t *out, size_t capacity,
                             size_t *count) {
@@ -425,6 +439,36 @@ static OrtStatus *read_ints(const OrtKernelInfo *info, const char *name, int64_t
                      capacity);
     *count = size;
     return size ? ORT(KernelInfoGetAttributeArray_int64, GetAttributeInt64sFn)(info, name, out, &size) : NULL;
+}
+
+/* The optional input_ranks / input_shapes: the shapes the kernel was compiled for, one input after another. */
+static OrtStatus *read_input_shapes(Kernel *k, const OrtKernelInfo *info) {
+    size_t size = 0;
+    OrtStatus *status = ORT(KernelInfoGetAttributeArray_int64, GetAttributeInt64sFn)(info, "input_ranks", NULL, &size);
+    if (status != NULL) { /* absent: every call reads the inputs' shapes from ORT */
+        ORT(ReleaseStatus, ReleaseStatusFn)(status);
+        return NULL;
+    }
+    int64_t dims[MAX_ARGS * MAX_RANK];
+    size_t n_dims = 0, inputs = 0;
+    if ((status = read_ints(info, "input_ranks", k->input_ranks, MAX_ARGS, &inputs)) != NULL)
+        return status;
+    if ((status = read_ints(info, "input_shapes", dims, MAX_ARGS * MAX_RANK, &n_dims)) != NULL)
+        return status;
+    size_t at = 0;
+    for (size_t i = 0; i < inputs; i++) {
+        if (k->input_ranks[i] < 0 || k->input_ranks[i] > MAX_RANK || at + (size_t)k->input_ranks[i] > n_dims)
+            return error(ORT_INVALID_GRAPH, "einopt TvmKernel %s: input_ranks and input_shapes disagree", k->symbol);
+        k->input_bytes[i] = sizeof(float);
+        for (int64_t d = 0; d < k->input_ranks[i]; d++) {
+            k->input_shapes[i][d] = dims[at++];
+            k->input_bytes[i] *= (size_t)k->input_shapes[i][d];
+        }
+    }
+    if (at != n_dims)
+        return error(ORT_INVALID_GRAPH, "einopt TvmKernel %s: input_ranks and input_shapes disagree", k->symbol);
+    k->inputs = inputs;
+    return NULL;
 }
 
 static OrtStatus *read_attributes(Kernel *k, const OrtKernelInfo *info) {
@@ -449,7 +493,7 @@ static OrtStatus *read_attributes(Kernel *k, const OrtKernelInfo *info) {
     }
     if (at != n_dims)
         return error(ORT_INVALID_GRAPH, "einopt TvmKernel %s: output_ranks and output_shapes disagree", k->symbol);
-    return NULL;
+    return read_input_shapes(k, info);
 }
 
 static OrtStatus *create_kernel(const OrtCustomOp *op, const void *api, const OrtKernelInfo *info, void **out) {
@@ -571,11 +615,27 @@ static OrtStatus *compute(void *kernel, OrtKernelContext *context) {
     int64_t dims[MAX_ARGS][MAX_RANK];
     void *originals[MAX_ARGS];
     TVMFFIAny args[MAX_ARGS];
+    int declared = size_in_bytes != NULL && k->inputs == n_in - 1;
     for (size_t i = 1; i < n_in && status == NULL; i++) {
         const OrtValue *value = NULL;
         status = ORT(KernelContext_GetInput, GetInputFn)(context, i, &value);
-        if (status == NULL)
+        size_t bytes = 0;
+        if (status == NULL && declared) {
+            OrtStatus *unknown = size_in_bytes(value, &bytes);
+            if (unknown != NULL) {
+                ORT(ReleaseStatus, ReleaseStatusFn)(unknown);
+                bytes = 0;
+            }
+        }
+        if (status == NULL && declared && bytes == k->input_bytes[i - 1]) {
+            /* the declared shape, checked by its size (ORT checks the element type against the schema) */
+            void *data = NULL;
+            status = ORT(GetTensorMutableData, GetTensorMutableDataFn)((OrtValue *)value, &data);
+            tensors[i - 1] = (DLTensor){data, {DL_CPU, 0}, (int32_t)k->input_ranks[i - 1], {DL_FLOAT, 32, 1},
+                                        k->input_shapes[i - 1], NULL, 0};
+        } else if (status == NULL) {
             status = describe(value, &tensors[i - 1], dims[i - 1], k->symbol, i);
+        }
     }
     for (size_t j = 0; j < n_out && status == NULL; j++) {
         OrtValue *value = NULL;
@@ -673,6 +733,8 @@ EXPORT OrtStatus *RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase
         return error(ORT_FAIL, "einopt's kernel library needs ONNX Runtime 1.17 or later (API %d); this is %s",
                      API_VERSION, version);
     }
+    if (base->GetApi(SIZE_API_VERSION) != NULL)
+        size_in_bytes = (GetTensorSizeInBytesFn)ort[SLOT_GetTensorSizeInBytes];
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     cores = online > 0 ? (int)online : 1;
     OrtCustomOpDomain *domain = NULL; /* kept for the process: sessions hold on to it */
