@@ -631,6 +631,13 @@ def update_readme(readme: Path, table: str, start: str = START, end: str = END) 
     readme.write_text(f"{before}{start}\n{table}{end}{after}")
 
 
+def run_machine(rows: Sequence[dict], out: Path) -> dict:
+    """The machine the run's first finished row was measured on (from its report in ``out``)."""
+    return next(
+        (json.loads((out / r["file"]).read_text())["bench"]["machine"] for r in rows if "error" not in r), {}
+    )
+
+
 def write_summary(
     rows: list[dict],
     shared_rows: list[dict],
@@ -641,11 +648,7 @@ def write_summary(
 ) -> tuple[str, str]:
     """results/summary.json and results/results.md from the rows so far (``date``: today's unless
     given); the two tables."""
-    machine = {}
-    for r in [*rows, *shared_rows]:
-        if "error" not in r:
-            machine = json.loads((out / r["file"]).read_text())["bench"]["machine"]
-            break
+    machine = run_machine([*rows, *shared_rows], out)
     summary = {
         "date": date or datetime.date.today().isoformat(),
         "command": command,
@@ -742,14 +745,7 @@ def compare_kernels(rows: list[dict], command: str, args: argparse.Namespace, wh
     except (OSError, ValueError):
         onnx_run = {"rows": [], "shared_rows": []}
         print(f"no --kernels onnx run in {args.onnx_results}: the table has no onnx column", file=sys.stderr)
-    machine = next(
-        (
-            json.loads((args.out / r["file"]).read_text())["bench"]["machine"]
-            for r in rows
-            if "error" not in r
-        ),
-        {},
-    )
+    machine = run_machine(rows, args.out)
     table = kernels_markdown(onnx_run["rows"] + onnx_run["shared_rows"], rows, machine, command)
     (args.out / "kernels.md").write_text(table)
     print(table)

@@ -33,6 +33,7 @@ from pathlib import Path
 from einopt.core import ir
 from einopt.core.keys import key
 from einopt.core.ops import BINARY, UNARY
+from einopt.core.rewrite import accesses
 
 __all__ = ["KernelUnsupported", "OrtKernel", "ort_kernel", "stand_in", "kernel_flops"]
 
@@ -79,12 +80,10 @@ def stand_in(scope: ir.Scope) -> StandIn:
         When a source is not float32 (einopt's ONNX Runtime operator takes float32 tensors).
     """
     order: dict[ir.Tensor | ir.Scope, ir.Tensor] = {}
-    for e in ir.walk(scope.body, stop=ir.Access):
-        if isinstance(e, ir.Access) and e.source not in order:
-            src = e.source
-            if isinstance(src, ir.Tensor) and src.dtype != "float32":
-                raise KernelUnsupported(f"it reads {src.name}, a {src.dtype} tensor (kernels take float32)")
-            order[src] = ir.Tensor(f"x{len(order):03d}", src.shape, "float32")
+    for src in dict.fromkeys(a.source for a in accesses(scope.body)):
+        if isinstance(src, ir.Tensor) and src.dtype != "float32":
+            raise KernelUnsupported(f"it reads {src.name}, a {src.dtype} tensor (kernels take float32)")
+        order[src] = ir.Tensor(f"x{len(order):03d}", src.shape, "float32")
 
     def go(node: ir.Node) -> ir.Node:
         node = ir.rebuild(node, go) if not isinstance(node, ir.Access) else node
