@@ -44,6 +44,7 @@ from einopt.runtime.verify import (
 from einopt.search.budget import Budget
 from einopt.stages.accept import MODEL_NOISE, Decision, Timer, accept_rewrites
 from einopt.stages.export import assemble
+from einopt.stages.partmerge import merge_parts
 from einopt.stages.partsearch import DEFAULT_BUDGET, PartSearch, Progress, Settings, search_parts
 from einopt.stages.postopt import postoptimize
 from einopt.stages.predict import predict
@@ -253,19 +254,31 @@ def _rewrite(
             searches = predict(model, translated, searches, OpCosts(store), kernels=options.kernels)
             clock("cost")
         states = fill(states, search=searches)
+        taken = {f.name for f in original.functions}
+        timer = Timer(store, part_budget_s=options.part_budget_s) if timed else None
         selections = select(
             model,
             translated,
             searches,
             datasets=datasets,
             tolerance=options.tolerance,
-            timer=Timer(store, part_budget_s=options.part_budget_s) if timed else None,
+            timer=timer,
             feeds=feeds,
-            taken={f.name for f in original.functions},
+            taken=taken,
             top_k=options.top_k if options.max_depth > 0 else 0,
             kernels=options.kernels,
         )
         states = fill(states, selection=selections)
+        if options.kernels == "tvm":  # seams between subprograms that one generated kernel can close
+            states = merge_parts(
+                model,
+                states,
+                datasets=datasets,
+                tolerance=options.tolerance,
+                timer=timer,
+                feeds=feeds,
+                taken=taken,
+            )
         clock("select")
         decided = _accept(original, model, states, feeds, store, options)
     finally:

@@ -36,7 +36,16 @@ from einopt.stages.accept import Timer, is_unchanged
 from einopt.stages.kernelfusion import fuse_for_kernels
 from einopt.stages.partsearch import PartSearch
 
-__all__ = ["Trial", "Selection", "PREDICTED_SLACK", "DEFAULT_TOP_K", "BUDGET_S", "NOT_TIMED", "select"]
+__all__ = [
+    "Trial",
+    "Selection",
+    "PREDICTED_SLACK",
+    "DEFAULT_TOP_K",
+    "BUDGET_S",
+    "NOT_TIMED",
+    "select",
+    "try_trials",
+]
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +224,47 @@ def select(
             taken |= {f.name for f in chosen.instantiated.functions}
         out[p.name] = Selection(chosen, tuple(tried), searches.get(p.name) or PartSearch.not_searched())
     return out
+
+
+def try_trials(
+    model: onnx.ModelProto,
+    part: Part,
+    trials: Sequence[Trial],
+    *,
+    datasets: Sequence[Mapping[str, np.ndarray]],
+    tolerance: Tolerance,
+    timer: Timer | None,
+    feeds: Mapping[str, np.ndarray] | None,
+    taken: set[str],
+    kernels: str = "onnx",
+) -> list[Trial]:
+    """One part's ``trials``, each instantiated (unless it already is), verified, and (with a
+    ``timer``) timed against the part's original nodes: :func:`select`'s steps for a part that
+    is not among the ones it was given (a merged group, :mod:`einopt.stages.partmerge`)."""
+    opset = default_opset(model)
+    pending = {
+        part.name: [
+            t
+            if t.instantiated is not None
+            else _instantiated(model, part, t.candidate, opset, taken, kernels)
+            for t in trials
+        ]
+    }
+    keys = [
+        (part.name, i)
+        for i, t in enumerate(pending[part.name])
+        if t.instantiated is not None and not t.rejected
+    ]
+    pseudo = {_pseudo(part.name, i): dataclasses.replace(part, name=_pseudo(part.name, i)) for _, i in keys}
+    emitted = {_pseudo(n, i): pending[n][i].instantiated for n, i in keys}
+    ok = _verified(model, keys, pseudo, emitted, pending, datasets, tolerance)
+    if timer is not None and feeds is not None and ok:
+        todo = [pseudo[_pseudo(n, i)] for n, i in ok]
+        for pair in part_pairs(model, todo, {p.name: emitted[p.name] for p in todo}, feeds, epilogues=True):
+            name, i = _unpseudo(pair.name)
+            t = timer.part(dataclasses.replace(pair, name=name))
+            pending[name][i] = dataclasses.replace(pending[name][i], measured=t)
+    return pending[part.name]
 
 
 def _verified(

@@ -1,0 +1,440 @@
+"""Merging adjacent subprograms whose chosen programs fuse into fewer generated kernels (``--kernels tvm``).
+
+The partition cuts a model into subprograms that are searched on their own
+(a search over the LSTM cell's 25 nodes at once finds less in more time than
+one over its linear part and one over its element-wise tail). Each gets its
+own fastest program, but the seam between two of them can hold element-wise
+work that a generated kernel would do in registers: the merged LSTM gates'
+bias Add and Split at the end of the linear part, read by the fused tail's
+kernels in the next part.
+
+:func:`merge_parts` composes the chosen programs of two parts where one
+reads the other (:func:`compose`: the reader's input tensors become the
+producer's bound scopes), applies the kernel fusion of
+:mod:`einopt.stages.kernelfusion` to the composition, and keeps the pair
+together where that leaves fewer bindings than the two fused alone. A merged
+group is then tried like a subprogram of its own: instantiated, verified,
+and timed against its original nodes beside the two chosen programs
+side by side; the faster wins. A group is never merged across a node
+outside it (the graph would have a cycle).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from einopt.core import ir
+from einopt.core.index import simplify
+from einopt.core.rewrite import fresh_name, map_accesses, prune_bindings, rename_tensors, sort_bindings
+from einopt.frontend.translate import Part
+from einopt.instantiate.emit import Instantiated
+from einopt.rules.derive import TraceStep
+from einopt.runtime.timing import Comparison
+from einopt.runtime.verify import PartPair, Tolerance, part_pairs
+from einopt.search.results import Candidate
+from einopt.stages.accept import Timer
+from einopt.stages.export import toposort
+from einopt.stages.kernelfusion import PHASE, fuse_for_kernels
+from einopt.stages.partsearch import PartSearch
+from einopt.stages.select import Selection, Trial, try_trials
+from einopt.stages.state import PartState
+
+__all__ = ["compose", "merge_parts", "MERGE_RULE"]
+
+log = logging.getLogger(__name__)
+
+MERGE_RULE = "merge_subprograms"
+"""The trace step's rule name for two subprograms composed into one."""
+MERGE_MARGIN = 0.02
+"""A merged program must run at least ``1 + MERGE_MARGIN`` times as fast as its parts' programs side
+by side, head to head (an identical pair reads 0.99-1.02x here)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Side:
+    """A part (or a merged group) as merging sees it: its input and chosen programs, in its names."""
+
+    part: Part
+    chosen: Candidate  # the chosen candidate (the input itself when nothing was chosen)
+    members: tuple[str, ...]  # the original parts' names
+
+
+def merge_parts(
+    model: onnx.ModelProto,
+    states: Mapping[str, PartState],
+    *,
+    datasets: Sequence[Mapping[str, np.ndarray]],
+    tolerance: Tolerance,
+    timer: Timer | None,
+    feeds: Mapping[str, np.ndarray] | None,
+    taken: set[str],
+) -> dict[str, PartState]:
+    """``states`` with adjacent parts merged where their chosen programs fuse further (module docstring).
+
+    A merged group's state replaces its members' (at the first member's place); its selection holds
+    the two ways it was tried, the members' chosen programs side by side and the fused composition,
+    and chose the faster (timed; untimed: the fused one). Groups whose fused composition loses keep
+    their members' states unchanged.
+    """
+    sides = {n: _side(model, s) for n, s in states.items() if s.selection is not None and s.part.translated}
+    groups = _groups(model, [sides[n] for n in states if n in sides])
+    out = dict(states)
+    for group in groups:
+        merged = _try_group(model, group, states, datasets, tolerance, timer, feeds, taken)
+        if merged is None:
+            continue
+        first = group.members[0]
+        rebuilt = {}
+        for name, s in out.items():
+            if name == first:
+                rebuilt[merged.name] = merged
+            elif name not in group.members:
+                rebuilt[name] = s
+        out = rebuilt
+    return out
+
+
+def _side(model: onnx.ModelProto, state: PartState) -> _Side:
+    chosen = state.selection.chosen
+    candidate = chosen.candidate if chosen is not None else Candidate(state.part.program, (), (), 0.0)
+    return _Side(state.part, candidate, (state.name,))
+
+
+# ---- which parts merge ------------------------------------------------------
+
+
+def _groups(model: onnx.ModelProto, sides: list[_Side]) -> list[_Side]:
+    """Merged groups, greedily: a part joins the group (or part) it reads from whenever the fused
+    composition has fewer bindings than the two fused alone."""
+    producer_of = _producers(model)
+    live = list(sides)
+    changed = True
+    merged: set[str] = set()
+    while changed:
+        changed = False
+        for c in list(live):
+            for p in live:
+                if p is c or not _reads_from(model, c.part, p.part, producer_of):
+                    continue
+                group = _pair(model, p, c)
+                if group is None:
+                    continue
+                live = [s for s in live if s is not p and s is not c]
+                live.append(group)
+                live.sort(key=lambda s: s.part.nodes[0])
+                merged.add(group.part.name)
+                changed = True
+                break
+            if changed:
+                break
+    return [s for s in live if s.part.name in merged]
+
+
+def _producers(model: onnx.ModelProto) -> dict[str, int]:
+    return {o: i for i, n in enumerate(model.graph.node) for o in n.output if o}
+
+
+def _reads_from(model: onnx.ModelProto, c: Part, p: Part, producer_of: Mapping[str, int]) -> bool:
+    """Whether a node of ``c`` reads a value that a node of ``p`` produces."""
+    nodes, mine = model.graph.node, set(p.nodes)
+    return any(producer_of.get(v) in mine for i in c.nodes for v in nodes[i].input)
+
+
+def _pair(model: onnx.ModelProto, p: _Side, c: _Side) -> _Side | None:
+    """``p`` and ``c`` as one group when merging them fuses more (and keeps the graph acyclic)."""
+    nodes = tuple(sorted(p.part.nodes + c.part.nodes))
+    if not _convex(model, set(nodes)):
+        return None
+    try:
+        program, part = _merged_part(model, p.part, c.part, p.chosen.program, c.chosen.program, nodes)
+    except Exception as e:  # noqa: BLE001 - a pair that cannot be composed stays two parts; the log says why
+        log.debug("%s + %s: not composed: %s", p.part.name, c.part.name, e)
+        return None
+    fused, steps = fuse_for_kernels(program)
+    alone = len(fuse_for_kernels(p.chosen.program)[0].bindings) + len(
+        fuse_for_kernels(c.chosen.program)[0].bindings
+    )
+    if len(fused.bindings) >= alone:
+        return None
+    merge = TraceStep(
+        MERGE_RULE, part.name, f"compose {p.part.name} and {c.part.name} into one program", program, PHASE
+    )
+    trace = p.chosen.trace + c.chosen.trace + (merge,) + steps
+    candidate = Candidate(fused, trace, (), (p.chosen.cost or 0.0) + (c.chosen.cost or 0.0))
+    return _Side(part, candidate, p.members + c.members)
+
+
+def _convex(model: onnx.ModelProto, group: set[int]) -> bool:
+    """Whether no node outside ``group`` lies on a path between two of its nodes."""
+    nodes = list(model.graph.node)
+    readers: dict[str, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for v in n.input:
+            readers.setdefault(v, []).append(i)
+    # Outside nodes reachable from the group; none of them may reach back into it.
+    seen: set[int] = set()
+    todo = [j for i in group for o in nodes[i].output for j in readers.get(o, ()) if j not in group]
+    while todo:
+        j = todo.pop()
+        if j in seen:
+            continue
+        seen.add(j)
+        for o in nodes[j].output:
+            for k in readers.get(o, ()):
+                if k in group:
+                    return False
+                todo.append(k)
+    return True
+
+
+# ---- composing two programs -------------------------------------------------
+
+
+def compose(
+    first: ir.Program,
+    first_names: Mapping[str, str],
+    second: ir.Program,
+    second_names: Mapping[str, str],
+    outputs: Sequence[str],
+    rename: Mapping[str, str],
+) -> ir.Program:
+    """``second`` reading ``first``'s bound scopes where its inputs are ``first``'s outputs.
+
+    ``first_names`` and ``second_names`` map each program's input tensors and outputs to ONNX value
+    names. ``rename`` renames ``second``'s tensors and bindings apart from ``first``'s (a tensor of
+    ``second`` that is an input of ``first`` under the same ONNX name is renamed to ``first``'s
+    name); ``outputs`` are the composition's outputs (in the composed names).
+    """
+    second = rename_tensors(second, rename)
+    produced = {first_names[o]: first.scope(o) for o in first.outputs}
+    read: dict[ir.Tensor, ir.Scope] = {}
+    for t in second.inputs:
+        scope = produced.get(second_names.get(_original(rename, t.name), ""))
+        if scope is not None:
+            if tuple(scope.shape) != tuple(t.shape):
+                raise ir.IRError(f"{t.name}{list(t.shape)} is read as {list(scope.shape)}")
+            read[t] = scope
+    memo: dict[ir.Scope, ir.Scope] = {}
+
+    def scope_of(s: ir.Scope) -> ir.Scope:
+        out = memo.get(s)
+        if out is None:
+            touched = not read.keys().isdisjoint(ir.tensors_in(s))
+            out = memo[s] = s.replace(body=map_accesses(s.body, access)) if touched else s
+        return out
+
+    def access(a: ir.Access) -> ir.Access:
+        src = a.source
+        if isinstance(src, ir.Scope):
+            return a.replace(source=scope_of(src))
+        host = read.get(src)
+        if host is None:
+            return a
+        return ir.Access(
+            host, tuple(simplify(i + o) if o else i for i, o in zip(a.indices, host.origin, strict=True))
+        )
+
+    inputs = list(first.inputs)
+    have = {t.name for t in inputs}
+    for t in second.inputs:
+        if t not in read and t.name not in have:
+            inputs.append(t)
+            have.add(t.name)
+    bindings = sort_bindings([*first.bindings, *((n, scope_of(s)) for n, s in second.bindings)])
+    used = set().union(*(ir.tensors_in(s) for _, s in bindings))
+    program = ir.Program(tuple(t for t in inputs if t in used), bindings, tuple(outputs))
+    return prune_bindings(program)
+
+
+def _original(rename: Mapping[str, str], name: str) -> str:
+    back = {v: k for k, v in rename.items()}
+    return back.get(name, name)
+
+
+def _merged_part(
+    model: onnx.ModelProto,
+    p: Part,
+    c: Part,
+    p_program: ir.Program,
+    c_program: ir.Program,
+    nodes: tuple[int, ...],
+) -> tuple[ir.Program, Part]:
+    """The composition of ``p_program`` and ``c_program`` (programs of ``p`` and ``c``), and the
+    merged part (its program the composition of the two parts' input programs)."""
+    onnx_of_first = {p.names[t.name]: t.name for t in p.program.inputs}
+    taken = {t.name for t in p.program.inputs} | {n for n, _ in p.program.bindings}
+    taken |= {t.name for t in p_program.inputs} | {n for n, _ in p_program.bindings}
+    rename: dict[str, str] = {}
+    c_names = sorted(
+        {t.name for prog in (c.program, c_program) for t in prog.inputs}
+        | {n for prog in (c.program, c_program) for n, _ in prog.bindings}
+    )
+    for n in c_names:
+        same = onnx_of_first.get(c.names.get(n, ""))
+        if same is not None:
+            rename[n] = same
+            continue
+        rename[n] = fresh_name(n, taken)
+        taken.add(rename[n])
+    outside = _read_outside(model, set(nodes))
+    produced_by_p = {p.names[o]: o for o in p.program.outputs}
+    outputs = [rename[o] for o in c.program.outputs]
+    outputs += [o for v, o in produced_by_p.items() if v in outside and o not in outputs]
+    names = {**{k: v for k, v in p.names.items()}, **{rename[k]: v for k, v in c.names.items()}}
+    constants = {**p.constants, **{rename[k]: v for k, v in c.constants.items()}}
+    program = compose(p_program, p.names, c_program, c.names, outputs, rename)
+    base = compose(p.program, p.names, c.program, c.names, outputs, rename)
+    kept = {t.name for t in base.inputs} | set(base.outputs) | {t.name for t in program.inputs}
+    part = Part(
+        f"{p.name}+{c.name}",
+        "merged",
+        nodes,
+        base,
+        {k: v for k, v in names.items() if k in kept},
+        {k: v for k, v in constants.items() if k in kept},
+    )
+    return program, part
+
+
+def _read_outside(model: onnx.ModelProto, group: set[int]) -> set[str]:
+    """The values read by nodes outside ``group``, and the graph's outputs."""
+    out = {o.name for o in model.graph.output}
+    for i, n in enumerate(model.graph.node):
+        if i not in group:
+            out.update(n.input)
+    return out
+
+
+# ---- trying a group ---------------------------------------------------------
+
+
+def _try_group(
+    model: onnx.ModelProto,
+    group: _Side,
+    states: Mapping[str, PartState],
+    datasets: Sequence[Mapping[str, np.ndarray]],
+    tolerance: Tolerance,
+    timer: Timer | None,
+    feeds: Mapping[str, np.ndarray] | None,
+    taken: set[str],
+) -> PartState | None:
+    """The merged state of ``group`` when its fused program is verified and (timed) faster than its
+    members' chosen programs side by side; None otherwise.
+
+    The fused program is timed against the original nodes (what acceptance reads, like any chosen
+    candidate) and, head to head, against the members' programs side by side: two ratios against
+    the original measured at different moments are not comparable on a machine whose speed drifts.
+    """
+    fused = try_trials(
+        model,
+        group.part,
+        [Trial(group.part.name, group.chosen)],
+        datasets=datasets,
+        tolerance=tolerance,
+        timer=timer,
+        feeds=feeds,
+        taken=taken,
+        kernels="tvm",
+    )[0]
+    if fused.rejected:
+        log.info("%s: merged program not chosen: %s", group.part.name, fused.rejected)
+        return None
+    members = [states[n] for n in group.members]
+    separate = _side_by_side(model, members)
+    rivals: tuple[Trial, ...] = ()
+    if timer is not None and feeds is not None and separate is not None:
+        head = _head_to_head(model, group.part, separate, fused.instantiated, feeds, timer)
+        trace = sum((m.selection.chosen.candidate.trace for m in members if m.selection.chosen), ())
+        rival = Trial(
+            group.part.name,
+            Candidate(group.part.program, trace, (), 0.0),
+            instantiated=separate,
+            rejected=f"the merged program ran {head.speedup:.2f}x as fast as these side by side",
+        )
+        if head.speedup < 1 + MERGE_MARGIN:
+            log.info(
+                "%s: merged program %.2fx against its parts' programs: not merged",
+                group.part.name,
+                head.speedup,
+            )
+            return None
+        rivals = (rival,)
+    searches = [m.search or PartSearch.not_searched() for m in members]
+    search = PartSearch(
+        (),
+        {"merged": list(group.members), **_summed([s.stats for s in searches])},
+        sum(s.seconds for s in searches),
+        all(s.cached for s in searches),
+    )
+    ops = tuple(model.graph.node[i].op_type for i in group.part.nodes)
+    taken |= {f.name for f in fused.instantiated.functions}
+    return PartState(group.part, ops, search, Selection(fused, (fused, *rivals), search))
+
+
+def _head_to_head(
+    model: onnx.ModelProto,
+    part: Part,
+    separate: Instantiated,
+    fused: Instantiated,
+    feeds: Mapping[str, np.ndarray],
+    timer: Timer,
+) -> Comparison:
+    """``fused`` timed against ``separate`` (two instantiations of ``part``), side by side."""
+    pairs = {
+        p.name: p
+        for p in part_pairs(
+            model,
+            [dataclasses.replace(part, name=n) for n in ("separate", "fused")],
+            {"separate": separate, "fused": fused},
+            feeds,
+            epilogues=True,
+        )
+    }
+    a, b = pairs["separate"], pairs["fused"]
+    return timer.part(PartPair(part.name, a.rewritten, a.rewritten_feeds, b.rewritten, b.rewritten_feeds))
+
+
+def _summed(stats: Sequence[Mapping[str, object]]) -> dict[str, object]:
+    """The members' search statistics as one: counts added, ``complete`` when every search was,
+    ``searched`` when any was, lists (``pieces``) joined."""
+    out: dict[str, object] = {
+        "complete": all(s.get("complete", True) for s in stats),
+        "searched": any(s.get("searched", True) for s in stats),
+    }
+    for s in stats:
+        for k, v in s.items():
+            if k in out and isinstance(v, bool):
+                continue
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[k] = out.get(k, 0) + v
+            elif isinstance(v, (list, tuple)):
+                out[k] = [*out.get(k, []), *v]
+    return out
+
+
+def _side_by_side(model: onnx.ModelProto, members: Sequence[PartState]) -> Instantiated | None:
+    """The members' chosen instantiations together, their original nodes where nothing was chosen
+    (None when no member was rewritten)."""
+    if not any(m.emitted is not None for m in members):
+        return None
+    nodes: list[onnx.NodeProto] = []
+    inits, functions, choices, value_info = [], [], [], []
+    for m in members:
+        inst = m.emitted
+        if inst is None:
+            nodes.extend(model.graph.node[i] for i in m.part.nodes)
+            continue
+        nodes.extend(inst.nodes)
+        inits.extend(inst.initializers)
+        functions.extend(inst.functions)
+        choices.extend(inst.choices)
+        value_info.extend(inst.value_info)
+    available = {i.name for i in model.graph.input} | {t.name for t in model.graph.initializer}
+    available |= {t.name for t in inits}
+    nodes = toposort(nodes, available)
+    return Instantiated(tuple(nodes), tuple(inits), tuple(functions), tuple(choices), (), tuple(value_info))

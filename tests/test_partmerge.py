@@ -1,0 +1,90 @@
+"""Merging adjacent subprograms whose chosen programs fuse further (``einopt.stages.partmerge``)."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from einopt import L, Sum, iters, program, sigmoid, tensor
+from einopt.core.interp import evaluate
+from einopt.models import build, sample_inputs
+from einopt.runtime import kernels
+from einopt.stages.partmerge import MERGE_RULE, _convex, compose
+
+needs_cc = pytest.mark.skipif(
+    not any(shutil.which(c) for c in ("cc", "gcc", "clang")), reason="no C compiler on this machine"
+)
+
+
+def _two_programs():
+    """A MatMul with its bias at two offsets (``first``), and an element-wise tail reading both
+    pieces and a tensor of its own (``second``)."""
+    m, n, k = iters("m:2 n:4 k:3")
+    (wide,) = iters("n:8")
+    X, W, B = tensor("X", (2, 3)), tensor("W", (3, 8)), tensor("B", (8,))
+    M = L(m, wide)(Sum(k)(X[m, k] * W[k, wide]))
+    lo = L(m, n)(M[m, n] + B[n])
+    hi = L(m, n)(M[m, n + 4] + B[n + 4])
+    first = program({"lo": lo, "hi": hi}, {"M": M})
+    a, b, c = tensor("a", (2, 4)), tensor("b", (2, 4)), tensor("X", (2, 4))  # X: a clash of names
+    y = L(m, n)(sigmoid(a[m, n]) * b[m, n] + c[m, n])
+    second = program({"y": y})
+    first_names = {"X": "x", "W": "w", "B": "bias", "lo": "v_lo", "hi": "v_hi"}
+    second_names = {"a": "v_lo", "b": "v_hi", "X": "other", "y": "out"}
+    return first, first_names, second, second_names
+
+
+def test_compose_reads_the_first_programs_scopes_where_the_second_reads_its_outputs():
+    first, fn, second, sn = _two_programs()
+    rename = {"a": "a", "b": "b", "X": "X1", "y": "y"}
+    both = compose(first, fn, second, sn, ["y", "lo"], rename)
+    assert both.outputs == ("y", "lo")
+    assert {t.name for t in both.inputs} == {"X", "W", "B", "X1"}  # a and b are read from first's scopes
+    rng = np.random.default_rng(0)
+    feeds = {"X": rng.standard_normal((2, 3)), "W": rng.standard_normal((3, 8)), "B": rng.standard_normal(8)}
+    other = rng.standard_normal((2, 4))
+    mid = evaluate(first, feeds)
+    want = evaluate(second, {"a": mid["lo"], "b": mid["hi"], "X": other})["y"]
+    got = evaluate(both, {**feeds, "X1": other})
+    np.testing.assert_allclose(got["y"], want, rtol=1e-12)
+    np.testing.assert_allclose(got["lo"], mid["lo"], rtol=1e-12)
+
+
+def test_a_group_with_an_outside_node_between_its_parts_is_not_convex():
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Neg", ["a"], ["b"]),  # outside: between node 0 and node 2
+        helper.make_node("Add", ["a", "b"], ["c"]),
+    ]
+    v = helper.make_tensor_value_info
+    graph = helper.make_graph(nodes, "g", [v("x", TensorProto.FLOAT, [2])], [v("c", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph)
+    assert not _convex(model, {0, 2})
+    assert _convex(model, {0, 1}) and _convex(model, {1, 2}) and _convex(model, {0, 1, 2})
+
+
+@pytest.mark.tvm
+@needs_cc
+def test_the_lstm_cells_linear_part_and_tail_merge_into_one_matmul_and_generated_kernels():
+    from einopt.pipeline import Options, optimize
+    from einopt.runtime.modelio import session
+
+    model = build("lstm", 1, size="small")
+    result = optimize(model, Options(kernels="tvm", max_depth=0, accept="verified", cache=False))
+    merged = [p for p in result.parts if "+" in p.name]
+    assert len(merged) == 1 and merged[0].status == "rewritten"
+    assert MERGE_RULE in merged[0].trace
+    kinds = [n.op_type for n in result.model.graph.node]
+    # The bias Adds of the gates are computed inside the tail's kernels, reading the MatMuls' outputs.
+    assert "Add" not in kinds and "Sigmoid" not in kinds and kinds.count(kernels.OP_TYPE) == 2
+    feeds = sample_inputs(model, seed=3)
+    names = [o.name for o in model.graph.output]
+    want = dict(zip(names, session(model).run(None, feeds), strict=True))
+    got = dict(zip(names, session(result.model).run(None, feeds), strict=True))
+    for name in names:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+    assert isinstance(result.model, onnx.ModelProto)
