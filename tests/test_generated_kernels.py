@@ -227,7 +227,10 @@ def test_an_elementwise_chain_is_one_generated_kernel_with_kernels_tvm():
     prog, _ = fuse_for_kernels(_lstm_tail())
     model, got, want = _run_both(prog)
     kinds = [n.op_type for n in model.graph.node]
-    assert kinds.count(kernels.OP_TYPE) == 2 and "Sigmoid" not in kinds and "Split" not in kinds
+    # C2 is an output that H reads: one kernel writes both (einopt.instantiate.kernelgroups).
+    assert kinds.count(kernels.OP_TYPE) == 1 and "Sigmoid" not in kinds and "Split" not in kinds
+    (node,) = _kernel_nodes(model)
+    assert len(node.output) == 2
     for name in want:
         _close(got[name], want[name])
     onnx_model, _ = program_model(prog)  # the portable form writes the chain as standard nodes
@@ -383,3 +386,38 @@ def test_parts_with_the_same_kernel_share_one_library_in_the_output(tmp_path):
     np.testing.assert_allclose(
         y1, 1 / (1 + np.exp(-feeds["d"])) * feeds["f"] + np.tanh(feeds["e"]), rtol=1e-5, atol=1e-6
     )
+
+
+def test_kernel_groups_join_elementwise_bindings_that_read_one_another():
+    from einopt.instantiate.kernelgroups import kernel_groups
+
+    fused, _ = fuse_for_kernels(_lstm_tail())
+    assert kernel_groups(fused) == [("C2", "H")]
+    (i,) = iters("i:4")
+    (k,) = iters("k:4")
+    X, W = tensor("X", (4,)), tensor("W", (4, 4))
+    a = L(i)(relu(X[i]) + 1.0)
+    s = L(i)(Sum(k)(a[k] * W[k, i]))  # a reduction between a and b
+    b = L(i)(a[i] * s[i])
+    prog = program({"B": b}, {"A": a, "S": s})
+    assert kernel_groups(prog) == []  # S lies between A and B: one kernel for both would read itself
+    c = L(i)(W[i, 0] * 2.0)
+    d = L(i)(c[i] + W[i, 1])
+    assert kernel_groups(program({"C": c, "D": d})) == [("C", "D")]
+    assert kernel_groups(program({"C": c, "D": d}), constants={"W"}) == []  # folded when written
+
+
+@pytest.mark.tvm
+@needs_cc
+def test_a_kernel_with_several_outputs_keeps_a_binding_only_its_members_read_inside():
+    (i,) = iters("i:37")
+    X, Y = tensor("X", (37,)), tensor("Y", (37,))
+    a = L(i)(tanh(X[i]) + Y[i])  # read by B and C only: computed inside, not written
+    b = L(i)(a[i] * 2.0)
+    c = L(i)(sigmoid(a[i]) - b[i])
+    prog = program({"B": b, "C": c}, {"A": a})
+    model, got, want = _run_both(prog)
+    (node,) = _kernel_nodes(model)
+    assert len(node.output) == 2 and len(model.graph.node) == 1
+    for name in want:
+        _close(got[name], want[name])

@@ -35,7 +35,15 @@ from einopt.core.keys import key
 from einopt.core.ops import BINARY, UNARY
 from einopt.core.rewrite import accesses
 
-__all__ = ["KernelUnsupported", "OrtKernel", "ort_kernel", "stand_in", "kernel_flops"]
+__all__ = [
+    "KernelUnsupported",
+    "OrtKernel",
+    "ort_kernel",
+    "ort_kernel_group",
+    "stand_in",
+    "stand_in_group",
+    "kernel_flops",
+]
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +110,71 @@ def stand_in(scope: ir.Scope) -> StandIn:
     return StandIn(new, tuple(order))
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupStandIn:
+    """Scopes computed by one kernel with several outputs: a program whose inputs are the scopes'
+    outside sources as the tensors ``x000, x001, ...`` and whose bindings read one another."""
+
+    program: ir.Program
+    sources: tuple[ir.Tensor | ir.Scope, ...]
+
+    @property
+    def symbol(self) -> str:
+        return (
+            "einopt_"
+            + hashlib.sha256(
+                "\n".join(key(s) + " " + n for n, s in self.program.bindings).encode()
+                + b"|"
+                + " ".join(self.program.outputs).encode()
+            ).hexdigest()[:24]
+        )
+
+
+def stand_in_group(scopes: tuple[ir.Scope, ...], outputs: tuple[bool, ...]) -> GroupStandIn:
+    """``scopes`` (each reading only earlier ones among them, directly) as one program: their other
+    sources, first read first, become float32 tensors; ``outputs`` says which scopes the kernel
+    writes (the others stay inside it).
+
+    Raises
+    ------
+    KernelUnsupported
+        When a source is not float32, or a scope reads another one through a scope nested in it.
+    """
+    members = set(scopes)
+    order: dict[ir.Tensor | ir.Scope, ir.Tensor] = {}
+    for s in scopes:
+        for src in dict.fromkeys(a.source for a in accesses(s.body)):
+            if src in members or src in order:
+                continue
+            if isinstance(src, ir.Tensor) and src.dtype != "float32":
+                raise KernelUnsupported(f"it reads {src.name}, a {src.dtype} tensor (kernels take float32)")
+            if isinstance(src, ir.Scope) and not members.isdisjoint(ir.scopes_in(src)):
+                raise KernelUnsupported("a scope of the group reads another one through a nested scope")
+            order[src] = ir.Tensor(f"x{len(order):03d}", src.shape, "float32")
+    rebuilt: dict[ir.Scope, ir.Scope] = {}
+
+    def go(node: ir.Node) -> ir.Node:
+        node = ir.rebuild(node, go) if not isinstance(node, ir.Access) else node
+        if not isinstance(node, ir.Access):
+            return node
+        if node.source in rebuilt:
+            return ir.Access(rebuilt[node.source], node.indices)
+        indices = node.indices
+        if isinstance(node.source, ir.Scope):
+            indices = tuple(
+                ir.ISub(i, ir.IConst(lo)) if lo else i
+                for i, lo in zip(indices, node.source.origin, strict=True)
+            )
+        return ir.Access(order[node.source], indices)
+
+    bindings = []
+    for k, s in enumerate(scopes):
+        rebuilt[s] = ir.Scope(s.traversal, s.summation, go(s.body), (), s.reduce)
+        bindings.append((f"y{k}", rebuilt[s]))
+    written = tuple(n for (n, _), w in zip(bindings, outputs, strict=True) if w)
+    return GroupStandIn(ir.Program(tuple(order.values()), tuple(bindings), written), tuple(order))
+
+
 def kernel_flops(scope: ir.Scope) -> int:
     """Arithmetic operations of one run of ``scope``: per point of its traversal and reduction, one per
     operator in its body (``einopt.core.ops``'s FLOPs of it) and one for the reduction."""
@@ -115,7 +188,7 @@ def kernel_flops(scope: ir.Scope) -> int:
     return int(points * (ops + (1 if scope.summation else 0)))
 
 
-_CACHE: dict[ir.Scope, tuple[bytes, bool]] = {}
+_CACHE: dict[ir.Scope | ir.Program, tuple[bytes, bool]] = {}
 _LOCK = threading.Lock()
 
 
@@ -138,7 +211,19 @@ def ort_kernel(scope: ir.Scope) -> OrtKernel:
     return OrtKernel(s.symbol, library, s.sources, scope.shape, scheduled)
 
 
-def _library(s: StandIn) -> tuple[bytes, bool]:
+def ort_kernel_group(scopes: tuple[ir.Scope, ...], outputs: tuple[bool, ...]) -> OrtKernel:
+    """Compile ``scopes`` (see :func:`stand_in_group`) into one kernel library writing the scopes
+    ``outputs`` marks, in order (``shape`` is the first one's; cached like :func:`ort_kernel`)."""
+    s = stand_in_group(scopes, outputs)
+    with _LOCK:
+        done = _CACHE.get(s.program)
+        if done is None:
+            done = _CACHE[s.program] = _library(s)
+    library, scheduled = done
+    return OrtKernel(s.symbol, library, s.sources, scopes[0].shape, scheduled)
+
+
+def _library(s: StandIn | GroupStandIn) -> tuple[bytes, bool]:
     folder = _disk_folder()
     path = folder / f"{s.symbol}.so"
     if path.exists():
@@ -155,14 +240,14 @@ def _library(s: StandIn) -> tuple[bytes, bool]:
     return library, scheduled
 
 
-def _build(s: StandIn) -> tuple[object, bool]:
+def _build(s: StandIn | GroupStandIn) -> tuple[object, bool]:
     import tvm
 
     from einopt.codegen.build import resolve_target
     from einopt.codegen.schedule import schedule_cpu
     from einopt.codegen.te import lower
 
-    lowered = lower(s.scope)
+    lowered = lower(s.scope if isinstance(s, StandIn) else s.program)
     target = resolve_target("llvm")
 
     def compiled(func) -> object:

@@ -40,12 +40,20 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from einopt.codegen.ortkernel import KernelUnsupported, kernel_flops, ort_kernel, stand_in
+from einopt.codegen.ortkernel import (
+    KernelUnsupported,
+    kernel_flops,
+    ort_kernel,
+    ort_kernel_group,
+    stand_in,
+    stand_in_group,
+)
 from einopt.core import ir
 from einopt.core.interp import evaluate
 from einopt.core.ops import BINARY, UNARY
 from einopt.frontend.onnx_graph import unique_name
 from einopt.instantiate import EINSUM_OPSET, EOP_DOMAIN, eop
+from einopt.instantiate.kernelgroups import kernel_groups
 from einopt.instantiate.match import MATCHERS, match
 from einopt.instantiate.plan import (
     DepthToSpace,
@@ -61,6 +69,7 @@ from einopt.instantiate.plan import (
     SpaceToDepth,
     Transpose,
 )
+from einopt.rules.fusion import program_reads
 from einopt.runtime import kernels
 
 if TYPE_CHECKING:
@@ -215,7 +224,16 @@ def instantiate(
     em = _Emitter(program, onnx_names, constants, opset, prefix, set(taken_function_names), light, kernels)
     outputs = set(program.outputs)
     preferred = preferred or {}
+    grouped: dict[str, tuple[str, ...]] = {}
+    if kernels == "tvm":  # element-wise bindings that read one another: one kernel, several outputs
+        grouped = {n: g for g in kernel_groups(program, set(constants)) for n in g}
+    handled: set[str] = set()
     for name, scope in program.bindings:
+        if name in handled:
+            continue
+        if name in grouped and em.generated_group(grouped[name]):
+            handled.update(grouped[name])
+            continue
         prefer = preferred.get(name, "")
         if name in outputs:
             em.materialise(scope, name, onnx_names[name], prefer=prefer)
@@ -407,6 +425,7 @@ class _Emitter:
     ) -> None:
         self.light = light
         self.kernels = kernels
+        self.program = program
         self.onnx_names = onnx_names
         self.constants = constants
         self.opset = opset
@@ -611,6 +630,57 @@ class _Emitter:
         inputs = [self.value_of(s, label) for s in op.sources]
         out = self.node(op.function.name, inputs, (), domain=EOP_DOMAIN, base=kind)
         return out, f"eop:{kind}"
+
+    def generated_group(self, names: tuple[str, ...]) -> bool:
+        """Bindings ``names`` (see :func:`einopt.instantiate.kernelgroups.kernel_groups`) as one
+        ``ai.einopt::TvmKernel`` node writing those that are outputs or read by other bindings; False
+        (nothing emitted) when they cannot be one kernel."""
+        program = self.program
+        members = set(names)
+        scopes = tuple(program.scope(n) for n in names)
+        reads = program_reads(program)
+        written = tuple(
+            n in program.outputs or any(n in r for o, r in reads.items() if o not in members) for n in names
+        )
+        try:
+            if self.light:
+                s = stand_in_group(scopes, written)
+                symbol, sources = s.symbol, s.sources
+                library = self.initializer(_Shaped((1,), np.dtype(np.uint8)), "einopt_kernels")
+            else:
+                k = ort_kernel_group(scopes, written)
+                symbol, sources = k.symbol, k.sources
+                library = self.initializer(np.frombuffer(k.library, dtype=np.uint8), "einopt_kernels")
+        except KernelUnsupported as e:
+            log.debug("%s: no kernel with several outputs, %s", ", ".join(names), e)
+            return False
+        label = names[0]
+        inputs = [library, *(self.value_of(src, label) for src in sources)]
+        out_scopes = [s for s, w in zip(scopes, written, strict=True) if w]
+        outs = [
+            self.onnx_names[n] if n in program.outputs else self.fresh(n)
+            for n, w in zip(names, written, strict=True)
+            if w
+        ]
+        attrs = {
+            "symbol": symbol,
+            "output_ranks": [s.rank for s in out_scopes],
+            "output_shapes": [d for s in out_scopes for d in s.shape],
+            "input_ranks": [s.rank for s in sources],
+            "input_shapes": [d for s in sources for d in s.shape],
+            "flops": sum(kernel_flops(s) for s in scopes),
+        }
+        kind = eop.eop_name(scopes[-1])
+        self.nodes.append(
+            helper.make_node(
+                kernels.OP_TYPE, inputs, outs, name=self.node_name(kind), domain=kernels.DOMAIN, **attrs
+            )
+        )
+        for s, out in zip(out_scopes, outs, strict=True):
+            self.scopes[s] = out
+            self.shapes[out] = s.shape
+        self.choices.append(Choice(label, f"kernel:{kind}", ()))
+        return True
 
     def generated_kernel(self, scope: ir.Scope, label: str, kind: str) -> tuple[str, str]:
         """``scope`` as an ``ai.einopt::TvmKernel`` node (light: not compiled, the library a placeholder)."""

@@ -109,30 +109,22 @@ def _side(model: onnx.ModelProto, state: PartState) -> _Side:
 
 
 def _groups(model: onnx.ModelProto, sides: list[_Side]) -> list[_Side]:
-    """Merged groups, greedily: a part joins the group (or part) it reads from whenever the fused
-    composition has fewer bindings than the two fused alone."""
+    """Merged pairs, in part order: a part joins the part it reads from when the fused composition
+    has fewer bindings than the two fused alone. A part is in one pair at most: a chain of merges
+    could grow a group to the whole model, and one loss head to head would then keep none of them."""
     producer_of = _producers(model)
-    live = list(sides)
-    changed = True
-    merged: set[str] = set()
-    while changed:
-        changed = False
-        for c in list(live):
-            for p in live:
-                if p is c or not _reads_from(model, c.part, p.part, producer_of):
-                    continue
-                group = _pair(model, p, c)
-                if group is None:
-                    continue
-                live = [s for s in live if s is not p and s is not c]
-                live.append(group)
-                live.sort(key=lambda s: s.part.nodes[0])
-                merged.add(group.part.name)
-                changed = True
+    free = list(sides)
+    pairs: list[_Side] = []
+    for c in sides:
+        for p in free:
+            if c not in free or p is c or not _reads_from(model, c.part, p.part, producer_of):
+                continue
+            group = _pair(model, p, c)
+            if group is not None:
+                free = [s for s in free if s is not p and s is not c]
+                pairs.append(group)
                 break
-            if changed:
-                break
-    return [s for s in live if s.part.name in merged]
+    return pairs
 
 
 def _producers(model: onnx.ModelProto) -> dict[str, int]:

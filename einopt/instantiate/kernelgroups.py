@@ -1,0 +1,90 @@
+"""Which bindings one generated kernel with several outputs computes (``--kernels tvm``).
+
+Kernel fusion (:mod:`einopt.stages.kernelfusion`) inlines an element-wise
+producer into its one element-wise reader. What it leaves apart is a producer
+that is an output, or read by several: the LSTM cell's ``c' = f * c + i * g``
+is an output and ``h' = o * tanh(c')`` reads it. Two kernels would write
+``c'`` and read it back, each called by ONNX Runtime on its own; one kernel
+with two outputs computes both in one call (:func:`einopt.codegen.ortkernel.ort_kernel_group`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from einopt.core import ir
+from einopt.core.rewrite import accesses
+from einopt.rules.fusion import program_reads
+
+__all__ = ["kernel_groups"]
+
+
+def kernel_groups(program: ir.Program, constants: Collection[str] = ()) -> list[tuple[str, ...]]:
+    """Bindings that one generated kernel with several outputs computes: element-wise bindings of one
+    shape where one reads another (what fusion leaves apart because the one read is an output, or read
+    by several: the LSTM cell's ``c'`` and ``h' = o * tanh(c')``).
+
+    A binding qualifies when it has no reduction and no padding, does arithmetic (not only a view of
+    its input) and reads a tensor that is not in ``constants`` (a scope of constants only is computed
+    when the model is written); groups are the connected sets of such bindings, in
+    binding order, of two or more, with no other binding on a path between two of their members.
+    """
+    names = program.names()
+    shape_of = {n: s.shape for n, s in program.bindings}
+    eligible = {
+        n
+        for n, s in program.bindings
+        if _kernel_work(s, names)
+        and names.get(s) == n
+        and not {t.name for t in ir.input_tensors(s)} <= set(constants)
+    }
+    parent = {n: n for n in eligible}
+
+    def root(n: str) -> str:
+        while parent[n] != n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    reads = program_reads(program)
+    for consumer in eligible:
+        for producer in reads.get(consumer, ()):
+            if producer in eligible and shape_of[producer] == shape_of[consumer]:
+                parent[root(producer)] = root(consumer)
+    groups: dict[str, list[str]] = {}
+    for n, _ in program.bindings:
+        if n in eligible:
+            groups.setdefault(root(n), []).append(n)
+    return [tuple(g) for g in groups.values() if len(g) >= 2 and _convex(g, reads)]
+
+
+def _kernel_work(scope: ir.Scope, names: dict[ir.Scope, str]) -> bool:
+    """Element-wise arithmetic reading only input tensors and bound scopes (a nested scope would be
+    an operator of its own, between the kernel and what it reads)."""
+    if scope.summation or scope.pad:
+        return False
+    sources = [a.source for a in accesses(scope.body)]
+    if not sources or any(isinstance(src, ir.Scope) and src not in names for src in sources):
+        return False
+    return any(isinstance(e, (ir.Binary, ir.Unary)) for e in ir.walk(scope.body, stop=ir.Access))
+
+
+def _convex(group: list[str], reads: dict[str, set[str]]) -> bool:
+    """Whether no binding outside ``group`` reads a member (perhaps through others) and is read by one."""
+    members = set(group)
+    readers: dict[str, set[str]] = {}
+    for consumer, rs in reads.items():
+        for r in rs:
+            readers.setdefault(r, set()).add(consumer)
+    seen: set[str] = set()
+    todo = [r for m in group for r in readers.get(m, ()) if r not in members]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for r in readers.get(n, ()):
+            if r in members:
+                return False
+            todo.append(r)
+    return True
