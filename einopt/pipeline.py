@@ -278,6 +278,7 @@ def _rewrite(
                 timer=timer,
                 feeds=feeds,
                 taken=taken,
+                noise=options.noise,
             )
         clock("select")
         decided = _accept(original, model, states, feeds, store, options)

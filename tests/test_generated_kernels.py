@@ -421,3 +421,23 @@ def test_a_kernel_with_several_outputs_keeps_a_binding_only_its_members_read_ins
     assert len(node.output) == 2 and len(model.graph.node) == 1
     for name in want:
         _close(got[name], want[name])
+
+
+@pytest.mark.tvm
+@needs_cc
+def test_a_member_reading_another_through_a_nested_scope_falls_back_to_one_kernel_each():
+    from einopt.codegen.ortkernel import stand_in_group
+
+    (i,) = iters("i:6")
+    (k,) = iters("k:6")
+    X, W = tensor("X", (6,)), tensor("W", (6, 6))
+    a = L(i)(tanh(X[i]) + 1.0)
+    nested = L(i)(Sum(k)(a[k] * W[k, i]))  # unbound, inside B, reads A: the kernel would read itself
+    b = L(i)(nested[i] * a[i])
+    prog = program({"A": a, "B": b})
+    with pytest.raises(KernelUnsupported, match="nested"):
+        stand_in_group((a, b), (True, True))
+    model, got, want = _run_both(prog)
+    assert all(len(n.output) == 1 for n in _kernel_nodes(model))
+    for name in want:
+        _close(got[name], want[name])

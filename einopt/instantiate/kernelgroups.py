@@ -34,7 +34,7 @@ def kernel_groups(program: ir.Program, constants: Collection[str] = ()) -> list[
     eligible = {
         n
         for n, s in program.bindings
-        if _kernel_work(s, names)
+        if _kernel_work(s)
         and names.get(s) == n
         and not {t.name for t in ir.input_tensors(s)} <= set(constants)
     }
@@ -58,13 +58,10 @@ def kernel_groups(program: ir.Program, constants: Collection[str] = ()) -> list[
     return [tuple(g) for g in groups.values() if len(g) >= 2 and _convex(g, reads)]
 
 
-def _kernel_work(scope: ir.Scope, names: dict[ir.Scope, str]) -> bool:
-    """Element-wise arithmetic reading only input tensors and bound scopes (a nested scope would be
-    an operator of its own, between the kernel and what it reads)."""
-    if scope.summation or scope.pad:
-        return False
-    sources = [a.source for a in accesses(scope.body)]
-    if not sources or any(isinstance(src, ir.Scope) and src not in names for src in sources):
+def _kernel_work(scope: ir.Scope) -> bool:
+    """Element-wise arithmetic (a scope nested in it that reads a member of its group is refused
+    when the kernel is built: :func:`einopt.codegen.ortkernel.stand_in_group`)."""
+    if scope.summation or scope.pad or not accesses(scope.body):
         return False
     return any(isinstance(e, (ir.Binary, ir.Unary)) for e in ir.walk(scope.body, stop=ir.Access))
 

@@ -57,6 +57,10 @@ MODEL_NOISE = 0.02
 """The whole-model band: an output is kept only when it is faster than the input by more than this, 95%
 confident (a byte-identical copy of a 2-40 ms model reads 0.99-1.02x over 300 interleaved runs)."""
 
+MODEL_MIN_RUNS = 30
+"""Runs per side of a whole-model comparison at least, past its budget if need be: ten runs of a
+500 ms model (ViT at batch 16) cannot tell a 10% gain from a machine whose speed drifts by 10%
+between rounds (measured on a 2-vCPU VM: the confirmation's 95% interval spanned 0.95-1.17x)."""
 MAX_RETAKES = 2
 """Whole-model timings retaken while the input's own time has drifted from the first round's."""
 
@@ -72,6 +76,8 @@ class Timer:
         Seconds of timed runs per part pair and per whole-model comparison.
     min_runs, max_runs : int
         Runs per side, at least and at most.
+    model_min_runs : int
+        Runs per side of a whole-model comparison at least (:data:`MODEL_MIN_RUNS`).
     model_max_runs : int
         Runs per side of a whole-model comparison at most: a model of a millisecond or less fits many
         in its budget, and they narrow the medians' intervals that decide a disturbed timing.
@@ -85,6 +91,7 @@ class Timer:
         model_budget_s: float = 10.0,
         min_runs: int = 10,
         max_runs: int = 200,
+        model_min_runs: int = MODEL_MIN_RUNS,
         model_max_runs: int = 1000,
     ) -> None:
         self.cache = cache
@@ -92,10 +99,20 @@ class Timer:
         self.model_budget_s = model_budget_s
         self.min_runs = min_runs
         self.max_runs = max_runs
+        self.model_min_runs = model_min_runs
         self.model_max_runs = model_max_runs
 
     def _time(
-        self, kind, before, after, fa, fb, budget: float, max_runs: int, what: str, fresh: bool = False
+        self,
+        kind,
+        before,
+        after,
+        fa,
+        fb,
+        budget: float,
+        runs: tuple[int, int],
+        what: str,
+        fresh: bool = False,
     ) -> Comparison:
         """Cached unless ``fresh``; a disturbed new timing is made once more, and that one stays (a
         cached one is trusted: a second run measures nothing new; delete the cache to measure afresh).
@@ -109,7 +126,7 @@ class Timer:
 
         def timer() -> Comparison:
             return bench.time_models(
-                before, after, fa, fb, min_runs=self.min_runs, max_runs=max_runs, budget_s=budget
+                before, after, fa, fb, min_runs=runs[0], max_runs=runs[1], budget_s=budget
             )
 
         c = self.cache.measure(key, what, timer, fresh=fresh)
@@ -127,7 +144,7 @@ class Timer:
             pair.original_feeds,
             pair.rewritten_feeds,
             self.part_budget_s,
-            self.max_runs,
+            (self.min_runs, self.max_runs),
             f"part {pair.name}",
         )
 
@@ -148,7 +165,7 @@ class Timer:
             feeds,
             feeds,
             self.model_budget_s,
-            self.model_max_runs,
+            (self.model_min_runs, self.model_max_runs),
             "whole model",
             fresh,
         )

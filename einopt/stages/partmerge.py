@@ -34,7 +34,7 @@ from einopt.core.rewrite import fresh_name, map_accesses, prune_bindings, rename
 from einopt.frontend.translate import Part
 from einopt.instantiate.emit import Instantiated
 from einopt.rules.derive import TraceStep
-from einopt.runtime.timing import Comparison
+from einopt.runtime.timing import NOISE_BAND, Comparison
 from einopt.runtime.verify import PartPair, Tolerance, part_pairs
 from einopt.search.results import Candidate
 from einopt.stages.accept import Timer
@@ -73,19 +73,22 @@ def merge_parts(
     timer: Timer | None,
     feeds: Mapping[str, np.ndarray] | None,
     taken: set[str],
+    noise: float = NOISE_BAND,
 ) -> dict[str, PartState]:
     """``states`` with adjacent parts merged where their chosen programs fuse further (module docstring).
 
     A merged group's state replaces its members' (at the first member's place); its selection holds
     the two ways it was tried, the members' chosen programs side by side and the fused composition,
     and chose the faster (timed; untimed: the fused one). Groups whose fused composition loses keep
-    their members' states unchanged.
+    their members' states unchanged. The side-by-side rival runs each member as acceptance would
+    keep it: its chosen program where that was measured at least ``1 + noise`` times faster than its
+    original nodes (or untimed), else its original nodes.
     """
     sides = {n: _side(model, s) for n, s in states.items() if s.selection is not None and s.part.translated}
     groups = _groups(model, [sides[n] for n in states if n in sides])
     out = dict(states)
     for group in groups:
-        merged = _try_group(model, group, states, datasets, tolerance, timer, feeds, taken)
+        merged = _try_group(model, group, states, datasets, tolerance, timer, feeds, taken, noise)
         if merged is None:
             continue
         first = group.members[0]
@@ -314,6 +317,7 @@ def _try_group(
     timer: Timer | None,
     feeds: Mapping[str, np.ndarray] | None,
     taken: set[str],
+    noise: float,
 ) -> PartState | None:
     """The merged state of ``group`` when its fused program is verified and (timed) faster than its
     members' chosen programs side by side; None otherwise.
@@ -337,11 +341,11 @@ def _try_group(
         log.info("%s: merged program not chosen: %s", group.part.name, fused.rejected)
         return None
     members = [states[n] for n in group.members]
-    separate = _side_by_side(model, members)
+    separate = _side_by_side(model, members, noise)
     rivals: tuple[Trial, ...] = ()
     if timer is not None and feeds is not None and separate is not None:
         head = _head_to_head(model, group.part, separate, fused.instantiated, feeds, timer)
-        trace = sum((m.selection.chosen.candidate.trace for m in members if m.selection.chosen), ())
+        trace = sum((m.selection.chosen.candidate.trace for m in members if _keepable(m, noise)), ())
         rival = Trial(
             group.part.name,
             Candidate(group.part.program, trace, (), 0.0),
@@ -409,15 +413,17 @@ def _summed(stats: Sequence[Mapping[str, object]]) -> dict[str, object]:
     return out
 
 
-def _side_by_side(model: onnx.ModelProto, members: Sequence[PartState]) -> Instantiated | None:
-    """The members' chosen instantiations together, their original nodes where nothing was chosen
-    (None when no member was rewritten)."""
-    if not any(m.emitted is not None for m in members):
+def _side_by_side(model: onnx.ModelProto, members: Sequence[PartState], noise: float) -> Instantiated | None:
+    """The members as acceptance would keep them, together: the chosen instantiation where it is kept
+    (measured at least ``1 + noise`` times faster, or untimed), the original nodes elsewhere (None
+    when that is every member)."""
+    kept = {m.name: m.emitted for m in members if _keepable(m, noise)}
+    if not kept:
         return None
     nodes: list[onnx.NodeProto] = []
     inits, functions, choices, value_info = [], [], [], []
     for m in members:
-        inst = m.emitted
+        inst = kept.get(m.name)
         if inst is None:
             nodes.extend(model.graph.node[i] for i in m.part.nodes)
             continue
@@ -430,3 +436,11 @@ def _side_by_side(model: onnx.ModelProto, members: Sequence[PartState]) -> Insta
     available |= {t.name for t in inits}
     nodes = toposort(nodes, available)
     return Instantiated(tuple(nodes), tuple(inits), tuple(functions), tuple(choices), (), tuple(value_info))
+
+
+def _keepable(state: PartState, noise: float) -> bool:
+    """Whether acceptance may keep the state's chosen program on its own (see :func:`merge_parts`)."""
+    chosen = state.selection.chosen if state.selection is not None else None
+    if chosen is None or chosen.instantiated is None:
+        return False
+    return chosen.measured is None or chosen.measured.speedup >= 1 + noise
