@@ -88,3 +88,16 @@ def test_the_lstm_cells_linear_part_and_tail_merge_into_one_matmul_and_generated
     for name in names:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
     assert isinstance(result.model, onnx.ModelProto)
+
+
+@pytest.mark.tvm
+@needs_cc
+def test_no_pair_is_tried_once_the_merge_budget_has_run_out(monkeypatch):
+    from einopt.pipeline import Options, optimize
+    from einopt.stages import partmerge
+
+    monkeypatch.setattr(partmerge, "BUDGET_S", -1.0)
+    model = build("lstm", 1, size="small")
+    result = optimize(model, Options(kernels="tvm", max_depth=0, accept="verified", cache=False))
+    assert not [p for p in result.parts if "+" in p.name]
+    assert len(result.parts) == 2

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -44,12 +45,14 @@ from einopt.stages.partsearch import PartSearch
 from einopt.stages.select import Selection, Trial, try_trials
 from einopt.stages.state import PartState
 
-__all__ = ["compose", "merge_parts", "MERGE_RULE"]
+__all__ = ["compose", "merge_parts", "MERGE_RULE", "MERGE_MARGIN", "BUDGET_S"]
 
 log = logging.getLogger(__name__)
 
 MERGE_RULE = "merge_subprograms"
 """The trace step's rule name for two subprograms composed into one."""
+BUDGET_S = 30.0
+"""Seconds the stage may spend compiling, verifying and timing merged pairs (each takes a few)."""
 MERGE_MARGIN = 0.02
 """A merged program must run at least ``1 + MERGE_MARGIN`` times as fast as its parts' programs side
 by side, head to head (an identical pair reads 0.99-1.02x here)."""
@@ -74,6 +77,7 @@ def merge_parts(
     feeds: Mapping[str, np.ndarray] | None,
     taken: set[str],
     noise: float = NOISE_BAND,
+    budget_s: float | None = None,
 ) -> dict[str, PartState]:
     """``states`` with adjacent parts merged where their chosen programs fuse further (module docstring).
 
@@ -82,12 +86,17 @@ def merge_parts(
     and chose the faster (timed; untimed: the fused one). Groups whose fused composition loses keep
     their members' states unchanged. The side-by-side rival runs each member as acceptance would
     keep it: its chosen program where that was measured at least ``1 + noise`` times faster than its
-    original nodes (or untimed), else its original nodes.
+    original nodes (or untimed), else its original nodes. Pairs are tried in part order until
+    ``budget_s`` (default :data:`BUDGET_S`) has passed; the others stay apart.
     """
     sides = {n: _side(model, s) for n, s in states.items() if s.selection is not None and s.part.translated}
     groups = _groups(model, [sides[n] for n in states if n in sides])
     out = dict(states)
-    for group in groups:
+    deadline = time.monotonic() + (BUDGET_S if budget_s is None else budget_s)
+    for k, group in enumerate(groups):
+        if time.monotonic() > deadline:
+            log.info("merging: the budget ran out; %d pair(s) not tried", len(groups) - k)
+            break
         merged = _try_group(model, group, states, datasets, tolerance, timer, feeds, taken, noise)
         if merged is None:
             continue
