@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from einopt.runtime.cache import cache_dir
-from einopt.runtime.modelio import KERNEL_DOMAIN
 
 __all__ = [
     "DOMAIN",
@@ -46,7 +45,8 @@ __all__ = [
     "session",
 ]
 
-DOMAIN = KERNEL_DOMAIN
+DOMAIN = "ai.einopt"
+"""The domain of einopt's generated-kernel nodes (``einopt.runtime.modelio.KERNEL_DOMAIN``)."""
 OP_TYPE = "TvmKernel"
 
 NATIVE = Path(__file__).resolve().parent / "native"

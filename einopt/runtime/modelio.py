@@ -29,11 +29,12 @@ from google.protobuf.message import DecodeError, EncodeError
 from onnx import TensorProto, numpy_helper
 
 from einopt.errors import ModelError, UnsupportedModelError
+from einopt.runtime import kernels
 from einopt.runtime.inputs import feed_inputs, load_inputs, random_inputs
 from einopt.runtime.timing import thread_options
 
-KERNEL_DOMAIN = "ai.einopt"
-"""The domain of einopt's generated-kernel nodes (``einopt.runtime.kernels.DOMAIN``)."""
+KERNEL_DOMAIN = kernels.DOMAIN
+"""The domain of einopt's generated-kernel nodes."""
 
 log = logging.getLogger(__name__)
 
@@ -618,8 +619,6 @@ def session(
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
     if uses_generated_kernels(model):
-        from einopt.runtime import kernels
-
         try:
             kernels.register(options)
         except kernels.NativeBuildError as e:
