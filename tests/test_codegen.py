@@ -106,6 +106,19 @@ def test_offset_reduce_is_vectorised_and_parallel():
     check(node)
 
 
+@tvm_test
+def test_a_matrix_vector_product_accumulates_tiles_of_lanes_in_a_local_buffer():
+    m, n, k = iters("m:1 n:512 k:96")
+    X, W = tensor("X", (1, 96)), tensor("W", (96, 512))
+    node = L(m, n)(Sum(k)(X[m, k] * W[k, n]))
+    kernel = einopt.codegen.compile(node)
+    assert kernel.scheduled
+    # Eight chunks of lanes per task, accumulated locally and written out once: a task reads rows.
+    assert 'scope="local"' in kernel.source and "T.unroll(8)" in kernel.source
+    assert "T.parallel(4)" in kernel.source
+    check(node)
+
+
 # --------------------------------------------------------------------------
 # Indices, functions, padding
 # --------------------------------------------------------------------------
