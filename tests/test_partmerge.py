@@ -101,3 +101,19 @@ def test_no_pair_is_tried_once_the_merge_budget_has_run_out(monkeypatch):
     result = optimize(model, Options(kernels="tvm", max_depth=0, accept="verified", cache=False))
     assert not [p for p in result.parts if "+" in p.name]
     assert len(result.parts) == 2
+
+
+def test_with_generated_kernels_selection_prefers_fewer_nodes_among_ties():
+    from types import SimpleNamespace as NS
+
+    from einopt.stages.select import Trial, _choose
+
+    def trial(speedup: float, nodes: int) -> Trial:
+        return Trial("p", NS(depth=3), instantiated=NS(nodes=[None] * nodes), measured=NS(speedup=speedup))
+
+    many, few, slow = trial(2.77, 9), trial(2.70, 5), trial(2.40, 3)
+    best, tried = _choose([many, few, slow], timed=True, fewer_nodes=True)
+    assert best is few  # 2.70x is a tie with 2.77x (within the 5% noise band); 2.40x is not
+    assert "tie with the chosen" in tried[0].rejected and "9 against 5" in tried[0].rejected
+    assert "slower than the chosen" in tried[2].rejected
+    assert _choose([many, few, slow], timed=True)[0] is many  # the portable form: the fastest
