@@ -267,6 +267,7 @@ def _rewrite(
             taken=taken,
             top_k=options.top_k if options.max_depth > 0 else 0,
             kernels=options.kernels,
+            noise=options.noise,
         )
         states = fill(states, selection=selections)
         if options.kernels == "tvm":  # seams between subprograms that one generated kernel can close

@@ -135,6 +135,7 @@ def select(
     top_k: int = DEFAULT_TOP_K,
     budget_s: float | None = None,
     kernels: str = "onnx",
+    noise: float = NOISE_BAND,
 ) -> dict[str, Selection]:
     """Instantiate, verify and (with a ``timer``) time each part's candidates; choose the fastest.
 
@@ -164,6 +165,9 @@ def select(
         verification counts).
     kernels : {"onnx", "tvm"}
         How the candidates' eOperators are written (``einopt.instantiate.emit.KERNEL_FORMS``).
+    noise : float
+        With ``kernels="tvm"``, trials measured within ``1 + noise`` of the fastest are ties, and
+        the one with the fewest nodes is chosen (:func:`_choose`).
 
     Returns
     -------
@@ -220,7 +224,10 @@ def select(
         if p.program is None:
             continue
         chosen, tried = _choose(
-            pending[p.name], timed=timer is not None and feeds is not None, fewer_nodes=kernels == "tvm"
+            pending[p.name],
+            timed=timer is not None and feeds is not None,
+            fewer_nodes=kernels == "tvm",
+            noise=noise,
         )
         if chosen is not None:
             taken |= {f.name for f in chosen.instantiated.functions}
@@ -426,12 +433,14 @@ def _same_nodes(model: onnx.ModelProto, p: Part, inst: Instantiated, opset: int)
     )
 
 
-def _choose(trials: list[Trial], timed: bool, fewer_nodes: bool = False) -> tuple[Trial | None, list[Trial]]:
+def _choose(
+    trials: list[Trial], timed: bool, fewer_nodes: bool = False, noise: float = NOISE_BAND
+) -> tuple[Trial | None, list[Trial]]:
     """The fastest measured trial (untimed: the best predicted) among those verified and changed;
     the others marked with why they lost.
 
     With ``fewer_nodes`` (generated kernels, whose point is to remove kernels), the trial with the
-    fewest nodes among those measured within the noise band of the fastest (:data:`NOISE_BAND`:
+    fewest nodes among those measured within ``1 + noise`` of the fastest (default :data:`NOISE_BAND`:
     ties on this machine) is chosen instead: InfoGAN's phases as four Convs and one kernel rather
     than four Convs, four Reshapes and one kernel, measured 2.70x against 2.77x.
     """
@@ -440,7 +449,7 @@ def _choose(trials: list[Trial], timed: bool, fewer_nodes: bool = False) -> tupl
         ok = [c for c in ok if c.measured is not None]
         best = max(ok, key=lambda c: (c.measured.speedup, -c.candidate.depth), default=None)
         if fewer_nodes and best is not None:
-            ties = [c for c in ok if c.measured.speedup * (1 + NOISE_BAND) >= best.measured.speedup]
+            ties = [c for c in ok if c.measured.speedup * (1 + noise) >= best.measured.speedup]
             best = min(ties, key=lambda c: (len(c.instantiated.nodes), -c.measured.speedup))
     else:
         best = min(ok, key=lambda c: (c.candidate.cost, c.candidate.depth), default=None)
