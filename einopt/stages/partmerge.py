@@ -214,9 +214,10 @@ def compose(
     """
     second = rename_tensors(second, rename)
     produced = {first_names[o]: first.scope(o) for o in first.outputs}
+    original = {new: old for old, new in rename.items()}
     read: dict[ir.Tensor, ir.Scope] = {}
     for t in second.inputs:
-        scope = produced.get(second_names.get(_original(rename, t.name), ""))
+        scope = produced.get(second_names.get(original.get(t.name, t.name), ""))
         if scope is not None:
             if tuple(scope.shape) != tuple(t.shape):
                 raise ir.IRError(f"{t.name}{list(t.shape)} is read as {list(scope.shape)}")
@@ -253,11 +254,6 @@ def compose(
     return prune_bindings(program)
 
 
-def _original(rename: Mapping[str, str], name: str) -> str:
-    back = {v: k for k, v in rename.items()}
-    return back.get(name, name)
-
-
 def _merged_part(
     model: onnx.ModelProto,
     p: Part,
@@ -287,7 +283,7 @@ def _merged_part(
     produced_by_p = {p.names[o]: o for o in p.program.outputs}
     outputs = [rename[o] for o in c.program.outputs]
     outputs += [o for v, o in produced_by_p.items() if v in outside and o not in outputs]
-    names = {**{k: v for k, v in p.names.items()}, **{rename[k]: v for k, v in c.names.items()}}
+    names = {**p.names, **{rename[k]: v for k, v in c.names.items()}}
     constants = {**p.constants, **{rename[k]: v for k, v in c.constants.items()}}
     program = compose(p_program, p.names, c_program, c.names, outputs, rename)
     base = compose(p.program, p.names, c.program, c.names, outputs, rename)
