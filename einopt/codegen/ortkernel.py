@@ -87,27 +87,8 @@ def stand_in(scope: ir.Scope) -> StandIn:
     KernelUnsupported
         When a source is not float32 (einopt's ONNX Runtime operator takes float32 tensors).
     """
-    order: dict[ir.Tensor | ir.Scope, ir.Tensor] = {}
-    for src in dict.fromkeys(a.source for a in accesses(scope.body)):
-        if isinstance(src, ir.Tensor) and src.dtype != "float32":
-            raise KernelUnsupported(f"it reads {src.name}, a {src.dtype} tensor (kernels take float32)")
-        order[src] = ir.Tensor(f"x{len(order):03d}", src.shape, "float32")
-
-    def go(node: ir.Node) -> ir.Node:
-        node = ir.rebuild(node, go) if not isinstance(node, ir.Access) else node
-        if not isinstance(node, ir.Access):
-            return node
-        indices = node.indices
-        if isinstance(node.source, ir.Scope):
-            indices = tuple(
-                ir.ISub(i, ir.IConst(lo)) if lo else i
-                for i, lo in zip(indices, node.source.origin, strict=True)
-            )
-        return ir.Access(order[node.source], indices)
-
-    body = go(scope.body)
-    new = ir.Scope(scope.traversal, scope.summation, body, (), scope.reduce)
-    return StandIn(new, tuple(order))
+    group = stand_in_group((scope,), (True,))
+    return StandIn(group.program.bindings[0][1], group.sources)
 
 
 @dataclasses.dataclass(frozen=True)

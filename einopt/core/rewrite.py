@@ -26,6 +26,7 @@ __all__ = [
     "rename_tensors",
     "binding_program",
     "put_binding",
+    "reading",
     "sort_bindings",
     "prune_bindings",
     "fresh_name",
@@ -214,25 +215,7 @@ def put_binding(program: ir.Program, name: str, sub: ir.Program) -> ir.Program:
         host = tensors.get(t.name) or scopes.get(t.name)
         if host is None or tuple(host.shape) != tuple(t.shape):
             raise ir.IRError(f"put_binding: input {t.name}{list(t.shape)} is not in the program")
-    memo: dict[ir.Scope, ir.Scope] = {}
-
-    def scope(s: ir.Scope) -> ir.Scope:
-        out = memo.get(s)
-        if out is None:
-            out = memo[s] = s.replace(body=map_accesses(s.body, access))
-        return out
-
-    def access(a: ir.Access) -> ir.Access:
-        src = a.source
-        if isinstance(src, ir.Scope):
-            return a.replace(source=scope(src))
-        if src.name in tensors:
-            return a.replace(source=tensors[src.name])
-        host = scopes[src.name]
-        return ir.Access(
-            host, tuple(simplify(i + o) if o else i for i, o in zip(a.indices, host.origin, strict=True))
-        )
-
+    scope = reading({t: tensors[t.name] if t.name in tensors else scopes[t.name] for t in sub.inputs})
     taken = {t.name for t in program.inputs} | {n for n, _ in program.bindings}
     new = scope(sub.scope(name))
     extra = []
@@ -245,6 +228,35 @@ def put_binding(program: ir.Program, name: str, sub: ir.Program) -> ir.Program:
     at = next(k for k, (n, _) in enumerate(out.bindings) if n == name)
     bindings = out.bindings[:at] + tuple(extra) + out.bindings[at:]
     return prune_bindings(out.replace(bindings=sort_bindings(bindings)))
+
+
+def reading(mapping: Mapping[ir.Tensor, ir.Tensor | ir.Scope]) -> Callable[[ir.Scope], ir.Scope]:
+    """Scope -> the scope with every read of each key tensor, however deeply nested, a read of its
+    value: a tensor at the same indices, or a scope at the indices plus its origin (a scope's
+    positions are its traversal values). Memoised; a scope that reads no key tensor is kept."""
+    memo: dict[ir.Scope, ir.Scope] = {}
+
+    def scope(s: ir.Scope) -> ir.Scope:
+        out = memo.get(s)
+        if out is None:
+            touched = not mapping.keys().isdisjoint(ir.tensors_in(s))
+            out = memo[s] = s.replace(body=map_accesses(s.body, access)) if touched else s
+        return out
+
+    def access(a: ir.Access) -> ir.Access:
+        src = a.source
+        if isinstance(src, ir.Scope):
+            return a.replace(source=scope(src))
+        host = mapping.get(src)
+        if host is None:
+            return a
+        if isinstance(host, ir.Tensor):
+            return a.replace(source=host)
+        return ir.Access(
+            host, tuple(simplify(i + o) if o else i for i, o in zip(a.indices, host.origin, strict=True))
+        )
+
+    return scope
 
 
 def prune_bindings(program: ir.Program) -> ir.Program:

@@ -10,13 +10,13 @@ with two outputs computes both in one call (:func:`einopt.codegen.ortkernel.ort_
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Hashable, Iterable, Mapping
 
 from einopt.core import ir
 from einopt.core.rewrite import accesses
 from einopt.rules.fusion import program_reads
 
-__all__ = ["kernel_groups"]
+__all__ = ["kernel_groups", "convex"]
 
 
 def kernel_groups(program: ir.Program, constants: Collection[str] = ()) -> list[tuple[str, ...]]:
@@ -55,7 +55,11 @@ def kernel_groups(program: ir.Program, constants: Collection[str] = ()) -> list[
     for n, _ in program.bindings:
         if n in eligible:
             groups.setdefault(root(n), []).append(n)
-    return [tuple(g) for g in groups.values() if len(g) >= 2 and _convex(g, reads)]
+    readers: dict[str, set[str]] = {}
+    for consumer, rs in reads.items():
+        for r in rs:
+            readers.setdefault(r, set()).add(consumer)
+    return [tuple(g) for g in groups.values() if len(g) >= 2 and convex(g, readers)]
 
 
 def _kernel_work(scope: ir.Scope) -> bool:
@@ -66,22 +70,20 @@ def _kernel_work(scope: ir.Scope) -> bool:
     return any(isinstance(e, (ir.Binary, ir.Unary)) for e in ir.walk(scope.body, stop=ir.Access))
 
 
-def _convex(group: list[str], reads: dict[str, set[str]]) -> bool:
-    """Whether no binding outside ``group`` reads a member (perhaps through others) and is read by one."""
-    members = set(group)
-    readers: dict[str, set[str]] = {}
-    for consumer, rs in reads.items():
-        for r in rs:
-            readers.setdefault(r, set()).add(consumer)
-    seen: set[str] = set()
-    todo = [r for m in group for r in readers.get(m, ()) if r not in members]
+def convex(members: Collection[Hashable], readers: Mapping[Hashable, Iterable[Hashable]]) -> bool:
+    """Whether no item outside ``members`` reads a member (perhaps through other outside items) and is
+    read by one, in the graph where ``readers[x]`` are the items that read ``x``: a group of them can
+    then be replaced as one unit without a cycle."""
+    inside = set(members)
+    seen: set[Hashable] = set()
+    todo = [r for m in inside for r in readers.get(m, ()) if r not in inside]
     while todo:
         n = todo.pop()
         if n in seen:
             continue
         seen.add(n)
         for r in readers.get(n, ()):
-            if r in members:
+            if r in inside:
                 return False
             todo.append(r)
     return True

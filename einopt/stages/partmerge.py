@@ -31,10 +31,10 @@ import numpy as np
 import onnx
 
 from einopt.core import ir
-from einopt.core.index import simplify
-from einopt.core.rewrite import fresh_name, map_accesses, prune_bindings, rename_tensors, sort_bindings
+from einopt.core.rewrite import fresh_name, prune_bindings, reading, rename_tensors, sort_bindings
 from einopt.frontend.translate import Part
 from einopt.instantiate.emit import Instantiated
+from einopt.instantiate.kernelgroups import convex
 from einopt.rules.derive import TraceStep
 from einopt.runtime.timing import NOISE_BAND, Comparison
 from einopt.runtime.verify import PartPair, Tolerance, part_pairs
@@ -174,24 +174,12 @@ def _pair(model: onnx.ModelProto, p: _Side, c: _Side) -> _Side | None:
 def _convex(model: onnx.ModelProto, group: set[int]) -> bool:
     """Whether no node outside ``group`` lies on a path between two of its nodes."""
     nodes = list(model.graph.node)
-    readers: dict[str, list[int]] = {}
+    by_value: dict[str, list[int]] = {}
     for i, n in enumerate(nodes):
         for v in n.input:
-            readers.setdefault(v, []).append(i)
-    # Outside nodes reachable from the group; none of them may reach back into it.
-    seen: set[int] = set()
-    todo = [j for i in group for o in nodes[i].output for j in readers.get(o, ()) if j not in group]
-    while todo:
-        j = todo.pop()
-        if j in seen:
-            continue
-        seen.add(j)
-        for o in nodes[j].output:
-            for k in readers.get(o, ()):
-                if k in group:
-                    return False
-                todo.append(k)
-    return True
+            by_value.setdefault(v, []).append(i)
+    readers = {i: [j for o in n.output for j in by_value.get(o, ())] for i, n in enumerate(nodes)}
+    return convex(group, readers)
 
 
 # ---- composing two programs -------------------------------------------------
@@ -222,26 +210,7 @@ def compose(
             if tuple(scope.shape) != tuple(t.shape):
                 raise ir.IRError(f"{t.name}{list(t.shape)} is read as {list(scope.shape)}")
             read[t] = scope
-    memo: dict[ir.Scope, ir.Scope] = {}
-
-    def scope_of(s: ir.Scope) -> ir.Scope:
-        out = memo.get(s)
-        if out is None:
-            touched = not read.keys().isdisjoint(ir.tensors_in(s))
-            out = memo[s] = s.replace(body=map_accesses(s.body, access)) if touched else s
-        return out
-
-    def access(a: ir.Access) -> ir.Access:
-        src = a.source
-        if isinstance(src, ir.Scope):
-            return a.replace(source=scope_of(src))
-        host = read.get(src)
-        if host is None:
-            return a
-        return ir.Access(
-            host, tuple(simplify(i + o) if o else i for i, o in zip(a.indices, host.origin, strict=True))
-        )
-
+    scope_of = reading(read)
     inputs = list(first.inputs)
     have = {t.name for t in inputs}
     for t in second.inputs:
