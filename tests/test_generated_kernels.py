@@ -257,6 +257,29 @@ def test_partition_with_fused_activations_keeps_matmuls_apart_from_the_elementwi
     assert [g.kind for g in fused] == ["linear", "linear"]
 
 
+def _optimize_with_kernels(src, out) -> None:
+    """``einopt optimize SRC -o OUT --kernels tvm``, untimed and without a search; it must succeed."""
+    from click.testing import CliRunner
+
+    from einopt.cli import main
+
+    args = [
+        "optimize",
+        src,
+        "-o",
+        out,
+        "--kernels",
+        "tvm",
+        "--max-depth",
+        0,
+        "--accept",
+        "verified",
+        "--no-cache",
+    ]
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+
+
 def _tail_model() -> onnx.ModelProto:
     """``y = sigmoid(a) * c + tanh(b)``: four element-wise nodes, two of them activations."""
     from onnx import TensorProto, helper
@@ -276,28 +299,12 @@ def _tail_model() -> onnx.ModelProto:
 @needs_cc
 def test_optimize_kernels_tvm_writes_one_kernel_that_runs_with_the_library_only(tmp_path):
     import onnxruntime
-    from click.testing import CliRunner
 
     import einopt.runtime
-    from einopt.cli import main
 
     src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
     onnx.save(_tail_model(), src)
-    args = [
-        "optimize",
-        src,
-        "-o",
-        out,
-        "--kernels",
-        "tvm",
-        "--max-depth",
-        0,
-        "--accept",
-        "verified",
-        "--no-cache",
-    ]
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    assert result.exit_code == 0, result.output
+    _optimize_with_kernels(src, out)
     model = onnx.load(out)
     assert [n.op_type for n in model.graph.node] == [kernels.OP_TYPE]
     feeds = {k: np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32) for k in "abc"}
@@ -344,11 +351,9 @@ def test_the_profile_lists_each_generated_kernel_with_its_bytes_and_flops():
 @pytest.mark.tvm
 @needs_cc
 def test_parts_with_the_same_kernel_share_one_library_in_the_output(tmp_path):
-    from click.testing import CliRunner
     from onnx import TensorProto, helper
 
     import einopt.runtime
-    from einopt.cli import main
 
     v = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 64])  # noqa: E731
     nodes = []
@@ -362,21 +367,7 @@ def test_parts_with_the_same_kernel_share_one_library_in_the_output(tmp_path):
     graph = helper.make_graph(nodes, "two", [v(x) for x in "abcdef"], [v("y0"), v("y1")])
     src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src)
-    args = [
-        "optimize",
-        src,
-        "-o",
-        out,
-        "--kernels",
-        "tvm",
-        "--max-depth",
-        0,
-        "--accept",
-        "verified",
-        "--no-cache",
-    ]
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    assert result.exit_code == 0, result.output
+    _optimize_with_kernels(src, out)
     model = onnx.load(out)
     generated = _kernel_nodes(model)
     assert len(generated) == 2 and generated[0].input[0] == generated[1].input[0]

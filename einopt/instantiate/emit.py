@@ -231,9 +231,13 @@ def instantiate(
     for name, scope in program.bindings:
         if name in handled:
             continue
-        if name in grouped and em.generated_group(grouped[name]):
-            handled.update(grouped[name])
-            continue
+        group = grouped.get(name)
+        if group is not None:
+            for n in group:  # tried once: each member is emitted on its own if it cannot be one kernel
+                grouped.pop(n)
+            if em.generated_group(group):
+                handled.update(group)
+                continue
         prefer = preferred.get(name, "")
         if name in outputs:
             em.materialise(scope, name, onnx_names[name], prefer=prefer)
