@@ -432,3 +432,46 @@ def test_a_member_reading_another_through_a_nested_scope_falls_back_to_one_kerne
     assert all(len(n.output) == 1 for n in _kernel_nodes(model))
     for name in want:
         _close(got[name], want[name])
+
+
+def test_with_generated_kernels_a_candidate_is_also_tried_with_its_eoperators_as_standard_ops():
+    """Selection with ``kernels="tvm"`` measures "a generated kernel" against "standard ops + glue":
+    a candidate with an eOperator is tried in both forms, both verified, the kernel form chosen on a
+    tie (untimed: it has fewer nodes)."""
+    from einopt.frontend.translate import Part
+    from einopt.rules import TraceStep
+    from einopt.runtime.verify import Tolerance
+    from einopt.search.results import Candidate
+    from einopt.stages.partsearch import PartSearch
+    from einopt.stages.select import select
+
+    h, w, f, r, s, c = iters("h:6 w:7 f:4 r:3 s:3 c:3")
+    A, K = tensor("A", (6, 7, 3)), tensor("K", (3, 3, 4, 3))
+    conv = program({"Y": L(h, w, f)(Sum(r, s, c)(A[h + r - 1, w + s - 1, c] * K[r, s, f, c]))})
+    model, _ = program_model(conv)
+    part = Part("p", "linear", tuple(range(len(model.graph.node))), conv, {n: n for n in "AKY"})
+    step = TraceStep("split_expression", "Y", "the matmul-shaped T and its OffsetReduce")
+    search = PartSearch(
+        (Candidate(conv, (), (), 1.0), Candidate(_conv_program(), (step,), (), 1.0)), {}, 0.0, False
+    )
+    feeds = {k: v.astype(np.float32) for k, v in random_inputs(conv, np.random.default_rng(0)).items()}
+
+    chosen = select(
+        model,
+        [part],
+        {"p": search},
+        datasets=[feeds],
+        tolerance=Tolerance(),
+        timer=None,
+        feeds=None,
+        taken=set(),
+        kernels="tvm",
+    )["p"]
+
+    derived = [t for t in chosen.tried if t.candidate.trace]
+    assert sorted(t.kernels for t in derived) == ["onnx", "tvm"]
+    assert all(t.verified.ok for t in derived)
+    portable, generated = sorted(derived, key=lambda t: t.kernels)
+    assert not any(n.domain == modelio.KERNEL_DOMAIN for n in portable.instantiated.nodes)
+    assert any(n.domain == modelio.KERNEL_DOMAIN for n in generated.instantiated.nodes)
+    assert chosen.chosen is generated and portable.as_dict(1.0)["kernels"] == "onnx"

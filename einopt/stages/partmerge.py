@@ -301,7 +301,7 @@ def _try_group(
     fused = try_trials(
         model,
         group.part,
-        [Trial(group.part.name, group.chosen)],
+        [Trial(group.part.name, group.chosen, kernels="tvm")],
         datasets=datasets,
         tolerance=tolerance,
         timer=timer,

@@ -78,6 +78,7 @@ class Trial:
     measured: Comparison | None = None  # against the original nodes, side by side
     unchanged: bool = False  # instantiated as the original nodes again
     rejected: str = ""  # why it was not chosen ("" for the chosen one)
+    kernels: str = "onnx"  # how its eOperators are written (einopt.instantiate.emit.KERNEL_FORMS)
 
     @property
     def label(self) -> str:
@@ -99,6 +100,7 @@ class Trial:
             "verified": None if self.verified is None else self.verified.ok,
             "unchanged": self.unchanged,
             "rejected": self.rejected,
+            "kernels": self.kernels,
         }
 
 
@@ -179,11 +181,11 @@ def select(
     opset = default_opset(model)
     pending: dict[str, list[Trial]] = {}
     for p in parts:
-        search = searches.get(p.name)
-        tries = _worth_trying(p, search, top_k)
-        if kernels == "tvm":
-            tries = _with_fused(tries)
+        tries = _worth_trying(p, searches.get(p.name), top_k)
         pending[p.name] = [_instantiated(model, p, c, opset, taken, kernels) for c in tries]
+        if kernels == "tvm":
+            pending[p.name] += _portable_forms(model, p, tries, pending[p.name], opset, taken)
+            pending[p.name] += [_instantiated(model, p, c, opset, taken, kernels) for c in _fused(tries)]
     by_name = {p.name: p for p in parts}
     alive = {
         (name, i): c
@@ -363,10 +365,10 @@ def _worth_trying(p: Part, search: PartSearch | None, top_k: int) -> list[Candid
     return [base, *derived[:top_k]]
 
 
-def _with_fused(candidates: list[Candidate]) -> list[Candidate]:
-    """Each candidate, then the ones whose element-wise chains fuse into fewer generated kernels
-    (:func:`einopt.stages.kernelfusion.fuse_for_kernels`), each program once."""
-    out = list(candidates)
+def _fused(candidates: list[Candidate]) -> list[Candidate]:
+    """The candidates whose element-wise chains fuse into fewer generated kernels
+    (:func:`einopt.stages.kernelfusion.fuse_for_kernels`), fused, each program once."""
+    out = []
     seen = {c.program for c in candidates}
     for c in candidates:
         fused, steps = fuse_for_kernels(c.program)
@@ -376,10 +378,29 @@ def _with_fused(candidates: list[Candidate]) -> list[Candidate]:
     return out
 
 
+def _portable_forms(
+    model: onnx.ModelProto,
+    p: Part,
+    candidates: list[Candidate],
+    trials: list[Trial],
+    opset: int,
+    taken: set[str],
+) -> list[Trial]:
+    """The ``candidates``, whose ``trials`` are instantiated with generated kernels, again with
+    their eOperators as standard ops (``kernels="onnx"``), each only where it has kernels: so that with ``--kernels tvm`` the choice
+    between "predefined operators + glue" and "a generated kernel" is measured, and a kernel slower
+    than the glue it replaces is not chosen."""
+    return [
+        _instantiated(model, p, c, opset, taken, "onnx")
+        for c, t in zip(candidates, trials, strict=True)
+        if t.instantiated is not None and any(n.domain == KERNEL_DOMAIN for n in t.instantiated.nodes)
+    ]
+
+
 def _instantiated(
     model: onnx.ModelProto, p: Part, candidate: Candidate, opset: int, taken: set[str], kernels: str
 ) -> Trial:
-    trial = Trial(p.name, candidate)
+    trial = Trial(p.name, candidate, kernels=kernels)
     try:
         inst = instantiate(
             candidate.program,
@@ -452,7 +473,16 @@ def _choose(
             ties = [c for c in ok if c.measured.speedup * (1 + noise) >= best.measured.speedup]
             best = min(ties, key=lambda c: (len(c.instantiated.nodes), -c.measured.speedup))
     else:
-        best = min(ok, key=lambda c: (c.candidate.cost, c.candidate.depth), default=None)
+        # untimed, the forms of one candidate cost the same: generated kernels go to fewer nodes
+        best = min(
+            ok,
+            key=lambda c: (
+                c.candidate.cost,
+                len(c.instantiated.nodes) if fewer_nodes else 0,
+                c.candidate.depth,
+            ),
+            default=None,
+        )
     tried = []
     for c in trials:
         if c is best or c.rejected:
