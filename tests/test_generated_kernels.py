@@ -475,3 +475,15 @@ def test_with_generated_kernels_a_candidate_is_also_tried_with_its_eoperators_as
     assert not any(n.domain == modelio.KERNEL_DOMAIN for n in portable.instantiated.nodes)
     assert any(n.domain == modelio.KERNEL_DOMAIN for n in generated.instantiated.nodes)
     assert chosen.chosen is generated and portable.as_dict(1.0)["kernels"] == "onnx"
+
+
+def test_a_reduction_with_a_scalar_tail_under_a_parallel_loop_writes_only_its_own_rows():
+    """GCN's 15x1 convolution as an OffsetReduce: 28 lanes are three chunks of 8 and a scalar tail
+    of 4, under a parallel loop over 64 rows. Accumulating the chunks in a local buffer there once
+    copied the whole [4, 16, 24] buffer out in every task, mostly never computed: garbage in ORT."""
+    n, f, o0, o1, r = iters("n:1 f:4 o0:16 o1:28 r:15")
+    X = tensor("X", (1, 4, 15, 16, 28))
+    prog = program({"Y": L(n, f, o0, o1)(Sum(r)(X[n, f, r, o0 + r - 7, o1]))})
+    for seed in range(3):
+        _, got, want = _run_both(prog, seed)
+        _close(got["Y"], want["Y"])

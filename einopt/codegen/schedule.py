@@ -15,7 +15,9 @@ well. For each stage (one block per stage):
    no guard, take the chunks ``MAX_TILE`` at a time with the reductions outside
    all of them and their accumulators in a local buffer written out once (a
    matrix-vector product then reads whole stretches of each row per step, not
-   one chunk of every row: 2.3x faster on [1,512] x [512,1024]).
+   one chunk of every row: 2.3x faster on [1,512] x [512,1024]); not where a
+   scalar tail was partitioned off (the partition's blocks declare no regions,
+   so the buffer's write-back would cover the whole buffer in every task).
 
 The GPU schedule binds the fused spatial loops of every stage to
 ``blockIdx.x``/``threadIdx.x``; reductions run serially in each thread,
@@ -87,7 +89,8 @@ def _schedule_stage_cpu(sch: s_tir.Schedule, st: StageInfo) -> None:
         return
     x = spatial[-1]
     chunks = n // width
-    if n % width:  # a scalar tail loop after the whole chunks
+    tail = n % width
+    if tail:  # a scalar tail loop after the whole chunks
         head, tail = sch.loop_partition(x, [chunks * width, None])
         _finish_piece(sch, tail, len(reduce), vectorize=False)
         block = _leaf_block(sch, head)
@@ -96,7 +99,9 @@ def _schedule_stage_cpu(sch: s_tir.Schedule, st: StageInfo) -> None:
     first, last = _whole_chunks(st.interior, width, chunks)
     xo, xi = sch.split(x, [chunks, width])
     if first == 0 and last == chunks:  # no guard depends on the lanes
-        if reduce and chunks > 1:
+        # Not after a tail partition: its blocks declare no regions, so the local buffer's write-back
+        # would copy the whole buffer in every task of a parallel loop, not the task's own rows.
+        if reduce and chunks > 1 and not tail:
             _tiled_reduction(sch, block, xo, xi, reduce, chunks, parallel)
             return
         if parallel and chunks > 1:
