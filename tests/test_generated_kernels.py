@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from einopt import L, Sum, iters, program, relu, sigmoid, tanh, tensor
 from einopt.codegen.ortkernel import KernelUnsupported, kernel_flops, ort_kernel, stand_in
@@ -147,6 +148,48 @@ def test_random_scopes_as_generated_kernels_equal_the_interpreter(scope):
     except KernelUnsupported:
         pytest.skip("not a kernel")
     _close(got["Y"], want["Y"])
+
+
+@st.composite
+def _wide_reductions(draw: st.DrawFn) -> ir.Program:
+    """Reductions as the CPU schedule's paths see them: lanes of 1-40 (whole vector chunks of 8 or
+    16, a scalar tail, guards on the lanes or on an outer loop), 1-12 reduction steps, 1-3 outer
+    loops, and a weight read per lane (a matrix-vector product) or not (an OffsetReduce)."""
+    outer = draw(st.lists(st.integers(1, 6), min_size=1, max_size=3))
+    lanes, steps = draw(st.integers(1, 40)), draw(st.integers(1, 12))
+    lane_shift, outer_shift = draw(st.sampled_from([0, 0, 1, 3])), draw(st.integers(0, 3))
+    its = iters(" ".join(f"o{i}:{e}" for i, e in enumerate(outer)) + f" x:{lanes} r:{steps}")
+    *outs, x, r = its
+    T = tensor("T", (steps, *outer, lanes))
+    # Reads leave T's box by up to the shifts (zero there): guards on the lanes and on o0.
+    row = (outs[0] + r - outer_shift, *outs[1:]) if draw(st.booleans()) else tuple(outs)
+    read = T[(r, *row, x + (r if lane_shift else 0) - lane_shift)]
+    if draw(st.booleans()):
+        read = read * tensor("W", (steps, lanes))[r, x]
+    return program({"Y": L(*outs, x)(Sum(r)(read))})
+
+
+@pytest.mark.tvm
+@needs_cc
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prog=_wide_reductions(), min_parallel=st.sampled_from([1, None]))
+def test_random_wide_reductions_as_generated_kernels_equal_the_interpreter(
+    prog, min_parallel, tmp_path_factory
+):
+    """The vectorised, partitioned, tiled and parallel schedules (``scopes()`` draws extents of at
+    most 5, below one vector chunk), in ONNX Runtime; with ``min_parallel=1`` every outer loop runs in
+    parallel. Compiled into a folder of its own: these schedules are not the default ones."""
+    from einopt.codegen import ortkernel, schedule
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ortkernel, "_CACHE", {})
+        folder = tmp_path_factory.mktemp("kernels")
+        mp.setattr(ortkernel, "_disk_folder", lambda: folder)
+        if min_parallel is not None:
+            mp.setattr(schedule, "MIN_PARALLEL_WORK", min_parallel)
+        for seed in range(2):
+            _, got, want = _run_both(prog, seed)
+            _close(got["Y"], want["Y"])
 
 
 @pytest.mark.tvm
