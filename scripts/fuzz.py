@@ -1,6 +1,6 @@
 """Graph fuzzer: random ONNX models through ``einopt.optimize`` without verification, compared in ONNX Runtime.
 
-    python scripts/fuzz.py --graphs 5000 [--seed 0] [--max-depth 0] [--special/--no-special] [--out fuzz-failures]
+    python scripts/fuzz.py --graphs 5000 [--seed 0] [--max-depth 0] [--special/--no-special] [--kernels onnx|tvm] [--out fuzz-failures]
 
 Graph ``k`` of seed ``s`` is a random chain/DAG of 2-8 operators (opset 17,
 every op the importers translate; see ``tests/graph_strategies.py``), built
@@ -19,7 +19,8 @@ optimizer has bugs of its own: it miscomputes ``Transpose -> MatMul`` with a
 1-D operand, seed 2 graph 3193), on three data sets: ordinary values in ``[-2, 2)``, exact small
 integers, and special values (``0``, ``-0``, ``+-inf``, NaN, ``+-1e30``,
 ``3e38``, small integers mixed into ordinary data; ``--no-special`` skips
-them).
+them). ``--kernels tvm`` writes eOperators and element-wise chains as
+generated kernels (einopt's kernel library registered in every session).
 
 What "equal" means on special values: the same IEEE result as ONNX Runtime
 gives the original, position by position. Huge finite values are kept out of
@@ -44,8 +45,8 @@ refusals and invalid graphs (models that do not run even before einopt: a
 generator bug), per op type.
 Each failing model is written to ``--out`` as ``<seed>-<k>.onnx`` (with
 ``<seed>-<k>.optimized.onnx`` when einopt produced one) for reproduction:
-``einopt optimize --no-verify --accept verified --max-depth N <file>``, ``N``
-the run's ``--max-depth``. Exit status 1 when anything failed.
+``einopt optimize --no-verify --accept verified --max-depth N [--kernels tvm] <file>``,
+``N`` the run's ``--max-depth``. Exit status 1 when anything failed.
 """
 
 from __future__ import annotations
@@ -91,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="also compare on special values (0, inf, NaN, huge; default on)",
     )
+    parser.add_argument(
+        "--kernels",
+        choices=("onnx", "tvm"),
+        default="onnx",
+        help="how einopt writes eOperators (default onnx; tvm: generated kernels)",
+    )
     parser.add_argument("--out", type=Path, default=Path("fuzz-failures"), help="folder for failing models")
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
     args = parser.parse_args(argv)
@@ -107,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     for k in range(args.graphs):
         rng = np.random.default_rng([args.seed, k])
         case = build_graph(RngDraw(rng), rng)
-        outcome = check_case(case, k, kinds, max_depth=args.max_depth, ort_optimizer=True)
+        outcome = check_case(
+            case, k, kinds, max_depth=args.max_depth, ort_optimizer=True, kernels=args.kernels
+        )
         totals[outcome.status] += 1
         if outcome.ort_input:
             totals["ort_input"] += 1
@@ -131,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
     failed = sum(totals[s] for s in STATUS_TEXT if s != "ok")
     search = f"search depth {args.max_depth}" if args.max_depth else "no search"
+    search += ", generated kernels" if args.kernels == "tvm" else ""
     print(
         f"{args.graphs} graphs (seed {args.seed}, {search}, data: {', '.join(kinds)}) in {seconds:.1f} s: "
         f"{totals['wrong']} wrong outputs, {totals['exception']} exceptions, "

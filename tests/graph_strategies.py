@@ -390,8 +390,12 @@ def _gelu(g: _Graph, x: Value) -> bool:
 
 def _prelu(g: _Graph, x: Value) -> bool:
     k = g.d.integer(0, len(x.shape))
-    slope = tuple(n if g.d.coin(50) else 1 for n in x.shape[len(x.shape) - k :])
-    g.node("PRelu", [x.name, g.operand(slope)], [x.shape])
+    slope = g.operand(tuple(n if g.d.coin(50) else 1 for n in x.shape[len(x.shape) - k :]))
+    # einopt's PRelu is max(X, 0) + slope * min(X, 0): ONNX Runtime's for a finite slope (an
+    # infinite or NaN one times the zero of min(X, 0) is NaN where ORT gives X).
+    if slope in g.by_name and not g.keep_out(g.by_name[slope], inf=True, nan=True):
+        return False
+    g.node("PRelu", [x.name, slope], [x.shape])
     return True
 
 
@@ -1131,7 +1135,7 @@ def _unoptimized_session(model: onnx.ModelProto) -> Any:
     options.log_severity_level = 4
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.intra_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return _session(model, options)
 
 
 def _optimized_session(model: onnx.ModelProto) -> Any:
@@ -1142,6 +1146,17 @@ def _optimized_session(model: onnx.ModelProto) -> Any:
     options.log_severity_level = 4
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = 1
+    return _session(model, options)
+
+
+def _session(model: onnx.ModelProto, options: Any) -> Any:
+    """A CPU session of ``model``, with einopt's kernel library registered where it has generated kernels."""
+    import onnxruntime as ort
+
+    from einopt.runtime import kernels, modelio
+
+    if modelio.uses_generated_kernels(model):
+        kernels.register(options)
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
@@ -1178,6 +1193,7 @@ def check_case(
     kinds: Sequence[str] = DATA_KINDS,
     max_depth: int = 0,
     ort_optimizer: bool = False,
+    kernels: str = "onnx",
 ) -> Outcome:
     """``einopt.optimize`` with verification off, then the output against the original on every data kind.
 
@@ -1188,12 +1204,14 @@ def check_case(
     per graph and :data:`SEARCH_DEADLINE_S` seconds). With
     ``ort_optimizer``, an output that passes is also loaded with ONNX
     Runtime's graph optimizations on (:func:`ort_optimizer_refusal`): status
-    ``ort`` when it mishandles the output but not the original.
+    ``ort`` when it mishandles the output but not the original. ``kernels`` is
+    how einopt writes eOperators (``"tvm"``: generated kernels, run with its
+    kernel library registered).
     """
     import einopt
     from einopt.runtime.verify import Tolerance, compare
 
-    options = einopt.Options(max_depth=max_depth, verify=False, accept="verified")
+    options = einopt.Options(max_depth=max_depth, verify=False, accept="verified", kernels=kernels)
     if max_depth:
         options = dataclasses.replace(
             options,

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import einopt.codegen
-from einopt import L, Max, Sum, exp, iters, program, tensor
+from einopt import L, Max, Sum, erf, exp, iters, maximum, minimum, program, relu, tensor
 from einopt.codegen import DeviceUnavailableError
 from einopt.core.interp import evaluate
 from einopt.core.ir import Binary, Unary
@@ -117,6 +117,36 @@ def test_a_matrix_vector_product_accumulates_tiles_of_lanes_in_a_local_buffer():
     assert 'scope="local"' in kernel.source and "T.unroll(8)" in kernel.source
     assert "T.parallel(4)" in kernel.source
     check(node)
+
+
+@tvm_test
+@pytest.mark.parametrize(
+    "body",
+    [
+        lambda x, z: relu(x),
+        lambda x, z: maximum(x, z),
+        lambda x, z: minimum(x, z),
+        lambda x, z: minimum(maximum(x, -1.0), 2.0),  # Clip
+        lambda x, z: erf(x),
+    ],
+    ids=["relu", "max", "min", "clip", "erf"],
+)
+def test_kernels_keep_nan_and_infinities_as_the_interpreter_does(body):
+    """TVM's max and min return the other operand of a NaN (numpy and ONNX Runtime return NaN), and
+    its erf is NaN for huge arguments (erf is +-1 there); the kernels are not (found by
+    ``scripts/fuzz.py --kernels tvm``: a Clip of NaN gave -3.4e38)."""
+    (i,) = iters("i:24")
+    X, Z = tensor("X", (24,)), tensor("Z", (24,))
+    node = L(i)(body(X[i], Z[i]))
+    x = np.array(
+        [np.nan, np.inf, -np.inf, 1e30, -1e30, 3e38, -3e38, 0.0, -0.0, 0.5, -2.5, 4.5] * 2, np.float32
+    )
+    inputs = {"X": x, "Z": np.roll(x, 5)}
+    inputs = {t.name: inputs[t.name] for t in program({"Y": node}).inputs}
+    got = einopt.codegen.compile(node)(**inputs)
+    want = evaluate(node, {k: v.astype(np.float64) for k, v in inputs.items()})
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want.astype(np.float32), rtol=1e-6, atol=1e-7)
 
 
 # --------------------------------------------------------------------------

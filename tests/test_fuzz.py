@@ -51,6 +51,16 @@ def test_random_graphs_optimize_to_equal_models(case: GraphCase, seed: int) -> N
     assert outcome.status == "ok", f"{outcome.status} on {outcome.kind} data: {outcome.detail}"
 
 
+@pytest.mark.tvm
+@settings(max_examples=40, deadline=None)
+@given(graphs(), st.integers(0, 2**32 - 1))
+def test_random_graphs_with_generated_kernels_optimize_to_equal_models(case: GraphCase, seed: int) -> None:
+    """The same with ``kernels="tvm"``: element-wise chains and eOperators as generated kernels, NaN
+    and infinities included (``scripts/fuzz.py --kernels tvm`` is the long run)."""
+    outcome = check_case(case, seed, kernels="tvm")
+    assert outcome.status == "ok", f"{outcome.status} on {outcome.kind} data: {outcome.detail}"
+
+
 @pytest.mark.parametrize("op", sorted(OP_BUILDERS))
 @settings(max_examples=8)
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))

@@ -71,6 +71,7 @@ _LOG2E = 1.4426950408889634
 _LN2_HI = 0.693359375  # ln 2 split so that n * _LN2_HI is exact for |n| <= 2^9
 _LN2_LO = -2.12194440054690583e-4
 _EXP_MAX = 88.72283  # exp overflows float32 beyond it
+_ERF_ONE = 4.0  # erf(x) rounds to 1 in float32 from about 3.92 on
 _EXP_MIN = -87.33654  # and is below the smallest normal float32 beyond this
 _TANH_SMALL = 0.0625  # below it, tanh's Taylor series (error x^7 * 17/315 < 3e-10)
 _TANH_ONE = 9.0  # beyond it, tanh is 1 in float32
@@ -101,6 +102,21 @@ def _tvm_tanh(t: Any, x: Any) -> Any:
     small = x * (c(1.0) + x2 * (c(-1.0 / 3) + x2 * c(2.0 / 15)))
     y = t.Select(t.abs(x) < c(_TANH_SMALL), small, (e - c(1.0)) / (e + c(1.0)))
     return t.Select(t.isnan(x), x, y)
+
+
+def _tvm_nan_first(t: Any, y: Any, *args: Any) -> Any:
+    """``y``, or the first NaN among ``args``: TVM's ``max`` and ``min`` return the other operand of a
+    NaN (LLVM's ``maxnum``), numpy's and ONNX Runtime's return NaN (``Relu``, ``Max``, ``Clip``)."""
+    for a in reversed(args):
+        y = t.Select(t.isnan(a), a, y)
+    return y
+
+
+def _tvm_erf(t: Any, x: Any) -> Any:
+    """TVM's ``erf`` on ``x`` clamped to ``[-_ERF_ONE, _ERF_ONE]``, NaN kept: TVM's polynomial gives
+    NaN for huge ``|x|`` (1e30, inf) where erf is +-1."""
+    c = lambda v: _tvm_const(t, v)  # noqa: E731 - a local shorthand
+    return _tvm_nan_first(t, t.erf(t.max(t.min(x, c(_ERF_ONE)), c(-_ERF_ONE))), x)
 
 
 def _tvm_sigmoid(t: Any, x: Any) -> Any:
@@ -316,7 +332,7 @@ UNARY: dict[str, UnaryOp] = _table(
             name="relu",
             onnx="Relu",
             numpy=lambda np, x, p: np.maximum(x, x.dtype.type(0)),
-            tvm=lambda t, x, p: t.max(x, _tvm_const(t, 0.0)),
+            tvm=lambda t, x, p: _tvm_nan_first(t, t.max(x, _tvm_const(t, 0.0)), x),
             zero=True,
             finite=True,
             exact=True,
@@ -391,7 +407,7 @@ UNARY: dict[str, UnaryOp] = _table(
             name="erf",
             onnx="Erf",
             numpy=_erf,
-            tvm=lambda t, x, p: t.erf(x),
+            tvm=lambda t, x, p: _tvm_erf(t, x),
             zero=True,  # erf(0) = 0
             finite=True,  # |erf(x)| <= 1
             exact=False,
@@ -473,7 +489,7 @@ BINARY: dict[str, BinaryOp] = _table(
             title="maximum",
             onnx="Max",
             numpy=lambda np, a, b: np.maximum(a, b),
-            tvm=lambda t, a, b: t.max(a, b),
+            tvm=lambda t, a, b: _tvm_nan_first(t, t.max(a, b), a, b),
             commutative=True,
             zero="both",
             finite=True,
@@ -487,7 +503,7 @@ BINARY: dict[str, BinaryOp] = _table(
             title="minimum",
             onnx="Min",
             numpy=lambda np, a, b: np.minimum(a, b),
-            tvm=lambda t, a, b: t.min(a, b),
+            tvm=lambda t, a, b: _tvm_nan_first(t, t.min(a, b), a, b),
             commutative=True,
             zero="both",
             finite=True,

@@ -271,7 +271,9 @@ def import_gelu(view: NodeView) -> tuple[ir.Scope, ...]:
 
 
 def import_prelu(view: NodeView) -> tuple[ir.Scope, ...]:
-    """``max(X, 0) + A * min(X, 0)`` with the slope ``A`` broadcast to ``X``."""
+    """``max(X, 0) + A * min(X, 0)`` with the slope ``A`` broadcast to ``X``: ONNX Runtime's PRelu
+    for a finite slope (an infinite or NaN slope times the zero of ``min(X, 0)`` is NaN where
+    ONNX Runtime gives ``X``)."""
     x = float_data(view.input(0), "input X")
     slope = float_data(view.input(1), "slope")
     if broadcast_shapes([x, slope]) != operand_shape(x):
