@@ -154,6 +154,11 @@ class Instantiated:
     # the default domain, such as ONNX Runtime's com.microsoft ones).
     value_info: tuple[onnx.ValueInfoProto, ...] = ()
 
+    @property
+    def has_generated_kernels(self) -> bool:
+        """Whether any node is one of einopt's generated kernels (``--kernels tvm``)."""
+        return any(n.domain == kernels.DOMAIN for n in self.nodes)
+
 
 def instantiate(
     program: ir.Program,

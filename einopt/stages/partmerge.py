@@ -323,6 +323,7 @@ def _try_group(
             Candidate(group.part.program, trace, (), 0.0),
             instantiated=separate,
             rejected=f"the merged program ran {head.speedup:.2f}x as fast as these side by side",
+            kernels="tvm" if separate.has_generated_kernels else "onnx",
         )
         if head.speedup * (1 + noise) < 1:  # a tie goes to the merged program: fewer kernels
             log.info(

@@ -393,7 +393,7 @@ def _portable_forms(
     return [
         _instantiated(model, p, c, opset, taken, "onnx")
         for c, t in zip(candidates, trials, strict=True)
-        if t.instantiated is not None and any(n.domain == KERNEL_DOMAIN for n in t.instantiated.nodes)
+        if t.instantiated is not None and t.instantiated.has_generated_kernels
     ]
 
 
