@@ -91,8 +91,8 @@ def _schedule_stage_cpu(sch: s_tir.Schedule, st: StageInfo) -> None:
     chunks = n // width
     tail = n % width
     if tail:  # a scalar tail loop after the whole chunks
-        head, tail = sch.loop_partition(x, [chunks * width, None])
-        _finish_piece(sch, tail, len(reduce), vectorize=False)
+        head, rest = sch.loop_partition(x, [chunks * width, None])
+        _finish_piece(sch, rest, len(reduce), vectorize=False)
         block = _leaf_block(sch, head)
         x, *reduce = sch.get_loops(block)[-(len(reduce) + 1) :]
         parallel = False

@@ -77,33 +77,6 @@ _TANH_SMALL = 0.0625  # below it, tanh's Taylor series (error x^7 * 17/315 < 3e-
 _TANH_ONE = 9.0  # beyond it, tanh is 1 in float32
 
 
-def _tvm_exp(t: Any, x: Any) -> Any:
-    """``exp(x) = 2^n e^r`` with ``n = round(x / ln 2)``, ``|r| <= ln(2)/2`` and ``e^r`` by its Taylor
-    polynomial of degree 7 (truncation below 5e-9 relative); ``2^n`` is built in the exponent bits.
-    Overflow gives inf, underflow 0, NaN stays NaN."""
-    c = lambda v: _tvm_const(t, v)  # noqa: E731 - a local shorthand
-    clamped = t.max(t.min(x, c(_EXP_MAX)), c(_EXP_MIN))
-    n = t.floor(clamped * c(_LOG2E) + c(0.5))
-    r = clamped - n * c(_LN2_HI) - n * c(_LN2_LO)
-    p = c(1.0 / 5040)
-    for k in (720, 120, 24, 6, 2, 1, 1):
-        p = p * r + c(1.0 / k)
-    bits = t.shift_left(t.Cast("int32", n) + t.const(127, "int32"), t.const(23, "int32"))
-    y = p * t.reinterpret(TVM_DTYPE, bits)
-    y = t.Select(x > c(_EXP_MAX), c(math.inf), t.Select(x < c(_EXP_MIN), c(0.0), y))
-    return t.Select(t.isnan(x), x, y)
-
-
-def _tvm_tanh(t: Any, x: Any) -> Any:
-    """``(e - 1) / (e + 1)`` with ``e = exp(2x)``; its Taylor series near 0 (no cancellation), +-1 far out."""
-    c = lambda v: _tvm_const(t, v)  # noqa: E731 - a local shorthand
-    e = _tvm_exp(t, c(2.0) * t.max(t.min(x, c(_TANH_ONE)), c(-_TANH_ONE)))
-    x2 = x * x
-    small = x * (c(1.0) + x2 * (c(-1.0 / 3) + x2 * c(2.0 / 15)))
-    y = t.Select(t.abs(x) < c(_TANH_SMALL), small, (e - c(1.0)) / (e + c(1.0)))
-    return t.Select(t.isnan(x), x, y)
-
-
 def _tvm_nan_first(t: Any, y: Any, *args: Any) -> Any:
     """``y``, or the first NaN among ``args``: TVM's ``max`` and ``min`` return the other operand of a
     NaN (LLVM's ``maxnum``), numpy's and ONNX Runtime's return NaN (``Relu``, ``Max``, ``Clip``)."""
@@ -112,11 +85,42 @@ def _tvm_nan_first(t: Any, y: Any, *args: Any) -> Any:
     return y
 
 
+def _tvm_clamp(t: Any, x: Any, lo: float, hi: float) -> Any:
+    """``x`` clamped to ``[lo, hi]`` (a NaN becomes a bound: callers restore it with :func:`_tvm_nan_first`)."""
+    return t.max(t.min(x, _tvm_const(t, hi)), _tvm_const(t, lo))
+
+
+def _tvm_exp(t: Any, x: Any) -> Any:
+    """``exp(x) = 2^n e^r`` with ``n = round(x / ln 2)``, ``|r| <= ln(2)/2`` and ``e^r`` by its Taylor
+    polynomial of degree 7 (truncation below 5e-9 relative); ``2^n`` is built in the exponent bits.
+    Overflow gives inf, underflow 0, NaN stays NaN."""
+    c = lambda v: _tvm_const(t, v)  # noqa: E731 - a local shorthand
+    clamped = _tvm_clamp(t, x, _EXP_MIN, _EXP_MAX)
+    n = t.floor(clamped * c(_LOG2E) + c(0.5))
+    r = clamped - n * c(_LN2_HI) - n * c(_LN2_LO)
+    p = c(1.0 / 5040)
+    for k in (720, 120, 24, 6, 2, 1, 1):
+        p = p * r + c(1.0 / k)
+    bits = t.shift_left(t.Cast("int32", n) + t.const(127, "int32"), t.const(23, "int32"))
+    y = p * t.reinterpret(TVM_DTYPE, bits)
+    y = t.Select(x > c(_EXP_MAX), c(math.inf), t.Select(x < c(_EXP_MIN), c(0.0), y))
+    return _tvm_nan_first(t, y, x)
+
+
+def _tvm_tanh(t: Any, x: Any) -> Any:
+    """``(e - 1) / (e + 1)`` with ``e = exp(2x)``; its Taylor series near 0 (no cancellation), +-1 far out."""
+    c = lambda v: _tvm_const(t, v)  # noqa: E731 - a local shorthand
+    e = _tvm_exp(t, c(2.0) * _tvm_clamp(t, x, -_TANH_ONE, _TANH_ONE))
+    x2 = x * x
+    small = x * (c(1.0) + x2 * (c(-1.0 / 3) + x2 * c(2.0 / 15)))
+    y = t.Select(t.abs(x) < c(_TANH_SMALL), small, (e - c(1.0)) / (e + c(1.0)))
+    return _tvm_nan_first(t, y, x)
+
+
 def _tvm_erf(t: Any, x: Any) -> Any:
     """TVM's ``erf`` on ``x`` clamped to ``[-_ERF_ONE, _ERF_ONE]``, NaN kept: TVM's polynomial gives
     NaN for huge ``|x|`` (1e30, inf) where erf is +-1."""
-    c = lambda v: _tvm_const(t, v)  # noqa: E731 - a local shorthand
-    return _tvm_nan_first(t, t.erf(t.max(t.min(x, c(_ERF_ONE)), c(-_ERF_ONE))), x)
+    return _tvm_nan_first(t, t.erf(_tvm_clamp(t, x, -_ERF_ONE, _ERF_ONE)), x)
 
 
 def _tvm_sigmoid(t: Any, x: Any) -> Any:
