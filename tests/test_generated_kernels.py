@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from einopt import L, Sum, iters, program, relu, sigmoid, tanh, tensor
+from einopt import L, Sum, exp, iters, program, relu, sigmoid, tanh, tensor
 from einopt.codegen.ortkernel import KernelUnsupported, kernel_flops, ort_kernel, stand_in
 from einopt.core import ir
 from einopt.core.interp import evaluate
@@ -262,6 +262,19 @@ def test_kernel_fusion_never_inlines_a_reduction_or_an_output():
     a = L(i)(relu(X[i]))
     b = L(i)(a[i] * 2.0)
     assert fuse_for_kernels(program({"A": a, "B": b}))[1] == ()  # A is an output
+
+
+def test_kernel_fusion_never_computes_a_producer_twice():
+    """A producer that a reduction nested in its one reader also reads stays bound (the reduction
+    needs it in memory): inlining it into the reader's element-wise part would compute it a second
+    time, in the kernel, beside the producer's operator, which rounds differently (a
+    LayerNormalization of a one-element row after a Sigmoid read 8e-4 for -0 after a Sqrt)."""
+    i, k = iters("i:4 k:4")
+    X = tensor("X", (4,))
+    s = L(i)(exp(X[i]))
+    total = L(i)(Sum(k)(s[k]))
+    y = L(i)(s[i] - total[i] * 0.25)
+    assert fuse_for_kernels(program({"Y": y}, intermediates={"S": s}))[1] == ()
 
 
 @pytest.mark.tvm

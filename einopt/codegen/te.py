@@ -55,7 +55,7 @@ from einopt.core.ir import (
     input_tensors,
     scopes_in,
 )
-from einopt.core.ops import BINARY, TVM_DTYPE, UNARY
+from einopt.core.ops import BINARY, TVM_DTYPE, UNARY, tvm_opaque
 from einopt.core.rewrite import accesses
 
 __all__ = ["StageInfo", "Output", "Lowered", "lower"]
@@ -95,7 +95,7 @@ class Lowered:
 
     Parameters of ``func`` are ``inputs`` (sorted by name) followed by the
     distinct output buffers in ``outputs`` order. ``func`` lacks the stages
-    that nothing reads in the end (TVM folds ``0 * x``, dropping the read).
+    that nothing reads in the end (``te.create_prim_func`` drops them).
     """
 
     func: tirx.PrimFunc
@@ -359,7 +359,9 @@ class _BodyLowerer:
         if isinstance(e, Access):
             return self.access(e)
         if isinstance(e, Binary):
-            return BINARY[e.op].tvm(tirx, self.value(e.a), self.value(e.b))
+            # Each operand opaque, so that TVM computes in floating point what it would fold as exact.
+            a, b = tvm_opaque(tirx, self.value(e.a), 0), tvm_opaque(tirx, self.value(e.b), 1)
+            return BINARY[e.op].tvm(tirx, a, b)
         if isinstance(e, Unary):
             return UNARY[e.fn].tvm(tirx, self.value(e.x), e.param)
         raise IRError(f"cannot lower value expression {e!r}")

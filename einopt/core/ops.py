@@ -48,7 +48,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["UnaryOp", "BinaryOp", "UNARY", "BINARY", "ZERO_RULES", "TVM_DTYPE"]
+__all__ = ["UnaryOp", "BinaryOp", "UNARY", "BINARY", "ZERO_RULES", "TVM_DTYPE", "tvm_opaque"]
 
 # How a binary operator's result is 0 (the zero analysis of einopt.rules.boundary):
 # "both": where both operands are 0; "either": where one is and the other is finite
@@ -75,6 +75,17 @@ _ERF_ONE = 4.0  # erf(x) rounds to 1 in float32 from about 3.92 on
 _EXP_MIN = -87.33654  # and is below the smallest normal float32 beyond this
 _TANH_SMALL = 0.0625  # below it, tanh's Taylor series (error x^7 * 17/315 < 3e-10)
 _TANH_ONE = 9.0  # beyond it, tanh is 1 in float32
+
+
+def tvm_opaque(t: Any, x: Any, side: int) -> Any:
+    """``x`` behind a bit-cast round trip that TVM's simplifier does not see through and LLVM removes.
+
+    TVM's simplifier rewrites float arithmetic as if it were exact: ``x - x`` and ``0 * x`` become 0,
+    ``(x + y) - x`` becomes ``y``, so an inf or NaN ``x`` (or a cancelling sum) reads differently
+    from numpy and ONNX Runtime. The two operands of a binary take different ``side``s (0 and 1:
+    through int32 and uint32), so that equal operands stay different expressions to the simplifier.
+    """
+    return t.reinterpret(TVM_DTYPE, t.reinterpret(("int32", "uint32")[side], x))
 
 
 def _tvm_nan_first(t: Any, y: Any, *args: Any) -> Any:
@@ -397,7 +408,7 @@ UNARY: dict[str, UnaryOp] = _table(
             onnx="LeakyRelu",
             numpy=lambda np, x, p: np.where(x > 0, x, x.dtype.type(p) * x),
             # x if x > 0 else slope * x; both sides are pure, so a Select is safe.
-            tvm=lambda t, x, p: t.Select(x > _tvm_const(t, 0.0), x, x * _tvm_const(t, p)),
+            tvm=lambda t, x, p: t.Select(x > _tvm_const(t, 0.0), x, x * tvm_opaque(t, _tvm_const(t, p), 1)),
             zero=True,
             finite=lambda slope: abs(slope) <= 1.0,  # a steeper slope can overflow
             exact=True,

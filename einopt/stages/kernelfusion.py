@@ -12,7 +12,8 @@ gates' offsets).
 :func:`fuse_for_kernels` does that with the search's own vertical fusion
 (``fuse_expressions``, :func:`einopt.rules.fusion.fuse`, with its legality):
 a producer without reduction, not an output, read by exactly one binding
-that has no reduction either, is inlined into it; a scope nested in such a
+that has no reduction either, is inlined into it (not when a scope nested in
+that binding reads it too: the producer would stay and be computed twice); a scope nested in such a
 binding, without reduction, is inlined where it is read. Reductions are
 never fused (a MatMul or a convolution stays the predefined operator that
 runs it at the machine's FLOP rate). Whether the fused program is faster is
@@ -69,7 +70,9 @@ def _one_fusion(program: ir.Program) -> TraceStep | None:
             if producer in program.outputs or readers.get(producer) != [consumer]:
                 continue
             out = fuse(program, consumer, producer)
-            if isinstance(out, str):
+            if isinstance(out, str) or any(n == producer for n, _ in out.bindings):
+                # Kept bound (a scope nested in the consumer still reads it): the kernel would
+                # compute it again beside the producer's operator, which can round differently.
                 continue
             return TraceStep(
                 "fuse_expressions",
