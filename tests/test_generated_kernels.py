@@ -353,6 +353,27 @@ def _tail_model() -> onnx.ModelProto:
 
 @pytest.mark.tvm
 @needs_cc
+def test_a_kernel_reads_through_the_reshape_a_match_ends_with():
+    """A MatMul whose scope has a unit axis in the middle is matched as MatMul + Reshape; the kernel
+    reading it takes the MatMul's output in the MatMul's shape (the same bytes), and the Reshape,
+    read by nothing else, is gone."""
+    i, u, j, k = iters("i:4 u:1 j:6 k:8")
+    A, B = tensor("A", (4, 8)), tensor("B", (8, 6))
+    m = L(i, u, j)(Sum(k)(A[i, k] * B[k, j]))
+    y = L(i, u, j)(tanh(m[i, u, j]) * m[i, u, j] + 1.0)
+    prog = program({"Y": y}, intermediates={"M": m})
+    model, got, want = _run_both(prog)
+    kinds = [n.op_type for n in model.graph.node]
+    assert kinds == ["MatMul", kernels.OP_TYPE], kinds
+    (node,) = _kernel_nodes(model)
+    assert node.input[1] == model.graph.node[0].output[0]
+    _close(got["Y"], want["Y"])
+    onnx_model, _ = program_model(prog)  # the portable form keeps the Reshape
+    assert "Reshape" in {n.op_type for n in onnx_model.graph.node}
+
+
+@pytest.mark.tvm
+@needs_cc
 def test_optimize_kernels_tvm_writes_one_kernel_that_runs_with_the_library_only(tmp_path):
     import onnxruntime
 

@@ -249,6 +249,8 @@ def instantiate(
         elif scope not in em.scopes:
             em.materialise(scope, name, em.fresh(name), required=False, prefer=prefer)
     _split_tilings(em, program)
+    if kernels == "tvm":
+        _kernels_read_through_reshapes(em, {onnx_names[o] for o in program.outputs})
     inits, placeholders = [], []
     for name, arr in em.inits.items():
         if isinstance(arr, _Shaped):  # light: ``initializer`` kept no values
@@ -320,6 +322,34 @@ def _split_tilings(em: _Emitter, program: ir.Program) -> None:
             + new
             + [n for n in em.nodes[first:] if id(n) not in dropped]
         )
+    read = {i for n in em.nodes for i in n.input}
+    for name in [n for n, v in em.inits.items() if n not in read and np.dtype(v.dtype).kind == "i"]:
+        del em.inits[name]
+
+
+def _kernels_read_through_reshapes(em: _Emitter, keep: set[str]) -> None:
+    """A generated kernel reads the input of a Reshape instead of its output: the same bytes, which
+    the kernel library hands the kernel in the shape it was compiled for (the node declares it).
+    A Reshape that nothing reads then, and whose value is not in ``keep``, is dropped (a node less:
+    the Reshapes a matched Conv's phase ends with, in front of the kernel interleaving the phases)."""
+    reshapes = {n.output[0]: n for n in em.nodes if n.op_type == "Reshape" and n.domain in ("", "ai.onnx")}
+    changed = False
+    for node in em.nodes:
+        if node.domain != kernels.DOMAIN:
+            continue
+        for i in range(1, len(node.input)):
+            source = reshapes.get(node.input[i])  # of float32 values: the kernel reads float32
+            if source is not None:
+                node.input[i] = source.input[0]
+                changed = True
+    if not changed:
+        return
+    while True:
+        read = {i for n in em.nodes for i in n.input}
+        dead = [n for n in em.nodes if n.output[0] in reshapes and not {*n.output} & (read | keep)]
+        if not dead:
+            break
+        em.nodes = [n for n in em.nodes if all(n is not d for d in dead)]
     read = {i for n in em.nodes for i in n.input}
     for name in [n for n, v in em.inits.items() if n not in read and np.dtype(v.dtype).kind == "i"]:
         del em.inits[name]

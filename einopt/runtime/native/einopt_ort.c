@@ -10,7 +10,9 @@
  *   attributes    symbol (string): the kernel's name (its entry point is __tvm_ffi_<symbol>)
  *                 output_ranks (ints), output_shapes (ints, the outputs' dimensions one after another)
  *                 input_ranks, input_shapes (ints, optional): the inputs' shapes the kernel was compiled
- *                 for; with them (and ONNX Runtime 1.23 or later) an input is checked by its size alone
+ *                 for; with them an input is checked by its size alone (without a shape-info object
+ *                 from ONNX Runtime 1.23 on), so it may come in any shape of that size: the emitter
+ *                 feeds a kernel the input of a Reshape rather than the Reshape's output
  *
  * The shared object is loaded once per process for every distinct content (from memory, through a
  * memfd), and the kernel is called with DLTensors that point at ORT's input and output buffers: no
@@ -635,6 +637,12 @@ static OrtStatus *compute(void *kernel, OrtKernelContext *context) {
                                         k->input_shapes[i - 1], NULL, 0};
         } else if (status == NULL) {
             status = describe(value, &tensors[i - 1], dims[i - 1], k->symbol, i);
+            /* an input of the declared size in another shape (a Reshape the kernel reads through) */
+            if (status == NULL && k->inputs == n_in - 1 &&
+                elements(&tensors[i - 1]) * sizeof(float) == k->input_bytes[i - 1]) {
+                tensors[i - 1].ndim = (int32_t)k->input_ranks[i - 1];
+                tensors[i - 1].shape = k->input_shapes[i - 1];
+            }
         }
     }
     for (size_t j = 0; j < n_out && status == NULL; j++) {
