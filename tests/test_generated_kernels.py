@@ -24,6 +24,7 @@ from einopt import L, Sum, exp, iters, program, relu, sigmoid, tanh, tensor
 from einopt.codegen.ortkernel import KernelUnsupported, kernel_flops, ort_kernel, stand_in
 from einopt.core import ir
 from einopt.core.interp import evaluate
+from einopt.instantiate.kernelgroups import kernel_groups
 from einopt.runtime import kernels, modelio
 from einopt.stages.export import program_model
 from einopt.stages.kernelfusion import PHASE, fuse_for_kernels
@@ -372,6 +373,33 @@ def test_a_kernel_reads_through_the_reshape_a_match_ends_with():
     assert "Reshape" in {n.op_type for n in onnx_model.graph.node}
 
 
+def _offset_reduce_with_epilogue() -> ir.Program:
+    """A transposed convolution's overlapping taps summed (an OffsetReduce: no predefined operator),
+    then its bias and ReLU."""
+    c, h, w, r, s = iters("c:16 h:3 w:3 r:2 s:2")
+    X, B = tensor("X", (2, 2, 16, 3, 3)), tensor("B", (16,))
+    taps = L(c, h, w)(Sum(r, s)(X[r, s, c, h - r + 1, w - s + 1]))
+    return program({"Y": L(c, h, w)(relu(taps[c, h, w] + B[c]))}, intermediates={"T": taps})
+
+
+def test_a_reduction_no_operator_computes_joins_the_kernel_of_its_elementwise_reader():
+    assert kernel_groups(_offset_reduce_with_epilogue(), reductions={"T"}) == [("T", "Y")]
+    assert kernel_groups(_offset_reduce_with_epilogue()) == []  # a reduction an operator computes stays
+    prog = _lstm_tail()  # its MatMul is ORT's: never a member
+    assert all("G" not in g for g in kernel_groups(prog, reductions=()))
+
+
+@pytest.mark.tvm
+@needs_cc
+def test_an_offset_reduce_with_its_bias_and_activation_is_one_generated_kernel():
+    prog = _offset_reduce_with_epilogue()
+    model, got, want = _run_both(prog)
+    assert [n.op_type for n in model.graph.node] == [kernels.OP_TYPE]
+    (node,) = _kernel_nodes(model)
+    assert list(node.output) == ["Y"]  # the sums stay inside the kernel
+    _close(got["Y"], want["Y"])
+
+
 @pytest.mark.tvm
 @needs_cc
 def test_optimize_kernels_tvm_writes_one_kernel_that_runs_with_the_library_only(tmp_path):
@@ -457,8 +485,6 @@ def test_parts_with_the_same_kernel_share_one_library_in_the_output(tmp_path):
 
 
 def test_kernel_groups_join_elementwise_bindings_that_read_one_another():
-    from einopt.instantiate.kernelgroups import kernel_groups
-
     fused, _ = fuse_for_kernels(_lstm_tail())
     assert kernel_groups(fused) == [("C2", "H")]
     (i,) = iters("i:4")

@@ -231,7 +231,16 @@ def instantiate(
     preferred = preferred or {}
     grouped: dict[str, tuple[str, ...]] = {}
     if kernels == "tvm":  # element-wise bindings that read one another: one kernel, several outputs
-        grouped = {n: g for g in kernel_groups(program, set(constants)) for n in g}
+        reductions = {  # generated kernels in any case: with the element-wise work after them
+            n
+            for n, s in program.bindings
+            if s.summation
+            and not s.pad
+            and n not in outputs
+            and not {t.name for t in ir.input_tensors(s)} <= set(constants)
+            and match(s, em.ctx, MATCHERS)[0] is None
+        }
+        grouped = {n: g for g in kernel_groups(program, set(constants), reductions) for n in g}
     handled: set[str] = set()
     for name, scope in program.bindings:
         if name in handled:

@@ -19,15 +19,21 @@ from einopt.rules.fusion import program_reads
 __all__ = ["kernel_groups", "convex"]
 
 
-def kernel_groups(program: ir.Program, constants: Collection[str] = ()) -> list[tuple[str, ...]]:
+def kernel_groups(
+    program: ir.Program, constants: Collection[str] = (), reductions: Collection[str] = ()
+) -> list[tuple[str, ...]]:
     """Bindings that one generated kernel with several outputs computes: element-wise bindings of one
     shape where one reads another (what fusion leaves apart because the one read is an output, or read
-    by several: the LSTM cell's ``c'`` and ``h' = o * tanh(c')``).
+    by several: the LSTM cell's ``c'`` and ``h' = o * tanh(c')``), and a reduction with the
+    element-wise work after it (an OffsetReduce with its bias and activation).
 
     A binding qualifies when it has no reduction and no padding, does arithmetic (not only a view of
     its input) and reads a tensor that is not in ``constants`` (a scope of constants only is computed
-    when the model is written); groups are the connected sets of such bindings, in
-    binding order, of two or more, with no other binding on a path between two of their members.
+    when the model is written). A binding in ``reductions`` (reductions that no predefined operator
+    computes: generated kernels in any case) joins the group of the one binding that reads it, when
+    that one qualifies and has its shape; it stays inside the kernel. Groups are the connected sets
+    of such bindings, in binding order, of two or more, with no other binding on a path between two
+    of their members.
     """
     names = program.names()
     shape_of = {n: s.shape for n, s in program.bindings}
@@ -38,7 +44,7 @@ def kernel_groups(program: ir.Program, constants: Collection[str] = ()) -> list[
         and names.get(s) == n
         and not {t.name for t in ir.input_tensors(s)} <= set(constants)
     }
-    parent = {n: n for n in eligible}
+    parent = {n: n for n in eligible | set(reductions)}
 
     def root(n: str) -> str:
         while parent[n] != n:
@@ -47,18 +53,22 @@ def kernel_groups(program: ir.Program, constants: Collection[str] = ()) -> list[
         return n
 
     reads = program_reads(program)
-    for consumer in eligible:
-        for producer in reads.get(consumer, ()):
-            if producer in eligible and shape_of[producer] == shape_of[consumer]:
-                parent[root(producer)] = root(consumer)
-    groups: dict[str, list[str]] = {}
-    for n, _ in program.bindings:
-        if n in eligible:
-            groups.setdefault(root(n), []).append(n)
     readers: dict[str, set[str]] = {}
     for consumer, rs in reads.items():
         for r in rs:
             readers.setdefault(r, set()).add(consumer)
+    for consumer in eligible:
+        for producer in reads.get(consumer, ()):
+            if shape_of.get(producer) != shape_of[consumer]:
+                continue
+            if producer in eligible or (
+                producer in reductions and producer not in program.outputs and readers[producer] == {consumer}
+            ):
+                parent[root(producer)] = root(consumer)
+    groups: dict[str, list[str]] = {}
+    for n, _ in program.bindings:
+        if n in parent:
+            groups.setdefault(root(n), []).append(n)
     return [tuple(g) for g in groups.values() if len(g) >= 2 and convex(g, readers)]
 
 
