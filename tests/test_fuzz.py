@@ -312,3 +312,26 @@ def test_a_model_importing_only_ai_onnx_ml_passes_through() -> None:
     assert "no default-domain (ai.onnx) opset" in result.blocked  # a true message, not "opset 1 < 7"
     assert [p.status for p in result.parts] == ["passed through"]
     assert result.model.SerializeToString() == model.SerializeToString()
+
+
+@pytest.mark.parametrize("kernels", ["onnx", "tvm"])
+def test_a_reduce_mean_equal_to_an_earlier_nodes_mean_is_bound_before_its_reader(kernels: str) -> None:
+    # Graph 7-899 (--kernels tvm): ReduceMean(v) over axis 0 is the very scope the LayerNormalization
+    # of v before it reads as its mean; the subprogram bound it after its reader (an IRError).
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [])
+    ys = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [k]) for n, k in (("y", 3), ("m", 1))]
+    nodes = [
+        helper.make_node("Neg", ["x"], ["v"]),
+        helper.make_node("LayerNormalization", ["v", "s"], ["n"], axis=0),
+        helper.make_node("Min", ["n", "z"], ["y"]),
+        helper.make_node("ReduceMean", ["v"], ["m"], axes=[0], keepdims=1),
+    ]
+    scale = numpy_helper.from_array(np.array([0.5, -1.0, 2.0], np.float32), "s")
+    graph = helper.make_graph(nodes, "g", [x, z], ys, [scale])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal(3).astype(np.float32), "z": np.array(0.25, np.float32)}
+    result = einopt.optimize(model, einopt.Options(max_depth=0, accept="verified", kernels=kernels))
+    assert all(p.status != "passed through" for p in result.parts)
+    assert compare(modelio.run(model, feeds), modelio.run(result.model, feeds), Tolerance()).ok

@@ -19,6 +19,7 @@ import onnx
 from onnx import numpy_helper
 
 from einopt.core import ir
+from einopt.core.rewrite import sort_bindings
 from einopt.frontend.importers import IMPORTERS, import_node, sanitize_name
 from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, constants, default_opset
 from einopt.frontend.operand import NodeView, Operand, Unsupported, node_attrs
@@ -245,6 +246,9 @@ def _translate_group(
         bname = t.names(o)
         bindings.append((bname, s))
         names[bname] = o
+    # Producers first: a node's scope can equal one nested in an earlier node's (a ReduceMean of
+    # what a LayerNormalization normalises is that LayerNormalization's mean), which reads it then.
+    bindings = list(sort_bindings(bindings))
     needed = _needed(bindings, {t.names(o) for o in outputs})
     bindings = [(n, s) for n, s in bindings if n in needed]
     inputs: dict[str, ir.Tensor] = {}
