@@ -391,8 +391,12 @@ def test_a_reduction_no_operator_computes_joins_the_kernel_of_its_elementwise_re
 
 @pytest.mark.tvm
 @needs_cc
-def test_an_offset_reduce_with_its_bias_and_activation_is_one_generated_kernel():
+@pytest.mark.parametrize("nested", [False, True], ids=["bound", "nested"])
+def test_an_offset_reduce_with_its_bias_and_activation_is_one_generated_kernel(nested):
     prog = _offset_reduce_with_epilogue()
+    if nested:  # the sums as a scope nested in the output's (how the search leaves them)
+        prog = program({"Y": prog.scope("Y")})
+        assert [n for n, _ in prog.bindings] == ["Y"]
     model, got, want = _run_both(prog)
     assert [n.op_type for n in model.graph.node] == [kernels.OP_TYPE]
     (node,) = _kernel_nodes(model)

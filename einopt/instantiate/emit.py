@@ -51,6 +51,7 @@ from einopt.codegen.ortkernel import (
 from einopt.core import ir
 from einopt.core.interp import evaluate
 from einopt.core.ops import BINARY, UNARY
+from einopt.core.rewrite import accesses
 from einopt.frontend.onnx_graph import unique_name
 from einopt.instantiate import EINSUM_OPSET, EOP_DOMAIN, eop
 from einopt.instantiate.kernelgroups import kernel_groups
@@ -285,9 +286,11 @@ ELEMENTWISE_OPS: frozenset[str] = frozenset(
 """Default-domain operators that work element by element (a chain of them is one generated kernel)."""
 
 
-def _elementwise_chain(m: OperatorMatch) -> bool:
-    """Whether ``m`` runs as two or more element-wise nodes (with ``kernels="tvm"``: one kernel instead)."""
-    return len(m.ops) >= 2 and all(
+def _elementwise(m: OperatorMatch, inner: tuple[ir.Scope, ...]) -> bool:
+    """Whether ``m`` runs as element-wise nodes that one generated kernel computes instead
+    (``kernels="tvm"``): two or more, or one after a reduction in ``inner`` (which the kernel
+    computes too: see :meth:`_Emitter.inner_reductions`)."""
+    return len(m.ops) >= (1 if inner else 2) and all(
         op.domain in ("", "ai.onnx") and op.op_type in ELEMENTWISE_OPS for op in m.ops
     )
 
@@ -489,6 +492,7 @@ class _Emitter:
         self.key_of: dict[str, tuple] = {}
         self.scopes: dict[ir.Scope, str] = {}
         self.tensors: dict[str, str] = {}
+        self.unmatched_scopes: dict[ir.Scope, bool] = {}
         self.functions: list[onnx.FunctionProto] = []
         self.choices: list[Choice] = []
         self.inline_count: dict[str, int] = {}
@@ -635,7 +639,7 @@ class _Emitter:
         else:
             m, fails = match(scope, self.ctx, MATCHERS, prefer)
             failures = tuple((n, f.reason) for n, f in fails)
-            if m is not None and self.kernels == "tvm" and _elementwise_chain(m):
+            if m is not None and self.kernels == "tvm" and _elementwise(m, self.inner_reductions(scope)):
                 try:  # one generated kernel instead of a chain of element-wise nodes
                     value, how = self.generated_kernel(scope, label, eop.eop_name(scope))
                 except KernelUnsupported:
@@ -731,7 +735,27 @@ class _Emitter:
         return True
 
     def generated_kernel(self, scope: ir.Scope, label: str, kind: str) -> tuple[str, str]:
-        """``scope`` as an ``ai.einopt::TvmKernel`` node (light: not compiled, the library a placeholder)."""
+        """``scope`` as an ``ai.einopt::TvmKernel`` node computing the reductions nested in it that no
+        predefined operator computes too (light: not compiled, the library a placeholder)."""
+        inner = self.inner_reductions(scope)
+        if not inner:
+            return self.generated_kernel_alone(scope, label, kind)
+        members, written = (*inner, scope), (False,) * len(inner) + (True,)
+        try:
+            if self.light:
+                s = stand_in_group(members, written)
+                symbol, sources = s.symbol, s.sources
+                library = self.initializer(_Shaped((1,), np.dtype(np.uint8)), "einopt_kernels")
+            else:
+                k = ort_kernel_group(members, written)
+                symbol, sources = k.symbol, k.sources
+                library = self.initializer(np.frombuffer(k.library, dtype=np.uint8), "einopt_kernels")
+        except KernelUnsupported:
+            return self.generated_kernel_alone(scope, label, kind)
+        return self.kernel_node(scope, members, symbol, sources, library, label, kind)
+
+    def generated_kernel_alone(self, scope: ir.Scope, label: str, kind: str) -> tuple[str, str]:
+        """``scope`` as a kernel of its own, each scope nested in it an input."""
         if self.light:
             s = stand_in(scope)
             symbol, sources = s.symbol, s.sources
@@ -740,6 +764,45 @@ class _Emitter:
             k = ort_kernel(scope)
             symbol, sources = k.symbol, k.sources
             library = self.initializer(np.frombuffer(k.library, dtype=np.uint8), "einopt_kernels")
+        return self.kernel_node(scope, (scope,), symbol, sources, library, label, kind)
+
+    def inner_reductions(self, scope: ir.Scope) -> tuple[ir.Scope, ...]:
+        """The reductions nested in ``scope`` that its kernel computes inside itself: read by it
+        directly, not materialised yet, without padding, reading more than constants, and computed
+        by no predefined operator (each would be a generated kernel of its own: an OffsetReduce
+        under its bias and activation)."""
+        bound = self.program.names()
+        found = []
+        for src in dict.fromkeys(a.source for a in accesses(scope.body)):
+            if (
+                isinstance(src, ir.Scope)
+                and src.summation
+                and not src.pad
+                and src not in bound
+                and src not in self.scopes
+                and not self.reads_constants(src)
+                and self.unmatched(src)
+            ):
+                found.append(src)
+        return tuple(found)
+
+    def unmatched(self, scope: ir.Scope) -> bool:
+        """Whether no matcher accepts ``scope`` (asked once per scope)."""
+        found = self.unmatched_scopes.get(scope)
+        if found is None:
+            found = self.unmatched_scopes[scope] = match(scope, self.ctx, MATCHERS)[0] is None
+        return found
+
+    def kernel_node(
+        self,
+        scope: ir.Scope,
+        members: tuple[ir.Scope, ...],
+        symbol: str,
+        sources: tuple,
+        library: str,
+        label: str,
+        kind: str,
+    ) -> tuple[str, str]:
         inputs = [library, *(self.value_of(s, label) for s in sources)]
         attrs = (
             ("symbol", symbol),
@@ -747,7 +810,7 @@ class _Emitter:
             ("output_shapes", scope.shape),
             ("input_ranks", tuple(s.rank for s in sources)),
             ("input_shapes", tuple(d for s in sources for d in s.shape)),
-            ("flops", kernel_flops(scope)),
+            ("flops", sum(kernel_flops(s) for s in members)),
         )
         out = self.node(kernels.OP_TYPE, inputs, attrs, domain=kernels.DOMAIN, base=kind)
         self.shapes[out] = scope.shape
