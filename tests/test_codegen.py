@@ -179,6 +179,24 @@ def test_kernels_compute_in_floating_point_what_tvm_would_fold_as_exact(body, fl
         np.testing.assert_array_equal(got, float32(x, z))
 
 
+@tvm_test
+@pytest.mark.parametrize("fn", ["relu", "max"])
+def test_a_functions_argument_is_computed_once(fn):
+    """ReLU's TVM form reads its argument three times (the NaN test, the value, the maximum), and
+    code generation would compute each read again: an interleaving kernel of four guarded reads
+    with its ReLU ran 7x slower (134 against 19 us on [128, 16, 16]). Each argument is bound once."""
+    c, o0, o1 = iters("c:8 o0:4 o1:4")
+    P0, P1 = tensor("P0", (8, 1, 2, 1, 2)), tensor("P1", (8, 1, 2, 1, 2))
+    phases = (
+        P0[c, o0 % 2, o0 // 2, o1 % 2, o1 // 2]
+        + P1[c, (o0 - 1) % 2, (o0 - 1) // 2, (o1 - 1) % 2, (o1 - 1) // 2]
+    )
+    node = L(c, o0, o1)(relu(phases) if fn == "relu" else maximum(phases, 0.5))
+    kernel = einopt.codegen.compile(node)
+    assert kernel.source.count("if_then_else") == 2  # one per guarded read
+    check(node)
+
+
 # --------------------------------------------------------------------------
 # Indices, functions, padding
 # --------------------------------------------------------------------------
