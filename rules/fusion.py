@@ -333,7 +333,8 @@ class FuseCone(Rule):
         outside = set().union(*(r for n, r in reads.items() if n not in cone and n != consumer))
         if bad := cone & (outside | set(program.outputs)):
             raise ValueError(f"{', '.join(sorted(bad))}: read outside the cone of {consumer}")
-        return program.replace(bindings=tuple((n, s) for n, s in program.bindings if n not in cone))
+        # Producers first again: a scope nested now can equal one that a later binding binds.
+        return program.replace(bindings=sort_bindings((n, s) for n, s in program.bindings if n not in cone))
 
 
 RULES: tuple[Rule, ...] = (FuseExpressions(), BindScope(), FuseCone())

@@ -154,6 +154,20 @@ def test_fuse_cone_nests_the_scopes_and_keeps_the_rest():
     assert [n for n, _ in after.bindings] == ["W", "R", "Z", "V"]
 
 
+def test_fuse_cone_keeps_producers_first_when_a_nested_scope_is_bound_again_later():
+    # Fuzzer, seed 11 graph 92 at depth 2: Y0 and Y2 bind one (interned) scope; nesting Y0 into Y1
+    # made Y1 read Y2, bound after it (an IRError).
+    i = ir.Iter("i", 0, 4)
+    x = ir.Tensor("X", (4,))
+    a = ir.Scope((i,), (), ir.Unary("abs", ir.Access(x, (i,))))
+    y1 = ir.Scope((i,), (), ir.Unary("sigmoid", ir.Access(a, (i,))))
+    program = ir.Program((x,), (("Y0", a), ("Y1", y1), ("Y2", a)), ("Y1", "Y2"))
+    rule = get("fuse_cone")
+    [m] = [m for m in rule.matches(program) if m.where == "Y1"]
+    after = rule.apply(program, m)
+    assert [n for n, _ in after.bindings] == ["Y2", "Y1"]
+
+
 def test_fuse_cone_refuses_a_cone_read_elsewhere():
     program = load(CONE)
     rule = get("fuse_cone")
