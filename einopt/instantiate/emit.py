@@ -232,15 +232,8 @@ def instantiate(
     preferred = preferred or {}
     grouped: dict[str, tuple[str, ...]] = {}
     if kernels == "tvm":  # element-wise bindings that read one another: one kernel, several outputs
-        reductions = {  # generated kernels in any case: with the element-wise work after them
-            n
-            for n, s in program.bindings
-            if s.summation
-            and not s.pad
-            and n not in outputs
-            and not {t.name for t in ir.input_tensors(s)} <= set(constants)
-            and match(s, em.ctx, MATCHERS)[0] is None
-        }
+        # Generated kernels in any case: computed with the element-wise work after them.
+        reductions = {n for n, s in program.bindings if n not in outputs and em.kernel_reduction(s)}
         grouped = {n: g for g in kernel_groups(program, set(constants), reductions) for n in g}
     handled: set[str] = set()
     for name, scope in program.bindings:
@@ -768,26 +761,23 @@ class _Emitter:
 
     def inner_reductions(self, scope: ir.Scope) -> tuple[ir.Scope, ...]:
         """The reductions nested in ``scope`` that its kernel computes inside itself: read by it
-        directly, not materialised yet, without padding, reading more than constants, and computed
-        by no predefined operator (each would be a generated kernel of its own: an OffsetReduce
-        under its bias and activation)."""
+        directly, not materialised yet, and each a generated kernel of its own otherwise
+        (:meth:`kernel_reduction`: an OffsetReduce under its bias and activation)."""
         bound = self.program.names()
-        found = []
-        for src in dict.fromkeys(a.source for a in accesses(scope.body)):
-            if (
-                isinstance(src, ir.Scope)
-                and src.summation
-                and not src.pad
-                and src not in bound
-                and src not in self.scopes
-                and not self.reads_constants(src)
-                and self.unmatched(src)
-            ):
-                found.append(src)
-        return tuple(found)
+        return tuple(
+            src
+            for src in dict.fromkeys(a.source for a in accesses(scope.body))
+            if isinstance(src, ir.Scope)
+            and src not in bound
+            and src not in self.scopes
+            and self.kernel_reduction(src)
+        )
 
-    def unmatched(self, scope: ir.Scope) -> bool:
-        """Whether no matcher accepts ``scope`` (asked once per scope)."""
+    def kernel_reduction(self, scope: ir.Scope) -> bool:
+        """Whether ``scope`` is a reduction that only a generated kernel computes: no padding, not
+        of constants only, and no matcher accepts it (asked once per scope)."""
+        if not scope.summation or scope.pad or self.reads_constants(scope):
+            return False
         found = self.unmatched_scopes.get(scope)
         if found is None:
             found = self.unmatched_scopes[scope] = match(scope, self.ctx, MATCHERS)[0] is None
