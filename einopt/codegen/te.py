@@ -323,8 +323,8 @@ _REREAD = frozenset({"max", "min"})
 def _bound(x: tirx.PrimExpr, form: Callable[[tirx.PrimExpr], tirx.PrimExpr]) -> tirx.PrimExpr:
     """``form(x)`` with ``x`` computed once: a function's TVM form reads its argument several times
     (ReLU's NaN test, value and maximum), and code generation would compute each read again (LLVM
-    does not merge the branches of guarded loads: an interleaving kernel with its ReLU ran 1.6x
-    slower than without it)."""
+    does not merge the branches of guarded loads: a phase interleave with its ReLU on [128, 16, 16]
+    took 134 us, 19 us with the argument bound once)."""
     if isinstance(x, _LEAVES):
         return form(x)
     v = tirx.Var("v", TVM_DTYPE)
