@@ -7,6 +7,7 @@ the hypothesis tests draw a few dozen examples; the file runs in ~15 s.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -177,6 +178,26 @@ def test_kernels_compute_in_floating_point_what_tvm_would_fold_as_exact(body, fl
     got = einopt.codegen.compile(node)(**inputs)
     with np.errstate(invalid="ignore", over="ignore"):
         np.testing.assert_array_equal(got, float32(x, z))
+
+
+@tvm_test
+def test_erf_is_plain_arithmetic_within_a_few_ulps():
+    """erf is compiled in arithmetic that vectorises (TVM's calls libm's scalar erff: a GELU on
+    [65, 768] took 429 us, 57 us now), within 2e-7 relative and 1.2e-7 absolute of the exact value."""
+    (i,) = iters("i:60000")
+    X = tensor("X", (60000,))
+    node = L(i)(erf(X[i]))
+    kernel = einopt.codegen.compile(node)
+    assert "erff" not in kernel.module.inspect_source("asm")
+    x = np.concatenate(
+        [np.linspace(-5, 5, 20000), np.geomspace(1e-30, 5, 20000), -np.geomspace(1e-30, 5, 20000)]
+    )
+    x = x.astype(np.float32)
+    got = kernel(X=x).astype(np.float64)
+    want = np.array([math.erf(v) for v in x.astype(np.float64)])
+    err = np.abs(got - want)
+    assert err.max() < 1.2e-7
+    assert (err / np.abs(want)).max() < 2e-7
 
 
 @tvm_test
