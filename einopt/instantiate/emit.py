@@ -327,6 +327,11 @@ def _split_tilings(em: _Emitter, program: ir.Program) -> None:
             + new
             + [n for n in em.nodes[first:] if id(n) not in dropped]
         )
+    _drop_unread_integer_constants(em)
+
+
+def _drop_unread_integer_constants(em: _Emitter) -> None:
+    """Integer initializers (shapes, split sizes, axes) that no node reads any more."""
     read = {i for n in em.nodes for i in n.input}
     for name in [n for n, v in em.inits.items() if n not in read and np.dtype(v.dtype).kind == "i"]:
         del em.inits[name]
@@ -355,9 +360,7 @@ def _kernels_read_through_reshapes(em: _Emitter, keep: set[str]) -> None:
         if not dead:
             break
         em.nodes = [n for n in em.nodes if all(n is not d for d in dead)]
-    read = {i for n in em.nodes for i in n.input}
-    for name in [n for n, v in em.inits.items() if n not in read and np.dtype(v.dtype).kind == "i"]:
-        del em.inits[name]
+    _drop_unread_integer_constants(em)
 
 
 def _biases_first(
@@ -688,14 +691,7 @@ class _Emitter:
             n in program.outputs or any(n in r for o, r in reads.items() if o not in members) for n in names
         )
         try:
-            if self.light:
-                s = stand_in_group(scopes, written)
-                symbol, sources = s.symbol, s.sources
-                library = self.initializer(_Shaped((1,), np.dtype(np.uint8)), "einopt_kernels")
-            else:
-                k = ort_kernel_group(scopes, written)
-                symbol, sources = k.symbol, k.sources
-                library = self.initializer(np.frombuffer(k.library, dtype=np.uint8), "einopt_kernels")
+            symbol, sources, library = self.kernel_library(scopes, written)
         except KernelUnsupported as e:
             log.debug("%s: no kernel with several outputs, %s", ", ".join(names), e)
             return False
@@ -735,29 +731,31 @@ class _Emitter:
             return self.generated_kernel_alone(scope, label, kind)
         members, written = (*inner, scope), (False,) * len(inner) + (True,)
         try:
-            if self.light:
-                s = stand_in_group(members, written)
-                symbol, sources = s.symbol, s.sources
-                library = self.initializer(_Shaped((1,), np.dtype(np.uint8)), "einopt_kernels")
-            else:
-                k = ort_kernel_group(members, written)
-                symbol, sources = k.symbol, k.sources
-                library = self.initializer(np.frombuffer(k.library, dtype=np.uint8), "einopt_kernels")
+            symbol, sources, library = self.kernel_library(members, written)
         except KernelUnsupported:
             return self.generated_kernel_alone(scope, label, kind)
         return self.kernel_node(scope, members, symbol, sources, library, label, kind)
 
     def generated_kernel_alone(self, scope: ir.Scope, label: str, kind: str) -> tuple[str, str]:
         """``scope`` as a kernel of its own, each scope nested in it an input."""
-        if self.light:
-            s = stand_in(scope)
-            symbol, sources = s.symbol, s.sources
-            library = self.initializer(_Shaped((1,), np.dtype(np.uint8)), "einopt_kernels")
-        else:
-            k = ort_kernel(scope)
-            symbol, sources = k.symbol, k.sources
-            library = self.initializer(np.frombuffer(k.library, dtype=np.uint8), "einopt_kernels")
+        symbol, sources, library = self.kernel_library((scope,))
         return self.kernel_node(scope, (scope,), symbol, sources, library, label, kind)
+
+    def kernel_library(
+        self, scopes: tuple[ir.Scope, ...], written: tuple[bool, ...] | None = None
+    ) -> tuple[str, tuple[ir.Tensor | ir.Scope, ...], str]:
+        """The kernel's symbol, its sources and the initializer of its library, for one scope
+        (``written`` None) or a group writing the scopes ``written`` marks (light: not compiled, the
+        library a placeholder)."""
+        if self.light:
+            s = stand_in(scopes[0]) if written is None else stand_in_group(scopes, written)
+            return s.symbol, s.sources, self.initializer(_Shaped((1,), np.dtype(np.uint8)), "einopt_kernels")
+        k = ort_kernel(scopes[0]) if written is None else ort_kernel_group(scopes, written)
+        return (
+            k.symbol,
+            k.sources,
+            self.initializer(np.frombuffer(k.library, dtype=np.uint8), "einopt_kernels"),
+        )
 
     def inner_reductions(self, scope: ir.Scope) -> tuple[ir.Scope, ...]:
         """The reductions nested in ``scope`` that its kernel computes inside itself: read by it
@@ -788,7 +786,7 @@ class _Emitter:
         scope: ir.Scope,
         members: tuple[ir.Scope, ...],
         symbol: str,
-        sources: tuple,
+        sources: tuple[ir.Tensor | ir.Scope, ...],
         library: str,
         label: str,
         kind: str,
