@@ -140,6 +140,46 @@ def test_a_light_instantiation_compiles_nothing_and_carries_the_flops():
 
 @pytest.mark.tvm
 @needs_cc
+def test_the_cost_stage_times_a_generated_kernel_compiled_only_once_it_is_timed(tmp_path):
+    """A light instantiation's kernel is costed by timing its compiled code in a session of its own
+    (which computes what the interpreter does), under a signature that names the code generator's
+    build; without a way to build it, it is estimated."""
+    from einopt.runtime.cache import MeasurementCache
+    from einopt.runtime.opcost import KernelLibraries, OpCosts, _single, node_costs
+    from einopt.stages.export import weight_names
+    from einopt.stages.predict import _kernel_libraries
+
+    prog = _conv_program()
+    model, inst = program_model(prog, kernels="tvm", light=True)
+    weights = weight_names({}, inst)
+    (s,) = inst.stand_ins
+    built = _kernel_libraries(inst.stand_ins)
+    calls = []
+    counted = KernelLibraries(built.build, {s.symbol: lambda: calls.append(1) or built.libraries[s.symbol]()})
+    nodes = node_costs(model, weights, counted)
+    (kernel,) = [n for n in nodes if n.cost.op == kernels.OP_TYPE]
+    assert kernel.cost.kind == "timed" and not calls  # costed, not compiled yet
+    assert [n.cost.kind for n in node_costs(model, weights) if n.cost.op == kernels.OP_TYPE] == ["analytic"]
+    other = node_costs(model, weights, KernelLibraries("another build", built.libraries))
+    assert kernel.cost.key not in {n.cost.key for n in other}
+
+    single, feeds = _single(kernel, np.random.default_rng(0))
+    (source,) = feeds.values()  # the MatMul's output, read through the Reshape to the scope's shape
+    want = evaluate(s.scope, {"x000": source.astype(np.float64).reshape(s.sources[0].shape)})
+    _close(modelio.run(single, feeds)[single.graph.output[0].name], want)
+
+    store = MeasurementCache(tmp_path / "m.sqlite")
+    costs = OpCosts(store)
+    costs.measure(nodes)
+    p = costs.prediction(nodes)
+    assert calls and costs.measured >= 1
+    timed = [(n, sec) for n, sec in p.nodes if n.op == kernels.OP_TYPE]
+    assert [n.kind for n, _ in timed] == ["timed"] and timed[0][1] > 0
+    store.close()
+
+
+@pytest.mark.tvm
+@needs_cc
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scopes(max_depth=2))
 def test_random_scopes_as_generated_kernels_equal_the_interpreter(scope):

@@ -40,6 +40,8 @@ __all__ = [
     "OrtKernel",
     "ort_kernel",
     "ort_kernel_group",
+    "compiled",
+    "build_id",
     "stand_in",
     "stand_in_group",
     "kernel_flops",
@@ -184,11 +186,7 @@ def ort_kernel(scope: ir.Scope) -> OrtKernel:
         When there is no C compiler to link the library with, or linking fails.
     """
     s = stand_in(scope)
-    with _LOCK:
-        done = _CACHE.get(s.scope)
-        if done is None:
-            done = _CACHE[s.scope] = _library(s)
-    library, scheduled = done
+    library, scheduled = compiled(s)
     return OrtKernel(s.symbol, library, s.sources, scope.shape, scheduled)
 
 
@@ -196,12 +194,30 @@ def ort_kernel_group(scopes: tuple[ir.Scope, ...], outputs: tuple[bool, ...]) ->
     """Compile ``scopes`` (see :func:`stand_in_group`) into one kernel library writing the scopes
     ``outputs`` marks, in order (``shape`` is the first one's; cached like :func:`ort_kernel`)."""
     s = stand_in_group(scopes, outputs)
-    with _LOCK:
-        done = _CACHE.get(s.program)
-        if done is None:
-            done = _CACHE[s.program] = _library(s)
-    library, scheduled = done
+    library, scheduled = compiled(s)
     return OrtKernel(s.symbol, library, s.sources, scopes[0].shape, scheduled)
+
+
+def compiled(s: StandIn | GroupStandIn) -> tuple[bytes, bool]:
+    """The library of ``s`` (cached per process and on disk) and whether its loops are scheduled.
+
+    Raises
+    ------
+    einopt.runtime.kernels.NativeBuildError
+        As :func:`ort_kernel`.
+    """
+    at = s.scope if isinstance(s, StandIn) else s.program
+    with _LOCK:
+        done = _CACHE.get(at)
+        if done is None:
+            done = _CACHE[at] = _library(s)
+    return done
+
+
+def build_id() -> str:
+    """What a compiled kernel depends on besides its scope (TVM's version, the target CPU, einopt's
+    code generator, IR and shim), as a short digest: the name of the disk cache's folder."""
+    return _disk_folder().name
 
 
 def _library(s: StandIn | GroupStandIn) -> tuple[bytes, bool]:
@@ -231,15 +247,15 @@ def _build(s: StandIn | GroupStandIn) -> tuple[object, bool]:
     lowered = lower(s.scope if isinstance(s, StandIn) else s.program)
     target = resolve_target("llvm")
 
-    def compiled(func) -> object:
+    def built(func) -> object:
         func = func.with_attr("global_symbol", s.symbol)
         return tvm.tirx.build(tvm.IRModule({s.symbol: func}), target=target)
 
     try:
-        return compiled(schedule_cpu(lowered).mod["main"]), True
+        return built(schedule_cpu(lowered).mod["main"]), True
     except Exception as e:  # noqa: BLE001 - a failed schedule must not fail the kernel
         log.debug("%s: scheduled build failed, building unscheduled loops: %s", s.symbol, e)
-        return compiled(lowered.func), False
+        return built(lowered.func), False
 
 
 @functools.cache

@@ -41,7 +41,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from einopt.codegen.ortkernel import (
+    GroupStandIn,
     KernelUnsupported,
+    StandIn,
     kernel_flops,
     ort_kernel,
     ort_kernel_group,
@@ -154,6 +156,9 @@ class Instantiated:
     # Types and shapes of the values ONNX shape inference cannot infer (outputs of operators outside
     # the default domain, such as ONNX Runtime's com.microsoft ones).
     value_info: tuple[onnx.ValueInfoProto, ...] = ()
+    # With ``light`` and generated kernels: each kernel's scopes (its ``symbol`` is its node's), not
+    # compiled (``einopt.codegen.ortkernel.compiled`` builds one when it is timed).
+    stand_ins: tuple[StandIn | GroupStandIn, ...] = ()
 
     @property
     def has_generated_kernels(self) -> bool:
@@ -268,7 +273,13 @@ def instantiate(
         if name in produced
     )
     return Instantiated(
-        tuple(em.nodes), tuple(inits), tuple(em.functions), tuple(em.choices), tuple(placeholders), value_info
+        tuple(em.nodes),
+        tuple(inits),
+        tuple(em.functions),
+        tuple(em.choices),
+        tuple(placeholders),
+        value_info,
+        tuple(em.stand_ins.values()),
     )
 
 
@@ -493,6 +504,7 @@ class _Emitter:
         self.choices: list[Choice] = []
         self.inline_count: dict[str, int] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}  # outputs whose shapes ONNX cannot infer
+        self.stand_ins: dict[str, StandIn | GroupStandIn] = {}  # light: the kernels not compiled
         const_scopes = {s for s in ir.scopes_in(program) if self.reads_constants(s)}
         const_tensors = {t for t in program.inputs if t.name in constants}
         self.ctx = MatchContext(
@@ -749,6 +761,7 @@ class _Emitter:
         library a placeholder)."""
         if self.light:
             s = stand_in(scopes[0]) if written is None else stand_in_group(scopes, written)
+            self.stand_ins[s.symbol] = s
             return s.symbol, s.sources, self.initializer(_Shaped((1,), np.dtype(np.uint8)), "einopt_kernels")
         k = ort_kernel(scopes[0]) if written is None else ort_kernel_group(scopes, written)
         return (

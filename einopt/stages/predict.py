@@ -14,6 +14,7 @@ timing decides.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -23,7 +24,7 @@ import onnx
 from onnx import helper
 
 from einopt.frontend.translate import Part, value_types
-from einopt.runtime.opcost import OpCosts, footprint, memory_limit, node_costs
+from einopt.runtime.opcost import KernelLibraries, OpCosts, footprint, memory_limit, node_costs
 from einopt.runtime.verify import Epilogue, epilogue
 from einopt.search.results import Candidate
 from einopt.stages.export import program_model, weight_names
@@ -66,8 +67,8 @@ def predict(
         Seconds of node timing at most (default :data:`BUDGET_S`); nodes not
         timed by then are estimated.
     kernels : {"onnx", "tvm"}
-        How the found programs' eOperators are written (generated kernels are costed analytically:
-        their bytes at the measured bandwidth, their FLOPs at the measured rate).
+        How the found programs' eOperators are written (a generated kernel is compiled once it is
+        timed, and timed like any node).
 
     Returns
     -------
@@ -87,9 +88,9 @@ def predict(
         tail = epilogue(model, p)
         for i, c in enumerate(search.candidates):
             try:
-                m, weights = _original(model, p, types) if not c.trace else _light(c, p, kernels)
+                m, weights, built = _original(model, p, types) if not c.trace else _light(c, p, kernels)
                 m = _with_epilogue(m, tail, {} if not c.trace else p.names, inits)
-                nodes[(p.name, i)] = node_costs(m, weights)
+                nodes[(p.name, i)] = node_costs(m, weights, built)
             except Exception as e:  # noqa: BLE001 - what cannot be built keeps its analytic estimate
                 log.info("%s: cannot cost a found program: %s", p.name, e)
     # The inputs first: a program that takes at least SLACK times its input's time (its unmeasured
@@ -121,6 +122,9 @@ def predict(
         new[name][i] = dataclasses.replace(
             c, cost=pr.seconds, estimated_cost=c.cost, timed_share=pr.timed_fraction
         )
+    log.info(
+        "cost stage: %d nodes timed, %d of them generated kernels", costs.measured, costs.kernels_measured
+    )
     out = dict(searches)
     for name, cands in new.items():
         ranked = sorted(cands, key=lambda c: (c.cost, c.depth))
@@ -183,12 +187,30 @@ def _with_epilogue(
     return out
 
 
-def _light(c: Candidate, p: Part, kernels: str = "onnx") -> tuple[onnx.ModelProto, frozenset[str]]:
+def _light(
+    c: Candidate, p: Part, kernels: str = "onnx"
+) -> tuple[onnx.ModelProto, frozenset[str], KernelLibraries | None]:
+    """The candidate as a light model, its weights' names, and how to build its generated kernels."""
     m, inst = program_model(c.program, dict(p.constants), light=True, kernels=kernels)
-    return m, weight_names(p.constants, inst)
+    return m, weight_names(p.constants, inst), _kernel_libraries(inst.stand_ins)
 
 
-def _original(model: onnx.ModelProto, p: Part, types) -> tuple[onnx.ModelProto, frozenset[str]]:
+def _kernel_libraries(stand_ins: Sequence) -> KernelLibraries | None:
+    """What compiles a light model's generated kernels (each once they are timed), or None without any."""
+    if not stand_ins:
+        return None
+    from einopt.codegen.ortkernel import build_id
+
+    return KernelLibraries(build_id(), {s.symbol: functools.partial(_library, s) for s in stand_ins})
+
+
+def _library(stand_in) -> bytes:
+    from einopt.codegen.ortkernel import compiled
+
+    return compiled(stand_in)[0]
+
+
+def _original(model: onnx.ModelProto, p: Part, types) -> tuple[onnx.ModelProto, frozenset[str], None]:
     """The part's original nodes as a model (weights as the model's initializers)."""
     nodes = [model.graph.node[i] for i in p.nodes]
     made = {o for n in nodes for o in n.output}
@@ -206,4 +228,4 @@ def _original(model: onnx.ModelProto, p: Part, types) -> tuple[onnx.ModelProto, 
     graph = helper.make_graph(nodes, "part", inputs, outputs, [inits[n] for n in read if n in inits])
     m = helper.make_model(graph, opset_imports=list(model.opset_import), functions=list(model.functions))
     m.ir_version = model.ir_version
-    return m, frozenset(n for n in read if n in inits)
+    return m, frozenset(n for n in read if n in inits), None
