@@ -109,3 +109,69 @@ def test_the_input_model_is_not_changed():
     before = m.SerializeToString()
     postoptimize(m)
     assert m.SerializeToString() == before
+
+
+def _norm(scale_name="g", bias_name="b", size=4):
+    return [
+        numpy_helper.from_array(np.linspace(0.5, 1.5, size, dtype=np.float32), scale_name),
+        numpy_helper.from_array(np.linspace(-1, 1, size, dtype=np.float32), bias_name),
+    ]
+
+
+def test_a_row_wise_op_between_reshapes_runs_on_the_tensor_itself():
+    """Reshape, LayerNormalization over the last axis, Reshape back: the norm alone (the rows are the
+    same); likewise Softmax and an element-wise op. The last Reshape writes the graph output (kept)."""
+    t = [
+        helper.make_node("Reshape", ["x", "s1"], ["a"]),
+        helper.make_node("LayerNormalization", ["a", "g", "b"], ["n"], axis=1),
+        helper.make_node("Reshape", ["n", "s2"], ["c"]),
+        helper.make_node("Reshape", ["c", "s1"], ["d"]),
+        helper.make_node("Softmax", ["d"], ["e"], axis=-1),
+        helper.make_node("Reshape", ["e", "s3"], ["f"]),
+        helper.make_node("Reshape", ["f", "s1"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("Reshape", ["r", "s2"], ["y"]),
+    ]
+    inits = [_ints("s1", [6, 4]), _ints("s2", [2, 3, 4]), _ints("s3", [3, 2, 4]), *_norm()]
+    out = _check(_model(t, inits), ["LayerNormalization", "Softmax", "Relu", "Reshape"])
+    norm = out.graph.node[0]
+    assert norm.input[0] == "x" and [a.i for a in norm.attribute if a.name == "axis"] == [-1]
+
+
+def test_a_row_wise_op_stays_behind_a_reshape_that_changes_its_rows():
+    t = [  # the rows of 4 become rows of 12: the softmax is another one
+        helper.make_node("Reshape", ["x", "s1"], ["a"]),
+        helper.make_node("Softmax", ["a"], ["e"], axis=-1),
+        helper.make_node("Reshape", ["e", "s2"], ["y"]),
+    ]
+    _check(_model(t, [_ints("s1", [2, 12]), _ints("s2", [2, 3, 4])]), ["Reshape", "Softmax", "Reshape"])
+    t = [  # normalized over both dimensions of [6, 4]
+        helper.make_node("Reshape", ["x", "s1"], ["a"]),
+        helper.make_node("LayerNormalization", ["a", "g", "b"], ["n"], axis=0),
+        helper.make_node("Reshape", ["n", "s2"], ["y"]),
+    ]
+    inits = [_ints("s1", [6, 4]), _ints("s2", [2, 3, 4]), *_norm(size=4)]
+    _check(_model(t, inits), ["Reshape", "LayerNormalization", "Reshape"])
+
+
+def test_a_row_wise_op_read_by_another_op_than_a_reshape_stays():
+    t = [
+        helper.make_node("Reshape", ["x", "s1"], ["a"]),
+        helper.make_node("Relu", ["a"], ["r"]),
+        helper.make_node("Reshape", ["r", "s2"], ["y"]),
+        helper.make_node("Neg", ["r"], ["z"]),
+    ]
+    inits = [_ints("s1", [6, 4]), _ints("s2", [2, 3, 4])]
+    _check(_model(t, inits, extra_outputs=["z"]), ["Reshape", "Relu", "Reshape", "Neg"])
+
+
+def test_a_softmax_before_opset_13_is_not_moved_through_a_reshape():
+    """Before opset 13, Softmax flattens its input from ``axis`` on: the rows depend on the rank."""
+    t = [
+        helper.make_node("Reshape", ["x", "s1"], ["a"]),
+        helper.make_node("Softmax", ["a"], ["e"], axis=1),
+        helper.make_node("Reshape", ["e", "s2"], ["y"]),
+    ]
+    m = _model(t, [_ints("s1", [6, 4]), _ints("s2", [2, 3, 4])])
+    m.opset_import[0].version = 11
+    _check(m, ["Reshape", "Softmax", "Reshape"])

@@ -33,6 +33,8 @@ class _Graph:
     def __init__(self, model: onnx.ModelProto) -> None:
         g = model.graph
         self.model = model
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        self.retyped: set[str] = set()  # values whose shape a peephole changed (see ``shapes``)
         self.nodes = list(g.node)
         self.inits = {t.name: t for t in g.initializer}
         self.outputs = {o.name for o in g.output}
@@ -110,6 +112,69 @@ def _reshape_pair(g: _Graph, node: onnx.NodeProto) -> bool:
     return True
 
 
+ROW_WISE_UNARY = frozenset(
+    {
+        "Abs", "Ceil", "Celu", "Cos", "Elu", "Erf", "Exp", "Floor", "Gelu", "HardSigmoid", "HardSwish",
+        "LeakyRelu", "Log", "Mish", "Neg", "Reciprocal", "Relu", "Round", "Selu", "Sigmoid", "Sign",
+        "Sin", "Softplus", "Softsign", "Sqrt", "Tan", "Tanh", "ThresholdedRelu",
+    }
+)  # fmt: skip
+"""Default-domain operators of one input computed element by element: any shape computes the same."""
+ROW_WISE_CONTRIB = frozenset({"Gelu", "FastGelu", "QuickGelu", "BiasGelu"})
+"""ONNX Runtime's com.microsoft operators computed element by element, with at most a bias along the
+last axis."""
+
+
+def _row_wise(g: _Graph, node: onnx.NodeProto) -> bool:
+    """Whether ``node`` computes the same on its first input of any shape that keeps the last
+    dimension: element by element (its other inputs constants along the last axis), or row by row
+    along the last axis (LayerNormalization, Softmax and LogSoftmax at opset 13 and later)."""
+    if [o for o in node.output if o] != node.output[:1] or any(i not in g.inits for i in node.input[1:] if i):
+        return False
+    if node.domain == "com.microsoft":
+        return node.op_type in ROW_WISE_CONTRIB and all(
+            len(g.inits[i].dims) <= 1 for i in node.input[1:] if i
+        )
+    if node.domain not in ("", "ai.onnx"):
+        return False
+    if node.op_type in ROW_WISE_UNARY:
+        return len(node.input) == 1
+    axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
+    rank = len(g.shapes.get(node.input[0], ()))
+    last = axis in (-1, rank - 1) and rank > 0
+    if node.op_type == "LayerNormalization":
+        return last and all(len(g.inits[i].dims) <= 1 for i in node.input[1:] if i)
+    return node.op_type in ("Softmax", "LogSoftmax") and g.opset >= 13 and last
+
+
+def _row_wise_through_reshape(g: _Graph, node: onnx.NodeProto) -> bool:
+    # Reshape(x) -> row-wise op -> Reshapes: the op on x itself (the Reshapes after it then read a
+    # value of x's shape; a Reshape back to x's shape goes, two in a row become one)
+    if not _row_wise(g, node):
+        return False
+    first = g.producer(node.input[0])
+    if first is None or first.op_type != "Reshape":
+        return False
+    x, y, out = first.input[0], node.input[0], node.output[0]
+    if x not in g.shapes or y not in g.shapes or out in g.outputs or not g.shapes[x]:
+        return False
+    if g.shapes[x][-1] != g.shapes[y][-1]:
+        return False
+    readers = g.readers(out)
+    targets = [g.ints(r.input[1]) if r.op_type == "Reshape" and len(r.input) > 1 else None for r in readers]
+    if not readers or any(t is None or 0 in t for t in targets) or any(r.input[0] != out for r in readers):
+        return False
+    node.input[0] = x
+    for a in node.attribute:
+        if a.name == "axis":
+            a.i = -1
+    g.shapes[out] = g.shapes[x]
+    g.retyped.add(out)
+    if not g.readers(y) and y not in g.outputs:
+        g.nodes.remove(first)
+    return True
+
+
 def _identity_layout(g: _Graph, node: onnx.NodeProto) -> bool:
     # Transpose by the identity permutation, Reshape to the shape it already has -> nothing
     if node.op_type == "Transpose":
@@ -126,6 +191,7 @@ PEEPHOLES: Mapping[str, Callable[[_Graph, onnx.NodeProto], bool]] = {
     "transpose pair": _transpose_pair,
     "reshape pair": _reshape_pair,
     "identity layout": _identity_layout,
+    "row-wise op through a reshape": _row_wise_through_reshape,
 }
 """Name -> a peephole applied at one node (True when it changed the graph)."""
 
@@ -177,6 +243,11 @@ def postoptimize(model: onnx.ModelProto) -> onnx.ModelProto:
     out.graph.initializer.extend(kept)
     names = {o for n in g.nodes for o in n.output} | {i.name for i in out.graph.input} | set(g.inits)
     vis = [vi for vi in out.graph.value_info if vi.name in names and vi.name in declared]
+    for vi in vis:
+        if vi.name in g.retyped:
+            del vi.type.tensor_type.shape.dim[:]
+            for d in g.shapes[vi.name]:
+                vi.type.tensor_type.shape.dim.add().dim_value = d
     del out.graph.value_info[:]
     out.graph.value_info.extend(vis)
     return out
