@@ -95,7 +95,7 @@ def test_timing_pairs_carry_the_epilogue_on_both_sides_and_compute_the_same():
 def test_a_gemm_is_costed_with_the_activation_onnx_runtime_fuses_into_it():
     model, gates = _prepared_cell()
     candidate = Candidate(gates.program, (), (), 0.0)
-    light, weights = _light(candidate, gates)
+    light, weights, _ = _light(candidate, gates)
     inits = {t.name: t for t in model.graph.initializer}
     costed = _with_epilogue(light, epilogue(model, gates), gates.names, inits)
     whats = [n.cost.what for n in node_costs(costed, weights) if n.cost.kind == "timed"]
