@@ -256,15 +256,15 @@ def node_costs(
         if not known or not timed or any(v is None for v in outs):
             entries.append(_Node(NodeCost(node.op_type, "analytic", flops=flops, bytes=nbytes)))
             continue
+        shown = ins if library is None else ins[1:]  # a kernel's library is known by its build
         forms[len(entries)] = [
             node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}",
             opset,
             sorted((a.name, _attribute(a)) for a in node.attribute),
-            [_value_form(v) for v in (ins if library is None else ins[1:])],  # a library: its build
+            [_value_form(v) for v in shown],
             len(node.output),
             *([] if library is None or kernels is None else [kernels.build]),
         ]
-        shown = ins if library is None else ins[1:]
         what = f"{node.op_type} " + " ".join("x".join(map(str, v.shape)) or "scalar" for v in shown if v)
         entries.append(
             _Node(
