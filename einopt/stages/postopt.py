@@ -131,10 +131,9 @@ def _row_wise(g: _Graph, node: onnx.NodeProto) -> bool:
     along the last axis (LayerNormalization, Softmax and LogSoftmax at opset 13 and later)."""
     if [o for o in node.output if o] != node.output[:1] or any(i not in g.inits for i in node.input[1:] if i):
         return False
+    vectors = all(len(g.inits[i].dims) <= 1 for i in node.input[1:] if i)  # a bias, a scale
     if node.domain == "com.microsoft":
-        return node.op_type in ROW_WISE_CONTRIB and all(
-            len(g.inits[i].dims) <= 1 for i in node.input[1:] if i
-        )
+        return node.op_type in ROW_WISE_CONTRIB and vectors
     if node.domain not in ("", "ai.onnx"):
         return False
     if node.op_type in ROW_WISE_UNARY:
@@ -143,7 +142,7 @@ def _row_wise(g: _Graph, node: onnx.NodeProto) -> bool:
     rank = len(g.shapes.get(node.input[0], ()))
     last = axis in (-1, rank - 1) and rank > 0
     if node.op_type == "LayerNormalization":
-        return last and all(len(g.inits[i].dims) <= 1 for i in node.input[1:] if i)
+        return last and vectors
     return node.op_type in ("Softmax", "LogSoftmax") and g.opset >= 13 and last
 
 
