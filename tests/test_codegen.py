@@ -181,23 +181,25 @@ def test_kernels_compute_in_floating_point_what_tvm_would_fold_as_exact(body, fl
 
 
 @tvm_test
-def test_erf_is_plain_arithmetic_within_a_few_ulps():
-    """erf is compiled in arithmetic that vectorises (TVM's calls libm's scalar erff: a GELU on
-    [65, 768] took 429 us, 57 us now), within 2e-7 relative and 1.2e-7 absolute of the exact value."""
+@pytest.mark.parametrize(("name", "exact"), [("erf", math.erf), ("tanh", math.tanh)])
+def test_erf_and_tanh_are_plain_arithmetic_within_a_few_ulps(name, exact):
+    """erf and tanh are compiled as rational functions that vectorise (TVM's erf calls libm's
+    scalar erff: a GELU on [65, 768] took 429 us), within 4e-7 relative and absolute of the exact
+    value, out to where they are +-1 in float32."""
     (i,) = iters("i:60000")
     X = tensor("X", (60000,))
-    node = L(i)(erf(X[i]))
+    node = L(i)(Unary(name, X[i]))
     kernel = einopt.codegen.compile(node)
-    assert "erff" not in kernel.module.inspect_source("asm")
+    assert f"{name}f" not in kernel.module.inspect_source("asm")
     x = np.concatenate(
-        [np.linspace(-5, 5, 20000), np.geomspace(1e-30, 5, 20000), -np.geomspace(1e-30, 5, 20000)]
+        [np.linspace(-12, 12, 20000), np.geomspace(1e-30, 12, 20000), -np.geomspace(1e-30, 12, 20000)]
     )
     x = x.astype(np.float32)
     got = kernel(X=x).astype(np.float64)
-    want = np.array([math.erf(v) for v in x.astype(np.float64)])
+    want = np.array([exact(v) for v in x.astype(np.float64)])
     err = np.abs(got - want)
-    assert err.max() < 1.2e-7
-    assert (err / np.abs(want)).max() < 2e-7
+    assert err.max() < 4e-7
+    assert (err / np.abs(want)).max() < 4e-7
 
 
 @tvm_test
