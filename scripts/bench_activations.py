@@ -14,9 +14,11 @@ Run it alone on the machine::
 
     python scripts/bench_activations.py [--runs 2000]
 
-Measured 2026-11-29 (AMD EPYC VM, 2 threads, load average 0.0, 2000 runs): GELU 73 us against
-114 us for Mul + Gelu, tanh GELU 74 against 97 us for Mul + FastGelu (the erf and tanh of
-``einopt.core.ops`` before their rational forms: 158 and 109 us).
+Measured 2026-11-29 (AMD EPYC VM, 2 threads, load average 0.4-1.1, 2000 runs; three runs, the
+first with a script of the same models): GELU 72-73 us against 79-114 us for Mul + Gelu (whose
+times are bimodal here: p10 61 us), tanh GELU 59-74 us against 79-97 us for Mul + FastGelu, the
+LSTM tail 13-17 us against 22 us. The erf and tanh of ``einopt.core.ops`` before their rational
+forms: 158 and 109 us (first run).
 """
 
 from __future__ import annotations
