@@ -7,7 +7,9 @@ the hypothesis tests draw a few dozen examples; the file runs in ~15 s.
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import pathlib
 import subprocess
 import sys
 
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 import einopt.codegen
 from einopt import L, Max, Sum, erf, exp, iters, maximum, minimum, program, relu, tensor
 from einopt.codegen import DeviceUnavailableError
+from einopt.core import ops
 from einopt.core.interp import evaluate
 from einopt.core.ir import Binary, Const, Unary
 from einopt.core.ops import UNARY
@@ -490,3 +493,16 @@ def test_top_level_compile_is_codegen_compile():
 def test_import_does_not_load_tvm():
     code = "import sys, einopt, einopt.codegen; assert 'tvm' not in sys.modules, 'tvm was imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_rational_erf_and_tanh_are_what_their_fitting_script_gives():
+    """``einopt.core.ops`` holds the coefficients ``scripts/fit_activations.py`` computes."""
+    root = pathlib.Path(__file__).parent.parent
+    spec = importlib.util.spec_from_file_location("fit_script", root / "scripts" / "fit_activations.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    held = {"erf": (ops._ERF_P, ops._ERF_Q), "tanh": (ops._TANH_P, ops._TANH_Q)}
+    for name, fn, bound, dp, dq in script.FITS:
+        p, q, _ = script.fit(fn, bound, dp, dq)
+        np.testing.assert_allclose(p, held[name][0], rtol=1e-9, err_msg=name)
+        np.testing.assert_allclose(q, held[name][1], rtol=1e-9, err_msg=name)
