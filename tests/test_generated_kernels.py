@@ -9,6 +9,7 @@ session without the library refuses it with ONNX Runtime's own error.
 
 from __future__ import annotations
 
+import ctypes
 import shutil
 import subprocess
 import sys
@@ -124,6 +125,51 @@ def test_one_scope_is_compiled_once_and_its_library_is_embedded_once():
     model, _ = program_model(prog, kernels="tvm")
     libraries = [t for t in model.graph.initializer if t.data_type == onnx.TensorProto.UINT8]
     assert len(libraries) == 1 and libraries[0].raw_data == a.library
+
+
+def _exported_alignment(library: bytes, tmp_path) -> int:
+    path = tmp_path / "kernels.so"
+    path.write_bytes(library)
+    return ctypes.c_int32.in_dll(ctypes.CDLL(str(path)), "einopt_buffer_alignment").value
+
+
+@pytest.mark.tvm
+@needs_cc
+@pytest.mark.parametrize("offset", [0, 1, 4])
+def test_a_generated_kernel_runs_on_any_float_aligned_buffer_without_a_copy(offset, tmp_path):
+    # numpy starts a large array 16 bytes past a 64-byte boundary: the kernel reads a graph input
+    # where it is, because its code assumes only 4-byte alignment (and its library says so)
+    i, j = iters("i:64 j:40")
+    x, b = tensor("x", (64, 40)), tensor("b", (40,))
+    prog = program({"Y": L(i, j)(tanh(x[i, j] * 0.5 + b[j]))})
+    model, _ = program_model(prog, kernels="tvm")
+    (node,) = _kernel_nodes(model)
+    library = next(t.raw_data for t in model.graph.initializer if t.name == node.input[0])
+    assert _exported_alignment(library, tmp_path) == 4
+    inputs = random_inputs(prog, np.random.default_rng(offset))
+    raw = np.empty(64 * 40 + 16 + offset, np.float32)
+    start = (-raw.ctypes.data % 64) // 4 + offset  # ``offset`` floats past a 64-byte boundary
+    feeds = {"x": raw[start : start + 64 * 40].reshape(64, 40), "b": inputs["b"].astype(np.float32)}
+    feeds["x"][...] = inputs["x"]
+    assert feeds["x"].ctypes.data % 64 == 4 * offset
+    _close(modelio.run(model, feeds)["Y"], evaluate(prog, inputs)["Y"])
+
+
+def test_element_aligned_declares_every_buffer_aligned_to_its_element_only():
+    tvm = pytest.importorskip("tvm")
+    from tvm import te
+
+    from einopt.codegen.ortkernel import element_aligned
+
+    a = te.placeholder((8, 16), "float32", name="A")
+    k = te.placeholder((16,), "int64", name="K")
+    c = te.compute((8, 16), lambda i, j: a[i, j] + k[j].astype("float32"), name="C")
+    func = te.create_prim_func([a, k, c])
+    assert [p.ty.data_alignment for p in func.params] == [64, 64, 64]
+    out, alignment = element_aligned(func)
+    assert [p.ty.data_alignment for p in out.params] == [4, 8, 4] and alignment == 4
+    llvm = tvm.tirx.build(tvm.IRModule({"f": out.with_attr("global_symbol", "f")}), target="llvm")
+    assert "i64 64)" not in llvm.inspect_source("ll")  # no 64-byte alignment assumed anywhere
 
 
 @pytest.mark.tvm

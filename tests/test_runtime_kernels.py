@@ -97,6 +97,16 @@ def test_a_misaligned_input_is_read_through_an_aligned_copy(library, declared):
     np.testing.assert_array_equal(c, 2 * a + b)
 
 
+def test_a_library_says_what_alignment_its_kernels_assume(library, tmp_path):
+    import ctypes
+
+    path = tmp_path / "k.so"
+    path.write_bytes(library)
+    assert ctypes.c_int32.in_dll(ctypes.CDLL(str(path)), "einopt_buffer_alignment").value == 64  # TVM's
+    with pytest.raises(ValueError, match="power of two"):
+        kernels.link_kernels([], alignment=12)
+
+
 @pytest.mark.parametrize("declared", [False, True])
 def test_a_failed_kernel_check_is_an_ort_error_with_the_kernels_message(library, declared):
     # the node's inputs are [64, 95]: TVM's argument check refuses them, and ORT raises (a node that

@@ -144,12 +144,17 @@ def session(
     return onnxruntime.InferenceSession(model, register(options), providers=list(providers))
 
 
-def link_kernels(modules: Sequence[Any]) -> bytes:
+def link_kernels(modules: Sequence[Any], alignment: int = 64) -> bytes:
     """One kernel library (shared-object bytes) from TVM-built CPU modules (``tvm.tirx.build`` results).
 
     Each module's object code is written out, linked with the shim into one shared object
     (``-Bsymbolic``: the library's calls stay inside it even where TVM itself is loaded), and read back.
+    ``alignment`` is what the modules' code assumes of its buffers, in bytes (TVM's default is 64;
+    see ``einopt.codegen.ortkernel.element_aligned``): the library exports it, and the custom op
+    runs a kernel on a less aligned buffer through an aligned copy.
     """
+    if alignment < 1 or alignment & (alignment - 1):
+        raise ValueError(f"alignment must be a power of two, got {alignment}")
     cc = compiler()
     with tempfile.TemporaryDirectory(prefix="einopt-link-") as tmp:
         objects = []
@@ -159,7 +164,16 @@ def link_kernels(modules: Sequence[Any]) -> bytes:
             objects.append(str(obj))
         out = Path(tmp) / "kernels.so"
         _compile(
-            [cc, *CFLAGS, "-Wl,-Bsymbolic", "-o", str(out), *objects, str(SHIM_SOURCE), "-lm"],
+            [
+                cc,
+                *CFLAGS,
+                f"-DEINOPT_BUFFER_ALIGNMENT={alignment}",
+                "-Wl,-Bsymbolic",
+                "-o",
+                str(out),
+                *objects,
+            ]
+            + [str(SHIM_SOURCE), "-lm"],
             "the kernel library",
         )
         return out.read_bytes()

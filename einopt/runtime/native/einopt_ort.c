@@ -197,7 +197,8 @@ typedef struct {
 } ParallelGroup;
 typedef int (*ParallelLambda)(int task, ParallelGroup *group, void *data);
 
-/* TVM's generated code assumes its buffers start on this boundary (its kAllocAlignment). */
+/* TVM's generated code assumes its buffers start on this boundary (its kAllocAlignment), unless its
+ * library says otherwise (einopt_buffer_alignment, from tvm_shim.c). */
 #define ALIGNMENT 64
 #define MAX_ARGS 64
 #define MAX_RANK 8
@@ -266,6 +267,7 @@ typedef struct Library {
     size_t size;
     void *handle;
     const char *(*last_error)(void);
+    uintptr_t alignment; /* what its kernels assume of their buffers' addresses (a power of two) */
     struct Library *next;
 } Library;
 
@@ -400,7 +402,10 @@ static Library *load_library(const uint8_t *bytes, size_t size, char *why, size_
         }
         if (handle != NULL && (lib = calloc(1, sizeof *lib)) != NULL) {
             fill_hooks(handle, set_raised);
-            *lib = (Library){hash, size, handle, last_error, libraries};
+            const int32_t *alignment = dlsym(handle, "einopt_buffer_alignment");
+            int32_t a = alignment != NULL ? *alignment : ALIGNMENT; /* libraries linked before it: 64 */
+            *lib = (Library){hash, size, handle, last_error, a > 0 && (a & (a - 1)) == 0 ? (uintptr_t)a : ALIGNMENT,
+                             libraries};
             libraries = lib;
         } else if (handle != NULL) {
             snprintf(why, why_size, "out of memory");
@@ -575,10 +580,11 @@ static size_t elements(const DLTensor *t) {
 }
 
 /*
- * TVM's kernels assume 64-byte aligned buffers (they use aligned vector loads). ONNX Runtime's own
- * buffers are, but a graph input fed from Python may not be (numpy aligns to 16 bytes): such a
- * buffer is read from (or written to) an aligned copy, in a scratch area that each thread keeps and
- * only grows, so a call allocates nothing.
+ * TVM's kernels assume 64-byte aligned buffers (they may use aligned vector loads) unless they were
+ * compiled for less (einopt's own are element-aligned). ONNX Runtime's own buffers are 64-byte
+ * aligned, but a graph input fed from Python may not be (numpy aligns to 16 bytes): a buffer less
+ * aligned than its kernel assumes is read from (or written to) an aligned copy, in a scratch area
+ * that each thread keeps and only grows, so a call allocates nothing.
  */
 static _Thread_local void *scratch;
 static _Thread_local size_t scratch_size;
@@ -595,7 +601,7 @@ static void *scratch_of(size_t bytes) {
     return p;
 }
 
-static int misaligned(const DLTensor *t) { return ((uintptr_t)t->data & (ALIGNMENT - 1)) != 0; }
+static int misaligned(const DLTensor *t, uintptr_t alignment) { return ((uintptr_t)t->data & (alignment - 1)) != 0; }
 
 static size_t padded_bytes(const DLTensor *t) {
     return (elements(t) * sizeof(float) + ALIGNMENT - 1) & ~(size_t)(ALIGNMENT - 1);
@@ -659,13 +665,13 @@ static OrtStatus *compute(void *kernel, OrtKernelContext *context) {
         return status;
     size_t need = 0;
     for (size_t a = 0; a < n; a++)
-        need += misaligned(&tensors[a]) ? padded_bytes(&tensors[a]) : 0;
+        need += misaligned(&tensors[a], k->library->alignment) ? padded_bytes(&tensors[a]) : 0;
     char *area = need ? scratch_of(need) : NULL;
     if (need && area == NULL)
         return error(ORT_FAIL, "einopt TvmKernel %s: out of memory", k->symbol);
     for (size_t a = 0; a < n; a++) {
         originals[a] = NULL;
-        if (!misaligned(&tensors[a]))
+        if (!misaligned(&tensors[a], k->library->alignment))
             continue;
         originals[a] = tensors[a].data;
         if (a < n_in - 1)

@@ -6,12 +6,21 @@
  * A failed check in a kernel calls TVMFFIErrorSetRaisedFromCStrParts (a direct call) or the
  * __TVMFFIErrorSetRaisedFromCStr hook (which einopt_ort.c points at einopt_tvm_set_raised); the
  * caller then reads the message with einopt_tvm_last_error on the same thread.
+ *
+ * einopt_buffer_alignment says what the library's kernels assume of their buffers' addresses (bytes,
+ * set when linking): einopt_ort.c runs them on a less aligned buffer through an aligned copy.
  */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
 #define EXPORT __attribute__((visibility("default")))
+
+#ifndef EINOPT_BUFFER_ALIGNMENT
+#define EINOPT_BUFFER_ALIGNMENT 64
+#endif
+
+EXPORT const int32_t einopt_buffer_alignment = EINOPT_BUFFER_ALIGNMENT;
 
 static _Thread_local char message[2048];
 
