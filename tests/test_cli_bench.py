@@ -1,7 +1,8 @@
 """`einopt bench` and `einopt optimize --bench`: reports with timings, exit codes, no partial files.
 
 Timings are never compared here (the machine is noisy); only that they exist,
-are consistent (speedup = ratio of medians) and that the reports render.
+are consistent (the speedup is the median of the paired runs' ratios, inside its 95% interval)
+and that the reports render.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def test_optimize_bench_writes_timed_report_and_html(tmp_path, monkeypatch):
     assert data["einopt_report"] == 3 and data["model"] == str(src) and data["output"] == str(out)
     b = data["bench"]
     assert b["equal"] and b["runs"] >= 3
-    assert b["speedup"] == pytest.approx(b["original"]["median_ms"] / b["optimized"]["median_ms"])
+    assert b["speedup_95"][0] <= b["speedup"] <= b["speedup_95"][1]
     assert b["original"]["kernels"] > 0 and b["original"]["flops"] > 0 and b["machine"]["onnxruntime"]
     rewritten = [p for p in data["subprograms"] if p["status"] in ("accepted", "not faster")]
     assert rewritten and all(p["bench"]["original_ms"] > 0 and p["bench"]["speedup"] > 0 for p in rewritten)
@@ -113,7 +114,7 @@ def test_measure_parts_times_every_rewritten_part(monkeypatch):
     rewritten = {p.name for p in result.parts if p.status == "rewritten"}
     assert set(timings) == rewritten
     for t in timings.values():
-        assert t["speedup"] == pytest.approx(t["original_ms"] / t["optimized_ms"])
+        assert t["original_ms"] > 0 and t["optimized_ms"] > 0 and t["speedup"] > 0
     with_timings = result.with_part_timings(timings).report()
     assert {p["name"] for p in with_timings["subprograms"] if p["bench"]} == rewritten
 

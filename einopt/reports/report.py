@@ -359,7 +359,11 @@ def _summary_table(report: Mapping[str, Any]) -> Table:
     else:
         table.add_row("latency (median)", ms_text(orig.get("median_ms")), ms_text(opt.get("median_ms")))
         table.add_row("", Text(spread_text(orig), style="dim"), Text(spread_text(opt), style="dim"))
-        table.add_row("speedup", "", _styled_speedup(bench["speedup"]), end_section=True)
+        interval = bench.get("speedup_95")
+        table.add_row("speedup", "", _styled_speedup(bench["speedup"]))
+        if interval:  # the rounds' ratios: a median of them, not the ratio of the two medians above
+            table.add_row("", "", Text(f"95% {interval[0]:.2f}-{interval[1]:.2f}x, paired runs", style="dim"))
+        table.add_section()
     if orig or opt:
         rows = (("kernels", "kernels", int_text), ("graph nodes", "nodes", int_text))
         rows += (("compute", "flops", gflop_text), ("memory", "bytes", mb_text))

@@ -263,6 +263,11 @@ class Comparison:
 
     @property
     def speedup(self) -> float:
+        """``before / after``: the median of the per-round ratios when the variants ran interleaved
+        (the figure :attr:`gain_interval` is the interval of, so the two always agree), else the
+        ratio of the medians."""
+        if self.ratio is not None:
+            return self.ratio.median
         return self.before.median_ms / self.after.median_ms if self.after.median_ms > 0 else float("inf")
 
     @property
