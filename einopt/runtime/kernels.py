@@ -163,17 +163,9 @@ def link_kernels(modules: Sequence[Any], alignment: int = 64) -> bytes:
             module.write_to_file(str(obj))
             objects.append(str(obj))
         out = Path(tmp) / "kernels.so"
+        flags = [*CFLAGS, f"-DEINOPT_BUFFER_ALIGNMENT={alignment}", "-Wl,-Bsymbolic"]
         _compile(
-            [
-                cc,
-                *CFLAGS,
-                f"-DEINOPT_BUFFER_ALIGNMENT={alignment}",
-                "-Wl,-Bsymbolic",
-                "-o",
-                str(out),
-                *objects,
-            ]
-            + [str(SHIM_SOURCE), "-lm"],
+            [cc, *flags, "-o", str(out), *objects, str(SHIM_SOURCE), "-lm"],
             "the kernel library",
         )
         return out.read_bytes()

@@ -402,10 +402,10 @@ static Library *load_library(const uint8_t *bytes, size_t size, char *why, size_
         }
         if (handle != NULL && (lib = calloc(1, sizeof *lib)) != NULL) {
             fill_hooks(handle, set_raised);
-            const int32_t *alignment = dlsym(handle, "einopt_buffer_alignment");
-            int32_t a = alignment != NULL ? *alignment : ALIGNMENT; /* libraries linked before it: 64 */
-            *lib = (Library){hash, size, handle, last_error, a > 0 && (a & (a - 1)) == 0 ? (uintptr_t)a : ALIGNMENT,
-                             libraries};
+            const int32_t *declared = dlsym(handle, "einopt_buffer_alignment");
+            int32_t a = declared != NULL ? *declared : ALIGNMENT; /* libraries linked before it: 64 */
+            uintptr_t alignment = a > 0 && (a & (a - 1)) == 0 ? (uintptr_t)a : ALIGNMENT;
+            *lib = (Library){hash, size, handle, last_error, alignment, libraries};
             libraries = lib;
         } else if (handle != NULL) {
             snprintf(why, why_size, "out of memory");
