@@ -9,7 +9,6 @@ session without the library refuses it with ONNX Runtime's own error.
 
 from __future__ import annotations
 
-import ctypes
 import shutil
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from einopt.runtime import kernels, modelio
 from einopt.stages.export import program_model
 from einopt.stages.kernelfusion import PHASE, fuse_for_kernels
 
+from kernel_support import exported_alignment
 from strategies import random_inputs, scopes
 
 needs_cc = pytest.mark.skipif(
@@ -127,12 +127,6 @@ def test_one_scope_is_compiled_once_and_its_library_is_embedded_once():
     assert len(libraries) == 1 and libraries[0].raw_data == a.library
 
 
-def _exported_alignment(library: bytes, tmp_path) -> int:
-    path = tmp_path / "kernels.so"
-    path.write_bytes(library)
-    return ctypes.c_int32.in_dll(ctypes.CDLL(str(path)), "einopt_buffer_alignment").value
-
-
 @pytest.mark.tvm
 @needs_cc
 @pytest.mark.parametrize("offset", [0, 1, 4])
@@ -145,7 +139,7 @@ def test_a_generated_kernel_runs_on_any_float_aligned_buffer_without_a_copy(offs
     model, _ = program_model(prog, kernels="tvm")
     (node,) = _kernel_nodes(model)
     library = next(t.raw_data for t in model.graph.initializer if t.name == node.input[0])
-    assert _exported_alignment(library, tmp_path) == 4
+    assert exported_alignment(library, tmp_path) == 4
     inputs = random_inputs(prog, np.random.default_rng(offset))
     raw = np.empty(64 * 40 + 16 + offset, np.float32)
     start = (-raw.ctypes.data % 64) // 4 + offset  # ``offset`` floats past a 64-byte boundary

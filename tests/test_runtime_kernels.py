@@ -14,6 +14,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from einopt.runtime import kernels
 
+from kernel_support import exported_alignment
+
 tvm = pytest.importorskip("tvm")
 from tvm import s_tir, te  # noqa: E402
 
@@ -98,11 +100,7 @@ def test_a_misaligned_input_is_read_through_an_aligned_copy(library, declared):
 
 
 def test_a_library_says_what_alignment_its_kernels_assume(library, tmp_path):
-    import ctypes
-
-    path = tmp_path / "k.so"
-    path.write_bytes(library)
-    assert ctypes.c_int32.in_dll(ctypes.CDLL(str(path)), "einopt_buffer_alignment").value == 64  # TVM's
+    assert exported_alignment(library, tmp_path) == 64  # TVM's
     with pytest.raises(ValueError, match="power of two"):
         kernels.link_kernels([], alignment=12)
 

@@ -54,11 +54,6 @@ CODEGEN = Path(__file__).resolve().parent
 CORE = CODEGEN.parent / "core"  # the IR and its operations' TVM forms
 
 
-# TVM's buffer alignment (bytes), which a kernel keeps if its function does not survive
-# ``element_aligned``: the custom op then copies its misaligned buffers.
-TVM_ALIGNMENT = 64
-
-
 class KernelUnsupported(ValueError):
     """A scope that cannot be a generated kernel here (the message says why)."""
 
@@ -251,6 +246,7 @@ def _build(s: StandIn | GroupStandIn) -> tuple[object, bool, int]:
     from einopt.codegen.build import resolve_target
     from einopt.codegen.schedule import schedule_cpu
     from einopt.codegen.te import lower
+    from einopt.runtime.kernels import TVM_ALIGNMENT
 
     lowered = lower(s.scope if isinstance(s, StandIn) else s.program)
     target = resolve_target("llvm")
@@ -262,7 +258,7 @@ def _build(s: StandIn | GroupStandIn) -> tuple[object, bool, int]:
             log.debug(
                 "%s: kept TVM's buffer alignment (its inputs are copied when misaligned): %s", s.symbol, e
             )
-            alignment = TVM_ALIGNMENT
+            alignment = TVM_ALIGNMENT  # the custom op copies the buffers less aligned than this
         func = func.with_attr("global_symbol", s.symbol)
         return tvm.tirx.build(tvm.IRModule({s.symbol: func}), target=target), alignment
 
@@ -303,7 +299,7 @@ def element_aligned(func) -> tuple[object, int]:
     wanted = [tvm.runtime.DataType(p.ty.dtype).bits // 8 for p in func.params]
     if len(out.params) != len(func.params) or [p.ty.data_alignment for p in out.params] != wanted:
         raise ValueError("the parsed function does not declare its buffers element-aligned")
-    return out, min(wanted, default=TVM_ALIGNMENT)
+    return out, min(wanted)
 
 
 @functools.cache

@@ -42,7 +42,9 @@ class PartResult:
     expression: str = ""
     max_error: float | None = None
     trace: str = ""  # the derivation that produced the rewrite ("" when no rule was applied)
-    bench: Mapping[str, object] | None = None  # original_ms, optimized_ms, speedup, cached, unreliable
+    bench: Mapping[str, object] | None = (
+        None  # original_ms, optimized_ms, speedup (and its speedup_95), cached, unreliable
+    )
     search: Mapping[str, object] | None = None  # its search's counts and the candidates tried
 
 
@@ -232,6 +234,7 @@ def part_bench(t: Comparison) -> dict[str, object]:
         "original_ms": t.before.median_ms,
         "optimized_ms": t.after.median_ms,
         "speedup": t.speedup,
+        "speedup_95": list(t.gain_interval),
         "cached": t.cached,
         "unreliable": t.unreliable(),
     }

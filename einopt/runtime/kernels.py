@@ -53,6 +53,9 @@ NATIVE = Path(__file__).resolve().parent / "native"
 LIBRARY_SOURCE = NATIVE / "einopt_ort.c"
 SHIM_SOURCE = NATIVE / "tvm_shim.c"
 
+# The buffer alignment (bytes) TVM's generated code assumes unless told otherwise (its kAllocAlignment).
+TVM_ALIGNMENT = 64
+
 CFLAGS = ("-O2", "-fPIC", "-shared", "-std=c11", "-fvisibility=hidden", "-Wall", "-Wextra")
 
 
@@ -144,13 +147,13 @@ def session(
     return onnxruntime.InferenceSession(model, register(options), providers=list(providers))
 
 
-def link_kernels(modules: Sequence[Any], alignment: int = 64) -> bytes:
+def link_kernels(modules: Sequence[Any], alignment: int = TVM_ALIGNMENT) -> bytes:
     """One kernel library (shared-object bytes) from TVM-built CPU modules (``tvm.tirx.build`` results).
 
     Each module's object code is written out, linked with the shim into one shared object
     (``-Bsymbolic``: the library's calls stay inside it even where TVM itself is loaded), and read back.
-    ``alignment`` is what the modules' code assumes of its buffers, in bytes (TVM's default is 64;
-    see ``einopt.codegen.ortkernel.element_aligned``): the library exports it, and the custom op
+    ``alignment`` is what the modules' code assumes of its buffers, in bytes (TVM's default, unless
+    the functions were declared otherwise: see ``einopt.codegen.ortkernel.element_aligned``): the library exports it, and the custom op
     runs a kernel on a less aligned buffer through an aligned copy.
     """
     if alignment < 1 or alignment & (alignment - 1):
