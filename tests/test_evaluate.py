@@ -413,3 +413,73 @@ def test_kernels_table_sets_each_tvm_row_beside_the_onnx_row_with_issue_28s_targ
     assert "1.00x (output = input" in lines["se_block"] and "**missed**" in lines["se_block"]  # 0.93 < 0.99
     assert "failed: exit 1" in lines["dcgan"]
     assert "Geometric mean with `--kernels tvm`" in table and "target >= 1.4x" in table
+
+
+def test_a_side_by_side_reading_decides_whether_a_tvm_row_is_slower_than_its_onnx_row():
+    onnx_rows = [_row("lstm", batch=1, speedup=2.3, kernels=[21, 12]), _row("gcn", batch=1, speedup=1.2)]
+    tvm_rows = [_row("lstm", batch=1, speedup=2.05, kernels=[21, 3]), _row("gcn", batch=1, speedup=1.3)]
+    paired = [
+        # the two runs' columns differ by 11% (read hours apart), the outputs side by side tie
+        {"model": "lstm", "batch": 1, "speedup": 0.99, "speedup_95": [0.98, 1.0], "unreliable": ""},
+        # the columns say tvm is faster; side by side it is slower
+        {"model": "gcn", "batch": 1, "speedup": 0.9, "speedup_95": [0.89, 0.91], "unreliable": "",
+         "measured": "2026-11-30T01:02:03+00:00"},
+    ]  # fmt: skip
+    table = evaluate.kernels_markdown(onnx_rows, tvm_rows, {}, "cmd", paired)
+    lines = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
+    assert "0.99x (95% 0.98-1.00x)" in lines["lstm"] and ">= 2.00x and >= onnx met" in lines["lstm"]
+    assert "0.90x (95% 0.89-0.91x)" in lines["gcn"] and "**missed**" in lines["gcn"]
+    assert "side by side" in lines["model"] and "2026-11-30 01:02" in table
+    assert all(line.count("|") == lines["model"].count("|") for line in lines.values())
+    # without the readings, the columns decide (and the table has no side-by-side column)
+    plain = evaluate.kernels_markdown(onnx_rows, tvm_rows, {}, "cmd")
+    assert "side by side" not in plain and "**missed**" in plain.split("| lstm |")[1].splitlines()[0]
+
+
+def _run(results: Path, name: str, output: Path, inputs: Path, **over) -> None:
+    """A results folder holding one finished row of ``name`` whose report names ``output`` and ``inputs``."""
+    results.mkdir(exist_ok=True)
+    report = {
+        "output": str(output),
+        "command": f"einopt -q optimize m.onnx -o {output} --inputs {inputs} --bench",
+    }
+    (results / f"{name}.json").write_text(json.dumps(report))
+    row = _row(name, **over)
+    (results / "summary.json").write_text(json.dumps({"rows": [], "shared_rows": [row]}))
+
+
+def test_compare_forms_times_the_two_outputs_against_each_other(tmp_path):
+    import compare_forms
+
+    model = _model(tmp_path / "model.onnx")
+    inputs = tmp_path / "inputs.npz"
+    np.savez(inputs, x0=np.arange(6, dtype=np.float32).reshape(2, 3) - 2)
+    other = onnx.load(model)
+    other.graph.name = "renamed"  # other bytes, the same function
+    onnx.save(other, tmp_path / "other.onnx")
+    _run(tmp_path / "onnx", "se_block", model, inputs)
+    _run(tmp_path / "tvm", "se_block", tmp_path / "other.onnx", inputs)
+    (reading,) = compare_forms.compare(tmp_path / "onnx", tmp_path / "tvm", None, budget=0.1)
+    assert (
+        reading["speedup"] > 0 and reading["speedup_95"][0] <= reading["speedup"] <= reading["speedup_95"][1]
+    )
+    assert "tvm" in compare_forms.describe(reading)
+    # the same file: 1.00x untimed; a file gone: an error naming it
+    _run(tmp_path / "tvm", "se_block", model, inputs)
+    (same,) = compare_forms.compare(tmp_path / "onnx", tmp_path / "tvm", None, budget=0.1)
+    assert same["identical"] and same["speedup"] == 1.0
+    _run(tmp_path / "tvm", "se_block", tmp_path / "gone.onnx", inputs)
+    (gone,) = compare_forms.compare(tmp_path / "onnx", tmp_path / "tvm", None, budget=0.1)
+    assert "gone.onnx" in gone["error"]
+    assert compare_forms.compare(tmp_path / "onnx", tmp_path / "tvm", ["lstm"], budget=0.1) == []
+
+
+def test_compare_forms_replaces_only_the_rows_it_measured_again(tmp_path):
+    import compare_forms
+
+    path = tmp_path / "forms.json"
+    path.write_text(
+        json.dumps({"rows": [{"model": "a", "batch": 1, "speedup": 1.0}, {"model": "b", "speedup": 2.0}]})
+    )
+    merged = compare_forms.merge(path, [{"model": "b", "speedup": 3.0}])
+    assert merged["rows"] == [{"model": "a", "batch": 1, "speedup": 1.0}, {"model": "b", "speedup": 3.0}]
