@@ -30,12 +30,10 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from evaluate import row_key
+
 FORMS = "forms.json"
 """The side-by-side readings, in the ``--kernels tvm`` results folder."""
-
-
-def row_key(row: Mapping) -> tuple[str, int | None]:
-    return row["model"], row.get("batch")
 
 
 def finished_rows(results: Path) -> dict[tuple[str, int | None], dict]:
