@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import shutil
+from types import SimpleNamespace as NS
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from onnx_models import lstm_cell
 
 from einopt import L, Sum, iters, program, sigmoid, tensor
 from einopt.core.interp import evaluate
 from einopt.models import build, sample_inputs
 from einopt.runtime import kernels
-from einopt.stages.partmerge import MERGE_RULE, _convex, compose
+from einopt.stages.partmerge import MAX_OTHERS, MERGE_RULE, _convex, _pair, _runners_up, _Side, compose
 
 needs_cc = pytest.mark.skipif(
     not any(shutil.which(c) for c in ("cc", "gcc", "clang")), reason="no C compiler on this machine"
@@ -104,16 +106,81 @@ def test_no_pair_is_tried_once_the_merge_budget_has_run_out(monkeypatch):
 
 
 def test_with_generated_kernels_selection_prefers_fewer_nodes_among_ties():
-    from types import SimpleNamespace as NS
-
-    from einopt.stages.select import Trial, _choose
+    from einopt.stages.select import Trial, choose
 
     def trial(speedup: float, nodes: int) -> Trial:
         return Trial("p", NS(depth=3), instantiated=NS(nodes=[None] * nodes), measured=NS(speedup=speedup))
 
     many, few, slow = trial(2.77, 9), trial(2.70, 5), trial(2.40, 3)
-    best, tried = _choose([many, few, slow], timed=True, fewer_nodes=True)
+    best, tried = choose([many, few, slow], timed=True, fewer_nodes=True)
     assert best is few  # 2.70x is a tie with 2.77x (within the 5% noise band); 2.40x is not
     assert "tie with the chosen" in tried[0].rejected and "9 against 5" in tried[0].rejected
     assert "slower than the chosen" in tried[2].rejected
-    assert _choose([many, few, slow], timed=True)[0] is many  # the portable form: the fastest
+    assert choose([many, few, slow], timed=True)[0] is many  # the portable form: the fastest
+
+
+def _merged_gates(model, part, gates: str):
+    """``part``'s program with ``merge_summations`` applied at each gate of ``gates`` ("if": the
+    input and forget gates), as a candidate with its trace."""
+    from einopt.rules.derive import Apply, TraceStep, apply_rule
+    from einopt.search.results import Candidate
+
+    program, trace = part.program, []
+    for g in gates:
+        program, match = apply_rule(program, Apply("merge_summations", at=f"pre_{g}"))
+        trace.append(TraceStep("merge_summations", f"pre_{g}", match.summary, program))
+    return Candidate(program, tuple(trace), (), 1e-5)
+
+
+def test_a_merged_pair_also_composes_a_members_runner_up_with_the_other_chosen_program():
+    from einopt.frontend.fold import prepare
+    from einopt.frontend.translate import translate_graph
+    from einopt.search.results import Candidate
+
+    model = prepare(lstm_cell(hidden=16), {}, fold=True).model
+    gates, tail = [p for p in translate_graph(model, fuse_activations=True) if p.translated]
+    chosen, runner_up = _merged_gates(model, gates, "if"), _merged_gates(model, gates, "ifgo")
+    p = _Side(gates, chosen, (gates.name,), (runner_up,))
+    c = _Side(tail, Candidate(tail.program, (), (), 1e-6), (tail.name,))
+    group = _pair(model, p, c)
+    assert group is not None and group.members == (gates.name, tail.name)
+    (other,) = group.others
+    assert [s.rule for s in other.trace].count("merge_summations") == 4
+    assert [s.rule for s in group.chosen.trace].count("merge_summations") == 2
+    assert MERGE_RULE in [s.rule for s in other.trace] and other.program != group.chosen.program
+    rng = np.random.default_rng(0)
+    feeds = {
+        t.name: group.part.constants.get(t.name, rng.standard_normal(t.shape))
+        for prog in (group.part.program, other.program)
+        for t in prog.inputs
+    }
+    want = evaluate(group.part.program, {t.name: feeds[t.name] for t in group.part.program.inputs})
+    for prog in (group.chosen.program, other.program):
+        got = evaluate(prog, {t.name: feeds[t.name] for t in prog.inputs})
+        for name in group.part.program.outputs:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-9, atol=1e-12)
+
+
+def test_a_part_offers_merging_its_derived_programs_measured_close_to_its_fastest():
+    from einopt.stages.select import Trial
+
+    def trial(speedup, program, trace=("step",), unchanged=False):
+        candidate = NS(program=program, trace=trace)
+        measured = NS(speedup=speedup) if speedup is not None else None
+        return Trial("p", candidate, instantiated=NS(nodes=()), measured=measured, unchanged=unchanged)
+
+    chosen = trial(1.70, "four gates")
+    tried = [
+        trial(1.76, "three gates"),  # faster than the chosen (which won on fewer nodes)
+        chosen,
+        trial(1.60, "two gates"),
+        trial(1.60, "two gates"),  # the same program in its portable form: offered once
+        trial(1.80, "input", trace=()),  # the input is not a derived program
+        trial(1.75, "same nodes", unchanged=True),
+        trial(1.30, "far"),  # beyond the band: 1.30 * 1.25 < 1.80
+        trial(None, "untimed"),
+    ]
+    others = _runners_up(NS(chosen=chosen, tried=tried), noise=0.05)
+    assert [o.program for o in others] == ["three gates", "two gates"][:MAX_OTHERS]
+    assert _runners_up(NS(chosen=chosen, tried=[chosen, trial(1.02, "slow")]), noise=0.05) == ()
+    assert _runners_up(NS(chosen=trial(None, "x"), tried=tried), noise=0.05) == ()

@@ -12,11 +12,15 @@ kernels in the next part.
 reads the other (:func:`compose`: the reader's input tensors become the
 producer's bound scopes), applies the kernel fusion of
 :mod:`einopt.stages.kernelfusion` to the composition, and keeps the pair
-together where that leaves fewer bindings than the two fused alone. A merged
-group is then tried like a subprogram of its own: instantiated, verified,
-and timed against its original nodes and, head to head, against the two
-chosen programs side by side; it wins unless it is slower beyond the noise
-band (a tie goes to the merged program: fewer kernels). A group is never
+together where that leaves fewer bindings than the two fused alone. Where a
+part's selection measured other programs close to its fastest, their
+compositions with the other part's chosen program are tried too (which of
+them fuses best with its neighbour is not something a part's own timing
+shows). A merged group is then tried like a subprogram of its own:
+instantiated, verified, and timed against its original nodes, the fastest
+(fewest nodes among ties) head to head against the two chosen programs side
+by side; it wins unless it is slower beyond the noise band (a tie goes to
+the merged program: fewer kernels). A group is never
 merged across a node outside it (the graph would have a cycle).
 """
 
@@ -43,7 +47,7 @@ from einopt.stages.accept import Timer
 from einopt.stages.export import toposort
 from einopt.stages.kernelfusion import PHASE, fuse_for_kernels
 from einopt.stages.partsearch import PartSearch
-from einopt.stages.select import Selection, Trial, try_trials
+from einopt.stages.select import Selection, Trial, choose, try_trials
 from einopt.stages.state import PartState
 
 __all__ = ["compose", "merge_parts", "MERGE_RULE", "BUDGET_S"]
@@ -54,6 +58,13 @@ MERGE_RULE = "merge_subprograms"
 """The trace step's rule name for two subprograms composed into one."""
 BUDGET_S = 30.0
 """Seconds the stage may spend compiling, verifying and timing merged pairs (each takes a few)."""
+MAX_OTHERS = 2
+"""Programs a part offers merging beside its chosen one, at most, and compositions a pair tries
+beside the composition of the two chosen programs (see :func:`_runners_up`)."""
+TIE_BAND = 0.25
+"""A part's program measured within ``1 + TIE_BAND`` of its fastest is offered to merging beside the
+chosen one: one-node timings of microsecond parts on this VM rank programs apart by up to 20% from
+one run to the next (:func:`_runners_up`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +74,9 @@ class _Side:
     part: Part
     chosen: Candidate  # the chosen candidate (the input itself when nothing was chosen)
     members: tuple[str, ...]  # the original parts' names
+    # A part: its programs measured close to its fastest (:func:`_runners_up`). A group: the other
+    # compositions it tries beside ``chosen`` (a runner-up of one member with the other's chosen program).
+    others: tuple[Candidate, ...] = ()
 
 
 def merge_parts(
@@ -80,14 +94,15 @@ def merge_parts(
     """``states`` with adjacent parts merged where their chosen programs fuse further (module docstring).
 
     A merged group's state replaces its members' (at the first member's place); its selection holds
-    the two ways it was tried, the members' chosen programs side by side and the fused composition,
-    and chose the faster (timed; untimed: the fused one). Groups whose fused composition loses keep
-    their members' states unchanged. The side-by-side rival runs each member as acceptance would
+    the ways it was tried, the members' chosen programs side by side and each fused composition
+    (of the chosen programs, and of a member's runners-up with the other's chosen one), and chose the
+    faster (timed; untimed: the composition of the chosen programs). Groups whose fused
+    compositions lose keep their members' states unchanged. The side-by-side rival runs each member as acceptance would
     keep it: its chosen program where that was measured at least ``1 + noise`` times faster than its
     original nodes (or untimed), else its original nodes. Pairs are tried in part order until
     ``budget_s`` (default :data:`BUDGET_S`) has passed; the others stay apart.
     """
-    sides = {n: _side(model, s) for n, s in states.items() if s.selection is not None and s.part.translated}
+    sides = {n: _side(s, noise) for n, s in states.items() if s.selection is not None and s.part.translated}
     groups = _groups(model, [sides[n] for n in states if n in sides])
     out = dict(states)
     deadline = time.monotonic() + (BUDGET_S if budget_s is None else budget_s)
@@ -109,10 +124,38 @@ def merge_parts(
     return out
 
 
-def _side(model: onnx.ModelProto, state: PartState) -> _Side:
+def _side(state: PartState, noise: float) -> _Side:
     chosen = state.selection.chosen
     candidate = chosen.candidate if chosen is not None else Candidate(state.part.program, (), (), 0.0)
-    return _Side(state.part, candidate, (state.name,))
+    return _Side(state.part, candidate, (state.name,), _runners_up(state.selection, noise))
+
+
+def _runners_up(selection: Selection, noise: float) -> tuple[Candidate, ...]:
+    """The derived programs other than the chosen one that selection measured faster than the
+    original nodes beyond ``noise`` and within :data:`TIE_BAND` of its fastest trial, fastest
+    first, each program once, at most :data:`MAX_OTHERS`.
+
+    At microseconds a part's own timings rank such programs by chance (the LSTM gates' MatMuls
+    merged four at a time read 1.29x, 1.26x and 1.76x in three runs of the same code, three at a
+    time 1.24x, 1.22x and 1.60x), while the program that fuses best with the next part may be any
+    of them: only the four-gate merge leaves one MatMul before the tail's generated kernel. A merged
+    pair tries their compositions too, and measures them.
+    """
+    chosen = selection.chosen
+    timed = [t for t in selection.tried if t.measured is not None and t.instantiated is not None]
+    if chosen is None or chosen.measured is None or not timed:
+        return ()
+    fastest = max(t.measured.speedup for t in timed)
+    seen = {chosen.candidate.program}
+    out: list[Candidate] = []
+    for t in sorted(timed, key=lambda t: -t.measured.speedup):
+        program, speedup = t.candidate.program, t.measured.speedup
+        if t.unchanged or not t.candidate.trace or program in seen or speedup < 1 + noise:
+            continue
+        if speedup * (1 + TIE_BAND) >= fastest:
+            seen.add(program)
+            out.append(t.candidate)
+    return tuple(out[:MAX_OTHERS])
 
 
 # ---- which parts merge ------------------------------------------------------
@@ -148,27 +191,40 @@ def _reads_from(model: onnx.ModelProto, c: Part, p: Part, producer_of: Mapping[s
 
 
 def _pair(model: onnx.ModelProto, p: _Side, c: _Side) -> _Side | None:
-    """``p`` and ``c`` as one group when merging them fuses more (and keeps the graph acyclic)."""
+    """``p`` and ``c`` as one group when merging their chosen programs fuses more (and keeps the
+    graph acyclic); its ``others`` compose each side's runners-up (:func:`_runners_up`) with the other's chosen."""
     nodes = tuple(sorted(p.part.nodes + c.part.nodes))
     if not _convex(model, set(nodes)):
         return None
+    pairs = [(p.chosen, c.chosen), *((o, c.chosen) for o in p.others), *((p.chosen, o) for o in c.others)]
     try:
-        program, part = _merged_part(model, p.part, c.part, p.chosen.program, c.chosen.program, nodes)
+        programs, part = _merged_part(
+            model, p.part, c.part, [(a.program, b.program) for a, b in pairs], nodes
+        )
     except Exception as e:  # noqa: BLE001 - a pair that cannot be composed stays two parts; the log says why
         log.debug("%s + %s: not composed: %s", p.part.name, c.part.name, e)
         return None
-    fused, steps = fuse_for_kernels(program)
+    if programs[0] is None:
+        return None
     alone = len(fuse_for_kernels(p.chosen.program)[0].bindings) + len(
         fuse_for_kernels(c.chosen.program)[0].bindings
     )
-    if len(fused.bindings) >= alone:
-        return None
-    merge = TraceStep(
-        MERGE_RULE, part.name, f"compose {p.part.name} and {c.part.name} into one program", program, PHASE
-    )
-    trace = p.chosen.trace + c.chosen.trace + (merge,) + steps
-    candidate = Candidate(fused, trace, (), (p.chosen.cost or 0.0) + (c.chosen.cost or 0.0))
-    return _Side(part, candidate, p.members + c.members)
+    candidates: list[Candidate] = []
+    for (a, b), program in zip(pairs, programs, strict=True):
+        if program is None:
+            continue
+        fused, steps = fuse_for_kernels(program)
+        if not candidates and len(fused.bindings) >= alone:
+            return None
+        if any(fused == k.program for k in candidates):
+            continue
+        merge = TraceStep(
+            MERGE_RULE, part.name, f"compose {p.part.name} and {c.part.name} into one program", program, PHASE
+        )
+        candidates.append(
+            Candidate(fused, a.trace + b.trace + (merge,) + steps, (), (a.cost or 0.0) + (b.cost or 0.0))
+        )
+    return _Side(part, candidates[0], p.members + c.members, tuple(candidates[1 : MAX_OTHERS + 1]))
 
 
 def _convex(model: onnx.ModelProto, group: set[int]) -> bool:
@@ -227,19 +283,20 @@ def _merged_part(
     model: onnx.ModelProto,
     p: Part,
     c: Part,
-    p_program: ir.Program,
-    c_program: ir.Program,
+    programs: Sequence[tuple[ir.Program, ir.Program]],
     nodes: tuple[int, ...],
-) -> tuple[ir.Program, Part]:
-    """The composition of ``p_program`` and ``c_program`` (programs of ``p`` and ``c``), and the
-    merged part (its program the composition of the two parts' input programs)."""
+) -> tuple[list[ir.Program | None], Part]:
+    """The composition of each pair of ``programs`` (a program of ``p``, one of ``c``; None where one
+    does not compose), and the merged part (its program the composition of the two parts' input
+    programs). Every composition is in the part's names: ``c``'s tensors are renamed apart from
+    every program of ``p`` at once."""
     onnx_of_first = {p.names[t.name]: t.name for t in p.program.inputs}
-    taken = {t.name for t in p.program.inputs} | {n for n, _ in p.program.bindings}
-    taken |= {t.name for t in p_program.inputs} | {n for n, _ in p_program.bindings}
+    taken = {t.name for prog in (p.program, *(a for a, _ in programs)) for t in prog.inputs}
+    taken |= {n for prog in (p.program, *(a for a, _ in programs)) for n, _ in prog.bindings}
     rename: dict[str, str] = {}
     c_names = sorted(
-        {t.name for prog in (c.program, c_program) for t in prog.inputs}
-        | {n for prog in (c.program, c_program) for n, _ in prog.bindings}
+        {t.name for prog in (c.program, *(b for _, b in programs)) for t in prog.inputs}
+        | {n for prog in (c.program, *(b for _, b in programs)) for n, _ in prog.bindings}
     )
     for n in c_names:
         same = onnx_of_first.get(c.names.get(n, ""))
@@ -254,9 +311,16 @@ def _merged_part(
     outputs += [o for v, o in produced_by_p.items() if v in outside and o not in outputs]
     names = {**p.names, **{rename[k]: v for k, v in c.names.items()}}
     constants = {**p.constants, **{rename[k]: v for k, v in c.constants.items()}}
-    program = compose(p_program, p.names, c_program, c.names, outputs, rename)
     base = compose(p.program, p.names, c.program, c.names, outputs, rename)
-    kept = {t.name for t in base.inputs} | set(base.outputs) | {t.name for t in program.inputs}
+    composed: list[ir.Program | None] = []
+    for a, b in programs:
+        try:
+            composed.append(compose(a, p.names, b, c.names, outputs, rename))
+        except Exception as e:  # noqa: BLE001 - one pair of programs that does not compose leaves the others
+            log.debug("%s + %s: a pair of programs not composed: %s", p.name, c.name, e)
+            composed.append(None)
+    kept = {t.name for t in base.inputs} | set(base.outputs)
+    kept |= {t.name for prog in composed if prog is not None for t in prog.inputs}
     part = Part(
         f"{p.name}+{c.name}",
         "merged",
@@ -265,7 +329,7 @@ def _merged_part(
         {k: v for k, v in names.items() if k in kept},
         {k: v for k, v in constants.items() if k in kept},
     )
-    return program, part
+    return composed, part
 
 
 def _read_outside(model: onnx.ModelProto, group: set[int]) -> set[str]:
@@ -291,31 +355,36 @@ def _try_group(
     taken: set[str],
     noise: float,
 ) -> PartState | None:
-    """The merged state of ``group`` when its fused program is verified and (timed) not slower than
-    its members' programs side by side beyond ``noise``; None otherwise.
+    """The merged state of ``group`` when one of its fused programs is verified and (timed) not
+    slower than its members' programs side by side beyond ``noise``; None otherwise.
 
-    The fused program is timed against the original nodes (what acceptance reads, like any chosen
-    candidate) and, head to head, against the members' programs side by side: two ratios against
-    the original measured at different moments are not comparable on a machine whose speed drifts.
+    Each fused program (the composition of the members' chosen programs and its ``others``) is
+    timed against the original nodes (what acceptance reads, like any chosen candidate); the one
+    chosen as selection chooses (:func:`einopt.stages.select.choose`: fewest nodes among ties) is
+    then timed head to head against the members' programs side by side: two ratios against the
+    original measured at different moments are not comparable on a machine whose speed drifts.
     """
-    fused = try_trials(
+    timed = timer is not None and feeds is not None
+    trials = try_trials(
         model,
         group.part,
-        [Trial(group.part.name, group.chosen, kernels="tvm")],
+        [Trial(group.part.name, c, kernels="tvm") for c in (group.chosen, *group.others)],
         datasets=datasets,
         tolerance=tolerance,
         timer=timer,
         feeds=feeds,
         taken=taken,
         kernels="tvm",
-    )[0]
-    if fused.rejected:
-        log.info("%s: merged program not chosen: %s", group.part.name, fused.rejected)
+    )
+    fused, tried = choose(trials, timed=timed, fewer_nodes=True, noise=noise)
+    if fused is None:
+        why = "; ".join(t.rejected for t in tried)
+        log.info("%s: no merged program chosen: %s", group.part.name, why)
         return None
     members = [states[n] for n in group.members]
     separate = _side_by_side(model, members, noise)
     rivals: tuple[Trial, ...] = ()
-    if timer is not None and feeds is not None and separate is not None:
+    if timed and separate is not None:
         head = _head_to_head(model, group.part, separate, fused.instantiated, feeds, timer)
         trace = sum((m.selection.chosen.candidate.trace for m in members if _keepable(m, noise)), ())
         rival = Trial(
@@ -342,7 +411,7 @@ def _try_group(
     )
     ops = tuple(model.graph.node[i].op_type for i in group.part.nodes)
     taken |= {f.name for f in fused.instantiated.functions}
-    return PartState(group.part, ops, search, Selection(fused, (fused, *rivals), search))
+    return PartState(group.part, ops, search, Selection(fused, (*tried, *rivals), search))
 
 
 def _head_to_head(

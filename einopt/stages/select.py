@@ -45,6 +45,7 @@ __all__ = [
     "NOT_TIMED",
     "select",
     "try_trials",
+    "choose",
 ]
 
 log = logging.getLogger(__name__)
@@ -169,7 +170,7 @@ def select(
         How the candidates' eOperators are written (``einopt.instantiate.emit.KERNEL_FORMS``).
     noise : float
         With ``kernels="tvm"``, trials measured within ``1 + noise`` of the fastest are ties, and
-        the one with the fewest nodes is chosen (:func:`_choose`).
+        the one with the fewest nodes is chosen (:func:`choose`).
 
     Returns
     -------
@@ -225,7 +226,7 @@ def select(
     for p in parts:
         if p.program is None:
             continue
-        chosen, tried = _choose(
+        chosen, tried = choose(
             pending[p.name],
             timed=timer is not None and feeds is not None,
             fewer_nodes=kernels == "tvm",
@@ -454,7 +455,7 @@ def _same_nodes(model: onnx.ModelProto, p: Part, inst: Instantiated, opset: int)
     )
 
 
-def _choose(
+def choose(
     trials: list[Trial], timed: bool, fewer_nodes: bool = False, noise: float = NOISE_BAND
 ) -> tuple[Trial | None, list[Trial]]:
     """The fastest measured trial (untimed: the best predicted) among those verified and changed;
