@@ -12,11 +12,11 @@ kernels in the next part.
 reads the other (:func:`compose`: the reader's input tensors become the
 producer's bound scopes), applies the kernel fusion of
 :mod:`einopt.stages.kernelfusion` to the composition, and keeps the pair
-together where that leaves fewer bindings than the two fused alone. Where a
-part's selection measured other programs close to its fastest, their
-compositions with the other part's chosen program are tried too (which of
-them fuses best with its neighbour is not something a part's own timing
-shows). A merged group is then tried like a subprogram of its own:
+together where that leaves fewer bindings than the two fused alone. The other
+programs a part's selection timed are composed with the other part's chosen
+program too, and the two compositions that fuse into the fewest bindings
+are tried beside it (which program fuses best with its neighbour is not
+something a part's own timing shows). A merged group is then tried like a subprogram of its own:
 instantiated, verified, and timed against its original nodes, the fastest
 (fewest nodes among ties) head to head against the two chosen programs side
 by side; it wins unless it is slower beyond the noise band (a tie goes to
@@ -59,12 +59,8 @@ MERGE_RULE = "merge_subprograms"
 BUDGET_S = 30.0
 """Seconds the stage may spend compiling, verifying and timing merged pairs (each takes a few)."""
 MAX_OTHERS = 2
-"""Programs a part offers merging beside its chosen one, at most, and compositions a pair tries
-beside the composition of the two chosen programs (see :func:`_runners_up`)."""
-TIE_BAND = 0.25
-"""A part's program measured within ``1 + TIE_BAND`` of its fastest is offered to merging beside the
-chosen one: one-node timings of microsecond parts on this VM rank programs apart by up to 20% from
-one run to the next (:func:`_runners_up`)."""
+"""Compositions a merged pair tries beside the composition of its members' chosen programs, at
+most: those of a member's runners-up (:func:`_runners_up`) that fuse into the fewest bindings."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +70,8 @@ class _Side:
     part: Part
     chosen: Candidate  # the chosen candidate (the input itself when nothing was chosen)
     members: tuple[str, ...]  # the original parts' names
-    # A part: its programs measured close to its fastest (:func:`_runners_up`). A group: the other
-    # compositions it tries beside ``chosen`` (a runner-up of one member with the other's chosen program).
+    # A part: its other timed programs (:func:`_runners_up`). A group: the other compositions it
+    # tries beside ``chosen`` (a runner-up of one member with the other's chosen program).
     others: tuple[Candidate, ...] = ()
 
 
@@ -102,7 +98,7 @@ def merge_parts(
     original nodes (or untimed), else its original nodes. Pairs are tried in part order until
     ``budget_s`` (default :data:`BUDGET_S`) has passed; the others stay apart.
     """
-    sides = {n: _side(s, noise) for n, s in states.items() if s.selection is not None and s.part.translated}
+    sides = {n: _side(s) for n, s in states.items() if s.selection is not None and s.part.translated}
     groups = _groups(model, [sides[n] for n in states if n in sides])
     out = dict(states)
     deadline = time.monotonic() + (BUDGET_S if budget_s is None else budget_s)
@@ -124,38 +120,37 @@ def merge_parts(
     return out
 
 
-def _side(state: PartState, noise: float) -> _Side:
+def _side(state: PartState) -> _Side:
     chosen = state.selection.chosen
     candidate = chosen.candidate if chosen is not None else Candidate(state.part.program, (), (), 0.0)
-    return _Side(state.part, candidate, (state.name,), _runners_up(state.selection, noise))
+    return _Side(state.part, candidate, (state.name,), _runners_up(state.selection))
 
 
-def _runners_up(selection: Selection, noise: float) -> tuple[Candidate, ...]:
-    """The derived programs other than the chosen one that selection measured faster than the
-    original nodes beyond ``noise`` and within :data:`TIE_BAND` of its fastest trial, fastest
-    first, each program once, at most :data:`MAX_OTHERS`.
+def _runners_up(selection: Selection) -> tuple[Candidate, ...]:
+    """The derived programs other than the chosen one that selection timed (verified, and not
+    rejected as too slow to time), fastest first, each program once; none when selection timed
+    nothing (untimed, the choice is the predicted one and merging keeps it).
 
-    At microseconds a part's own timings rank such programs by chance (the LSTM gates' MatMuls
-    merged four at a time read 1.29x, 1.26x and 1.76x in three runs of the same code, three at a
-    time 1.24x, 1.22x and 1.60x), while the program that fuses best with the next part may be any
-    of them: only the four-gate merge leaves one MatMul before the tail's generated kernel. A merged
-    pair tries their compositions too, and measures them.
+    How a program runs on its own says little about how it fuses with the next part: the LSTM
+    gates' MatMuls merged four at a time end in a Split, slow on its own (1.10x against 1.24x for a
+    partial merge, in one run of ``lstm_linear_cell``), which the tail's generated kernel then
+    absorbs (composed: 1.35x against 1.22x). And at microseconds a part's own timings rank close
+    programs by chance (the four-gate merge of the LSTM generator read 1.29x, 1.26x and 1.76x in
+    three runs, three gates 1.24x, 1.22x and 1.60x). :func:`_pair` composes them all and keeps
+    the compositions that fuse into the fewest bindings.
     """
     chosen = selection.chosen
-    timed = [t for t in selection.tried if t.measured is not None and t.instantiated is not None]
-    if chosen is None or chosen.measured is None or not timed:
+    if chosen is None or chosen.measured is None:
         return ()
-    fastest = max(t.measured.speedup for t in timed)
     seen = {chosen.candidate.program}
     out: list[Candidate] = []
-    for t in sorted(timed, key=lambda t: -t.measured.speedup):
-        program, speedup = t.candidate.program, t.measured.speedup
-        if t.unchanged or not t.candidate.trace or program in seen or speedup < 1 + noise:
+    for t in sorted(selection.tried, key=lambda t: -(t.measured.speedup if t.measured else 0.0)):
+        program = t.candidate.program
+        if t.measured is None or t.unchanged or not t.candidate.trace or program in seen:
             continue
-        if speedup * (1 + TIE_BAND) >= fastest:
-            seen.add(program)
-            out.append(t.candidate)
-    return tuple(out[:MAX_OTHERS])
+        seen.add(program)
+        out.append(t.candidate)
+    return tuple(out)
 
 
 # ---- which parts merge ------------------------------------------------------
@@ -192,7 +187,8 @@ def _reads_from(model: onnx.ModelProto, c: Part, p: Part, producer_of: Mapping[s
 
 def _pair(model: onnx.ModelProto, p: _Side, c: _Side) -> _Side | None:
     """``p`` and ``c`` as one group when merging their chosen programs fuses more (and keeps the
-    graph acyclic); its ``others`` compose each side's runners-up (:func:`_runners_up`) with the other's chosen."""
+    graph acyclic); its ``others`` compose each side's runners-up (:func:`_runners_up`) with the other's
+    chosen program, the :data:`MAX_OTHERS` that fuse into the fewest bindings."""
     nodes = tuple(sorted(p.part.nodes + c.part.nodes))
     if not _convex(model, set(nodes)):
         return None
@@ -224,7 +220,8 @@ def _pair(model: onnx.ModelProto, p: _Side, c: _Side) -> _Side | None:
         candidates.append(
             Candidate(fused, a.trace + b.trace + (merge,) + steps, (), (a.cost or 0.0) + (b.cost or 0.0))
         )
-    return _Side(part, candidates[0], p.members + c.members, tuple(candidates[1 : MAX_OTHERS + 1]))
+    others = sorted(candidates[1:], key=lambda k: len(k.program.bindings))  # stable: fastest first
+    return _Side(part, candidates[0], p.members + c.members, tuple(others[:MAX_OTHERS]))
 
 
 def _convex(model: onnx.ModelProto, group: set[int]) -> bool:
