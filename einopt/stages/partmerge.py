@@ -16,12 +16,12 @@ together where that leaves fewer bindings than the two fused alone. The other
 programs a part's selection timed are composed with the other part's chosen
 program too, and the two compositions that fuse into the fewest bindings
 are tried beside it (which program fuses best with its neighbour is not
-something a part's own timing shows). A merged group is then tried like a subprogram of its own:
-instantiated, verified, and timed against its original nodes, the fastest
-(fewest nodes among ties) head to head against the two chosen programs side
-by side; it wins unless it is slower beyond the noise band (a tie goes to
-the merged program: fewer kernels). A group is never
-merged across a node outside it (the graph would have a cycle).
+something a part's own timing shows). A merged group is then tried like a
+subprogram of its own: instantiated, verified, and timed against its
+original nodes, the fastest (fewest nodes among ties) head to head against
+the two chosen programs side by side; it wins unless it is slower beyond
+the noise band (a tie goes to the merged program: fewer kernels). A group is
+never merged across a node outside it (the graph would have a cycle).
 """
 
 from __future__ import annotations
@@ -90,12 +90,12 @@ def merge_parts(
     """``states`` with adjacent parts merged where their chosen programs fuse further (module docstring).
 
     A merged group's state replaces its members' (at the first member's place); its selection holds
-    the ways it was tried, the members' chosen programs side by side and each fused composition
-    (of the chosen programs, and of a member's runners-up with the other's chosen one), and chose the
-    faster (timed; untimed: the composition of the chosen programs). Groups whose fused
-    compositions lose keep their members' states unchanged. The side-by-side rival runs each member as acceptance would
-    keep it: its chosen program where that was measured at least ``1 + noise`` times faster than its
-    original nodes (or untimed), else its original nodes. Pairs are tried in part order until
+    the ways it was tried, the members' chosen programs side by side and each fused composition (of
+    the chosen programs, and of a member's runners-up with the other's chosen one), and chose the
+    fastest (timed; untimed: the composition of the chosen programs). Groups whose compositions
+    lose keep their members' states unchanged. The side-by-side rival runs each member as
+    acceptance would keep it: its chosen program where that was measured at least ``1 + noise``
+    times faster than its original nodes (or untimed), else its original nodes. Pairs are tried in part order until
     ``budget_s`` (default :data:`BUDGET_S`) has passed; the others stay apart.
     """
     sides = {n: _side(s) for n, s in states.items() if s.selection is not None and s.part.translated}
@@ -187,8 +187,8 @@ def _reads_from(model: onnx.ModelProto, c: Part, p: Part, producer_of: Mapping[s
 
 def _pair(model: onnx.ModelProto, p: _Side, c: _Side) -> _Side | None:
     """``p`` and ``c`` as one group when merging their chosen programs fuses more (and keeps the
-    graph acyclic); its ``others`` compose each side's runners-up (:func:`_runners_up`) with the other's
-    chosen program, the :data:`MAX_OTHERS` that fuse into the fewest bindings."""
+    graph acyclic); its ``others`` compose each side's runners-up (:func:`_runners_up`) with the
+    other's chosen program: the :data:`MAX_OTHERS` that fuse into the fewest bindings."""
     nodes = tuple(sorted(p.part.nodes + c.part.nodes))
     if not _convex(model, set(nodes)):
         return None
