@@ -14,7 +14,7 @@ import types
 from collections.abc import Callable, Iterator, Mapping
 
 from einopt.core import ir
-from einopt.core.rewrite import accesses, fresh_name, replace_scopes, sort_bindings
+from einopt.core.rewrite import accesses, fresh_name, replace_scopes, sort_bindings, taken_names
 from einopt.rules.base import NO_CONTEXT, Context, Failure, Match, Rule
 from einopt.rules.boundary import Finite, nothing_finite
 from einopt.rules.traversal import inline
@@ -172,8 +172,7 @@ def bind_scope(program: ir.Program, binding: str, nested: ir.Scope, name: str) -
 
 def bound_name(program: ir.Program, binding: str) -> str:
     """A free name for a scope nested in ``binding``: ``binding`` + ``s`` (``Zs``, ``Zs1``, ...)."""
-    taken = {t.name for t in program.inputs} | {n for n, _ in program.bindings}
-    return fresh_name(f"{binding}s", taken)
+    return fresh_name(f"{binding}s", taken_names(program))
 
 
 class BindScope(Rule):

@@ -34,9 +34,10 @@ from einopt.core.rewrite import (
     replace_scopes,
     sort_bindings,
     source_ranges,
+    taken_names,
 )
 from einopt.rules.base import NO_CONTEXT, Context, Failure, Match, Rule, scope_labels
-from einopt.rules.split import rename_iter, taken_names
+from einopt.rules.split import rename_iter
 
 __all__ = ["MergeExpressions", "RULES", "zip_bodies", "concat_scope"]
 

@@ -25,11 +25,12 @@ from einopt.core.rewrite import (
     sort_bindings,
     source_ranges,
     substitute_iters,
+    taken_names,
 )
 from einopt.rules.base import NO_CONTEXT, Context, Failure, Match, Rule
 from einopt.rules.fusion import bind_scope, bound_name, nested_sums
 
-__all__ = ["SplitExpression", "RULES", "bound_scopes", "taken_names", "add_bindings"]
+__all__ = ["SplitExpression", "RULES", "bound_scopes", "add_bindings"]
 
 
 # --------------------------------------------------------------------------
@@ -46,11 +47,6 @@ def bound_scopes(program: ir.Program) -> list[tuple[int, str, ir.Scope]]:
             seen.add(s)
             out.append((k, name, s))
     return out
-
-
-def taken_names(program: ir.Program) -> set[str]:
-    """Names a new binding must not take: inputs and bindings."""
-    return {t.name for t in program.inputs} | {n for n, _ in program.bindings}
 
 
 def add_bindings(

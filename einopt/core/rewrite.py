@@ -29,6 +29,7 @@ __all__ = [
     "reading",
     "sort_bindings",
     "prune_bindings",
+    "taken_names",
     "fresh_name",
     "iter_names",
     "rename_apart",
@@ -216,7 +217,7 @@ def put_binding(program: ir.Program, name: str, sub: ir.Program) -> ir.Program:
         if host is None or tuple(host.shape) != tuple(t.shape):
             raise ir.IRError(f"put_binding: input {t.name}{list(t.shape)} is not in the program")
     scope = reading({t: tensors[t.name] if t.name in tensors else scopes[t.name] for t in sub.inputs})
-    taken = {t.name for t in program.inputs} | {n for n, _ in program.bindings}
+    taken = taken_names(program)
     new = scope(sub.scope(name))
     extra = []
     for n, s in sub.bindings:
@@ -288,6 +289,11 @@ def sort_bindings(bindings: Iterable[tuple[str, ir.Scope]]) -> tuple[tuple[str, 
         else:
             raise ir.IRError("bindings read each other in a cycle")
     return tuple(out)
+
+
+def taken_names(program: ir.Program) -> set[str]:
+    """Names a new binding or tensor of ``program`` must not take: its inputs' and bindings'."""
+    return {t.name for t in program.inputs} | {n for n, _ in program.bindings}
 
 
 def fresh_name(base: str, taken: Iterable[str]) -> str:

@@ -35,7 +35,14 @@ import numpy as np
 import onnx
 
 from einopt.core import ir
-from einopt.core.rewrite import fresh_name, prune_bindings, reading, rename_tensors, sort_bindings
+from einopt.core.rewrite import (
+    fresh_name,
+    prune_bindings,
+    reading,
+    rename_tensors,
+    sort_bindings,
+    taken_names,
+)
 from einopt.frontend.translate import Part
 from einopt.instantiate.emit import Instantiated
 from einopt.instantiate.kernelgroups import convex
@@ -95,8 +102,8 @@ def merge_parts(
     fastest (timed; untimed: the composition of the chosen programs). Groups whose compositions
     lose keep their members' states unchanged. The side-by-side rival runs each member as
     acceptance would keep it: its chosen program where that was measured at least ``1 + noise``
-    times faster than its original nodes (or untimed), else its original nodes. Pairs are tried in part order until
-    ``budget_s`` (default :data:`BUDGET_S`) has passed; the others stay apart.
+    times faster than its original nodes (or untimed), else its original nodes. Pairs are tried in
+    part order until ``budget_s`` (default :data:`BUDGET_S`) has passed; the others stay apart.
     """
     sides = {n: _side(s) for n, s in states.items() if s.selection is not None and s.part.translated}
     groups = _groups(model, [sides[n] for n in states if n in sides])
@@ -142,11 +149,12 @@ def _runners_up(selection: Selection) -> tuple[Candidate, ...]:
     chosen = selection.chosen
     if chosen is None or chosen.measured is None:
         return ()
+    timed = [t for t in selection.tried if t.measured is not None]
     seen = {chosen.candidate.program}
     out: list[Candidate] = []
-    for t in sorted(selection.tried, key=lambda t: -(t.measured.speedup if t.measured else 0.0)):
+    for t in sorted(timed, key=lambda t: -t.measured.speedup):
         program = t.candidate.program
-        if t.measured is None or t.unchanged or not t.candidate.trace or program in seen:
+        if t.unchanged or not t.candidate.trace or program in seen:
             continue
         seen.add(program)
         out.append(t.candidate)
@@ -288,13 +296,9 @@ def _merged_part(
     programs). Every composition is in the part's names: ``c``'s tensors are renamed apart from
     every program of ``p`` at once."""
     onnx_of_first = {p.names[t.name]: t.name for t in p.program.inputs}
-    taken = {t.name for prog in (p.program, *(a for a, _ in programs)) for t in prog.inputs}
-    taken |= {n for prog in (p.program, *(a for a, _ in programs)) for n, _ in prog.bindings}
+    taken = set().union(*map(taken_names, (p.program, *(a for a, _ in programs))))
     rename: dict[str, str] = {}
-    c_names = sorted(
-        {t.name for prog in (c.program, *(b for _, b in programs)) for t in prog.inputs}
-        | {n for prog in (c.program, *(b for _, b in programs)) for n, _ in prog.bindings}
-    )
+    c_names = sorted(set().union(*map(taken_names, (c.program, *(b for _, b in programs)))))
     for n in c_names:
         same = onnx_of_first.get(c.names.get(n, ""))
         if same is not None:
