@@ -243,7 +243,8 @@ def _rewrite(
     states = start(model, parts)
     translated = [p for p in parts if p.translated]
     clock("translate")
-    feeds = datasets[0] if datasets else _timing_feeds(original, options)
+    # timings run on the user's inputs when given (the last usable set), else on the generated ones
+    feeds = datasets[-1] if datasets else _timing_feeds(original, options)
     timed = options.accept == "measured" and feeds is not None
     store = MeasurementCache(resolve_path(options.cache))
     try:

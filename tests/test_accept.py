@@ -40,6 +40,12 @@ def _fake_time_models(monkeypatch, part_speedup: float, model_speedup):
         return _cmp(1.0, 1.0 / s)
 
     monkeypatch.setattr(accept.bench, "time_models", fake)
+    # the confirmation's fresh processes read the same script (one call per process)
+    monkeypatch.setattr(
+        accept,
+        "time_fresh",
+        lambda b, a, feeds, *, processes, **kw: [fake(b, a, feeds) for _ in range(processes)],
+    )
     return calls
 
 
@@ -141,6 +147,9 @@ def test_rollback_order_smallest_gain_first_and_bisection():
                 timed.append(after)
                 return _cmp(1.0, 1.25) if slow_while(after) else _cmp(1.0, 0.9)
 
+            def confirm(self, before, after, feeds):
+                return [self.model(before, after, feeds, fresh=True)]
+
         kept, rounds = accept_model(None, {}, lambda names: names, gains, FakeTimer())
         return kept, rounds, timed
 
@@ -164,10 +173,10 @@ def test_second_run_measures_nothing_new(monkeypatch, tmp_path):
     first = optimize(conv_block(), Options(max_depth=0, cache=path))
     made, hits = first.acceptance["cache"]["measured"], first.acceptance["cache"]["hits"]
     # 3 distinct part pairs (the two Relu parts are one node group: the second is a hit) + the whole
-    # model's round and its fresh confirmation
-    assert (made, hits) == (5, 1) and calls == {"parts": 3, "models": 2}
+    # model's round and its confirmation (one measurement: three fresh processes, the least kept)
+    assert (made, hits) == (5, 1) and calls == {"parts": 3, "models": 4}
     second = optimize(conv_block(), Options(max_depth=0, cache=path))
-    assert calls == {"parts": 3, "models": 3}  # only the confirmation, which is always made afresh
+    assert calls == {"parts": 3, "models": 7}  # only the confirmation, which is always made afresh
     assert (
         second.acceptance["cache"]["measured"] == 1 and second.acceptance["cache"]["hits"] == made + hits - 1
     )
@@ -301,15 +310,20 @@ def _paired(before: float, speedup: float, low: float, high: float, pairs: int =
 
 
 class ScriptedTimer:
-    """Whole-model timings read from a script, one per call; records whether each call was fresh."""
+    """Whole-model timings read from a script, one per call (a confirmation takes one per fresh
+    process); records whether each call was fresh."""
 
-    def __init__(self, *timings: Comparison) -> None:
+    def __init__(self, *timings: Comparison, processes: int = 1) -> None:
         self.script = list(timings)
         self.fresh: list[bool] = []
+        self.processes = processes
 
     def model(self, before, after, feeds, *, fresh=False):
         self.fresh.append(fresh)
         return self.script.pop(0)
+
+    def confirm(self, before, after, feeds):
+        return [self.model(before, after, feeds, fresh=True) for _ in range(self.processes)]
 
 
 def test_a_gain_inside_the_whole_model_band_is_not_kept():
@@ -356,30 +370,31 @@ def test_a_neutral_rewrite_timed_inside_the_band_leaves_the_input(monkeypatch):
 
 
 def test_a_drifting_input_time_forces_a_retake():
-    """The confirmation's input ran 1.5x slower than in the round before: that timing is not compared
-    but retaken, fresh; the retake agrees with it (the machine settled at another speed) and, paired,
-    still confirms the gain."""
-    good = _paired(2.0, 1.25, 1.2, 1.3)
-    drifted = _paired(3.0, 1.25, 1.2, 1.3)  # the same gain, but the machine changed
-    timer = ScriptedTimer(good, drifted, drifted)
-    kept, rounds = accept_model(None, {}, lambda names: names, {"a": 1.5}, timer)
+    """After a rollback, the input ran 1.5x slower than in the round before: that timing is not
+    compared but retaken, fresh; the retake agrees with it (the machine settled at another speed) and,
+    paired, still confirms the gain."""
+    slow = _paired(2.0, 0.9, 0.88, 0.92)
+    good = _paired(3.0, 1.25, 1.2, 1.3)  # the same gain, but the machine changed
+    gains = {"a": 1.5, "b": 1.2}
+    timer = ScriptedTimer(slow, good, good, good)
+    kept, rounds = accept_model(None, {}, lambda names: names, gains, timer)
     assert kept == {"a"}
-    assert [r.stage for r in rounds] == ["round", "retake", "confirm"] and timer.fresh == [False, True, True]
+    assert [r.stage for r in rounds] == ["round", "retake", "round", "confirm"]
+    assert timer.fresh == [False, False, True, True]
     assert "3 ms against 2 ms" in rounds[1].reason and rounds[1].rolled_back == ()
-    # a confirmation whose input keeps moving (1.5x from each timing to the next) is judged on the
-    # least of its timings: one of them only 1.01-1.11x, inside the band, so nothing is kept
+    # a round whose input keeps moving (1.5x from each timing to the next) is judged on the least of
+    # its timings: one of them only 1.01-1.11x, inside the band, so nothing is kept
     moving = [
         _paired(2.0 * 1.5**k, g, g - 0.05, g + 0.05)
         for k, g in zip(range(1, 4), (1.25, 1.06, 1.3), strict=False)
     ]
-    timer = ScriptedTimer(good, *moving)
-    kept, rounds = accept_model(None, {}, lambda names: names, {"a": 1.5}, timer)
+    kept, rounds = accept_model(None, {}, lambda names: names, gains, ScriptedTimer(slow, *moving))
     assert kept == frozenset() and [r.stage for r in rounds] == [
         "round",
         "retake",
         "retake",
         "retake",
-        "confirm",
+        "round",
     ]
     assert "kept changing: judged on the least of its 3 timings" in rounds[-2].reason
     assert rounds[-1].rolled_back == ("a",) and "1.010-1.110x" in rounds[-1].reason
@@ -388,14 +403,75 @@ def test_a_drifting_input_time_forces_a_retake():
         _paired(2.0 * 1.5**k, g, g - 0.02, g + 0.02)
         for k, g in zip(range(1, 4), (1.25, 1.1, 1.3), strict=False)
     ]
-    timer = ScriptedTimer(good, *moving)
+    kept, rounds = accept_model(None, {}, lambda names: names, gains, ScriptedTimer(slow, *moving, good))
+    assert kept == {"a"} and [r.stage for r in rounds][-2:] == ["round", "confirm"]
+    assert "1.080-1.120x" in rounds[-2].reason and rounds[-2].timing.before.median_ms == 2.0 * 1.5**2
+    # a cached round is no yardstick: the timing after it is compared as it is
+    cached = dataclasses.replace(slow, cached=True)
+    kept, rounds = accept_model(None, {}, lambda names: names, gains, ScriptedTimer(cached, good, good))
+    assert kept == {"a"} and [r.stage for r in rounds] == ["round", "round", "confirm"]
+
+
+def test_the_confirmation_is_not_retaken_for_a_drifting_input():
+    """Fresh processes read the input at their own speeds: a confirmation is judged as it reads, on the
+    least of its processes, not retaken against the rounds' input time."""
+    good = _paired(2.0, 1.25, 1.2, 1.3)
+    drifted = _paired(3.0, 1.25, 1.2, 1.3)
+    timer = ScriptedTimer(good, drifted, good, processes=2)
     kept, rounds = accept_model(None, {}, lambda names: names, {"a": 1.5}, timer)
-    assert kept == {"a"} and [r.stage for r in rounds][-1] == "confirm"
-    assert "1.080-1.120x" in rounds[-1].reason and rounds[-1].timing.before.median_ms == 2.0 * 1.5**2
-    # a cached round is no yardstick: the fresh confirmation after it is compared as it is
-    cached = dataclasses.replace(good, cached=True)
-    kept, rounds = accept_model(None, {}, lambda names: names, {"a": 1.5}, ScriptedTimer(cached, drifted))
-    assert kept == {"a"} and [r.stage for r in rounds] == ["round", "confirm"]
+    assert kept == {"a"} and [r.stage for r in rounds] == ["round", "confirm", "confirm"]
+    assert "fresh process 1 of 2" in rounds[1].reason and "fresh process 2 of 2" in rounds[2].reason
+
+
+def test_every_fresh_process_must_confirm_the_gain():
+    """The round and the first fresh process confirm 1.25x, the second reads 1.01x: the output is the
+    input, and the failing reading is the one rolled back on (and the report's confirmation)."""
+    good, tie = _paired(2.0, 1.25, 1.2, 1.3), _paired(2.0, 1.01, 0.99, 1.03)
+    timer = ScriptedTimer(good, good, tie, processes=2)
+    kept, rounds = accept_model(None, {}, lambda names: names, {"a": 1.5}, timer)
+    assert kept == frozenset() and [r.stage for r in rounds] == ["round", "confirm", "confirm"]
+    assert rounds[1].rolled_back == () and rounds[2].rolled_back == ("a",)
+    assert "fresh process 2 of 2 did not establish the gain" in rounds[2].reason
+    # either order: the least reading decides
+    kept, rounds = accept_model(
+        None, {}, lambda names: names, {"a": 1.5}, ScriptedTimer(good, tie, good, processes=2)
+    )
+    assert kept == frozenset() and rounds[1].rolled_back == ("a",) and rounds[2].rolled_back == ()
+
+
+def test_a_confirmation_times_the_models_in_fresh_processes(tmp_path):
+    """Real children: each times the pair in its own process (paired rounds, the requested run counts),
+    on inputs whose names are no file names; the least reading is what the cache keeps."""
+    from onnx_models import tiny_model
+
+    from einopt.runtime import fresh
+
+    model = tiny_model(
+        [helper.make_node("Relu", ["in/put:0"], ["y"])], [("in/put:0", [64, 64])], [("y", [64, 64])], []
+    )
+    feeds = {"in/put:0": np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)}
+    timer = Timer(MeasurementCache(tmp_path / "c.sqlite"), model_budget_s=0.2, model_min_runs=20, processes=2)
+    readings = timer.confirm(model, model, feeds)
+    assert len(readings) == 2 and all(r.ratio is not None and r.before.runs >= 20 for r in readings)
+    assert timer.cache.stats.measured == 1
+    cached = timer.model(model, model, feeds)
+    assert cached.cached and cached.gain_interval == fresh.least(readings).gain_interval
+
+
+def test_a_failing_child_falls_back_to_this_process(monkeypatch, tmp_path, caplog):
+    from onnx_models import tiny_model
+
+    from einopt.runtime import fresh
+
+    model = tiny_model([helper.make_node("Relu", ["x"], ["y"])], [("x", [4])], [("y", [4])], [])
+    feeds = {"x": np.ones(4, np.float32)}
+    monkeypatch.setattr(fresh.sys, "executable", "/bin/false")
+    with pytest.raises(fresh.FreshProcessError, match="fresh process failed: exit status 1"):
+        fresh.time_fresh(model, model, feeds, processes=1)
+    timer = Timer(MeasurementCache(tmp_path / "c.sqlite"), model_budget_s=0.1, processes=2)
+    with caplog.at_level("WARNING"):
+        readings = timer.confirm(model, model, feeds)
+    assert len(readings) == 1 and "confirming in this process instead" in caplog.text
 
 
 def test_the_fresh_confirmation_decides():

@@ -496,7 +496,9 @@ def test_import_does_not_load_tvm():
 
 
 def test_the_rational_erf_and_tanh_are_what_their_fitting_script_gives():
-    """``einopt.core.ops`` holds the coefficients ``scripts/fit_activations.py`` computes."""
+    """``einopt.core.ops`` holds the coefficients ``scripts/fit_activations.py`` computes (to 1e-5: the
+    fit's least squares runs through the platform's LAPACK, and its small coefficients moved by 3e-7
+    relative from one machine to another; a changed fit moves them by far more)."""
     root = pathlib.Path(__file__).parent.parent
     spec = importlib.util.spec_from_file_location("fit_script", root / "scripts" / "fit_activations.py")
     script = importlib.util.module_from_spec(spec)
@@ -504,5 +506,5 @@ def test_the_rational_erf_and_tanh_are_what_their_fitting_script_gives():
     held = {"erf": (ops._ERF_P, ops._ERF_Q), "tanh": (ops._TANH_P, ops._TANH_Q)}
     for name, fn, bound, dp, dq in script.FITS:
         p, q, _ = script.fit(fn, bound, dp, dq)
-        np.testing.assert_allclose(p, held[name][0], rtol=1e-9, err_msg=name)
-        np.testing.assert_allclose(q, held[name][1], rtol=1e-9, err_msg=name)
+        np.testing.assert_allclose(p, held[name][0], rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(q, held[name][1], rtol=1e-5, err_msg=name)

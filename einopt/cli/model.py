@@ -99,7 +99,10 @@ _shape_option = click.option(
 )
 @_shape_option
 @click.option(
-    "--inputs", "npz", type=click.Path(dir_okay=False), help="Extra verification inputs (.npz by input name)."
+    "--inputs",
+    "npz",
+    type=click.Path(dir_okay=False),
+    help="Real inputs (.npz by input name): verified on besides the generated ones, and timed on instead.",
 )
 @click.option("--no-verify", is_flag=True, help="Skip verification in ONNX Runtime (experts only).")
 @click.option(
@@ -133,7 +136,7 @@ _shape_option = click.option(
     show_default=True,
     type=click.FloatRange(min=0, max=1, max_open=True),
     help="The output is kept only when it is faster than the input by more than 1 + MODEL_NOISE, "
-    "95%% confident, in a whole-model round and again in a fresh confirmation.",
+    "95%% confident, in a whole-model round and again in each of three fresh processes.",
 )
 @click.option(
     "--cache",

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from einopt.runtime.timing import Comparison, Ratio, Timing, environment_key
+from einopt.runtime.timing import Comparison, environment_key
 
 log = logging.getLogger(__name__)
 
@@ -127,16 +127,7 @@ class MeasurementCache:
         row = self._db.execute("SELECT value FROM comparisons WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
-        d = json.loads(row[0])
-        ratio = Ratio(**d["ratio"]) if d.get("ratio") else None  # None: stored before einopt paired runs
-        c = Comparison(
-            Timing(**d["before"]),
-            Timing(**d["after"]),
-            d["warmup_rounds"],
-            d["load_average"],
-            cached=True,
-            ratio=ratio,
-        )
+        c = Comparison.from_stored(json.loads(row[0]), cached=True)
         self._memory[key] = c
         return c
 
@@ -144,16 +135,9 @@ class MeasurementCache:
         self._memory[key] = dataclasses.replace(c, cached=True)
         if self._db is None:
             return
-        value = {
-            "before": dataclasses.asdict(c.before),
-            "after": dataclasses.asdict(c.after),
-            "warmup_rounds": c.warmup_rounds,
-            "load_average": c.load_average,
-            "ratio": dataclasses.asdict(c.ratio) if c.ratio is not None else None,
-        }
         self._write(
             "INSERT OR REPLACE INTO comparisons VALUES (?, ?, ?, ?)",
-            (key, what, json.dumps(value), time.time()),
+            (key, what, json.dumps(c.stored()), time.time()),
         )
 
     def measure(

@@ -298,6 +298,29 @@ class Comparison:
         """Why this measurement should not be trusted ("" when nothing is wrong)."""
         return reliability({"before": self.before, "after": self.after}, self.load_average)
 
+    def stored(self) -> dict:
+        """Everything measured, as JSON values (:meth:`from_stored` reads it back, cached)."""
+        return {
+            "before": dataclasses.asdict(self.before),
+            "after": dataclasses.asdict(self.after),
+            "warmup_rounds": self.warmup_rounds,
+            "load_average": self.load_average,
+            "ratio": dataclasses.asdict(self.ratio) if self.ratio is not None else None,
+        }
+
+    @classmethod
+    def from_stored(cls, d: Mapping, cached: bool = False) -> Comparison:
+        """A comparison from :meth:`stored` (one without ``ratio`` was stored before einopt paired runs)."""
+        ratio = Ratio(**d["ratio"]) if d.get("ratio") else None
+        return cls(
+            Timing(**d["before"]),
+            Timing(**d["after"]),
+            d["warmup_rounds"],
+            d["load_average"],
+            cached=cached,
+            ratio=ratio,
+        )
+
     def as_dict(self) -> dict:
         return {
             "before_ms": self.before.median_ms,

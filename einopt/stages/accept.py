@@ -14,8 +14,10 @@ remain. A round whose input ran slower or faster than in the timing before
 it by more than the band (the machine changed under the measurement) is
 retaken, not compared, until two timings in a row agree (when the input keeps moving, the least
 of the timings is judged: the gain must hold at every speed the machine ran at). The model that survives is timed against the input
-once more in a fresh comparison (new sessions, new interleaving); when that
-does not confirm the gain, the output is the input. Local timings cannot
+once more in each of three fresh Python processes (:mod:`einopt.runtime.fresh`: a
+reading moves from one process to the next by more than the band, and more
+runs in one process cannot see that); unless every one of them confirms the
+gain, the output is the input. Local timings cannot
 see layout interactions inside ONNX Runtime (a Reshape between two
 convolutions breaks its blocked NCHWc chain): the whole-model measurement
 decides.
@@ -38,6 +40,7 @@ import onnx
 from einopt.frontend.onnx_graph import DEFAULT_DOMAINS
 from einopt.runtime import bench
 from einopt.runtime.cache import MeasurementCache, resolve_path
+from einopt.runtime.fresh import PROCESSES, FreshProcessError, least, time_fresh
 from einopt.runtime.graphkey import content_key, timing_key
 from einopt.runtime.timing import NOISE_BAND, Comparison, configure_threads
 from einopt.runtime.verify import PartPair, part_pairs
@@ -81,6 +84,9 @@ class Timer:
     model_max_runs : int
         Runs per side of a whole-model comparison at most: a model of a millisecond or less fits many
         in its budget, and they narrow the medians' intervals that decide a disturbed timing.
+    processes : int
+        Fresh processes a whole-model confirmation is timed in (:data:`einopt.runtime.fresh.PROCESSES`;
+        0: in this process).
     """
 
     def __init__(
@@ -93,6 +99,7 @@ class Timer:
         max_runs: int = 200,
         model_min_runs: int = MODEL_MIN_RUNS,
         model_max_runs: int = 1000,
+        processes: int = PROCESSES,
     ) -> None:
         self.cache = cache
         self.part_budget_s = part_budget_s
@@ -101,6 +108,7 @@ class Timer:
         self.max_runs = max_runs
         self.model_min_runs = model_min_runs
         self.model_max_runs = model_max_runs
+        self.processes = processes
 
     def _time(
         self,
@@ -147,6 +155,39 @@ class Timer:
             (self.min_runs, self.max_runs),
             f"part {pair.name}",
         )
+
+    def confirm(
+        self, before: onnx.ModelProto, after: onnx.ModelProto, feeds: Mapping[str, np.ndarray]
+    ) -> list[Comparison]:
+        """A whole model against another, timed anew in each of :attr:`processes` fresh processes
+        (:func:`einopt.runtime.fresh.time_fresh`; in this process, new sessions, when that is 0 or a
+        child fails), the whole-model budget shared between them (each still makes the minimum runs).
+        The least of the readings replaces the cached whole-model timing."""
+        if self.processes <= 0:
+            return [self.model(before, after, feeds, fresh=True)]
+        readings: list[Comparison] = []
+
+        def timer() -> Comparison:
+            readings.extend(
+                time_fresh(
+                    before,
+                    after,
+                    feeds,
+                    processes=self.processes,
+                    min_runs=self.model_min_runs,
+                    max_runs=self.model_max_runs,
+                    budget_s=self.model_budget_s / self.processes,  # the spread is between processes
+                )
+            )
+            return least(readings)
+
+        key = self.cache.key(timing_key(before, feeds, "model"), timing_key(after, feeds, "model"))
+        try:
+            self.cache.measure(key, "whole model", timer, fresh=True)
+        except FreshProcessError as e:
+            log.warning("%s; confirming in this process instead", e)
+            return [self.model(before, after, feeds, fresh=True)]
+        return readings
 
     def model(
         self,
@@ -323,14 +364,7 @@ def accept_model(
         t = _steady(timer, original, model, feeds, band, reference, rounds, kept, fresh=False)
         if t.confirms(band):
             rounds.append(ModelRound(kept, t, (), "round", _verdict(t, band)))
-            confirm = _steady(timer, original, model, feeds, band, reference, rounds, kept, fresh=True)
-            if confirm.confirms(band):
-                rounds.append(ModelRound(kept, confirm, (), "confirm", _verdict(confirm, band)))
-                return frozenset(kept), rounds
-            why = f"the fresh confirmation did not establish the gain ({_verdict(confirm, band)})"
-            rounds.append(ModelRound(kept, confirm, kept, "confirm", why))
-            log.info("whole model: %s: rolling back every rewrite", why)
-            return frozenset(), rounds
+            return _confirmed(timer, original, model, feeds, band, kept, rounds)
         if t.unreliable():  # what cannot be measured is not kept
             log.info("whole-model timing disturbed (%s): rolling back every rewrite", t.unreliable())
             drop = units
@@ -341,6 +375,32 @@ def accept_model(
         rounds.append(ModelRound(kept, t, dropped, "round", _verdict(t, band)))
         units = units[len(drop) :]
     return frozenset(), rounds
+
+
+def _confirmed(
+    timer: Timer,
+    original: onnx.ModelProto,
+    model: onnx.ModelProto,
+    feeds: Mapping[str, np.ndarray],
+    band: float,
+    kept: tuple[str, ...],
+    rounds: list[ModelRound],
+) -> tuple[frozenset[str], list[ModelRound]]:
+    """The model that survived the rounds, timed once more in fresh processes (:meth:`Timer.confirm`):
+    kept when every reading confirms the gain, that is when the least of them does (each reading is a
+    ``confirm`` round; the least one, when it fails, rolls back every rewrite)."""
+    readings = timer.confirm(original, model, feeds)
+    worst = least(readings)
+    ok = worst.confirms(band)
+    for k, c in enumerate(readings):
+        where = f"fresh process {k + 1} of {len(readings)}" if len(readings) > 1 else "the fresh confirmation"
+        if c is worst and not ok:
+            why = f"{where} did not establish the gain ({_verdict(c, band)})"
+            rounds.append(ModelRound(kept, c, kept, "confirm", why))
+            log.info("whole model: %s: rolling back every rewrite", why)
+        else:
+            rounds.append(ModelRound(kept, c, (), "confirm", f"{where}: {_verdict(c, band)}"))
+    return (frozenset(kept) if ok else frozenset()), rounds
 
 
 def _units(gains: Mapping[str, float], kinds: Mapping[str, str]) -> list[tuple[str, ...]]:
@@ -512,7 +572,8 @@ def accept_rewrites(
     unreliable = [f"{n}: {v.timing.unreliable()}" for n, v in verdicts.items() if v.timing.unreliable()]
     unreliable += [f"whole model: {r.timing.unreliable()}" for r in rounds if r.timing.unreliable()]
     notes = (_disturbed_note(unreliable),) if unreliable else ()
-    confirm = rounds[-1] if rounds and rounds[-1].stage == "confirm" else None
+    confirms = [r for r in rounds if r.stage == "confirm"]  # the least reading is the one that decided
+    confirm = min(confirms, key=lambda r: r.timing.gain_interval[0]) if confirms else None
     if confirm is not None and not kept:
         notes += (f"the whole model was not kept: {confirm.reason}; the output is the input",)
     report |= {
