@@ -224,7 +224,7 @@ class Verdict:
 
 ROUND_STAGES = ("round", "retake", "confirm")
 """A whole-model timing compared (``round``), not compared because the input's own time drifted
-(``retake``), or the final fresh check of the surviving model (``confirm``)."""
+(``retake``), or one fresh process's reading of the surviving model in the final check (``confirm``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,8 +317,9 @@ def accept_model(
     """Roll back accepted rewrites until the assembled model is faster than the input, for sure.
 
     A model is kept when :meth:`Comparison.confirms` ``band`` (its 95%
-    speedup interval lies above ``1 + band``); then it is timed once more,
-    fresh, and kept only when that confirms it too. Otherwise a kind of
+    speedup interval lies above ``1 + band``); then it is timed once more in
+    fresh processes (:meth:`Timer.confirm`), and kept only when every one of
+    them confirms it too (when one does not, nothing is kept). Otherwise a kind of
     rewrites is rolled back (all of it at once; the kind whose smallest gain
     is smallest first; half of the kinds at a time while more than
     :data:`BISECT_FROM` remain) and the rest is timed again. A timing that
@@ -361,7 +362,7 @@ def accept_model(
     while units:
         kept = tuple(sorted(n for u in units for n in u))
         model = build(frozenset(kept))
-        t = _steady(timer, original, model, feeds, band, reference, rounds, kept, fresh=False)
+        t = _steady(timer, original, model, feeds, band, reference, rounds, kept)
         if t.confirms(band):
             rounds.append(ModelRound(kept, t, (), "round", _verdict(t, band)))
             return _confirmed(timer, original, model, feeds, band, kept, rounds)
@@ -422,7 +423,6 @@ def _steady(
     reference: list[float],
     rounds: list[ModelRound],
     kept: tuple[str, ...],
-    fresh: bool,
 ) -> Comparison:
     """``model`` timed against ``original``, compared only once the input's median agrees within
     ``band`` with the input's median of the timing before it (``reference``: the last one compared in
@@ -435,7 +435,7 @@ def _steady(
     to the next, as a shared VM's can), the timing returned is the least of those made: the one with
     the lowest 95% bound on its speedup, so a gain is kept only when it held at every speed the
     machine ran at."""
-    t = timer.model(original, model, feeds, fresh=fresh)
+    t = timer.model(original, model, feeds)
     if t.cached:
         return t
     previous = reference[-1] if reference else None
