@@ -130,7 +130,7 @@ class Timer:
         afresh, would replace the timing the part was chosen by (a second run then read it and chose
         another candidate).
         """
-        key = self.cache.key(timing_key(before, fa, kind), timing_key(after, fb, kind))
+        key = self._key(kind, before, after, fa, fb)
 
         def timer() -> Comparison:
             return bench.time_models(
@@ -142,6 +142,9 @@ class Timer:
             log.info("%s: timing disturbed (%s), timing it again", what, c.unreliable())
             c = self.cache.measure(key, what, timer, fresh=True)
         return c
+
+    def _key(self, kind: str, before, after, fa, fb) -> str:
+        return self.cache.key(timing_key(before, fa, kind), timing_key(after, fb, kind))
 
     def part(self, pair: PartPair) -> Comparison:
         """The rewritten nodes against the original nodes, on the values that reach them."""
@@ -181,9 +184,10 @@ class Timer:
             )
             return least(readings)
 
-        key = self.cache.key(timing_key(before, feeds, "model"), timing_key(after, feeds, "model"))
         try:
-            self.cache.measure(key, "whole model", timer, fresh=True)
+            self.cache.measure(
+                self._key("model", before, after, feeds, feeds), "whole model", timer, fresh=True
+            )
         except FreshProcessError as e:
             log.warning("%s; confirming in this process instead", e)
             return [self.model(before, after, feeds, fresh=True)]
@@ -450,12 +454,12 @@ def _steady(
             f"({drift:.2f}x, beyond the {band:.0%} band): the machine changed under the measurement"
         )
         if attempt == MAX_RETAKES:
-            least = min(made, key=lambda c: c.gain_interval[0])
+            worst = least(made)
             why += f", and kept changing: judged on the least of its {len(made)} timings"
             log.info("whole model: %s", why)
             rounds.append(ModelRound(kept, t, (), "retake", why))
             reference.append(t.before.median_ms)
-            return least
+            return worst
         log.info("whole model: %s; timing it again", why)
         rounds.append(ModelRound(kept, t, (), "retake", why))
         previous = t.before.median_ms
