@@ -180,7 +180,8 @@ def build(name: str, batch: int = 1, *, size: str = "full", seed: int = 0, **opt
     seed : int
         Seed of the random weights (the same seed gives the same bytes).
     **options
-        Builder keywords (``gather_elements=True`` for longformer, tests only).
+        Builder keywords, over the size's parameters (``layers=1`` for a transformer,
+        ``gather_elements=True`` for longformer; tests only).
 
     Returns
     -------
@@ -193,7 +194,7 @@ def build(name: str, batch: int = 1, *, size: str = "full", seed: int = 0, **opt
     """
     _check(name, size, batch)
     graph = name if size == "full" else f"{name}_small"
-    return MODELS[name].build(GraphBuilder(graph, seed), batch, **_PARAMS[size][name], **options)
+    return MODELS[name].build(GraphBuilder(graph, seed), batch, **(_PARAMS[size][name] | options))
 
 
 def sample_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:

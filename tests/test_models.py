@@ -120,6 +120,15 @@ def test_names_and_errors():
         build("lstm", 0)
 
 
+def test_builder_keywords_override_the_size():
+    """Tests build a transformer with fewer layers: one ViT layer is its attention and MLP once."""
+    one, six = build("vit", 1, size="small", layers=1), build("vit", 1, size="small")
+    assert [n.op_type for n in one.graph.node].count("Softmax") == 1
+    assert [n.op_type for n in six.graph.node].count("Softmax") == 6
+    with pytest.raises(TypeError):
+        build("vit", 1, size="small", depth=1)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_full_structure(name):
     model = build(name, 1)
@@ -264,13 +273,16 @@ def test_round_trip(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_round_trip_measured(name):
     """The same with measured acceptance: cost stage, timed selection, whole-model rounds and the
-    confirmation on every model (the slow tier)."""
-    _round_trip(name, "measured")
+    confirmation on every model (the slow tier). A shorter search and shorter timings than the quick
+    tier's round trip, which searches the same parts: what is kept is not asserted."""
+    budgets = {"part_budget_s": 0.25, "model_budget_s": 2.0}
+    _round_trip(name, "measured", states_per_search=150, states_per_model=400, **budgets)
 
 
-def _round_trip(name: str, accept: str) -> None:
+def _round_trip(name: str, accept: str, states_per_search=300, states_per_model=1_200, **budgets) -> None:
     model = build(name, 1, size="small")
-    options = Options(seed=0, accept=accept, states_per_search=300, states_per_model=1_200)
+    states = {"states_per_search": states_per_search, "states_per_model": states_per_model}
+    options = Options(seed=0, accept=accept, **states, **budgets)
     result = optimize(model, options)
     assert result.verified, (result.blocked, result.notes)
     onnx.checker.check_model(result.model)
