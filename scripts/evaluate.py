@@ -138,10 +138,32 @@ def run_einopt(cmd: list[str], stem: str, out: Path) -> tuple[dict | None, dict]
     return json.loads((out / f"{stem}.json").read_text()), row
 
 
+DENSE_OPS = frozenset(
+    {"Conv", "ConvTranspose", "FusedConv", "NhwcFusedConv", "Gemm", "FusedGemm", "MatMul", "FusedMatMul"}
+)
+"""The operators whose work is FLOPs (convolutions and products; ``Conv`` includes ONNX Runtime's
+NCHWc Conv), as named in a bench report's ``time_by_op``."""
+
+
+def dense_bound(time_by_op: Mapping[str, float]) -> float | None:
+    """The speedup of a model whose every node but its dense ones (``DENSE_OPS``) took no time: its
+    profiled time over the part its dense nodes take (None without dense nodes or a profile).
+
+    An upper bound for any rewrite that keeps the dense nodes' work and their speed, as one where
+    ONNX Runtime's GEMMs run at the machine's FLOP rate already: the transformers (whose attention
+    computes every score) and the rows whose convolutions are left as they are. Not a bound on
+    rewrites that remove FLOPs (phase convolutions, band products), and on models of tens of
+    microseconds the profiler's own cost per node inflates the other nodes' share."""
+    dense = sum(t for op, t in time_by_op.items() if op in DENSE_OPS)
+    total = sum(time_by_op.values())
+    return total / dense if dense > 0 else None
+
+
 def report_fields(report: dict) -> dict:
     """A row's columns from an ``einopt optimize --bench`` report."""
     b = report["bench"]
     return {
+        "dense_bound": dense_bound(b["original"].get("time_by_op") or {}),
         "ort_ms": b["original"]["median_ms"],
         "einopt_ms": b["optimized"]["median_ms"],
         "spread_ms": [
@@ -594,8 +616,8 @@ def kernels_markdown(
     lines = [
         "| model | batch | `--kernels onnx` | `--kernels tvm` | "
         + ("tvm against onnx, side by side | " if paired else "")
-        + "target (tvm) | kernels: input -> onnx / tvm | verified (tvm) |",
-        "|---|---|---|---|---|---|---|" + ("---|" if paired else ""),
+        + "target (tvm) | dense-op bound | kernels: input -> onnx / tvm | verified (tvm) |",
+        "|---|---|---|---|---|---|---|---|" + ("---|" if paired else ""),
     ]
     speedups = []
     for r in tvm_rows:
@@ -607,7 +629,7 @@ def kernels_markdown(
         pair_cell = f"{_pair_text(pair)} | " if paired else ""
         if "error" in r:
             lines.append(
-                f"| {key[0]} | {batch} | {onnx_text} | failed: {_cell(r['error'])} | {pair_cell}| | |"
+                f"| {key[0]} | {batch} | {onnx_text} | failed: {_cell(r['error'])} | {pair_cell}| | | |"
             )
             continue
         s, base = speedup(r), speedup(o) if o and "error" not in o else None
@@ -623,7 +645,7 @@ def kernels_markdown(
         )
         lines.append(
             f"| {key[0]} | {batch} | {onnx_text} | {_speedup_text(r)} | {pair_cell}>= {goal:.2f}x"
-            f"{' and >= onnx' if base else ''} {'met' if ok else '**missed**'} | {kernels} "
+            f"{' and >= onnx' if base else ''} {'met' if ok else '**missed**'} | {_bound_text(r)} | {kernels} "
             f"| {'yes' if r['verified'] else 'NO'} |"
         )
     g = geomean([s for s in speedups if s])
@@ -636,6 +658,14 @@ def kernels_markdown(
         "Each `--kernels tvm` row beside the same model's row of the `--kernels onnx` run "
         f"(a tie within {KERNEL_NOISE:.0%} of it counts as not slower). "
     )
+    head += (
+        "Dense-op bound: the input's profiled time over that of its convolutions and products (Conv, "
+        "ConvTranspose, Gemm, MatMul and their fused forms), i.e. the speedup if every other node took "
+        "no time; it bounds rewrites that keep those nodes' work at their speed (a transformer's "
+        "GEMMs, which ONNX Runtime runs at about the machine's FLOP rate), not rewrites that remove "
+        "FLOPs (phase convolutions, band products), and it is inflated on models of tens of "
+        "microseconds, where the profiler's own cost per node counts. "
+    )
     if paired:
         head += (
             "The side-by-side column times the two runs' outputs against each other, interleaved in one "
@@ -644,6 +674,11 @@ def kernels_markdown(
             "decides whether a tvm row is slower than its onnx row. "
         )
     return head + "\n\n" + "\n".join(lines) + "\n" + tail
+
+
+def _bound_text(r: Mapping) -> str:
+    bound = r.get("dense_bound")
+    return "-" if bound is None else f"{bound:.2f}x"
 
 
 def _pair_text(pair: Mapping | None) -> str:
@@ -815,6 +850,9 @@ def render(args: argparse.Namespace, index: Mapping | None) -> int:
     for r in [*rows, *shared_rows]:
         if "error" not in r and "identical" not in r:
             r["identical"] = same_file(*row_files(r, args))
+        if "error" not in r and "dense_bound" not in r:  # a row measured before the column
+            original = json.loads((args.out / r["file"]).read_text())["bench"].get("original") or {}
+            r["dense_bound"] = dense_bound(original.get("time_by_op") or {})
     table, shared = write_summary(
         rows, shared_rows, prev["command"], args.out, prev.get("code", ""), prev.get("date")
     )

@@ -310,7 +310,8 @@ def test_render_rewrites_the_tables_and_finds_identical_outputs_from_the_files(t
     for d in (out, build, shared):
         d.mkdir()
     machine = {"cpu": "CPU X", "threads": 2, "onnxruntime": "1.2"}
-    (out / "bert_tiny.json").write_text(json.dumps({"bench": {"machine": machine}}))
+    original = {"time_by_op": {"MatMul": 3.0, "Softmax": 1.0}}  # a row measured before the bound
+    (out / "bert_tiny.json").write_text(json.dumps({"bench": {"machine": machine, "original": original}}))
     for name, output in (("bert_tiny", b"model"), ("se_block", b"other")):
         (shared / f"{name}.onnx").write_bytes(b"model")
         (build / f"{name}.einopt.onnx").write_bytes(output)
@@ -320,6 +321,7 @@ def test_render_rewrites_the_tables_and_finds_identical_outputs_from_the_files(t
     assert evaluate.render(args, {"bert_tiny": {}, "se_block": {}}) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert [r["identical"] for r in summary["shared_rows"]] == [True, False]
+    assert [r["dense_bound"] for r in summary["shared_rows"]] == [pytest.approx(4 / 3)] * 2
     assert (summary["code"], summary["date"], summary["command"]) == ("abc", "2026-11-28", "cmd")
     assert "1.00x (output = input; read 0.97x)" in (out / "results.md").read_text()
 
@@ -397,7 +399,7 @@ def test_kernels_table_sets_each_tvm_row_beside_the_onnx_row_with_issue_28s_targ
         _row("se_block", speedup=1.0, identical=True),
     ]
     tvm_rows = [
-        _row("lstm", batch=1, speedup=2.1, kernels=[21, 5]),  # meets 2.0x
+        _row("lstm", batch=1, speedup=2.1, kernels=[21, 5], dense_bound=1.65),  # meets 2.0x
         _row("gcn", batch=1, speedup=1.11, kernels=[71, 94]),  # above onnx, below 1.15x
         _row("se_block", speedup=0.93),  # not identical: a real reading below the onnx row
         _row("dcgan", batch=16, error="exit 1"),
@@ -410,9 +412,19 @@ def test_kernels_table_sets_each_tvm_row_beside_the_onnx_row_with_issue_28s_targ
         and "21 -> 12 / 5" in lines["lstm"]
     )
     assert "1.05x" in lines["gcn"] and ">= 1.15x and >= onnx **missed**" in lines["gcn"]
+    assert "| 1.65x |" in lines["lstm"] and "| - |" in lines["gcn"]  # no profile: no bound
+    assert all(line.count("|") == lines["model"].count("|") for line in lines.values())
     assert "1.00x (output = input" in lines["se_block"] and "**missed**" in lines["se_block"]  # 0.93 < 0.99
     assert "failed: exit 1" in lines["dcgan"]
     assert "Geometric mean with `--kernels tvm`" in table and "target >= 1.4x" in table
+
+
+def test_the_dense_op_bound_is_the_profile_over_its_convolutions_and_products():
+    # a transformer layer's profile: 8 ms of GEMMs (MatMul, Gemm, FusedMatMul), 2 ms of the rest
+    profile = {"Gemm": 5.0, "MatMul": 2.0, "FusedMatMul": 1.0, "SkipLayerNormalization": 1.5, "Gelu": 0.5}
+    assert evaluate.dense_bound(profile) == pytest.approx(10.0 / 8.0)
+    assert evaluate.dense_bound({"Conv": 3.0, "ReorderOutput": 1.0}) == pytest.approx(4.0 / 3.0)
+    assert evaluate.dense_bound({"Relu": 1.0}) is None and evaluate.dense_bound({}) is None
 
 
 def test_a_side_by_side_reading_decides_whether_a_tvm_row_is_slower_than_its_onnx_row():
