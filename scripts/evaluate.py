@@ -145,15 +145,17 @@ DENSE_OPS = frozenset(
 NCHWc Conv), as named in a bench report's ``time_by_op``."""
 
 
-def dense_bound(time_by_op: Mapping[str, float]) -> float | None:
-    """The speedup of a model whose every node but its dense ones (``DENSE_OPS``) took no time: its
-    profiled time over the part its dense nodes take (None without dense nodes or a profile).
+def dense_bound(side: Mapping) -> float | None:
+    """The speedup of a model whose every node but its dense ones (``DENSE_OPS``) took no time: the
+    profiled time of a bench report's ``side`` (its ``original``) over the part its dense nodes take
+    (None without dense nodes or a profile).
 
     An upper bound for any rewrite that keeps the dense nodes' work and their speed, as one where
     ONNX Runtime's GEMMs run at the machine's FLOP rate already: the transformers (whose attention
     computes every score) and the rows whose convolutions are left as they are. Not a bound on
     rewrites that remove FLOPs (phase convolutions, band products), and on models of tens of
     microseconds the profiler's own cost per node inflates the other nodes' share."""
+    time_by_op = side.get("time_by_op") or {}
     dense = sum(t for op, t in time_by_op.items() if op in DENSE_OPS)
     total = sum(time_by_op.values())
     return total / dense if dense > 0 else None
@@ -163,7 +165,7 @@ def report_fields(report: dict) -> dict:
     """A row's columns from an ``einopt optimize --bench`` report."""
     b = report["bench"]
     return {
-        "dense_bound": dense_bound(b["original"].get("time_by_op") or {}),
+        "dense_bound": dense_bound(b["original"]),
         "ort_ms": b["original"]["median_ms"],
         "einopt_ms": b["optimized"]["median_ms"],
         "spread_ms": [
@@ -851,8 +853,8 @@ def render(args: argparse.Namespace, index: Mapping | None) -> int:
         if "error" not in r and "identical" not in r:
             r["identical"] = same_file(*row_files(r, args))
         if "error" not in r and "dense_bound" not in r:  # a row measured before the column
-            original = json.loads((args.out / r["file"]).read_text())["bench"].get("original") or {}
-            r["dense_bound"] = dense_bound(original.get("time_by_op") or {})
+            bench = json.loads((args.out / r["file"]).read_text())["bench"]
+            r["dense_bound"] = dense_bound(bench.get("original") or {})
     table, shared = write_summary(
         rows, shared_rows, prev["command"], args.out, prev.get("code", ""), prev.get("date")
     )

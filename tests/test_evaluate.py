@@ -422,9 +422,10 @@ def test_kernels_table_sets_each_tvm_row_beside_the_onnx_row_with_issue_28s_targ
 def test_the_dense_op_bound_is_the_profile_over_its_convolutions_and_products():
     # a transformer layer's profile: 8 ms of GEMMs (MatMul, Gemm, FusedMatMul), 2 ms of the rest
     profile = {"Gemm": 5.0, "MatMul": 2.0, "FusedMatMul": 1.0, "SkipLayerNormalization": 1.5, "Gelu": 0.5}
-    assert evaluate.dense_bound(profile) == pytest.approx(10.0 / 8.0)
-    assert evaluate.dense_bound({"Conv": 3.0, "ReorderOutput": 1.0}) == pytest.approx(4.0 / 3.0)
-    assert evaluate.dense_bound({"Relu": 1.0}) is None and evaluate.dense_bound({}) is None
+    assert evaluate.dense_bound({"time_by_op": profile}) == pytest.approx(10.0 / 8.0)
+    nchwc = {"time_by_op": {"Conv": 3.0, "ReorderOutput": 1.0}}
+    assert evaluate.dense_bound(nchwc) == pytest.approx(4.0 / 3.0)
+    assert evaluate.dense_bound({"time_by_op": {"Relu": 1.0}}) is None and evaluate.dense_bound({}) is None
 
 
 def test_a_side_by_side_reading_decides_whether_a_tvm_row_is_slower_than_its_onnx_row():

@@ -275,14 +275,15 @@ def test_round_trip_measured(name):
     """The same with measured acceptance: cost stage, timed selection, whole-model rounds and the
     confirmation on every model (the slow tier). A shorter search and shorter timings than the quick
     tier's round trip, which searches the same parts: what is kept is not asserted."""
-    budgets = {"part_budget_s": 0.25, "model_budget_s": 2.0}
-    _round_trip(name, "measured", states_per_search=150, states_per_model=400, **budgets)
+    limits = {"states_per_search": 150, "states_per_model": 400, "part_budget_s": 0.25, "model_budget_s": 2.0}
+    _round_trip(name, "measured", **limits)
 
 
-def _round_trip(name: str, accept: str, states_per_search=300, states_per_model=1_200, **budgets) -> None:
+def _round_trip(name: str, accept: str, **limits) -> None:
+    """``limits``: Options over the quick tier's search of 300 states a part, 1,200 a model."""
     model = build(name, 1, size="small")
-    states = {"states_per_search": states_per_search, "states_per_model": states_per_model}
-    options = Options(seed=0, accept=accept, **states, **budgets)
+    limits = {"states_per_search": 300, "states_per_model": 1_200} | limits
+    options = Options(seed=0, accept=accept, **limits)
     result = optimize(model, options)
     assert result.verified, (result.blocked, result.notes)
     onnx.checker.check_model(result.model)
