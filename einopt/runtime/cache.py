@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +40,51 @@ def cache_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("einopt"))
+
+
+class CacheTrustError(RuntimeError):
+    """A cache folder or file that others could have written: einopt refuses to read or run it."""
+
+
+def private_dir(folder: Path) -> Path:
+    """``folder``, created for this user only (mode 0700) if missing, after checking that nobody else
+    can write into it: it must be owned by this user and not writable by its group or by others.
+
+    einopt keeps native code and search results in its cache; a folder others can write is a place
+    where they could plant a library einopt would load.
+
+    Raises
+    ------
+    CacheTrustError
+        When the folder (or what stands at its path) belongs to another user, is group- or
+        world-writable, or is not a folder.
+    """
+    folder = Path(folder)
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = folder.stat()
+    except OSError as e:
+        raise CacheTrustError(f"cannot use the cache folder {folder}: {e.strerror or e}") from None
+    check_private(folder, st, "folder")
+    return folder
+
+
+def check_private(path: Path, st: os.stat_result, what: str = "file") -> None:
+    """Raise :class:`CacheTrustError` unless ``st`` (``path``'s stat) is owned by this user and not
+    writable by group or others (and, for ``what="folder"``, is a folder)."""
+    if what == "folder" and not stat.S_ISDIR(st.st_mode):
+        raise CacheTrustError(f"the cache folder {path} is not a folder")
+    if st.st_uid != os.getuid():
+        raise CacheTrustError(
+            f"the cache {what} {path} belongs to another user (uid {st.st_uid}): einopt keeps native code "
+            "there and only uses a cache of its own user; set EINOPT_CACHE_DIR to a folder of yours"
+        )
+    if st.st_mode & 0o022:
+        raise CacheTrustError(
+            f"the cache {what} {path} is writable by its group or by others (mode {st.st_mode & 0o777:o}): "
+            f"einopt keeps native code there; make it private (chmod go-w {path}) or set EINOPT_CACHE_DIR "
+            "to a private folder"
+        )
 
 
 def default_path() -> Path:
