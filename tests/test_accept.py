@@ -8,6 +8,8 @@ MatMul added to a tiny convolution) that no noise can make it look faster.
 from __future__ import annotations
 
 import dataclasses
+import os
+import sqlite3
 
 import numpy as np
 import pytest
@@ -210,6 +212,98 @@ def test_unusable_cache_file_is_a_warning_not_a_failure(tmp_path, caplog):
     cache = MeasurementCache(blocker / "sub" / "c.sqlite")  # its directory cannot be made
     assert cache.describe()["path"] is None
     assert cache.measure("k", "x", lambda: _cmp(1.0, 1.0)).speedup == 1.0
+
+
+def test_a_new_cache_file_is_private_and_says_einopt_made_it(tmp_path):
+    path = tmp_path / "c.sqlite"
+    MeasurementCache(path).close()
+    assert path.stat().st_mode & 0o777 == 0o600
+    with sqlite3.connect(path) as db:
+        assert dict(db.execute("SELECT name, value FROM meta")) == {"schema": "1", "creator": "einopt"}
+    cache = MeasurementCache(path)  # its own file: opened again
+    assert cache.usable
+    cache.close()
+
+
+def _einopt_cache(path):
+    MeasurementCache(path).close()
+    return path
+
+
+def _foreign_db(path, monkeypatch):
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE notes (text TEXT)")
+    db.close()
+
+
+def _not_a_database(path, monkeypatch):
+    path.write_bytes(b"a plain file, not SQLite " * 100)
+
+
+def _group_writable(path, monkeypatch):
+    _einopt_cache(path).chmod(0o620)
+
+
+def _linked(path, monkeypatch):
+    path.symlink_to(_einopt_cache(path.parent / "elsewhere.sqlite"))
+
+
+def _another_users(path, monkeypatch):
+    _einopt_cache(path)
+    real = os.lstat
+
+    def lstat(p, *args, **kwargs):  # the file (not its folder) as if another user owned it
+        st = real(p, *args, **kwargs)
+        return os.stat_result((*st[:4], st.st_uid + 1, *st[5:])) if str(p) == str(path) else st
+
+    monkeypatch.setattr(os, "lstat", lstat)
+
+
+@pytest.mark.parametrize(
+    "plant, why",
+    [
+        (_foreign_db, "is not a measurement cache einopt created"),
+        (_not_a_database, "is not a measurement cache einopt created"),
+        (_group_writable, "is writable by its group or by others"),
+        (_linked, "is a symbolic link"),
+        (_another_users, "belongs to another user"),
+    ],
+)
+def test_a_cache_file_einopt_did_not_make_or_others_can_write_is_refused(
+    plant, why, tmp_path, monkeypatch, caplog
+):
+    """Search results read from the cache become candidates: such a file is not read (nor written)."""
+    path = tmp_path / "c.sqlite"
+    plant(path, monkeypatch)
+    before = path.read_bytes()
+    with caplog.at_level("WARNING"):
+        cache = MeasurementCache(path)
+    monkeypatch.undo()
+    assert not cache.usable and cache.describe()["path"] is None
+    refusals = [r.getMessage() for r in caplog.records if "measurement cache" in r.getMessage()]
+    assert len(refusals) == 1 and f"{path} {why}" in refusals[0], refusals
+    cache.put("k", _cmp(2.0, 1.0))  # kept for this run only
+    assert cache.get("k").speedup == 2.0 and path.read_bytes() == before
+
+
+def test_a_cache_in_a_folder_others_can_write_is_refused(tmp_path, caplog):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with caplog.at_level("WARNING"):
+        cache = MeasurementCache(shared / "c.sqlite")
+    assert not cache.usable and "writable by its group or by others" in caplog.text
+    assert not (shared / "c.sqlite").exists()
+
+
+def test_a_cache_made_before_the_creator_row_is_still_einopts(tmp_path):
+    path = _einopt_cache(tmp_path / "c.sqlite")
+    with sqlite3.connect(path) as db:
+        db.execute("DELETE FROM meta WHERE name = 'creator'")
+    db.close()
+    cache = MeasurementCache(path)
+    assert cache.usable
+    cache.close()
 
 
 def test_accept_verified_keeps_rewrites_untimed(monkeypatch):

@@ -10,6 +10,9 @@ measures nothing new.
 
 The default file is ``measurements.sqlite`` in the user's cache directory
 (``~/.cache/einopt`` on Linux; ``EINOPT_CACHE_DIR`` overrides the directory).
+Search results read from it become candidates, so a file einopt did not create,
+or one others could have written (its folder's too), is not used: the run warns
+and keeps its timings in memory.
 """
 
 from __future__ import annotations
@@ -133,30 +136,25 @@ class MeasurementCache:
 
     @staticmethod
     def _open(path: Path) -> sqlite3.Connection | None:
+        """The database at ``path``, made ready; None (after one warning saying why) when it cannot be
+        used or is not to be trusted: search results read from it become candidates."""
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(path.parent)
+            new = _claim_file(path)
             db = sqlite3.connect(path, timeout=30)
-            db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT)")
-            row = db.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
-            if row is not None and int(row[0]) != SCHEMA:
-                db.execute("DROP TABLE IF EXISTS comparisons")
-            db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (str(SCHEMA),))
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS comparisons ("
-                "key TEXT PRIMARY KEY, what TEXT, value TEXT NOT NULL, created REAL NOT NULL)"
-            )
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS searches (key TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL)"
-            )
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS measured ("
-                "key TEXT PRIMARY KEY, what TEXT, value TEXT NOT NULL, created REAL NOT NULL)"
-            )
-            db.commit()
+            try:
+                if not new:
+                    _check_ours(db, path)
+                _prepare(db)
+            except BaseException:
+                db.close()
+                raise
             return db
+        except CacheTrustError as e:
+            log.warning("measurement cache refused: %s; timings are kept for this run only", e)
         except (sqlite3.Error, OSError) as e:
             log.warning("measurement cache %s unusable (%s): timings are kept for this run only", path, e)
-            return None
+        return None
 
     def key(self, before: str, after: str) -> str:
         """The key of timing ``after`` against ``before`` (two :func:`einopt.runtime.graphkey.timing_key` s) here."""
@@ -249,3 +247,77 @@ class MeasurementCache:
             "hits": self.stats.hits,
             "measured": self.stats.measured,
         }
+
+
+CREATOR = "einopt"
+"""The ``creator`` row of a cache's ``meta`` table: the file is one einopt made."""
+
+
+def _claim_file(path: Path) -> bool:
+    """Whether the cache file at ``path`` is new: created here, readable and writable by this user only.
+
+    An existing file must be a regular file (not a symbolic link, which could point anywhere) owned by
+    this user and not writable by group or others; it is checked before SQLite opens it.
+
+    Raises
+    ------
+    CacheTrustError
+        When the existing file is a link, not a regular file, or not private.
+    """
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:  # also a symbolic link, dangling or not: O_EXCL does not follow it
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            raise CacheTrustError(
+                f"the cache file {path} is a symbolic link: einopt only opens a cache file of its own"
+            ) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise CacheTrustError(f"the cache file {path} is not a regular file") from None
+        check_private(path, st, "file")
+        return False
+    os.close(fd)
+    return True
+
+
+def _check_ours(db: sqlite3.Connection, path: Path) -> None:
+    """Raise :class:`CacheTrustError` unless ``db`` is a cache einopt created (its ``meta`` table with a
+    ``schema`` row, and no other creator): einopt writes and drops tables in it, and reads search
+    results from it."""
+    refuse = (
+        f"{path} is not a measurement cache einopt created; remove it or choose another cache file (--cache)"
+    )
+    try:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.OperationalError:  # locked, unreadable: not a verdict on the file
+        raise
+    except sqlite3.DatabaseError as e:  # "file is not a database"
+        raise CacheTrustError(f"{refuse} ({e})") from None
+    if "meta" not in tables:
+        raise CacheTrustError(refuse)
+    rows = dict(db.execute("SELECT name, value FROM meta WHERE name IN ('schema', 'creator')").fetchall())
+    # caches made before the creator row carry only the schema row
+    if "schema" not in rows or rows.get("creator", CREATOR) != CREATOR:
+        raise CacheTrustError(refuse)
+
+
+def _prepare(db: sqlite3.Connection) -> None:
+    """Create what is missing; a schema change drops the timings (their format changed)."""
+    db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT)")
+    row = db.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
+    if row is not None and int(row[0]) != SCHEMA:
+        db.execute("DROP TABLE IF EXISTS comparisons")
+    db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (str(SCHEMA),))
+    db.execute("INSERT OR IGNORE INTO meta VALUES ('creator', ?)", (CREATOR,))
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS comparisons ("
+        "key TEXT PRIMARY KEY, what TEXT, value TEXT NOT NULL, created REAL NOT NULL)"
+    )
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS searches (key TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL)"
+    )
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS measured ("
+        "key TEXT PRIMARY KEY, what TEXT, value TEXT NOT NULL, created REAL NOT NULL)"
+    )
+    db.commit()
