@@ -90,7 +90,8 @@ class Options:
     inputs : sequence
         Extra verification data sets (arrays by input name, or ``.npz`` paths).
     verify : bool
-        Verify every rewrite and the output in ONNX Runtime.
+        Verify every rewrite and the output in ONNX Runtime. Without it, searches
+        stored in the cache are not read (nothing would check what they found).
     seed : int
         Seed of the random verification and timing inputs.
     tolerance : Tolerance
@@ -424,7 +425,16 @@ def _search(
     if options.max_depth == 0:
         return {}
     settings = Settings(budget=options.budget, exact=not options.verify)
-    return search_parts(parts, settings, store, jobs=options.jobs, progress=progress, ray_address=options.ray)
+    # unverified, a search read from the cache would reach the output unchecked: search again instead
+    return search_parts(
+        parts,
+        settings,
+        store,
+        jobs=options.jobs,
+        progress=progress,
+        ray_address=options.ray,
+        reuse=options.verify,
+    )
 
 
 class _Clock:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import sqlite3
 
 import numpy as np
 import onnx
 import pytest
-from onnx_models import append_to_output, conv_block, disable_operators, lstm_cell
+from onnx_models import append_to_output, conv_block, disable_operators, lstm_cell, tiny_model
 from onnx_models import assert_same_outputs as _assert_same
 from onnx_models import random_feeds as _random_feeds
 
@@ -224,3 +226,42 @@ def test_pointwise_conv_stays_a_conv_at_any_batch(batch):
     assert result.verified and part.status in ("rewritten", "unchanged"), part
     assert "Transpose" not in part.new_ops, part.new_ops
     assert part.new_ops == ("Conv",) and part.status == "unchanged"  # the original operator is preferred
+
+
+def _plant_a_dropped_relu(cache) -> None:
+    """Put, first in every search stored in ``cache``, a 'found' program that leaves the Relu out."""
+    planted = {
+        "program": "y0 = L[i0:2, i1:8] x0[i0, i1]\nreturn y0\nwhere x0: [2, 8]",
+        "trace": [["planted", "y0", "the Relu left out"]],
+        "operators": ["Identity"],
+        "predicted_s": 1e-12,
+        "work": ["Identity 2x8"],
+    }
+    with sqlite3.connect(cache) as db:
+        rows = db.execute("SELECT key, value FROM searches").fetchall()
+        assert rows
+        for key, value in rows:
+            value = json.loads(value)
+            value["found"].insert(0, planted)
+            db.execute("UPDATE searches SET value = ? WHERE key = ?", (json.dumps(value), key))
+    db.close()
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_a_planted_search_result_is_read_only_when_it_is_verified(verify, tmp_path):
+    """Searches read from the cache become candidates: without verification the cache is not read
+    (the search runs again); with it, a wrong one is read and fails verification."""
+    model = tiny_model([onnx.helper.make_node("Relu", ["x"], ["y"])], [("x", [2, 8])], [("y", [2, 8])])
+    options = Options(max_depth=1, verify=verify, cache=tmp_path / "c.sqlite", accept="verified")
+    optimize(model, options)
+    _plant_a_dropped_relu(tmp_path / "c.sqlite")
+    result = optimize(model, options)
+    (part,) = [p for p in result.parts if p.kind != "passthrough"]
+    assert part.search["cached"] is verify
+    planted = [c for c in part.search["candidates"] if c["trace"]]
+    if verify:
+        assert planted and planted[0]["verified"] is False
+    else:
+        assert not planted
+    assert part.status == "unchanged"
+    _assert_same(model, result.model, _random_feeds(model))

@@ -104,7 +104,11 @@ _shape_option = click.option(
     type=click.Path(dir_okay=False),
     help="Real inputs (.npz by input name): verified on besides the generated ones, and timed on instead.",
 )
-@click.option("--no-verify", is_flag=True, help="Skip verification in ONNX Runtime (experts only).")
+@click.option(
+    "--no-verify",
+    is_flag=True,
+    help="Skip verification in ONNX Runtime (experts only; searches are then not taken from the cache).",
+)
 @click.option(
     "--kernels",
     type=click.Choice(["onnx", "tvm"]),

@@ -118,6 +118,7 @@ def search_parts(
     jobs: int = 1,
     progress: Callable[[Progress], None] | None = None,
     ray_address: str | None = None,
+    reuse: bool = True,
 ) -> dict[str, PartSearch]:
     """Search every translated part (``einopt.frontend.translate.Part``), sharing identical ones.
 
@@ -150,6 +151,11 @@ def search_parts(
         Run the searches as Ray tasks on the cluster at this address
         (``"auto"``, ``"ray://host:10001"``, ...) instead of local processes.
         The results do not depend on where they ran.
+    reuse : bool
+        Take the searches stored in ``store`` instead of running them again
+        (what runs is stored either way). A stored search is parsed back into
+        candidates that only verification checks, so a run that verifies
+        nothing searches afresh rather than trust the cache file.
 
     Returns
     -------
@@ -174,7 +180,7 @@ def search_parts(
     stored: dict[str, tuple[dict, bool]] = {}
     todo = []
     for i, (k, task) in enumerate(tasks.items()):
-        found = store.found(k)
+        found = store.found(k) if reuse else None
         if found is None:
             todo.append(task)
             continue
