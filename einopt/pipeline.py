@@ -28,7 +28,7 @@ import onnx
 
 from einopt.errors import UnsupportedModelError
 from einopt.frontend.fold import prepare
-from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset
+from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, check_opset
 from einopt.frontend.translate import Part, translate_graph
 from einopt.instantiate.emit import KERNEL_FORMS
 from einopt.reports.result import PartResult, Result, Workspace, part_result
@@ -53,7 +53,6 @@ from einopt.stages.state import PartState, fill, start
 
 log = logging.getLogger(__name__)
 
-MIN_OPSET = 7  # numpy-style broadcasting; older models pass through
 ACCEPT_MODES = ("measured", "verified")
 
 
@@ -173,10 +172,12 @@ def optimize(
     ``progress`` is called with a :class:`einopt.stages.partsearch.Progress` as the
     subprograms are searched (for a progress display; it changes nothing).
 
-    A model einopt cannot work on (no default-domain opset, too old an opset,
-    no inputs ONNX Runtime can run it on, so nothing can be verified) comes
-    back untouched, with a note saying why; only a model that cannot be read
-    at all is an error.
+    A model einopt cannot work on (no default-domain opset, no inputs ONNX
+    Runtime can run it on, so nothing can be verified) comes back untouched,
+    with a note saying why. A model that cannot be read is a
+    :class:`~einopt.errors.ModelError`, and one whose default-domain opset
+    einopt does not support an :class:`~einopt.errors.UnsupportedModelError`
+    (:func:`einopt.frontend.onnx_graph.check_opset`).
     """
     clock = _Clock()
     if options.kernels == "tvm":  # no C compiler: one clear error before any work
@@ -184,6 +185,11 @@ def optimize(
 
         library_path()
     original = modelio.load_model(source)
+    check_opset(original, "the model" if isinstance(source, onnx.ModelProto) else str(source))
+    if modelio.uses_generated_kernels(original):  # an einopt output: its kernels' descriptions checked
+        from einopt.runtime.kernels import described
+
+        described(original)
     why = _unworkable(original)
     if why:
         return _untouched(original, why)
@@ -215,9 +221,6 @@ def _unworkable(model: onnx.ModelProto) -> str:
             f"the model imports no default-domain (ai.onnx) opset (only: {domains}), "
             "so einopt has nothing to translate: it passes through"
         )
-    opset = default_opset(model)
-    if opset < MIN_OPSET:
-        return f"default-domain opset {opset} is older than {MIN_OPSET}: the model passes through"
     return ""
 
 

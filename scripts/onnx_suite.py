@@ -4,8 +4,8 @@
     python scripts/onnx_suite.py --light    # light models only
 
 Prints, per outcome, how many node cases were optimized (translated and
-re-instantiated, verified equal), passed through, or cannot run in ONNX
-Runtime at all; and per light model the node counts from the report.
+re-instantiated, verified equal), passed through, cannot run in ONNX
+Runtime at all, or have an opset einopt refuses; and per light model the node counts from the report.
 """
 
 from __future__ import annotations

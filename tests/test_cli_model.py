@@ -79,14 +79,26 @@ def test_bad_input_shape_spec(tmp_path):
     assert result.exit_code == EXIT_CODES["bad_input"] and "nosuch" in result.output
 
 
-def test_old_opset_passes_through(tmp_path):
+@pytest.mark.parametrize("opset", [1, 6, 99])
+def test_an_unsupported_opset_exits_6_with_one_line_and_writes_nothing(opset, tmp_path):
     model = conv_block()
-    model.opset_import[0].version = 6
+    model.opset_import[0].version = opset
     src = _save(model, tmp_path / "in.onnx")
-    result = run("optimize", src, "-o", tmp_path / "o.onnx")
-    assert result.exit_code == 0, result.output
-    assert "opset 6" in result.output and "untouched" in result.output
-    assert onnx.load(str(tmp_path / "o.onnx")).graph == model.graph
+    out, report = tmp_path / "out.onnx", tmp_path / "report.json"
+    said = (
+        f"einopt: error: {src} imports default-domain opset {opset}; einopt supports opsets 7 to "
+        f"{onnx.defs.onnx_opset_version()} (onnx.version_converter can convert a model between opsets)"
+    )
+    for args in (
+        ("optimize", src, "-o", out, "--report", report),
+        ("optimize", src, "-o", out, "--no-verify", "--accept", "verified"),
+        ("bench", src, src, "--report", report),
+        ("inspect", src),
+    ):
+        result = run(*args)
+        assert result.exit_code == EXIT_CODES["unsupported"], (args, result.output)
+        assert result.output.splitlines() == [said], args
+    assert list(tmp_path.iterdir()) == [src]
 
 
 def test_search_controls_are_checked_in_cli_and_api_alike(tmp_path):

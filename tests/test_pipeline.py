@@ -15,6 +15,7 @@ from onnx_models import random_feeds as _random_feeds
 
 import einopt
 from einopt import pipeline
+from einopt.errors import UnsupportedModelError
 from einopt.pipeline import Options, optimize
 from einopt.stages import select
 
@@ -127,12 +128,12 @@ def test_pinned_shapes_stay_in_the_output_of_a_rewrite(monkeypatch):
     assert dims == [2, 8, 6, 6] and any("pinned input shapes" in n for n in pinned.notes)
 
 
-def test_old_opset_is_blocked_with_a_reason():
+@pytest.mark.parametrize("opset", [6, 99])
+def test_an_unsupported_opset_is_an_error(opset):
     model = conv_block()
-    model.opset_import[0].version = 6
-    result = optimize(model)
-    assert result.blocked and "opset 6" in result.blocked
-    assert result.model.graph == model.graph
+    model.opset_import[0].version = opset
+    with pytest.raises(UnsupportedModelError, match=f"imports default-domain opset {opset}; einopt supports"):
+        optimize(model)
 
 
 def test_given_inputs_are_used_for_verification():

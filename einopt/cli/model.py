@@ -426,10 +426,13 @@ def inspect(source, input_shapes, show_all) -> None:
     """Print the subprograms of an ONNX model and their expressions."""
     from einopt.core.syntax import format_expr
     from einopt.frontend.fold import prepare
+    from einopt.frontend.onnx_graph import check_opset
     from einopt.frontend.translate import translate_graph
     from einopt.runtime import modelio
 
-    prepared = prepare(modelio.load_model(source), _input_shapes(input_shapes))
+    model = modelio.load_model(source)
+    check_opset(model, source)
+    prepared = prepare(model, _input_shapes(input_shapes))
     graph = prepared.model.graph
     parts = translate_graph(prepared.model)
     for note in prepared.notes:

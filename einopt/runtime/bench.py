@@ -29,6 +29,7 @@ import onnx
 
 from einopt.core.cost import model_cost, value_bytes
 from einopt.errors import ModelError
+from einopt.frontend.onnx_graph import check_opset
 from einopt.runtime import modelio
 from einopt.runtime.timing import (
     Comparison,
@@ -131,7 +132,7 @@ GENERATED_OP = "TvmKernel"
 
 
 def _float_bytes(args: Mapping) -> int:
-    """Bytes of the float32 inputs and outputs of a profiled node (its kernel library, uint8, aside)."""
+    """Bytes of the float32 inputs and outputs of a profiled node."""
     total = 0
     for key in ("input_type_shape", "output_type_shape"):
         for entry in args.get(key, []):
@@ -359,9 +360,13 @@ def bench_models(
     ------
     ModelError
         The models' signatures differ, or the inputs do not fit them.
+    UnsupportedModelError
+        A model's default-domain opset is one einopt does not support.
     """
     n = configure_threads(threads)
     a, b = modelio.load_model(original), modelio.load_model(optimized)
+    for model, source in ((a, original), (b, optimized)):
+        check_opset(model, "a model" if isinstance(source, onnx.ModelProto) else str(source))
     difference = _signature_difference(a, b)
     if difference:
         raise ModelError(f"the models have different inputs or outputs: {difference}")
