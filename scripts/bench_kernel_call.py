@@ -1,7 +1,7 @@
 """The cost of calling a generated kernel inside ONNX Runtime, against a trivial ONNX Runtime operator.
 
 Two models, each a chain of N nodes computing ``y = x + 1`` on a small tensor: one with ORT's own
-``Add``, one with ``ai.einopt::TvmKernel`` nodes running a TVM-compiled ``x + 1`` through einopt's
+``Add``, one with ``ai.einopt::TvmKernel`` nodes running einopt's generated ``x + 1`` through its
 custom-op library. Timed side by side (interleaved, medians), at 1 and 2 threads; the difference
 per node is what a generated kernel costs beyond an ORT kernel (issue 28's target: within 2 us)::
 
@@ -18,49 +18,44 @@ import os
 import numpy as np
 import onnx
 import onnxruntime as ort
-import tvm
 from onnx import TensorProto, helper, numpy_helper
-from tvm import te
 
+from einopt import L, iters, program, tensor
 from einopt.runtime import kernels
 from einopt.runtime.timing import Timing, load_average, sample_interleaved
+from einopt.stages.export import program_model
 
 
-def add_one(size: int) -> bytes:
-    """A kernel library holding ``add_one``: ``y = x + 1`` on ``[1, size]``."""
-    x = te.placeholder((1, size), "float32", name="x")
-    y = te.compute((1, size), lambda i, j: x[i, j] + 1.0, name="y")
-    func = te.create_prim_func([x, y]).with_attr("global_symbol", "add_one")
-    return kernels.link_kernels([tvm.tirx.build(tvm.IRModule({"add_one": func}), target="llvm")])
+def add_one(size: int) -> onnx.NodeProto:
+    """einopt's generated kernel of ``y = 1 x + 1`` on ``[1, size]`` (a ``TvmKernel`` node: two element-wise
+    operators are one kernel, where ``x + 1`` alone would be an Add)."""
+    i, j = iters(f"i:1 j:{size}")
+    x = tensor("x", (1, size))
+    model, _ = program_model(program({"y": L(i, j)(x[i, j] * 1.0 + 1.0)}), kernels="tvm")
+    (node,) = model.graph.node
+    assert node.op_type == kernels.OP_TYPE
+    return node
 
 
-def chain(nodes: int, size: int, library: bytes | None) -> onnx.ModelProto:
-    """``nodes`` times ``x + 1``: ORT's Add, or einopt's TvmKernel when ``library`` is given."""
-    if library is None:
-        inits = [numpy_helper.from_array(np.ones((1, size), np.float32), "one")]
-    else:
-        inits = [numpy_helper.from_array(np.frombuffer(library, np.uint8), "einopt_kernels")]
+def chain(nodes: int, size: int, kernel: onnx.NodeProto | None) -> onnx.ModelProto:
+    """``nodes`` times ``x + 1``: ORT's Add, or einopt's ``kernel`` when given."""
+    inits = [numpy_helper.from_array(np.ones((1, size), np.float32), "one")] if kernel is None else []
     body, value = [], "x"
     for k in range(nodes):
         out = "y" if k == nodes - 1 else f"t{k}"
-        if library is None:
+        if kernel is None:
             body.append(helper.make_node("Add", [value, "one"], [out]))
         else:
-            body.append(
-                helper.make_node(
-                    kernels.OP_TYPE,
-                    ["einopt_kernels", value],
-                    [out],
-                    domain=kernels.DOMAIN,
-                    symbol="add_one",
-                    output_ranks=[2],
-                    output_shapes=[1, size],
-                )
-            )
+            node = onnx.NodeProto()
+            node.CopyFrom(kernel)
+            node.name = f"k{k}"
+            node.input[:] = [value]
+            node.output[:] = [out]
+            body.append(node)
         value = out
     io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, size]) for n in ("x", "y")]
     graph = helper.make_graph(body, "chain", io[:1], io[1:], inits)
-    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(kernels.DOMAIN, 1)] if library else [])
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(kernels.DOMAIN, 1)] if kernel else [])
     return helper.make_model(graph, opset_imports=opsets)
 
 
@@ -70,16 +65,16 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=16)
     ap.add_argument("--runs", type=int, default=300)
     args = ap.parse_args()
-    library = add_one(args.size)
+    kernel = add_one(args.size)
     x = np.zeros((1, args.size), np.float32)
     print(f"load average {os.getloadavg()[0]:.2f}; {args.nodes} nodes of x + 1 on [1, {args.size}]")
     for threads in (1, 2):
         sessions = {}
-        for name, lib in (("ort Add", None), ("einopt TvmKernel", library)):
+        for name, node in (("ort Add", None), ("einopt TvmKernel", kernel)):
             options = ort.SessionOptions()
             options.intra_op_num_threads = threads
             # the chains are kept whole: ORT folds nothing here, and its graph optimizations stay on
-            sess = kernels.session(chain(args.nodes, args.size, lib).SerializeToString(), options)
+            sess = kernels.session(chain(args.nodes, args.size, node).SerializeToString(), options)
             (y,) = sess.run(None, {"x": x})
             assert np.array_equal(y, x + args.nodes), name
             sessions[name] = sess

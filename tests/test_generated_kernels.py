@@ -21,7 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from einopt import L, Sum, exp, iters, program, relu, sigmoid, tanh, tensor
-from einopt.codegen.ortkernel import KernelUnsupported, kernel_flops, ort_kernel, stand_in
+from einopt.codegen import ortkernel
+from einopt.codegen.ortkernel import KernelUnsupported, kernel_flops, ort_kernel, read_description, stand_in
 from einopt.core import ir
 from einopt.core.interp import evaluate
 from einopt.instantiate.kernelgroups import kernel_groups
@@ -118,13 +119,18 @@ def test_generated_kernels_equal_the_interpreter_in_onnx_runtime(make):
 
 @pytest.mark.tvm
 @needs_cc
-def test_one_scope_is_compiled_once_and_its_library_is_embedded_once():
+def test_a_model_carries_its_kernels_description_never_its_code():
     prog = _conv_program()
     a = ort_kernel(prog.scope("Y"))
-    assert ort_kernel(prog.scope("Y")) is not a and ort_kernel(prog.scope("Y")).library is a.library
+    assert ort_kernel(prog.scope("Y")).description is a.description  # described and compiled once
+    assert ortkernel.library(a.description) is ortkernel.library(a.description)
     model, _ = program_model(prog, kernels="tvm")
-    libraries = [t for t in model.graph.initializer if t.data_type == onnx.TensorProto.UINT8]
-    assert len(libraries) == 1 and libraries[0].raw_data == a.library
+    assert not [t for t in model.graph.initializer if t.data_type == onnx.TensorProto.UINT8]
+    (node,) = _kernel_nodes(model)
+    attrs = {x.name: onnx.helper.get_attribute_value(x) for x in node.attribute}
+    d = read_description(attrs["kernel"].decode(), attrs["kernel_sha256"].decode())
+    assert d == a.description and attrs["symbol"].decode() == d.symbol
+    assert d.program == stand_in(prog.scope("Y")).program and d.inputs == ((3, 3, 4, 6, 7),)
 
 
 @pytest.mark.tvm
@@ -138,7 +144,8 @@ def test_a_generated_kernel_runs_on_any_float_aligned_buffer_without_a_copy(offs
     prog = program({"Y": L(i, j)(tanh(x[i, j] * 0.5 + b[j]))})
     model, _ = program_model(prog, kernels="tvm")
     (node,) = _kernel_nodes(model)
-    library = next(t.raw_data for t in model.graph.initializer if t.name == node.input[0])
+    attrs = {x.name: onnx.helper.get_attribute_value(x).decode() for x in node.attribute if x.s}
+    library = ortkernel.library(read_description(attrs["kernel"], attrs["kernel_sha256"]))
     assert exported_alignment(library, tmp_path) == 4
     inputs = random_inputs(prog, np.random.default_rng(offset))
     raw = np.empty(64 * 40 + 16 + offset, np.float32)
@@ -168,39 +175,39 @@ def test_element_aligned_declares_every_buffer_aligned_to_its_element_only():
 
 @pytest.mark.tvm
 @needs_cc
-def test_a_light_instantiation_compiles_nothing_and_carries_the_flops():
+def test_a_light_instantiation_compiles_nothing_and_carries_the_flops(monkeypatch):
+    monkeypatch.setattr(ortkernel, "_CACHE", {})
     prog = _conv_program()
     model, inst = program_model(prog, kernels="tvm", light=True)
     (node,) = _kernel_nodes(model)
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     assert attrs["flops"] == kernel_flops(prog.scope("Y"))
     assert attrs["output_shapes"] == [6, 7, 4]
-    assert node.input[0] in {v.name for v in inst.placeholders}  # no library bytes
+    assert attrs["kernel_sha256"].decode() == ort_kernel(prog.scope("Y"), build=False).description.sha256
+    assert not ortkernel._CACHE  # nothing compiled
 
 
 @pytest.mark.tvm
 @needs_cc
-def test_the_cost_stage_times_a_generated_kernel_compiled_only_once_it_is_timed(tmp_path):
-    """A light instantiation's kernel is costed by timing its compiled code in a session of its own
-    (which computes what the interpreter does), under a signature that names the code generator's
-    build; without a way to build it, it is estimated."""
+def test_the_cost_stage_times_a_generated_kernel_compiled_only_once_it_is_timed(tmp_path, monkeypatch):
+    """A light instantiation's kernel is costed by timing its code, compiled from the node's
+    description, in a session of its own (which computes what the interpreter does), under a
+    signature that names the code generator's build; without a build named, it is estimated."""
     from einopt.runtime.cache import MeasurementCache
-    from einopt.runtime.opcost import KernelLibraries, OpCosts, _single, node_costs
+    from einopt.runtime.opcost import OpCosts, _single, node_costs
     from einopt.stages.export import weight_names
-    from einopt.stages.predict import _kernel_libraries
 
+    monkeypatch.setattr(ortkernel, "_CACHE", {})
+    monkeypatch.setattr(kernels, "_PREPARED", set())  # so the session asks for the library again
     prog = _conv_program()
     model, inst = program_model(prog, kernels="tvm", light=True)
     weights = weight_names({}, inst)
-    (s,) = inst.stand_ins
-    built = _kernel_libraries(inst.stand_ins)
-    calls = []
-    counted = KernelLibraries(built.build, {s.symbol: lambda: calls.append(1) or built.libraries[s.symbol]()})
-    nodes = node_costs(model, weights, counted)
+    s = stand_in(prog.scope("Y"))
+    nodes = node_costs(model, weights, ortkernel.build_id())
     (kernel,) = [n for n in nodes if n.cost.op == kernels.OP_TYPE]
-    assert kernel.cost.kind == "timed" and not calls  # costed, not compiled yet
+    assert kernel.cost.kind == "timed" and not ortkernel._CACHE  # costed, not compiled yet
     assert [n.cost.kind for n in node_costs(model, weights) if n.cost.op == kernels.OP_TYPE] == ["analytic"]
-    other = node_costs(model, weights, KernelLibraries("another build", built.libraries))
+    other = node_costs(model, weights, "another build")
     assert kernel.cost.key not in {n.cost.key for n in other}
 
     single, feeds = _single(kernel, np.random.default_rng(0))
@@ -212,7 +219,7 @@ def test_the_cost_stage_times_a_generated_kernel_compiled_only_once_it_is_timed(
     costs = OpCosts(store)
     costs.measure(nodes)
     p = costs.prediction(nodes)
-    assert calls and costs.measured >= 1
+    assert ortkernel._CACHE and costs.measured >= 1
     timed = [(n, sec) for n, sec in p.nodes if n.op == kernels.OP_TYPE]
     assert [n.kind for n, _ in timed] == ["timed"] and timed[0][1] > 0
     store.close()
@@ -260,12 +267,11 @@ def test_random_wide_reductions_as_generated_kernels_equal_the_interpreter(
     """The vectorised, partitioned, tiled and parallel schedules (``scopes()`` draws extents of at
     most 5, below one vector chunk), in ONNX Runtime; with ``min_parallel=1`` every outer loop runs in
     parallel. Compiled into a folder of its own: these schedules are not the default ones."""
-    from einopt.codegen import ortkernel, schedule
+    from einopt.codegen import schedule
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ortkernel, "_CACHE", {})
-        folder = tmp_path_factory.mktemp("kernels")
-        mp.setattr(ortkernel, "_disk_folder", lambda: folder)
+        mp.setenv("EINOPT_CACHE_DIR", str(tmp_path_factory.mktemp("kernels")))
         if min_parallel is not None:
             mp.setattr(schedule, "MIN_PARALLEL_WORK", min_parallel)
         for seed in range(2):
@@ -447,7 +453,7 @@ def test_a_kernel_reads_through_the_reshape_a_match_ends_with():
     kinds = [n.op_type for n in model.graph.node]
     assert kinds == ["MatMul", kernels.OP_TYPE], kinds
     (node,) = _kernel_nodes(model)
-    assert node.input[1] == model.graph.node[0].output[0]
+    assert node.input[0] == model.graph.node[0].output[0]
     _close(got["Y"], want["Y"])
     onnx_model, _ = program_model(prog)  # the portable form keeps the Reshape
     assert "Reshape" in {n.op_type for n in onnx_model.graph.node}
@@ -539,7 +545,7 @@ def test_the_profile_lists_each_generated_kernel_with_its_bytes_and_flops():
 
 @pytest.mark.tvm
 @needs_cc
-def test_parts_with_the_same_kernel_share_one_library_in_the_output(tmp_path):
+def test_parts_with_the_same_kernel_share_one_description_in_the_output(tmp_path):
     from onnx import TensorProto, helper
 
     import einopt.runtime
@@ -559,8 +565,9 @@ def test_parts_with_the_same_kernel_share_one_library_in_the_output(tmp_path):
     _optimize_with_kernels(src, out)
     model = onnx.load(out)
     generated = _kernel_nodes(model)
-    assert len(generated) == 2 and generated[0].input[0] == generated[1].input[0]
-    assert sum(t.data_type == onnx.TensorProto.UINT8 for t in model.graph.initializer) == 1
+    sha = [next(a.s for a in n.attribute if a.name == "kernel_sha256") for n in generated]
+    assert len(generated) == 2 and sha[0] == sha[1]
+    assert not any(t.data_type == onnx.TensorProto.UINT8 for t in model.graph.initializer)
     feeds = {k: np.random.default_rng(2).standard_normal((2, 64)).astype(np.float32) for k in "abcdef"}
     y0, y1 = einopt.runtime.session(out).run(["y0", "y1"], feeds)
     np.testing.assert_allclose(

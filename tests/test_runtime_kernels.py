@@ -1,4 +1,5 @@
-"""einopt's ONNX Runtime custom-op library: TVM kernels run on ORT's buffers, in a fresh process too."""
+"""einopt's ONNX Runtime custom-op library: kernels built from their nodes' descriptions run on ORT's
+buffers, in a fresh process too; a node is checked against its description before anything runs."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
+from einopt import L, iters, program, tensor
+from einopt.errors import ModelError
 from einopt.runtime import kernels
+from einopt.stages.export import program_model
 
-from kernel_support import exported_alignment
-
-tvm = pytest.importorskip("tvm")
-from tvm import s_tir, te  # noqa: E402
+pytest.importorskip("tvm")
 
 pytestmark = pytest.mark.skipif(
     not any(__import__("shutil").which(c) for c in ("cc", "gcc", "clang")),
@@ -25,127 +26,152 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _axpy(name: str, rows: int, cols: int, parallel: bool) -> object:
-    """``C = 2 A + B`` over ``[rows, cols]``, built for this CPU (rows in parallel when asked)."""
-    a = te.placeholder((rows, cols), "float32", name="A")
-    b = te.placeholder((rows, cols), "float32", name="B")
-    c = te.compute((rows, cols), lambda i, j: 2.0 * a[i, j] + b[i, j], name="C")
-    func = te.create_prim_func([a, b, c]).with_attr("global_symbol", name)
-    sch = s_tir.Schedule(func)
-    i, j = sch.get_loops(sch.get_sblock("C"))
-    if parallel:
-        sch.parallel(i)
-    return tvm.tirx.build(
-        tvm.IRModule({name: sch.mod["main"].with_attr("global_symbol", name)}), target="llvm"
-    )
+def _axpy(rows: int, cols: int) -> onnx.ModelProto:
+    """``C = 2 A + B`` over ``[rows, cols]`` as one generated kernel (256 rows run in parallel)."""
+    i, j = iters(f"i:{rows} j:{cols}")
+    a, b = tensor("A", (rows, cols)), tensor("B", (rows, cols))
+    model, _ = program_model(program({"C": L(i, j)(a[i, j] * 2.0 + b[i, j])}), kernels="tvm")
+    assert [n.op_type for n in model.graph.node] == [kernels.OP_TYPE]
+    return model
 
 
-def _model(
-    library: bytes, symbol: str, shape: tuple[int, int], kernel_input_shape=None, declared: bool = False
-) -> onnx.ModelProto:
-    """One kernel node; ``declared``: it declares the shapes the kernel was compiled for (``shape``)."""
-    code = numpy_helper.from_array(np.frombuffer(library, dtype=np.uint8), "einopt_kernels")
-    inputs = {"input_ranks": [2, 2], "input_shapes": [*shape, *shape]} if declared else {}
-    node = helper.make_node(
-        kernels.OP_TYPE,
-        ["einopt_kernels", "a", "b"],
-        ["c"],
-        domain=kernels.DOMAIN,
-        symbol=symbol,
-        output_ranks=[2],
-        output_shapes=list(shape),
-        **inputs,
-    )
-    graph = helper.make_graph(
-        [node],
-        "g",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, kernel_input_shape or shape) for n in "ab"],
-        [helper.make_tensor_value_info("c", TensorProto.FLOAT, shape)],
-        initializer=[code],
-    )
-    return helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(kernels.DOMAIN, 1)]
-    )
+def _attribute(model: onnx.ModelProto, name: str):
+    (node,) = model.graph.node
+    return next(helper.get_attribute_value(a) for a in node.attribute if a.name == name)
 
 
-@pytest.fixture(scope="module")
-def library() -> bytes:
-    return kernels.link_kernels(
-        [_axpy("axpy", 64, 96, parallel=False), _axpy("axpy_par", 256, 96, parallel=True)]
-    )
+def _set_attribute(model: onnx.ModelProto, name: str, value) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    (node,) = out.graph.node
+    (a,) = [a for a in node.attribute if a.name == name]
+    node.attribute.remove(a)
+    node.attribute.append(helper.make_attribute(name, value))
+    return out
 
 
-@pytest.mark.parametrize("declared", [False, True])
-@pytest.mark.parametrize("symbol, shape", [("axpy", (64, 96)), ("axpy_par", (256, 96))])
-def test_a_kernel_runs_on_ort_buffers(library, symbol, shape, declared):
+@pytest.mark.parametrize("shape", [(64, 96), (256, 96)])
+def test_a_kernel_runs_on_ort_buffers(shape):
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    model = _axpy(*shape).SerializeToString()
     for threads in (1, 2):
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads
-        sess = kernels.session(_model(library, symbol, shape, declared=declared).SerializeToString(), options)
-        (c,) = sess.run(None, {"a": a, "b": b})
+        (c,) = kernels.session(model, options).run(None, {"A": a, "B": b})
         np.testing.assert_array_equal(c, 2 * a + b)
 
 
-@pytest.mark.parametrize("declared", [False, True])
-def test_a_misaligned_input_is_read_through_an_aligned_copy(library, declared):
+def test_a_misaligned_input_is_read_where_it_is():
     rng = np.random.default_rng(1)
     raw = rng.standard_normal(64 * 96 + 1).astype(np.float32)
     a = raw[1:].reshape(64, 96)  # 4 bytes past an aligned start
     b = rng.standard_normal((64, 96)).astype(np.float32)
-    sess = kernels.session(_model(library, "axpy", (64, 96), declared=declared).SerializeToString())
-    (c,) = sess.run(None, {"a": a, "b": b})
+    (c,) = kernels.session(_axpy(64, 96).SerializeToString()).run(None, {"A": a, "B": b})
     np.testing.assert_array_equal(c, 2 * a + b)
 
 
-def test_a_library_says_what_alignment_its_kernels_assume(library, tmp_path):
-    assert exported_alignment(library, tmp_path) == 64  # TVM's
-    with pytest.raises(ValueError, match="power of two"):
-        kernels.link_kernels([], alignment=12)
-
-
-@pytest.mark.parametrize("declared", [False, True])
-def test_a_failed_kernel_check_is_an_ort_error_with_the_kernels_message(library, declared):
-    # the node's inputs are [64, 95]: TVM's argument check refuses them, and ORT raises (a node that
-    # declares [64, 96] finds the size wrong and reads the real shape, which TVM refuses)
-    model = _model(library, "axpy", (64, 96), kernel_input_shape=(64, 95), declared=declared)
+def test_a_failed_kernel_check_is_an_ort_error_with_the_kernels_message():
+    # the graph's inputs are [64, 95]: the node declares [64, 96], finds the size wrong and reads the
+    # real shape, which TVM's argument check refuses, and ORT raises
+    model = _axpy(64, 96)
+    for vi in model.graph.input:
+        vi.type.tensor_type.shape.dim[1].dim_value = 95
     sess = kernels.session(model.SerializeToString())
     x = np.zeros((64, 95), np.float32)
-    with pytest.raises(Exception, match="einopt TvmKernel axpy failed: .*shape"):
-        sess.run(None, {"a": x, "b": x})
+    with pytest.raises(Exception, match="einopt TvmKernel einopt_[0-9a-f]+ failed: .*shape"):
+        sess.run(None, {"A": x, "B": x})
 
 
-def test_an_unknown_symbol_fails_when_the_session_is_made(library):
-    with pytest.raises(Exception, match="no kernel nope"):
-        kernels.session(_model(library, "nope", (64, 96)).SerializeToString())
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        ("symbol", "nope", "attribute symbol disagrees"),
+        ("output_shapes", [64, 97], "attribute output_shapes disagrees"),
+        ("kernel_sha256", "0" * 64, "does not match its SHA-256"),
+    ],
+)
+def test_a_node_that_disagrees_with_its_description_is_refused_before_anything_runs(name, value, message):
+    with pytest.raises(ModelError, match=message):
+        kernels.session(_set_attribute(_axpy(64, 96), name, value).SerializeToString())
 
 
-def test_a_model_opened_without_the_library_fails_with_orts_own_error(library):
+def test_an_altered_description_is_refused_even_with_a_matching_sha256():
+    # the attacker rewrites the program and recomputes the hash: the text is not what einopt writes
+    import hashlib
+
+    model = _axpy(64, 96)
+    text = _attribute(model, "kernel").decode().replace('"schedule":"cpu"', '"schedule":"cpu" ')
+    model = _set_attribute(model, "kernel", text)
+    model = _set_attribute(model, "kernel_sha256", hashlib.sha256(text.encode()).hexdigest())
+    with pytest.raises(ModelError, match="not the one einopt writes"):
+        kernels.session(model.SerializeToString())
+
+
+def test_a_model_opened_without_the_library_fails_with_orts_own_error():
     with pytest.raises(Exception, match="ai.einopt"):
-        onnxruntime.InferenceSession(_model(library, "axpy", (64, 96)).SerializeToString())
+        onnxruntime.InferenceSession(_axpy(64, 96).SerializeToString())
 
 
-def test_the_library_builds_from_a_clean_cache_and_runs_in_a_fresh_process(library, tmp_path, monkeypatch):
-    monkeypatch.setenv("EINOPT_CACHE_DIR", str(tmp_path / "cache"))
+def test_the_library_alone_runs_no_kernel_it_was_not_handed():
+    # registering the custom-op library without preparing the model: the node is refused when the
+    # session is made (in a fresh process, where nothing was prepared before)
     path = kernels.library_path()
-    assert path.is_file() and str(path).startswith(str(tmp_path / "cache"))
-    assert kernels.library_path() == path  # built once
-    model = tmp_path / "m.onnx"
-    onnx.save(_model(library, "axpy_par", (256, 96)), model)
+    model = _axpy(48, 32)
     script = textwrap.dedent(
         f"""
-        import numpy as np, onnxruntime
+        import onnxruntime
         options = onnxruntime.SessionOptions()
         options.register_custom_ops_library({str(path)!r})
-        sess = onnxruntime.InferenceSession({str(model)!r}, options)
-        a = np.arange(256 * 96, dtype=np.float32).reshape(256, 96)
-        (c,) = sess.run(None, {{"a": a, "b": a}})
-        assert np.array_equal(c, 3 * a), "wrong values"
-        print("ok")
+        try:
+            onnxruntime.InferenceSession({model.SerializeToString()!r}, options)
+        except Exception as e:
+            print("REFUSED:", e)
         """
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "REFUSED:" in done.stdout and "is not built in this process" in done.stdout, done.stderr
+
+
+def test_the_library_builds_from_a_clean_cache_and_runs_in_a_fresh_process(tmp_path):
+    model = tmp_path / "m.onnx"
+    onnx.save(_axpy(256, 96), model)
+    script = textwrap.dedent(
+        f"""
+        import numpy as np, onnxruntime
+        from einopt.runtime import kernels
+        options = kernels.prepare({str(model)!r}, onnxruntime.SessionOptions())
+        sess = onnxruntime.InferenceSession({str(model)!r}, options)
+        a = np.arange(256 * 96, dtype=np.float32).reshape(256, 96)
+        (c,) = sess.run(None, {{"A": a, "B": a}})
+        assert np.array_equal(c, 3 * a), "wrong values"
+        print("ok", kernels.library_path())
+        """
+    )
+    env = {**__import__("os").environ, "EINOPT_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr
+    assert done.stdout.split()[1].startswith(str(tmp_path / "cache"))
+
+
+def test_a_session_works_in_a_process_with_a_global_thread_pool(tmp_path):
+    model = tmp_path / "m.onnx"
+    onnx.save(_axpy(64, 96), model)
+    script = textwrap.dedent(
+        f"""
+        import numpy as np, onnxruntime
+        from onnxruntime.capi import _pybind_state
+        import einopt.runtime
+        _pybind_state.set_global_thread_pool_sizes(2, 1)
+        a = np.ones((64, 96), np.float32)
+        (c,) = einopt.runtime.session({str(model)!r}).run(None, {{"A": a, "B": a}})
+        assert np.array_equal(c, 3 * a)
+        print("ok")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
@@ -154,3 +180,8 @@ def test_no_compiler_is_one_clear_error(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(kernels.NativeBuildError, match="need a C compiler"):
         kernels.compiler()
+
+
+def test_link_kernels_refuses_an_alignment_that_is_no_power_of_two():
+    with pytest.raises(ValueError, match="power of two"):
+        kernels.link_kernels([], alignment=12)

@@ -73,7 +73,7 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except click.ClickException:
             raise
         except Exception as e:  # noqa: BLE001 - the last line of defence for the user
-            if type(e).__name__ in ("DeviceUnavailableError", "NativeBuildError"):
+            if type(e).__name__ in ("DeviceUnavailableError", "NativeBuildError", "CacheTrustError"):
                 _fail(str(e), "unavailable", verbose)
             _fail(
                 f"internal error: {type(e).__name__}: {e} (please report it; -v shows the traceback)",
@@ -142,3 +142,5 @@ def main(verbose: int, quiet: bool) -> None:
     if quiet:
         level = logging.ERROR
     logging.basicConfig(level=level, format="einopt: %(levelname)s: %(message)s")
+    if not quiet and not verbose:  # building a model's kernels on first use takes seconds: say so
+        logging.getLogger("einopt.runtime.kernels").setLevel(logging.INFO)

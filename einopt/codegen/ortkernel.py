@@ -1,21 +1,25 @@
-"""A scope as a kernel that ONNX Runtime runs: compiled by TVM, linked into a small shared library.
+"""A scope as a kernel that ONNX Runtime runs: described in the model, compiled by TVM on the machine
+that runs it.
 
-``ort_kernel(scope)`` gives what an ``ai.einopt::TvmKernel`` node needs (see
-``einopt.runtime.kernels``): the kernel library's bytes, the kernel's symbol,
-and the values to feed it, in order. The scope's direct sources (input
-tensors and the nested scopes it reads, first read first) become the kernel's
-parameters ``x000, x001, ...``; a nested scope is read as a tensor of its shape
-(its traversal value ``v`` at array position ``v - lo``, as it is
-materialised). The scope's ``pad`` is dropped: the node's output is the scope's
-value, not a padded buffer.
+A model carries what to compute, never machine code. ``ort_kernel(scope)`` gives what an
+``ai.einopt::TvmKernel`` node needs (see ``einopt.runtime.kernels``): the kernel's
+:class:`KernelDescription` (its program in einopt's expression syntax, its input and output shapes and
+its schedule, as one canonical JSON text, and the SHA-256 of that text), and the values to feed it,
+in order. The scope's direct sources (input tensors and the nested scopes it reads, first read first)
+become the kernel's parameters ``x000, x001, ...``; a nested scope is read as a tensor of its shape
+(its traversal value ``v`` at array position ``v - lo``, as it is materialised). The scope's ``pad``
+is dropped: the node's output is the scope's value, not a padded buffer.
 
-Libraries are cached twice: per process by the stand-in scope, and on disk in
-the user's cache directory (``kernels/<build fingerprint>/<symbol>.so``; the
-fingerprint covers TVM's version, the target CPU, einopt's code generator, its
-IR and operations (their TVM forms), and the shim), so a second run of a model compiles nothing.
+:func:`library` compiles a description for this CPU (TVM's LLVM code linked with einopt's shim) into
+a kernel library. Libraries are cached per process by the description's SHA-256, and on disk in the
+user's cache directory (``kernels/<build fingerprint>/<sha256>.so``, the fingerprint covering TVM's
+version, the target CPU, einopt's code generator, its IR and operations (their TVM forms), and the
+shim), each file beside the SHA-256 of its bytes recorded when it was built: a file whose bytes differ
+from the record, or that others could have written, is refused and built again.
+:func:`read_description` parses a description back out of a node, checking it against its SHA-256 and
+against what einopt itself would write for it.
 
-``kernel_flops`` is the analytic work of a scope (the cost model's FLOPs of the
-node); it needs no TVM.
+``kernel_flops`` is the analytic work of a scope (the cost model's FLOPs of the node); it needs no TVM.
 """
 
 from __future__ import annotations
@@ -23,29 +27,37 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import json
 import logging
 import math
-import os
 import re
-import tempfile
 import threading
 from pathlib import Path
 
 from einopt.core import ir
-from einopt.core.keys import key
 from einopt.core.ops import BINARY, UNARY
+from einopt.core.parser import parse
 from einopt.core.rewrite import accesses
+from einopt.core.syntax import format_expr
+from einopt.runtime.cache import CacheTrustError, cache_dir, cache_folder, read_private, write_private
 
 __all__ = [
+    "KERNEL_FORMAT",
+    "KernelDescription",
+    "KernelDescriptionError",
     "KernelUnsupported",
     "OrtKernel",
+    "StandIn",
+    "build_id",
+    "describe",
+    "is_cached",
+    "kernel_flops",
+    "library",
     "ort_kernel",
     "ort_kernel_group",
-    "compiled",
-    "build_id",
+    "read_description",
     "stand_in",
     "stand_in_group",
-    "kernel_flops",
 ]
 
 log = logging.getLogger(__name__)
@@ -53,33 +65,74 @@ log = logging.getLogger(__name__)
 CODEGEN = Path(__file__).resolve().parent
 CORE = CODEGEN.parent / "core"  # the IR and its operations' TVM forms
 
+KERNEL_FORMAT = "einopt-kernel/1"
+"""The version of a description's layout (its ``format`` field)."""
+SCHEDULES = ("cpu",)
+"""The schedules a description may ask for (``cpu``: :func:`einopt.codegen.schedule.schedule_cpu`)."""
+
 
 class KernelUnsupported(ValueError):
     """A scope that cannot be a generated kernel here (the message says why)."""
 
 
+class KernelDescriptionError(ValueError):
+    """A node's kernel description is damaged, altered, or not one einopt writes (the message says why)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelDescription:
+    """What one ``TvmKernel`` node computes: ``program`` (reading the float32 tensors ``x000, x001,
+    ...``, writing its outputs in order), as the canonical JSON ``text`` a node carries, and the
+    SHA-256 of that text (hex), by which the kernel's compiled library is known everywhere."""
+
+    program: ir.Program
+    text: str
+    sha256: str
+
+    @property
+    def symbol(self) -> str:
+        """The kernel's entry point in its library (``__tvm_ffi_<symbol>``)."""
+        return "einopt_" + self.sha256[:24]
+
+    @property
+    def inputs(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(t.shape for t in self.program.inputs)
+
+    @property
+    def outputs(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(self.program.scope(n).shape for n in self.program.outputs)
+
+
 @dataclasses.dataclass(frozen=True)
 class OrtKernel:
-    """One compiled scope: ``library`` (shared-object bytes) exports ``__tvm_ffi_<symbol>``, called
-    with ``sources`` (tensors and nested scopes, in order) and writing one float32 output of ``shape``."""
+    """One kernel: its ``description``, called with ``sources`` (tensors and nested scopes, in order)
+    and writing float32 outputs, the first of ``shape``."""
 
-    symbol: str
-    library: bytes
+    description: KernelDescription
     sources: tuple[ir.Tensor | ir.Scope, ...]
     shape: tuple[int, ...]
-    scheduled: bool
+
+    @property
+    def symbol(self) -> str:
+        return self.description.symbol
 
 
 @dataclasses.dataclass(frozen=True)
 class StandIn:
-    """A scope rewritten to read its direct sources as the tensors ``x000, x001, ...``."""
+    """Scopes computed by one kernel: a program whose inputs are the scopes' outside sources as the
+    tensors ``x000, x001, ...`` and whose bindings (``y0, y1, ...``) read one another."""
 
-    scope: ir.Scope
+    program: ir.Program
     sources: tuple[ir.Tensor | ir.Scope, ...]
 
     @property
+    def scope(self) -> ir.Scope:
+        """The first scope (a one-scope stand-in's only one)."""
+        return self.program.bindings[0][1]
+
+    @property
     def symbol(self) -> str:
-        return "einopt_" + key(self.scope)
+        return describe(self).symbol
 
 
 def stand_in(scope: ir.Scope) -> StandIn:
@@ -90,31 +143,10 @@ def stand_in(scope: ir.Scope) -> StandIn:
     KernelUnsupported
         When a source is not float32 (einopt's ONNX Runtime operator takes float32 tensors).
     """
-    group = stand_in_group((scope,), (True,))
-    return StandIn(group.program.bindings[0][1], group.sources)
+    return stand_in_group((scope,), (True,))
 
 
-@dataclasses.dataclass(frozen=True)
-class GroupStandIn:
-    """Scopes computed by one kernel with several outputs: a program whose inputs are the scopes'
-    outside sources as the tensors ``x000, x001, ...`` and whose bindings read one another."""
-
-    program: ir.Program
-    sources: tuple[ir.Tensor | ir.Scope, ...]
-
-    @property
-    def symbol(self) -> str:
-        return (
-            "einopt_"
-            + hashlib.sha256(
-                "\n".join(key(s) + " " + n for n, s in self.program.bindings).encode()
-                + b"|"
-                + " ".join(self.program.outputs).encode()
-            ).hexdigest()[:24]
-        )
-
-
-def stand_in_group(scopes: tuple[ir.Scope, ...], outputs: tuple[bool, ...]) -> GroupStandIn:
+def stand_in_group(scopes: tuple[ir.Scope, ...], outputs: tuple[bool, ...]) -> StandIn:
     """``scopes`` (each reading only earlier ones among them, directly) as one program: their other
     sources, first read first, become float32 tensors; ``outputs`` says which scopes the kernel
     writes (the others stay inside it).
@@ -156,7 +188,78 @@ def stand_in_group(scopes: tuple[ir.Scope, ...], outputs: tuple[bool, ...]) -> G
         rebuilt[s] = ir.Scope(s.traversal, s.summation, go(s.body), (), s.reduce)
         bindings.append((f"y{k}", rebuilt[s]))
     written = tuple(n for (n, _), w in zip(bindings, outputs, strict=True) if w)
-    return GroupStandIn(ir.Program(tuple(order.values()), tuple(bindings), written), tuple(order))
+    if not order:
+        raise KernelUnsupported("it reads no tensor (a kernel reads at least one)")
+    return StandIn(ir.Program(tuple(order.values()), tuple(bindings), written), tuple(order))
+
+
+def describe(s: StandIn) -> KernelDescription:
+    """The description of stand-in ``s`` (its CPU schedule), as a node carries it."""
+    return _described(s.program)
+
+
+@functools.lru_cache(maxsize=4096)
+def _described(program: ir.Program) -> KernelDescription:
+    text = _canonical(
+        {
+            "format": KERNEL_FORMAT,
+            "program": format_expr(program),
+            "inputs": [list(t.shape) for t in program.inputs],
+            "outputs": [list(program.scope(n).shape) for n in program.outputs],
+            "schedule": "cpu",
+        }
+    )
+    return KernelDescription(program, text, hashlib.sha256(text.encode()).hexdigest())
+
+
+def _canonical(fields: dict) -> str:
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def read_description(text: str, sha256: str) -> KernelDescription:
+    """The description ``text`` (a node's ``kernel`` attribute), checked: its SHA-256 is ``sha256``,
+    and it is exactly what :func:`describe` writes for the program it holds (so one kernel has one
+    text, and a parsed program is never anything einopt would not have written).
+
+    Raises
+    ------
+    KernelDescriptionError
+        What is wrong with it, in one line.
+    """
+    if hashlib.sha256(text.encode()).hexdigest() != sha256:
+        raise KernelDescriptionError(
+            "its description does not match its SHA-256 (the file was altered or damaged)"
+        )
+    try:
+        fields = json.loads(text)
+    except ValueError as e:
+        raise KernelDescriptionError(f"its description is not JSON ({e})") from None
+    if not isinstance(fields, dict) or fields.get("format") != KERNEL_FORMAT:
+        found = fields.get("format") if isinstance(fields, dict) else None
+        raise KernelDescriptionError(
+            f"its description is of format {found!r}; this einopt reads {KERNEL_FORMAT!r} (optimize the "
+            "original model again with this einopt)"
+        )
+    if fields.get("schedule") not in SCHEDULES:
+        raise KernelDescriptionError(
+            f"its description asks for an unknown schedule {fields.get('schedule')!r}"
+        )
+    program_text = fields.get("program")
+    if not isinstance(program_text, str):
+        raise KernelDescriptionError("its description has no program")
+    try:
+        program = parse(program_text)
+    except (ir.IRError, ValueError, RecursionError) as e:
+        raise KernelDescriptionError(f"its program does not parse: {e}") from None
+    if not isinstance(program, ir.Program):
+        raise KernelDescriptionError("its program is a single expression, not a program")
+    expected = [ir.Tensor(f"x{i:03d}", t.shape, "float32") for i, t in enumerate(program.inputs)]
+    if list(program.inputs) != expected:
+        raise KernelDescriptionError("its program's inputs are not the float32 tensors x000, x001, ...")
+    d = _described(program)
+    if d.text != text:
+        raise KernelDescriptionError("its description is not the one einopt writes for its program")
+    return d
 
 
 def kernel_flops(scope: ir.Scope) -> int:
@@ -172,12 +275,9 @@ def kernel_flops(scope: ir.Scope) -> int:
     return int(points * (ops + (1 if scope.summation else 0)))
 
 
-_CACHE: dict[ir.Scope | ir.Program, tuple[bytes, bool]] = {}
-_LOCK = threading.Lock()
-
-
-def ort_kernel(scope: ir.Scope) -> OrtKernel:
-    """Compile ``scope`` for this CPU into a kernel library (cached per process and on disk).
+def ort_kernel(scope: ir.Scope, build: bool = True) -> OrtKernel:
+    """``scope`` as a kernel, compiled for this CPU now unless ``build`` is False (cached per process
+    and on disk; a session builds what was not built, see ``einopt.runtime.kernels.prepare``).
 
     Raises
     ------
@@ -186,60 +286,109 @@ def ort_kernel(scope: ir.Scope) -> OrtKernel:
     einopt.runtime.kernels.NativeBuildError
         When there is no C compiler to link the library with, or linking fails.
     """
-    s = stand_in(scope)
-    library, scheduled = compiled(s)
-    return OrtKernel(s.symbol, library, s.sources, scope.shape, scheduled)
+    return _kernel(stand_in(scope), scope.shape, build)
 
 
-def ort_kernel_group(scopes: tuple[ir.Scope, ...], outputs: tuple[bool, ...]) -> OrtKernel:
-    """Compile ``scopes`` (see :func:`stand_in_group`) into one kernel library writing the scopes
-    ``outputs`` marks, in order (``shape`` is the first one's; cached like :func:`ort_kernel`)."""
-    s = stand_in_group(scopes, outputs)
-    library, scheduled = compiled(s)
-    return OrtKernel(s.symbol, library, s.sources, scopes[0].shape, scheduled)
+def ort_kernel_group(
+    scopes: tuple[ir.Scope, ...], outputs: tuple[bool, ...], build: bool = True
+) -> OrtKernel:
+    """``scopes`` (see :func:`stand_in_group`) as one kernel writing the scopes ``outputs`` marks, in
+    order (``shape`` is the first one's; built like :func:`ort_kernel`)."""
+    return _kernel(stand_in_group(scopes, outputs), scopes[0].shape, build)
 
 
-def compiled(s: StandIn | GroupStandIn) -> tuple[bytes, bool]:
-    """The library of ``s`` (cached per process and on disk) and whether its loops are scheduled.
+def _kernel(s: StandIn, shape: tuple[int, ...], build: bool) -> OrtKernel:
+    d = describe(s)
+    if build:
+        library(d)
+    return OrtKernel(d, s.sources, shape)
+
+
+_CACHE: dict[str, tuple[bytes, bool]] = {}
+_LOCK = threading.Lock()
+
+
+def library(d: KernelDescription) -> bytes:
+    """The kernel library of ``d`` for this CPU (shared-object bytes exporting ``__tvm_ffi_<symbol>``),
+    from this process's cache, else from einopt's disk cache (checked), else built now.
 
     Raises
     ------
     einopt.runtime.kernels.NativeBuildError
-        As :func:`ort_kernel`.
+        When there is no C compiler to link the library with, or linking fails.
+    einopt.runtime.cache.CacheTrustError
+        When the cache folder is not private to this user.
     """
-    at = s.scope if isinstance(s, StandIn) else s.program
+    return _library_of(d)[0]
+
+
+def scheduled(d: KernelDescription) -> bool:
+    """Whether the library of ``d`` runs scheduled loops (False: its schedule failed, a fallback)."""
+    return _library_of(d)[1]
+
+
+def _library_of(d: KernelDescription) -> tuple[bytes, bool]:
     with _LOCK:
-        done = _CACHE.get(at)
+        done = _CACHE.get(d.sha256)
         if done is None:
-            done = _CACHE[at] = _library(s)
+            done = _CACHE[d.sha256] = _library(d)
     return done
 
 
+def is_cached(d: KernelDescription) -> bool:
+    """Whether the library of ``d`` is in this process's cache or on disk (not checked here: loading it
+    checks it)."""
+    if d.sha256 in _CACHE:
+        return True
+    return (cache_dir() / "kernels" / build_id() / f"{d.sha256}.so").is_file()
+
+
 def build_id() -> str:
-    """What a compiled kernel depends on besides its scope (TVM's version, the target CPU, einopt's
-    code generator, IR and shim), as a short digest: the name of the disk cache's folder."""
-    return _disk_folder().name
+    """What a compiled kernel depends on besides its description (TVM's version, the target CPU,
+    einopt's code generator, IR and shim), as a short digest: the name of the disk cache's folder."""
+    return _build_fingerprint()
 
 
-def _library(s: StandIn | GroupStandIn) -> tuple[bytes, bool]:
-    folder = _disk_folder()
-    path = folder / f"{s.symbol}.so"
-    if path.exists():
-        return path.read_bytes(), True
-    module, scheduled, alignment = _build(s)
+def _library(d: KernelDescription) -> tuple[bytes, bool]:
+    folder = cache_folder("kernels", build_id())
+    path, record = folder / f"{d.sha256}.so", folder / f"{d.sha256}.sha256"
+    found = _cached(path, record)
+    if found is not None:
+        return found, True
     from einopt.runtime.kernels import link_kernels
 
+    log.info("compiling kernel %s for this CPU", d.symbol)
+    module, scheduled, alignment = _build(d)
     library = link_kernels([module], alignment=alignment)
     if scheduled:  # an unscheduled build is a fallback; it is tried again next time
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, delete=False, suffix=".tmp") as f:
-            f.write(library)
-        os.replace(f.name, path)  # atomic: a concurrent process reads a whole file
+        write_private(path, library)
+        write_private(record, hashlib.sha256(library).hexdigest().encode())
     return library, scheduled
 
 
-def _build(s: StandIn | GroupStandIn) -> tuple[object, bool, int]:
-    """The TVM module of ``s``, whether its loops are scheduled, and the alignment (bytes) its code
+def _cached(path: Path, record: Path) -> bytes | None:
+    """The library cached at ``path`` if it is private to this user and its bytes hash to the SHA-256
+    in ``record``; None if it is missing or refused (a refusal is logged: the caller builds it again)."""
+    try:
+        data = read_private(path)
+        if data is None:
+            return None
+        recorded = read_private(record)
+    except CacheTrustError as e:
+        log.warning("refused the cached kernel library %s: %s; building it again", path, e)
+        return None
+    if recorded is None or hashlib.sha256(data).hexdigest() != recorded.decode(errors="replace").strip():
+        log.warning(
+            "refused the cached kernel library %s: its bytes are not the ones recorded when einopt built it; "
+            "building it again",
+            path,
+        )
+        return None
+    return data
+
+
+def _build(d: KernelDescription) -> tuple[object, bool, int]:
+    """The TVM module of ``d``, whether its loops are scheduled, and the alignment (bytes) its code
     assumes of its buffers."""
     import tvm
 
@@ -248,25 +397,26 @@ def _build(s: StandIn | GroupStandIn) -> tuple[object, bool, int]:
     from einopt.codegen.te import lower
     from einopt.runtime.kernels import TVM_ALIGNMENT
 
-    lowered = lower(s.scope if isinstance(s, StandIn) else s.program)
+    lowered = lower(d.program)
     target = resolve_target("llvm")
+    symbol = d.symbol
 
     def built(func) -> tuple[object, int]:
         try:
             func, alignment = element_aligned(func)
         except Exception as e:  # noqa: BLE001 - TVM's parser raises several types; the aligned form works too
             log.debug(
-                "%s: kept TVM's buffer alignment (its inputs are copied when misaligned): %s", s.symbol, e
+                "%s: kept TVM's buffer alignment (its inputs are copied when misaligned): %s", symbol, e
             )
             alignment = TVM_ALIGNMENT  # the custom op copies the buffers less aligned than this
-        func = func.with_attr("global_symbol", s.symbol)
-        return tvm.tirx.build(tvm.IRModule({s.symbol: func}), target=target), alignment
+        func = func.with_attr("global_symbol", symbol)
+        return tvm.tirx.build(tvm.IRModule({symbol: func}), target=target), alignment
 
     try:
         module, alignment = built(schedule_cpu(lowered).mod["main"])
         return module, True, alignment
     except Exception as e:  # noqa: BLE001 - a failed schedule must not fail the kernel
-        log.debug("%s: scheduled build failed, building unscheduled loops: %s", s.symbol, e)
+        log.debug("%s: scheduled build failed, building unscheduled loops: %s", symbol, e)
         module, alignment = built(lowered.func)
         return module, False, alignment
 
@@ -303,16 +453,15 @@ def element_aligned(func) -> tuple[object, int]:
 
 
 @functools.cache
-def _disk_folder() -> Path:
+def _build_fingerprint() -> str:
     import tvm
 
     from einopt.codegen.build import resolve_target
     from einopt.runtime import kernels
-    from einopt.runtime.cache import cache_dir
 
     h = hashlib.sha256()
     for part in (tvm.__version__, str(resolve_target("llvm")), " ".join(kernels.CFLAGS)):
         h.update(part.encode() + b"\0")
     for source in sorted([*CODEGEN.glob("*.py"), *CORE.glob("*.py"), kernels.SHIM_SOURCE]):
         h.update(source.read_bytes())
-    return cache_dir() / "kernels" / h.hexdigest()[:16]
+    return h.hexdigest()[:16]

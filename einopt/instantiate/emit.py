@@ -13,9 +13,9 @@ materialised once, by the first of:
 3. otherwise an eOperator: with ``kernels="onnx"`` (the default, the portable
    form) a call of a model-local function of standard operators in domain
    ``einopt.eop`` (``einopt.instantiate.eop``); with ``kernels="tvm"`` a node
-   ``ai.einopt::TvmKernel`` running the scope compiled by TVM for this CPU
-   (``einopt.codegen.ortkernel``), its kernel library an initializer of the
-   model (``einopt.runtime.kernels``). A scope that cannot be a kernel (one
+   ``ai.einopt::TvmKernel`` carrying the scope's kernel description, compiled
+   by TVM for the CPU that runs the model (``einopt.codegen.ortkernel``,
+   ``einopt.runtime.kernels``). A scope that cannot be a kernel (one
    reading a non-float tensor) is a function call in either form.
 
 With ``kernels="tvm"``, a match that would be two or more element-wise nodes
@@ -40,16 +40,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from einopt.codegen.ortkernel import (
-    GroupStandIn,
-    KernelUnsupported,
-    StandIn,
-    kernel_flops,
-    ort_kernel,
-    ort_kernel_group,
-    stand_in,
-    stand_in_group,
-)
+from einopt.codegen.ortkernel import KernelUnsupported, OrtKernel, kernel_flops, ort_kernel, ort_kernel_group
 from einopt.core import ir
 from einopt.core.interp import evaluate
 from einopt.core.ops import BINARY, UNARY
@@ -156,9 +147,6 @@ class Instantiated:
     # Types and shapes of the values ONNX shape inference cannot infer (outputs of operators outside
     # the default domain, such as ONNX Runtime's com.microsoft ones).
     value_info: tuple[onnx.ValueInfoProto, ...] = ()
-    # With ``light`` and generated kernels: each kernel's scopes (its ``symbol`` is its node's), not
-    # compiled (``einopt.codegen.ortkernel.compiled`` builds one when it is timed).
-    stand_ins: tuple[StandIn | GroupStandIn, ...] = ()
 
     @property
     def has_generated_kernels(self) -> bool:
@@ -206,7 +194,7 @@ def instantiate(
         the work of computing them (folding large constant scopes, eOperators'
         Gather indices): enough to cost the result, not to run it. Large
         constants are not deduplicated by content then. Generated kernels are
-        not compiled then (their library is a placeholder).
+        not compiled then (a session compiles what its nodes describe).
     kernels : {"onnx", "tvm"}
         How eOperators are written (:data:`KERNEL_FORMS`, the module docstring).
 
@@ -279,7 +267,6 @@ def instantiate(
         tuple(em.choices),
         tuple(placeholders),
         value_info,
-        tuple(em.stand_ins.values()),
     )
 
 
@@ -358,7 +345,7 @@ def _kernels_read_through_reshapes(em: _Emitter, keep: set[str]) -> None:
     for node in em.nodes:
         if node.domain != kernels.DOMAIN:
             continue
-        for i in range(1, len(node.input)):
+        for i in range(len(node.input)):
             source = reshapes.get(node.input[i])  # of float32 values: the kernel reads float32
             if source is not None:
                 node.input[i] = source.input[0]
@@ -504,7 +491,6 @@ class _Emitter:
         self.choices: list[Choice] = []
         self.inline_count: dict[str, int] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}  # outputs whose shapes ONNX cannot infer
-        self.stand_ins: dict[str, StandIn | GroupStandIn] = {}  # light: the kernels not compiled
         const_scopes = {s for s in ir.scopes_in(program) if self.reads_constants(s)}
         const_tensors = {t for t in program.inputs if t.name in constants}
         self.ctx = MatchContext(
@@ -703,30 +689,27 @@ class _Emitter:
             n in program.outputs or any(n in r for o, r in reads.items() if o not in members) for n in names
         )
         try:
-            symbol, sources, library = self.kernel_library(scopes, written)
+            k = self.kernel(scopes, written)
         except KernelUnsupported as e:
             log.debug("%s: no kernel with several outputs, %s", ", ".join(names), e)
             return False
         label = names[0]
-        inputs = [library, *(self.value_of(src, label) for src in sources)]
+        inputs = [self.value_of(src, label) for src in k.sources]
         out_scopes = [s for s, w in zip(scopes, written, strict=True) if w]
         outs = [
             self.onnx_names[n] if n in program.outputs else self.fresh(n)
             for n, w in zip(names, written, strict=True)
             if w
         ]
-        attrs = {
-            "symbol": symbol,
-            "output_ranks": [s.rank for s in out_scopes],
-            "output_shapes": [d for s in out_scopes for d in s.shape],
-            "input_ranks": [s.rank for s in sources],
-            "input_shapes": [d for s in sources for d in s.shape],
-            "flops": sum(kernel_flops(s) for s in scopes),
-        }
         kind = eop.eop_name(scopes[-1])
         self.nodes.append(
             helper.make_node(
-                kernels.OP_TYPE, inputs, outs, name=self.node_name(kind), domain=kernels.DOMAIN, **attrs
+                kernels.OP_TYPE,
+                inputs,
+                outs,
+                name=self.node_name(kind),
+                domain=kernels.DOMAIN,
+                **dict(_kernel_attributes(k, scopes)),
             )
         )
         for s, out in zip(out_scopes, outs, strict=True):
@@ -737,38 +720,27 @@ class _Emitter:
 
     def generated_kernel(self, scope: ir.Scope, label: str, kind: str) -> tuple[str, str]:
         """``scope`` as an ``ai.einopt::TvmKernel`` node computing the reductions nested in it that no
-        predefined operator computes too (light: not compiled, the library a placeholder)."""
+        predefined operator computes too (light: not compiled)."""
         inner = self.inner_reductions(scope)
         if not inner:
             return self.generated_kernel_alone(scope, label, kind)
         members, written = (*inner, scope), (False,) * len(inner) + (True,)
         try:
-            symbol, sources, library = self.kernel_library(members, written)
+            k = self.kernel(members, written)
         except KernelUnsupported:
             return self.generated_kernel_alone(scope, label, kind)
-        return self.kernel_node(scope, members, symbol, sources, library, label, kind)
+        return self.kernel_node(scope, members, k, label, kind)
 
     def generated_kernel_alone(self, scope: ir.Scope, label: str, kind: str) -> tuple[str, str]:
         """``scope`` as a kernel of its own, each scope nested in it an input."""
-        symbol, sources, library = self.kernel_library((scope,))
-        return self.kernel_node(scope, (scope,), symbol, sources, library, label, kind)
+        return self.kernel_node(scope, (scope,), self.kernel((scope,)), label, kind)
 
-    def kernel_library(
-        self, scopes: tuple[ir.Scope, ...], written: tuple[bool, ...] | None = None
-    ) -> tuple[str, tuple[ir.Tensor | ir.Scope, ...], str]:
-        """The kernel's symbol, its sources and the initializer of its library, for one scope
-        (``written`` None) or a group writing the scopes ``written`` marks (light: not compiled, the
-        library a placeholder)."""
-        if self.light:
-            s = stand_in(scopes[0]) if written is None else stand_in_group(scopes, written)
-            self.stand_ins[s.symbol] = s
-            return s.symbol, s.sources, self.initializer(_Shaped((1,), np.dtype(np.uint8)), "einopt_kernels")
-        k = ort_kernel(scopes[0]) if written is None else ort_kernel_group(scopes, written)
-        return (
-            k.symbol,
-            k.sources,
-            self.initializer(np.frombuffer(k.library, dtype=np.uint8), "einopt_kernels"),
-        )
+    def kernel(self, scopes: tuple[ir.Scope, ...], written: tuple[bool, ...] | None = None) -> OrtKernel:
+        """The kernel of one scope (``written`` None) or of a group writing the scopes ``written``
+        marks, compiled now unless light (a session compiles what it was not, from the node)."""
+        if written is None:
+            return ort_kernel(scopes[0], build=not self.light)
+        return ort_kernel_group(scopes, written, build=not self.light)
 
     def inner_reductions(self, scope: ir.Scope) -> tuple[ir.Scope, ...]:
         """The reductions nested in ``scope`` that its kernel computes inside itself: read by it
@@ -798,24 +770,32 @@ class _Emitter:
         self,
         scope: ir.Scope,
         members: tuple[ir.Scope, ...],
-        symbol: str,
-        sources: tuple[ir.Tensor | ir.Scope, ...],
-        library: str,
+        k: OrtKernel,
         label: str,
         kind: str,
     ) -> tuple[str, str]:
-        inputs = [library, *(self.value_of(s, label) for s in sources)]
-        attrs = (
-            ("symbol", symbol),
-            ("output_ranks", (scope.rank,)),
-            ("output_shapes", scope.shape),
-            ("input_ranks", tuple(s.rank for s in sources)),
-            ("input_shapes", tuple(d for s in sources for d in s.shape)),
-            ("flops", sum(kernel_flops(s) for s in members)),
-        )
+        inputs = [self.value_of(s, label) for s in k.sources]
+        attrs = _kernel_attributes(k, members)
         out = self.node(kernels.OP_TYPE, inputs, attrs, domain=kernels.DOMAIN, base=kind)
         self.shapes[out] = scope.shape
         return out, f"kernel:{kind}"
+
+
+def _kernel_attributes(k: OrtKernel, members: tuple[ir.Scope, ...]) -> tuple[tuple[str, Any], ...]:
+    """A ``TvmKernel`` node's attributes (see ``einopt/runtime/native/einopt_ort.c``): its description
+    and the SHA-256 by which its compiled library is known, its entry point, the shapes it reads and
+    writes, and the FLOPs of the scopes it computes (for the cost model)."""
+    d = k.description
+    return (
+        ("kernel", d.text),
+        ("kernel_sha256", d.sha256),
+        ("symbol", d.symbol),
+        ("output_ranks", tuple(len(s) for s in d.outputs)),
+        ("output_shapes", tuple(x for s in d.outputs for x in s)),
+        ("input_ranks", tuple(len(s) for s in d.inputs)),
+        ("input_shapes", tuple(x for s in d.inputs for x in s)),
+        ("flops", sum(kernel_flops(s) for s in members)),
+    )
 
 
 # --------------------------------------------------------------------------

@@ -28,9 +28,10 @@ import numpy as np
 import onnx
 
 from einopt.core.cost import model_cost, value_bytes
-from einopt.errors import ModelError
+from einopt.errors import ModelError, UnsupportedModelError
 from einopt.frontend.onnx_graph import check_opset
 from einopt.runtime import modelio
+from einopt.runtime.cache import CacheTrustError
 from einopt.runtime.timing import (
     Comparison,
     Ratio,
@@ -374,7 +375,7 @@ def bench_models(
     try:
         ref = modelio.run(modelio.session(a, arena=False), feeds)
         got = modelio.run(modelio.session(b, arena=False), feeds)
-    except ModelError:
+    except (ModelError, UnsupportedModelError, CacheTrustError):  # einopt's own answers, as they are
         raise
     except Exception as e:  # noqa: BLE001 - ORT's errors have many types; wrong inputs are the usual cause
         raise ModelError(f"ONNX Runtime cannot run the models on these inputs: {first_line(e)}") from e

@@ -17,6 +17,7 @@ and keeps its timings in memory.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -24,6 +25,7 @@ import logging
 import os
 import sqlite3
 import stat
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -72,6 +74,22 @@ def private_dir(folder: Path) -> Path:
     return folder
 
 
+def cache_folder(*parts: str) -> Path:
+    """The folder ``parts`` inside einopt's cache directory, each folder from the cache directory down
+    checked (and created) by :func:`private_dir`: a private folder inside a shared one is no private
+    place, since whoever can write the shared one can replace it.
+
+    Raises
+    ------
+    CacheTrustError
+        As :func:`private_dir`, for the first folder on the way that fails.
+    """
+    folder = private_dir(cache_dir())
+    for part in parts:
+        folder = private_dir(folder / part)
+    return folder
+
+
 def check_private(path: Path, st: os.stat_result, what: str = "file") -> None:
     """Raise :class:`CacheTrustError` unless ``st`` (``path``'s stat) is owned by this user and not
     writable by group or others (and, for ``what="folder"``, is a folder)."""
@@ -88,6 +106,47 @@ def check_private(path: Path, st: os.stat_result, what: str = "file") -> None:
             f"einopt keeps native code there; make it private (chmod go-w {path}) or set EINOPT_CACHE_DIR "
             "to a private folder"
         )
+
+
+def read_private(path: Path) -> bytes | None:
+    """The bytes of the file at ``path``, None if there is none; read through one descriptor opened
+    without following a symbolic link, after checking (on that descriptor) that the file is a regular
+    file of this user's that nobody else can write.
+
+    Raises
+    ------
+    CacheTrustError
+        When it is a symbolic link or not a regular file, belongs to another user, or is group- or
+        world-writable.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if os.path.islink(path):
+            raise CacheTrustError(f"the cache file {path} is a symbolic link") from None
+        raise CacheTrustError(f"cannot read the cache file {path}: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise CacheTrustError(f"the cache file {path} is not a regular file")
+        check_private(path, st)
+        return f.read()
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` (mode 0600) through a new file in the same folder renamed over it, so
+    a concurrent reader sees the old file or the new one, whole."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def default_path() -> Path:

@@ -1,49 +1,70 @@
-"""Generated kernels inside ONNX Runtime: einopt's custom-op library and the kernel libraries it runs.
+"""Generated kernels inside ONNX Runtime: einopt's custom-op library and the kernels it runs.
 
-Two native pieces, both einopt's own C source (``einopt/runtime/native``), built with the system C
-compiler on first use:
+A model file is data: it carries no native code. Two native pieces, both built on the machine that
+runs the model, into einopt's cache (``EINOPT_CACHE_DIR``, else the user cache directory; every
+folder of it must be this user's and not writable by others, or einopt refuses it):
 
-- **The custom-op library** (``einopt_ort.c``), registered into an ONNX Runtime session, runs the
-  operator ``ai.einopt::TvmKernel``: a TVM-compiled function called on ORT's own buffers (DLPack,
-  no copies, no Python). It is built once per source, ONNX Runtime version and CPU into the user
-  cache directory (``EINOPT_CACHE_DIR`` overrides it).
-- **A kernel library** is one model's compiled kernels (TVM's LLVM object linked with
-  ``tvm_shim.c``). It travels inside the model, as the bytes of a uint8 initializer that every
-  ``TvmKernel`` node reads as its first input, so a model stays one file; the custom-op library
-  loads each distinct one once per process, from memory.
+- **The custom-op library** (``einopt_ort.c``, einopt's own C source), registered into an ONNX
+  Runtime session, runs the operator ``ai.einopt::TvmKernel``: a TVM-compiled function called on
+  ORT's own buffers (DLPack, no copies, no Python). It is built with the system C compiler once per
+  source, ONNX Runtime version and CPU, recorded with its SHA-256, checked against that record and
+  its own version before it is loaded, and stays loaded for the process.
+- **A kernel library** is one ``TvmKernel`` node's kernel: the node carries its description (the
+  einopt program it computes, its shapes and schedule, and the SHA-256 of that text; see
+  ``einopt.codegen.ortkernel``), and :func:`prepare` compiles it with TVM for this CPU, or takes it
+  from the cache where the same description was compiled before (checked against the SHA-256
+  recorded when it was built), and hands its bytes to the custom-op library, which loads it once per
+  process. A node whose kernel was not prepared fails when its session is made: nothing in a model
+  file is ever loaded or run.
 
-A plain ONNX Runtime session runs such a model after one extra line::
+``einopt.runtime.session("out.onnx")`` (this module's :func:`session`) does all of it. A plain ONNX
+Runtime session runs such a model after one extra line::
 
-    options = onnxruntime.SessionOptions()
-    options.register_custom_ops_library(einopt.runtime.kernels.library_path())
+    options = einopt.runtime.kernels.prepare("out.onnx", onnxruntime.SessionOptions())
     session = onnxruntime.InferenceSession("out.onnx", options)
 
-or ``einopt.runtime.kernels.session("out.onnx")``.
+The first session of a model on a new machine compiles its kernels (a few seconds each, logged);
+later ones, in this process or another, load them from the cache.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import hashlib
+import io
+import logging
 import os
 import platform
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from einopt.runtime.cache import cache_dir
+import onnx
+
+from einopt.errors import ModelError, UnsupportedModelError
+from einopt.runtime.cache import CacheTrustError, cache_folder, read_private, write_private
 
 __all__ = [
     "DOMAIN",
     "OP_TYPE",
     "NativeBuildError",
+    "described",
+    "kernel_nodes",
     "library_path",
     "link_kernels",
+    "prepare",
     "register",
     "session",
 ]
+
+log = logging.getLogger(__name__)
 
 DOMAIN = "ai.einopt"
 """The domain of einopt's generated-kernel nodes (``einopt.runtime.modelio.KERNEL_DOMAIN``)."""
@@ -89,14 +110,11 @@ def _ort_version() -> str:
     return onnxruntime.__version__
 
 
-def library_path() -> Path:
-    """The custom-op library for this ONNX Runtime and CPU, built into the cache on first use."""
-    cc = compiler()
-    source = LIBRARY_SOURCE.read_bytes()
-    key = hashlib.sha256(
+def _library_key(cc: str) -> str:
+    return hashlib.sha256(
         b"\0".join(
             [
-                source,
+                LIBRARY_SOURCE.read_bytes(),
                 _ort_version().encode(),
                 platform.machine().encode(),
                 cc.encode(),
@@ -104,11 +122,40 @@ def library_path() -> Path:
             ]
         )
     ).hexdigest()[:16]
-    folder = cache_dir() / "native" / key
-    path = folder / "libeinopt_ort.so"
-    if path.exists():
+
+
+def library_path() -> Path:
+    """The custom-op library for this ONNX Runtime and CPU, built into einopt's cache on first use.
+
+    A library found in the cache is used only if its bytes hash to the SHA-256 recorded when einopt
+    built it (else it is built again, with a warning).
+
+    Raises
+    ------
+    NativeBuildError
+        No C compiler, or the build failed.
+    einopt.runtime.cache.CacheTrustError
+        The cache folder is another user's, or others can write it.
+    """
+    cc = compiler()
+    key = _library_key(cc)
+    folder = cache_folder("native", key)
+    path, record = folder / "libeinopt_ort.so", folder / "libeinopt_ort.sha256"
+    try:
+        data, recorded = read_private(path), read_private(record)
+    except CacheTrustError as e:
+        log.warning("refused einopt's cached ONNX Runtime library: %s; building it again", e)
+        data = recorded = None
+    if (
+        data is not None
+        and recorded is not None
+        and hashlib.sha256(data).hexdigest() == recorded.decode().strip()
+    ):
         return path
-    folder.mkdir(parents=True, exist_ok=True)
+    if data is not None:
+        log.warning(
+            "refused einopt's cached ONNX Runtime library %s: it is not the file einopt built there", path
+        )
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         built = Path(tmp) / path.name
         _compile(
@@ -124,27 +171,244 @@ def library_path() -> Path:
             ],
             "einopt's ONNX Runtime library",
         )
-        os.replace(built, path)  # atomic: another process building the same key reads a whole file
+        data = built.read_bytes()
+    write_private(path, data)  # atomic: another process building the same key reads a whole file
+    write_private(record, hashlib.sha256(data).hexdigest().encode())
     return path
 
 
+_LOCK = threading.RLock()
+_LOADED: dict[str, tuple[Path, ctypes.CDLL]] = {}  # library key -> the custom-op library, loaded
+_PREPARED: set[str] = set()  # descriptions' SHA-256 whose kernel libraries the custom-op library holds
+
+
+def _loaded() -> tuple[Path, ctypes.CDLL]:
+    """The custom-op library, loaded into this process once (and never unloaded), its version checked."""
+    with _LOCK:
+        key = _library_key(compiler())
+        if key not in _LOADED:
+            path = library_path()
+            lib = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL | getattr(os, "RTLD_NODELETE", 0))
+            lib.einopt_ort_library_version.restype = ctypes.c_char_p
+            version = lib.einopt_ort_library_version().decode()
+            if version != key:
+                raise NativeBuildError(
+                    f"einopt's ONNX Runtime library {path} is version {version}, this einopt needs {key}: "
+                    "remove it and try again"
+                )
+            lib.einopt_ort_add_kernels.argtypes = [
+                ctypes.c_char_p,
+                ctypes.c_char_p,
+                ctypes.c_size_t,
+                ctypes.c_char_p,
+                ctypes.c_size_t,
+            ]
+            lib.einopt_ort_add_kernels.restype = ctypes.c_int
+            lib.einopt_ort_has_kernels.argtypes = [ctypes.c_char_p]
+            lib.einopt_ort_has_kernels.restype = ctypes.c_int
+            _LOADED[key] = (path, lib)
+        return _LOADED[key]
+
+
 def register(options: Any = None) -> Any:
-    """``options`` (a new ``onnxruntime.SessionOptions`` if None) with einopt's library registered."""
+    """``options`` (a new ``onnxruntime.SessionOptions`` if None) with einopt's custom-op library
+    registered. It runs only kernels :func:`prepare` built: prepare the model too (or call
+    :func:`prepare`, which registers)."""
     import onnxruntime
 
     options = options if options is not None else onnxruntime.SessionOptions()
-    options.register_custom_ops_library(str(library_path()))
+    path, _ = _loaded()
+    options.register_custom_ops_library(str(path))
     return options
 
 
+def kernel_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
+    """The ``ai.einopt`` nodes of ``model``: in its graph, its subgraphs and its local functions."""
+
+    def walk(nodes) -> Iterator[onnx.NodeProto]:
+        for n in nodes:
+            if n.domain == DOMAIN:
+                yield n
+            for a in n.attribute:
+                for g in [a.g] if a.HasField("g") else a.graphs:
+                    yield from walk(g.node)
+
+    yield from walk(model.graph.node)
+    for f in model.functions:
+        yield from walk(f.node)
+
+
+def described(model: onnx.ModelProto) -> list[Any]:
+    """The kernel descriptions (``einopt.codegen.ortkernel.KernelDescription``) of ``model``'s einopt
+    nodes, each checked against its SHA-256 and against its node, one per distinct kernel; nothing is
+    built or loaded.
+
+    Raises
+    ------
+    UnsupportedModelError
+        A node carries no description (a model written by einopt before kernels were described, which
+        put native code in the file), or is not an operator einopt runs.
+    ModelError
+        A node's description is damaged or altered, or disagrees with the node.
+    """
+    from einopt.codegen.ortkernel import KernelDescriptionError, read_description
+
+    found: dict[str, Any] = {}
+    for node in kernel_nodes(model):
+        label = f"einopt node {node.name or (node.output[0] if node.output else node.op_type)!r}"
+        if node.op_type != OP_TYPE:
+            raise UnsupportedModelError(f"{label}: {DOMAIN}::{node.op_type} is not an operator einopt runs")
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if not isinstance(attrs.get("kernel"), bytes) or not isinstance(attrs.get("kernel_sha256"), bytes):
+            raise UnsupportedModelError(
+                f"{label} carries no kernel description (a model written by an earlier einopt, which put "
+                "native code in the file): einopt never loads native code from a model file; optimize the "
+                "original model again with this einopt"
+            )
+        text, sha = (attrs[k].decode(errors="replace") for k in ("kernel", "kernel_sha256"))
+        try:
+            d = found.get(sha) or read_description(text, sha)
+        except KernelDescriptionError as e:
+            raise ModelError(f"{label}: {e}") from None
+        _check_node(label, node, attrs, d)
+        found[d.sha256] = d
+    return list(found.values())
+
+
+def prepare(model: onnx.ModelProto | str | Path | bytes, options: Any = None) -> Any:
+    """Make ``model``'s generated kernels runnable in this process: each ``TvmKernel`` node's
+    description is checked (:func:`described`), compiled for this CPU (or taken from einopt's cache)
+    and handed to the custom-op library; returns ``options`` (a new ``onnxruntime.SessionOptions`` if
+    None) with that library registered. Nothing in the model is loaded or run: it is read as data.
+
+    Raises
+    ------
+    UnsupportedModelError, ModelError
+        As :func:`described`.
+    NativeBuildError
+        No C compiler, or a build failed.
+    einopt.runtime.cache.CacheTrustError
+        einopt's cache folder is another user's, or others can write it.
+    """
+    if not isinstance(model, onnx.ModelProto):
+        model = _read_model(model)
+    descriptions = described(model)
+    options = register(options)
+    if not descriptions:
+        return options
+    from einopt.codegen.ortkernel import library
+
+    _, lib = _loaded()
+    todo = [d for d in descriptions if d.sha256 not in _PREPARED]
+    built = _built_here(todo)
+    if built:
+        log.info("building %d generated kernel(s) for this CPU (first use of this model here)", len(built))
+    start = time.monotonic()
+    for d in todo:
+        with _LOCK:
+            if d.sha256 in _PREPARED:
+                continue
+            data = library(d)
+            why = ctypes.create_string_buffer(512)
+            if lib.einopt_ort_add_kernels(d.sha256.encode(), data, len(data), why, len(why)) != 0:
+                raise NativeBuildError(f"cannot load kernel {d.symbol}: {why.value.decode(errors='replace')}")
+            _PREPARED.add(d.sha256)
+    if built:
+        log.info(
+            "built %d generated kernel(s) in %.1f s (cached for later sessions)",
+            len(built),
+            time.monotonic() - start,
+        )
+    return options
+
+
+def _built_here(descriptions: Sequence[Any]) -> list[Any]:
+    """Those of ``descriptions`` that no cache holds yet (compiling them is what takes time)."""
+    from einopt.codegen.ortkernel import is_cached
+
+    return [d for d in descriptions if not is_cached(d)]
+
+
+def _check_node(label: str, node: onnx.NodeProto, attrs: dict, d) -> None:
+    """Raise ModelError unless ``node`` reads and writes what description ``d`` computes."""
+    shapes = {
+        "symbol": d.symbol.encode(),
+        "input_ranks": [len(s) for s in d.inputs],
+        "input_shapes": [x for s in d.inputs for x in s],
+        "output_ranks": [len(s) for s in d.outputs],
+        "output_shapes": [x for s in d.outputs for x in s],
+    }
+    for name, want in shapes.items():
+        if attrs.get(name) != want:
+            raise ModelError(f"{label}: its attribute {name} disagrees with its kernel's description")
+    if len(node.input) != len(d.inputs) or len(node.output) != len(d.outputs):
+        raise ModelError(
+            f"{label}: it has {len(node.input)} inputs and {len(node.output)} outputs, its kernel "
+            f"{len(d.inputs)} and {len(d.outputs)}"
+        )
+
+
+def _read_model(model: str | Path | bytes) -> onnx.ModelProto:
+    try:
+        if isinstance(model, bytes):
+            return onnx.load_model_from_string(model)
+        return onnx.load_model(str(model), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError, OSError, onnx's own errors
+        raise ModelError(f"cannot read the model: {e}") from None
+
+
+_GLOBAL_POOL_ERROR = "use_per_session_threads must be false when using a global thread pool"
+
+
+@functools.cache
+def _global_pool() -> bool:
+    """Whether this process runs ONNX Runtime with a global thread pool (``set_global_thread_pool_sizes``),
+    where every session must say it uses it: asked once, of a one-node session (ORT's environment, made
+    with the first session, cannot change afterwards)."""
+    import onnxruntime
+    from onnx import TensorProto, helper
+
+    v = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "probe",
+        [v],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 4
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # ORT prints its failed attempt and its retry
+            onnxruntime.InferenceSession(probe, options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - ORT raises its own error types
+        if _GLOBAL_POOL_ERROR in str(e):
+            return True
+        raise
+    return False
+
+
 def session(
-    path: str | Path | bytes, options: Any = None, providers: Sequence[str] = ("CPUExecutionProvider",)
+    path: str | Path | bytes,
+    options: Any = None,
+    providers: Sequence[str] = ("CPUExecutionProvider",),
+    *,
+    global_threads: bool | None = None,
 ) -> Any:
-    """An ``onnxruntime.InferenceSession`` of ``path`` (a file or model bytes) that runs einopt's kernels."""
+    """An ``onnxruntime.InferenceSession`` of ``path`` (a file or model bytes) that runs einopt's kernels
+    (built from the model's descriptions, see :func:`prepare`).
+
+    ``global_threads``: whether the session uses the process's global thread pool (ONNX Runtime's
+    ``use_per_session_threads = False``); None (the default) uses it where the process has one, as
+    servers and benchmarks that call ``set_global_thread_pool_sizes`` do.
+    """
     import onnxruntime
 
+    options = prepare(path, options)
+    if global_threads or (global_threads is None and _global_pool()):
+        options.use_per_session_threads = False
     model = path if isinstance(path, bytes) else str(path)
-    return onnxruntime.InferenceSession(model, register(options), providers=list(providers))
+    return onnxruntime.InferenceSession(model, options, providers=list(providers))
 
 
 def link_kernels(modules: Sequence[Any], alignment: int = TVM_ALIGNMENT) -> bytes:

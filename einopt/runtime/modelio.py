@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -400,8 +401,13 @@ def _check_external_file(t: TensorProto, base: Path, model_path: Path) -> None:
     location = info.get("location")
     if not location:
         raise ModelError(f"{model_path}: tensor {t.name!r} has external data without a location")
-    file = base / location
-    if not file.is_file():
+    st, why = _file_inside(base, location)
+    if why:
+        raise ModelError(
+            f"{model_path}: tensor {t.name!r} has its external data at {location!r}, {why}; "
+            "external data must be a file in the model's folder"
+        )
+    if st is None:
         raise ModelError(
             f"{model_path}: external data file {location!r} of tensor {t.name!r} not found in {base}"
         )
@@ -413,12 +419,57 @@ def _check_external_file(t: TensorProto, base: Path, model_path: Path) -> None:
             f"{model_path}: tensor {t.name!r} has {length} bytes of external data, its shape needs {expected}"
         )
     need = length if length is not None else expected
-    size = file.stat().st_size
+    size = st.st_size
     if need is not None and offset + need > size:
         raise ModelError(
             f"{model_path}: external data file {location!r} is truncated "
             f"(tensor {t.name!r} needs bytes {offset}..{offset + need}, the file has {size})"
         )
+
+
+def _file_inside(base: Path, location: str) -> tuple[os.stat_result | None, str]:
+    """The ``lstat`` of the regular file that ``location`` names under the folder ``base`` (None when
+    nothing is there) and "", or None and why ``location`` names no file inside ``base``.
+
+    A model file is data from anywhere: its locations may name system files, devices or links out of
+    its folder. They are followed here one component at a time, symbolic links by reading them, so
+    nothing outside ``base`` is ever looked at, let alone opened.
+    """
+    if os.path.isabs(location):
+        return None, "an absolute path"
+    todo = list(Path(location).parts)
+    if ".." in todo:
+        return None, "a path that climbs out of its folder ('..')"
+    here, st, links = base, None, 0
+    while todo:
+        part = todo.pop(0)
+        if part == "..":  # from a link's target: ``here`` is a real folder, its parent is lexical
+            if here == base:
+                return None, "behind a symbolic link that leads out of the model's folder"
+            here = here.parent
+            continue
+        try:
+            st = os.lstat(here / part)
+        except FileNotFoundError:
+            return None, ""
+        except OSError as e:  # a component that is a file, a folder without permission
+            return None, f"unreadable ({e.strerror or e})"
+        if not stat.S_ISLNK(st.st_mode):
+            here = here / part
+            continue
+        links += 1
+        if links > 40:  # as the kernel gives up (ELOOP)
+            return None, "behind a loop of symbolic links"
+        target = Path(os.readlink(here / part))
+        if target.is_absolute():
+            target = Path(os.path.normpath(target))
+            if not target.is_relative_to(base):
+                return None, "behind a symbolic link that leads out of the model's folder"
+            here, target = base, target.relative_to(base)
+        todo = list(target.parts) + todo
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return None, "not a regular file"
+    return st, ""
 
 
 def _check_in_memory(model: onnx.ModelProto) -> None:
@@ -593,7 +644,8 @@ def session(
     peak memory of a run until the session is gone: right for sessions that
     run once (verification of big models at big batches), wrong for timed ones.
     A model with einopt's generated kernels (nodes of ``einopt.runtime.kernels.DOMAIN``) gets
-    einopt's custom-op library registered (built on first use).
+    einopt's custom-op library registered and its kernels built from their descriptions (or taken
+    from einopt's cache; see :func:`einopt.runtime.kernels.prepare`).
 
     Raises
     ------
@@ -620,7 +672,7 @@ def session(
         options.profile_file_prefix = profile_prefix
     if uses_generated_kernels(model):
         try:
-            kernels.register(options)
+            kernels.prepare(model, options)  # builds the kernels the nodes describe: runs nothing of the file
         except kernels.NativeBuildError as e:
             raise UnsupportedModelError(f"the model runs einopt's generated kernels, and {e}") from e
     providers = ["CPUExecutionProvider"]

@@ -13,11 +13,11 @@ inlined into the standard operators ONNX Runtime runs them as) of:
   the values of integer weights (shapes, axes, pads). A second run of a
   model, or another model with the same layers, measures nothing;
 - a generated kernel (``ai.einopt``) is timed the same way, in a session with
-  einopt's custom-op library, when the caller says how to build its code
-  (:class:`KernelLibraries`: a light instantiation's kernels are compiled
-  only once they are timed, and kept in the kernel cache on disk); its time
-  is stored under its symbol (its scopes' canonical key), its shapes and the
-  code generator's build, so a changed code generator times it again;
+  einopt's custom-op library, when the caller names the code generator's
+  build (``kernel_build``: a light instantiation's kernels are compiled from
+  their nodes' descriptions only once they are timed, and kept in the kernel
+  cache on disk); its time is stored under its description, its shapes and
+  the code generator's build, so a changed code generator times it again;
 - for a node no session can run, its bytes over the machine's measured
   bandwidth plus its FLOPs at the measured MatMul rate.
 
@@ -50,7 +50,7 @@ import hashlib
 import json
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -63,7 +63,6 @@ from einopt.runtime.modelio import KERNEL_DOMAIN, available_bytes, missing_opset
 
 __all__ = [
     "Calibration",
-    "KernelLibraries",
     "NodeCost",
     "Prediction",
     "OpCosts",
@@ -103,7 +102,7 @@ FUSED_MAX = 3
 TIMED_DOMAINS = frozenset({"", "ai.onnx", "com.microsoft"})
 """Domains whose nodes are timed alone: the default one and ONNX Runtime's own contrib operators
 (``com.microsoft``, built into every ONNX Runtime); a node of any other is costed analytically, but
-for einopt's generated kernels whose code the caller can build (:class:`KernelLibraries`)."""
+for einopt's generated kernels when the caller names the code generator's build (``kernel_build``)."""
 CALL_S = 1e-7
 """Seconds one GEMM call of a batched MatMul takes at least (ONNX Runtime loops over the batch: a
 broadcast product of 36M one-row matrices takes 10 s however few its FLOPs)."""
@@ -127,17 +126,6 @@ class Calibration:
         """Seconds a node takes at least: the slower of its FLOPs and its bytes at the measured rates,
         and its GEMM calls (a batched MatMul's batch) at :data:`CALL_S` each."""
         return max(self.kernel_s, flops / self.flops, nbytes / self.bandwidth, calls * CALL_S)
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelLibraries:
-    """The compiled code of a costed model's generated kernels (``ai.einopt`` nodes), built only when
-    a node is timed: ``libraries`` gives each kernel's library bytes by its node's ``symbol``; ``build``
-    names what compiled code depends on besides the kernel's scope (a kernel's timing is stored per
-    build, see ``einopt.codegen.ortkernel.build_id``)."""
-
-    build: str
-    libraries: Mapping[str, Callable[[], bytes]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +178,7 @@ class _Node:
     # Element-wise nodes ONNX Runtime fuses into ``node``, in order, each with its inputs' values:
     # the group is timed as one session.
     fused: tuple[tuple[onnx.NodeProto, tuple[_Value | None, ...]], ...] = ()
-    library: Callable[[], bytes] | None = None  # a generated kernel's: its first input's bytes
+    generated: bool = False  # one of einopt's generated kernels
 
 
 def memory_limit() -> int:
@@ -206,13 +194,13 @@ def footprint(cost: NodeCost) -> int:
 
 
 def node_costs(
-    model: onnx.ModelProto, weights: Iterable[str] = (), kernels: KernelLibraries | None = None
+    model: onnx.ModelProto, weights: Iterable[str] = (), kernel_build: str | None = None
 ) -> list[_Node]:
     """The nodes of ``model`` as ONNX Runtime runs them (local functions inlined), each with what
     decides its cost. ``weights`` names graph inputs that are weights declared by shape only (a light
-    instantiation's large constants): nodes reading only weights are folded. A generated kernel whose
-    library ``kernels`` gives is timed like any node (its signature: its symbol, the shapes and the
-    build); any other is costed analytically."""
+    instantiation's large constants): nodes reading only weights are folded. With ``kernel_build``
+    (``einopt.codegen.ortkernel.build_id()``), a generated kernel is timed like any node (its
+    signature: its description, the shapes and the build); without, it is costed analytically."""
     m = onnx.inliner.inline_local_functions(model) if model.functions else model
     try:
         m = onnx.shape_inference.infer_shapes(m, data_prop=True)
@@ -251,19 +239,19 @@ def node_costs(
         if node.op_type in VIEWS:
             entries.append(_Node(NodeCost(node.op_type, "view")))
             continue
-        library = _kernel_library(node, kernels)
-        timed = node.domain in TIMED_DOMAINS or library is not None
+        generated = node.domain == KERNEL_DOMAIN and kernel_build is not None
+        timed = node.domain in TIMED_DOMAINS or generated
         if not known or not timed or any(v is None for v in outs):
             entries.append(_Node(NodeCost(node.op_type, "analytic", flops=flops, bytes=nbytes)))
             continue
-        shown = ins if library is None else ins[1:]  # a kernel's library is known by its build
+        shown = ins
         forms[len(entries)] = [
             node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}",
             opset,
             sorted((a.name, _attribute(a)) for a in node.attribute),
             [_value_form(v) for v in shown],
             len(node.output),
-            *([] if library is None or kernels is None else [kernels.build]),
+            *([kernel_build] if generated else []),
         ]
         what = f"{node.op_type} " + " ".join("x".join(map(str, v.shape)) or "scalar" for v in shown if v)
         entries.append(
@@ -273,7 +261,7 @@ def node_costs(
                 ins,
                 tuple((n, values[n].dtype) for n in node.output if n),
                 opset,
-                library=library,
+                generated=generated,
             )
         )
     outputs = {o.name for o in g.output}
@@ -306,15 +294,6 @@ def node_costs(
             )
         out.append(n)
     return out
-
-
-def _kernel_library(node: onnx.NodeProto, kernels: KernelLibraries | None) -> Callable[[], bytes] | None:
-    """What builds the library of generated kernel ``node`` (None: not a generated kernel, or one
-    ``kernels`` cannot build)."""
-    if node.domain != KERNEL_DOMAIN or kernels is None:
-        return None
-    symbol = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "symbol"), b"")
-    return kernels.libraries.get(symbol.decode() if isinstance(symbol, bytes) else symbol)
 
 
 def _fusable_chain(
@@ -403,9 +382,8 @@ def _flops_bytes(
     if any(v is None for v in outs) or not outs:
         return 0, 0
     shapes = [v.shape for v in ins if v is not None]
-    if node.domain == KERNEL_DOMAIN:  # a generated kernel: its FLOPs are an attribute, its library no data
+    if node.domain == KERNEL_DOMAIN:  # a generated kernel: its FLOPs are an attribute
         flops = _int_attr(node, "flops")
-        ins = ins[1:]
     else:
         table = CONTRIB_FLOPS if node.domain == "com.microsoft" else FLOPS
         flops = table[node.op_type](shapes, outs[0].shape, node) if node.op_type in table else 0
@@ -499,10 +477,7 @@ def _single(n: _Node, rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[s
                 node.input[i] = local[name]
                 continue
             local[name] = node.input[i] = f"in{len(local)}"
-            if i == 0 and node_in is n.node and n.library is not None:  # a generated kernel's library
-                data = np.frombuffer(n.library(), dtype=np.uint8)
-            else:
-                data = v.data if v.data is not None else _fill(node_in, i, v, ins, rng)
+            data = v.data if v.data is not None else _fill(node_in, i, v, ins, rng)
             if v.weight:
                 inits.append(numpy_helper.from_array(data, local[name]))
             else:
@@ -808,7 +783,7 @@ class OpCosts:
                 seconds = max(median - (0.0 if key in twins else cal.run_s), cal.kernel_s)
                 self._store(key, whats[key], seconds)
                 self.measured += 1
-                self.kernels_measured += todo[key].library is not None
+                self.kernels_measured += todo[key].generated
 
     def _stored(self, key: str) -> dict | None:
         return self.cache.value(self.cache.key("op", key))

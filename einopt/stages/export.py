@@ -4,7 +4,6 @@ replaced (:func:`assemble`)."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -14,7 +13,7 @@ from onnx import helper, numpy_helper
 from einopt.core import ir
 from einopt.frontend.onnx_graph import read_counts, subgraph_reads, unique_name
 from einopt.instantiate.emit import Instantiated, instantiate, light_omits
-from einopt.runtime.modelio import KERNEL_DOMAIN, missing_opsets
+from einopt.runtime.modelio import missing_opsets
 
 PROGRAM_OPSET = 17
 """Default-domain opset of models built from programs (ONNX Runtime runs it everywhere)."""
@@ -202,7 +201,6 @@ def assemble(
             new_inits.extend(inst.initializers)
             new_infos.extend(inst.value_info)
             functions.extend(inst.functions)
-    nodes = _one_copy_per_library(nodes, new_inits)
     nodes = toposort(
         nodes, {i.name for i in g.input} | {t.name for t in g.initializer} | {t.name for t in new_inits}
     )
@@ -224,29 +222,6 @@ def assemble(
     if functions:
         out.functions.extend(functions)
         out.ir_version = max(out.ir_version, 8)  # model-local functions need IR version 8
-    return out
-
-
-def _one_copy_per_library(
-    nodes: list[onnx.NodeProto], inits: Sequence[onnx.TensorProto]
-) -> list[onnx.NodeProto]:
-    """``nodes`` with every generated kernel reading the first initializer that holds its library's
-    bytes (the others are then unread, and dropped). Nodes are copied before they change: an
-    instantiation is assembled again in other combinations."""
-    libraries = {n.input[0] for n in nodes if n.domain == KERNEL_DOMAIN and n.input}
-    first: dict[bytes, str] = {}
-    same: dict[str, str] = {}
-    for t in inits:
-        if t.name in libraries:
-            same[t.name] = first.setdefault(hashlib.sha256(t.raw_data).digest(), t.name)
-    out = []
-    for n in nodes:
-        if n.domain == KERNEL_DOMAIN and n.input and same.get(n.input[0], n.input[0]) != n.input[0]:
-            copy = onnx.NodeProto()
-            copy.CopyFrom(n)
-            copy.input[0] = same[n.input[0]]
-            n = copy
-        out.append(n)
     return out
 
 

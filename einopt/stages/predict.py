@@ -14,7 +14,6 @@ timing decides.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
 import time
@@ -24,7 +23,7 @@ import onnx
 from onnx import helper
 
 from einopt.frontend.translate import Part, value_types
-from einopt.runtime.opcost import KernelLibraries, OpCosts, footprint, memory_limit, node_costs
+from einopt.runtime.opcost import OpCosts, footprint, memory_limit, node_costs
 from einopt.runtime.verify import Epilogue, epilogue
 from einopt.search.results import Candidate
 from einopt.stages.export import program_model, weight_names
@@ -189,25 +188,20 @@ def _with_epilogue(
 
 def _light(
     c: Candidate, p: Part, kernels: str = "onnx"
-) -> tuple[onnx.ModelProto, frozenset[str], KernelLibraries | None]:
-    """The candidate as a light model, its weights' names, and how to build its generated kernels."""
+) -> tuple[onnx.ModelProto, frozenset[str], str | None]:
+    """The candidate as a light model, its weights' names, and the build its generated kernels are
+    timed under (None without any: see :func:`einopt.runtime.opcost.node_costs`)."""
     m, inst = program_model(c.program, dict(p.constants), light=True, kernels=kernels)
-    return m, weight_names(p.constants, inst), _kernel_libraries(inst.stand_ins)
+    return m, weight_names(p.constants, inst), _kernel_build(inst)
 
 
-def _kernel_libraries(stand_ins: Sequence) -> KernelLibraries | None:
-    """What compiles a light model's generated kernels (each once they are timed), or None without any."""
-    if not stand_ins:
+def _kernel_build(inst) -> str | None:
+    """The code generator's build (compiled kernels depend on it), or None without generated kernels."""
+    if not inst.has_generated_kernels:
         return None
     from einopt.codegen.ortkernel import build_id
 
-    return KernelLibraries(build_id(), {s.symbol: functools.partial(_library, s) for s in stand_ins})
-
-
-def _library(stand_in) -> bytes:
-    from einopt.codegen.ortkernel import compiled
-
-    return compiled(stand_in)[0]
+    return build_id()
 
 
 def _original(model: onnx.ModelProto, p: Part, types) -> tuple[onnx.ModelProto, frozenset[str], None]:

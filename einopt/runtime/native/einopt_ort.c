@@ -3,21 +3,26 @@
  *
  * One operator, ai.einopt::TvmKernel:
  *
- *   input 0       uint8, a constant initializer: the shared object holding the model's kernels
- *                 (TVM's LLVM output linked with tvm_shim.c)
- *   inputs 1..    float32 tensors, the kernel's inputs in parameter order
+ *   inputs        float32 tensors, the kernel's inputs in parameter order
  *   outputs       float32 tensors, the kernel's outputs in parameter order
- *   attributes    symbol (string): the kernel's name (its entry point is __tvm_ffi_<symbol>)
+ *   attributes    kernel_sha256 (string): the SHA-256 of the kernel's description (the node's kernel
+ *                 attribute, which this library never reads): the kernel library built from it must
+ *                 have been handed to einopt_ort_add_kernels before the session is made
+ *                 symbol (string): the kernel's name (its entry point is __tvm_ffi_<symbol>)
  *                 output_ranks (ints), output_shapes (ints, the outputs' dimensions one after another)
  *                 input_ranks, input_shapes (ints, optional): the inputs' shapes the kernel was compiled
  *                 for; with them an input is checked by its size alone (without a shape-info object
  *                 from ONNX Runtime 1.23 on), so it may come in any shape of that size: the emitter
  *                 feeds a kernel the input of a Reshape rather than the Reshape's output
  *
- * The shared object is loaded once per process for every distinct content (from memory, through a
- * memfd), and the kernel is called with DLTensors that point at ORT's input and output buffers: no
- * copies and no Python on the call path. Parallel loops in a kernel run on the session's intra-op
- * threads (KernelContext_ParallelFor).
+ * A model file carries no native code: einopt (Python) builds each kernel library on this machine from
+ * the description in the node, checks it, and hands its bytes to einopt_ort_add_kernels, which loads it
+ * once per process (from memory, through a memfd) under the description's SHA-256. A node whose
+ * kernel was not handed over fails when the session is made; nothing in the model is ever loaded.
+ * Libraries stay loaded for the process (RTLD_NODELETE), and so does this library once registered:
+ * sessions opened and closed one after another load nothing again. The kernel is called with
+ * DLTensors that point at ORT's input and output buffers: no copies and no Python on the call path.
+ * Parallel loops in a kernel run on the session's intra-op threads (KernelContext_ParallelFor).
  *
  * ONNX Runtime's wheel ships no C headers, so this file declares only what it uses, from the
  * documented ABI: OrtApi is a table of function pointers that only grows (a function's slot never
@@ -82,13 +87,12 @@ enum {
     SLOT_ReleaseStatus = 93,
     SLOT_ReleaseTensorTypeAndShapeInfo = 99,
     SLOT_KernelInfoGetAttributeArray_int64 = 163,
-    SLOT_KernelInfoGetConstantInput_tensor = 249,
     SLOT_KernelContext_ParallelFor = 274,
 };
 
 enum { ORT_FAIL = 1, ORT_INVALID_ARGUMENT = 2, ORT_RUNTIME_EXCEPTION = 6, ORT_INVALID_GRAPH = 10 };
-enum { ELEMENT_FLOAT = 1, ELEMENT_UINT8 = 2 };
-enum { IO_REQUIRED = 0, IO_VARIADIC = 2 };
+enum { ELEMENT_FLOAT = 1 };
+enum { IO_VARIADIC = 2 };
 enum { MEM_DEFAULT = 0 };
 
 static const void *const *ort; /* the OrtApi table, as slots */
@@ -110,8 +114,6 @@ typedef OrtStatus *(*GetTensorSizeInBytesFn)(const OrtValue *value, size_t *out)
 typedef void (*ReleaseShapeInfoFn)(OrtShapeInfo *info);
 typedef OrtStatus *(*GetAttributeStringFn)(const OrtKernelInfo *info, const char *name, char *out, size_t *size);
 typedef OrtStatus *(*GetAttributeInt64sFn)(const OrtKernelInfo *info, const char *name, int64_t *out, size_t *size);
-typedef OrtStatus *(*GetConstantInputFn)(const OrtKernelInfo *info, size_t index, int *is_constant,
-                                         const OrtValue **out);
 typedef OrtStatus *(*GetCountFn)(const OrtKernelContext *context, size_t *out);
 typedef OrtStatus *(*GetInputFn)(const OrtKernelContext *context, size_t index, const OrtValue **out);
 typedef OrtStatus *(*GetOutputFn)(OrtKernelContext *context, size_t index, const int64_t *dims, size_t count,
@@ -262,9 +264,10 @@ static int not_supported(void) { return -1; }
 
 /* ------------------------------------------------------------------ kernel libraries, loaded once */
 
+#define ID_SIZE 65 /* a SHA-256 in hex, and its terminating zero */
+
 typedef struct Library {
-    uint64_t hash;
-    size_t size;
+    char id[ID_SIZE]; /* the SHA-256 of the kernel's description */
     void *handle;
     const char *(*last_error)(void);
     uintptr_t alignment; /* what its kernels assume of their buffers' addresses (a power of two) */
@@ -273,13 +276,6 @@ typedef struct Library {
 
 static pthread_mutex_t libraries_lock = PTHREAD_MUTEX_INITIALIZER;
 static Library *libraries; /* never unloaded: sessions in the process may still run their kernels */
-
-static uint64_t fnv1a(const uint8_t *bytes, size_t size) {
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < size; i++)
-        h = (h ^ bytes[i]) * 1099511628211ull;
-    return h;
-}
 
 /* Point every hook the library defines at its implementation (TVM's own loader does the same). */
 static void fill_hooks(void *handle, void (*set_raised)(void)) {
@@ -373,7 +369,7 @@ static void *open_from_memory(const uint8_t *bytes, size_t size, char *why, size
     }
     /* A temporary file's name is unique while it exists (it is removed after loading). */
     const char *link = is_temp_file ? NULL : unique_name(path, name, sizeof name);
-    void *handle = dlopen(link ? link : path, RTLD_NOW | RTLD_LOCAL);
+    void *handle = dlopen(link ? link : path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (handle == NULL)
         snprintf(why, why_size, "cannot load the kernel library: %s", dlerror());
     if (link)
@@ -385,11 +381,27 @@ static void *open_from_memory(const uint8_t *bytes, size_t size, char *why, size
     return handle;
 }
 
-static Library *load_library(const uint8_t *bytes, size_t size, char *why, size_t why_size) {
-    uint64_t hash = fnv1a(bytes, size);
+static Library *find_library(const char *id) {
     pthread_mutex_lock(&libraries_lock);
     Library *lib = libraries;
-    while (lib != NULL && !(lib->hash == hash && lib->size == size))
+    while (lib != NULL && strcmp(lib->id, id) != 0)
+        lib = lib->next;
+    pthread_mutex_unlock(&libraries_lock);
+    return lib;
+}
+
+static int valid_id(const char *id) {
+    size_t n = 0;
+    for (; id[n] != '\0'; n++)
+        if (n >= ID_SIZE - 1 || !((id[n] >= '0' && id[n] <= '9') || (id[n] >= 'a' && id[n] <= 'f')))
+            return 0;
+    return n == ID_SIZE - 1;
+}
+
+static Library *load_library(const char *id, const uint8_t *bytes, size_t size, char *why, size_t why_size) {
+    pthread_mutex_lock(&libraries_lock);
+    Library *lib = libraries;
+    while (lib != NULL && strcmp(lib->id, id) != 0)
         lib = lib->next;
     if (lib == NULL) {
         void *handle = open_from_memory(bytes, size, why, why_size);
@@ -405,7 +417,8 @@ static Library *load_library(const uint8_t *bytes, size_t size, char *why, size_
             const int32_t *declared = dlsym(handle, "einopt_buffer_alignment");
             int32_t a = declared != NULL ? *declared : ALIGNMENT; /* libraries linked before it: 64 */
             uintptr_t alignment = a > 0 && (a & (a - 1)) == 0 ? (uintptr_t)a : ALIGNMENT;
-            *lib = (Library){hash, size, handle, last_error, alignment, libraries};
+            *lib = (Library){"", handle, last_error, alignment, libraries};
+            memcpy(lib->id, id, ID_SIZE);
             libraries = lib;
         } else if (handle != NULL) {
             snprintf(why, why_size, "out of memory");
@@ -416,10 +429,27 @@ static Library *load_library(const uint8_t *bytes, size_t size, char *why, size_
     return lib;
 }
 
+/*
+ * Called by einopt (Python, through ctypes) with a kernel library it built on this machine from a
+ * description whose SHA-256 is id, and checked: loads it once per process. Returns 0, or -1 with the
+ * reason in why.
+ */
+EXPORT int einopt_ort_add_kernels(const char *id, const uint8_t *bytes, size_t size, char *why, size_t why_size) {
+    if (id == NULL || !valid_id(id)) {
+        snprintf(why, why_size, "a kernel library is known by a SHA-256 in lowercase hex");
+        return -1;
+    }
+    return load_library(id, bytes, size, why, why_size) != NULL ? 0 : -1;
+}
+
+/* Whether the kernel library of description id is loaded (for einopt's tests and its loader). */
+EXPORT int einopt_ort_has_kernels(const char *id) { return id != NULL && find_library(id) != NULL; }
+
 /* ------------------------------------------------------------------ the operator */
 
 typedef struct {
     char symbol[256];
+    char id[ID_SIZE];
     KernelFn fn;
     Library *library;
     size_t outputs;
@@ -485,6 +515,17 @@ static OrtStatus *read_attributes(Kernel *k, const OrtKernelInfo *info) {
         ORT(ReleaseStatus, ReleaseStatusFn)(status);
         return error(ORT_INVALID_GRAPH, "einopt TvmKernel: the attribute symbol is missing or too long");
     }
+    size = sizeof k->id;
+    status = ORT(KernelInfoGetAttribute_string, GetAttributeStringFn)(info, "kernel_sha256", k->id, &size);
+    if (status != NULL || !valid_id(k->id)) {
+        if (status != NULL)
+            ORT(ReleaseStatus, ReleaseStatusFn)(status);
+        return error(ORT_INVALID_GRAPH,
+                     "einopt TvmKernel %s: no kernel_sha256 attribute (a SHA-256 in hex): the node was not written "
+                     "by this einopt (earlier versions put native code in the model, which einopt no longer loads); "
+                     "optimize the original model again",
+                     k->symbol);
+    }
     int64_t dims[MAX_ARGS * MAX_RANK];
     size_t n_dims = 0;
     if ((status = read_ints(info, "output_ranks", k->ranks, MAX_ARGS, &k->outputs)) != NULL)
@@ -509,30 +550,12 @@ static OrtStatus *create_kernel(const OrtCustomOp *op, const void *api, const Or
     if (k == NULL)
         return error(ORT_FAIL, "einopt TvmKernel: out of memory");
     OrtStatus *status = read_attributes(k, info);
-    const OrtValue *code = NULL;
-    int constant = 0;
-    if (status == NULL)
-        status = ORT(KernelInfoGetConstantInput_tensor, GetConstantInputFn)(info, 0, &constant, &code);
-    if (status == NULL && (!constant || code == NULL))
-        status = error(ORT_INVALID_GRAPH,
-                       "einopt TvmKernel %s: input 0 must be a constant initializer (the kernel library)", k->symbol);
-    OrtShapeInfo *shape = NULL;
-    size_t size = 0;
-    void *bytes = NULL;
-    if (status == NULL)
-        status = ORT(GetTensorTypeAndShape, GetTensorTypeAndShapeFn)(code, &shape);
-    if (status == NULL)
-        status = ORT(GetTensorShapeElementCount, GetTensorShapeElementCountFn)(shape, &size);
-    if (shape != NULL)
-        ORT(ReleaseTensorTypeAndShapeInfo, ReleaseShapeInfoFn)(shape);
-    if (status == NULL)
-        status = ORT(GetTensorMutableData, GetTensorMutableDataFn)((OrtValue *)code, &bytes);
-    if (status == NULL) {
-        char why[512] = "";
-        k->library = load_library(bytes, size, why, sizeof why);
-        if (k->library == NULL)
-            status = error(ORT_FAIL, "einopt TvmKernel %s: %s", k->symbol, why);
-    }
+    if (status == NULL && (k->library = find_library(k->id)) == NULL)
+        status = error(ORT_FAIL,
+                       "einopt TvmKernel %s: its kernel (description %.16s...) is not built in this process: a "
+                       "model file carries no native code; open the model with einopt.runtime.session(path), "
+                       "which builds its kernels from the descriptions in the model",
+                       k->symbol, k->id);
     if (status == NULL) {
         char name[300];
         snprintf(name, sizeof name, "__tvm_ffi_%s", k->symbol);
@@ -615,16 +638,16 @@ static OrtStatus *compute(void *kernel, OrtKernelContext *context) {
         status = ORT(KernelContext_GetOutputCount, GetCountFn)(context, &n_out);
     if (status != NULL)
         return status;
-    size_t n = n_in - 1 + n_out;
-    if (n_in < 1 || n_out != k->outputs || n > MAX_ARGS)
+    size_t n = n_in + n_out;
+    if (n_out != k->outputs || n > MAX_ARGS)
         return error(ORT_INVALID_ARGUMENT, "einopt TvmKernel %s: %zu inputs and %zu outputs, expected %zu outputs",
                      k->symbol, n_in, n_out, k->outputs);
     DLTensor tensors[MAX_ARGS];
     int64_t dims[MAX_ARGS][MAX_RANK];
     void *originals[MAX_ARGS];
     TVMFFIAny args[MAX_ARGS];
-    int declared = size_in_bytes != NULL && k->inputs == n_in - 1;
-    for (size_t i = 1; i < n_in && status == NULL; i++) {
+    int declared = size_in_bytes != NULL && k->inputs == n_in;
+    for (size_t i = 0; i < n_in && status == NULL; i++) {
         const OrtValue *value = NULL;
         status = ORT(KernelContext_GetInput, GetInputFn)(context, i, &value);
         size_t bytes = 0;
@@ -635,25 +658,24 @@ static OrtStatus *compute(void *kernel, OrtKernelContext *context) {
                 bytes = 0;
             }
         }
-        if (status == NULL && declared && bytes == k->input_bytes[i - 1]) {
+        if (status == NULL && declared && bytes == k->input_bytes[i]) {
             /* the declared shape, checked by its size (ORT checks the element type against the schema) */
             void *data = NULL;
             status = ORT(GetTensorMutableData, GetTensorMutableDataFn)((OrtValue *)value, &data);
-            tensors[i - 1] = (DLTensor){data, {DL_CPU, 0}, (int32_t)k->input_ranks[i - 1], {DL_FLOAT, 32, 1},
-                                        k->input_shapes[i - 1], NULL, 0};
+            tensors[i] = (DLTensor){data, {DL_CPU, 0}, (int32_t)k->input_ranks[i], {DL_FLOAT, 32, 1},
+                                    k->input_shapes[i], NULL, 0};
         } else if (status == NULL) {
-            status = describe(value, &tensors[i - 1], dims[i - 1], k->symbol, i);
+            status = describe(value, &tensors[i], dims[i], k->symbol, i);
             /* an input of the declared size in another shape (a Reshape the kernel reads through) */
-            if (status == NULL && k->inputs == n_in - 1 &&
-                elements(&tensors[i - 1]) * sizeof(float) == k->input_bytes[i - 1]) {
-                tensors[i - 1].ndim = (int32_t)k->input_ranks[i - 1];
-                tensors[i - 1].shape = k->input_shapes[i - 1];
+            if (status == NULL && k->inputs == n_in && elements(&tensors[i]) * sizeof(float) == k->input_bytes[i]) {
+                tensors[i].ndim = (int32_t)k->input_ranks[i];
+                tensors[i].shape = k->input_shapes[i];
             }
         }
     }
     for (size_t j = 0; j < n_out && status == NULL; j++) {
         OrtValue *value = NULL;
-        size_t a = n_in - 1 + j;
+        size_t a = n_in + j;
         status = ORT(KernelContext_GetOutput, GetOutputFn)(context, j, k->shapes[j], (size_t)k->ranks[j], &value);
         void *data = NULL;
         if (status == NULL)
@@ -674,7 +696,7 @@ static OrtStatus *compute(void *kernel, OrtKernelContext *context) {
         if (!misaligned(&tensors[a], k->library->alignment))
             continue;
         originals[a] = tensors[a].data;
-        if (a < n_in - 1)
+        if (a < n_in)
             memcpy(area, tensors[a].data, elements(&tensors[a]) * sizeof(float));
         tensors[a].data = area;
         area += padded_bytes(&tensors[a]);
@@ -688,7 +710,7 @@ static OrtStatus *compute(void *kernel, OrtKernelContext *context) {
     running = outer;
     if (rc != 0)
         return error(ORT_RUNTIME_EXCEPTION, "einopt TvmKernel %s failed: %s", k->symbol, k->library->last_error());
-    for (size_t a = n_in - 1; a < n; a++)
+    for (size_t a = n_in; a < n; a++)
         if (originals[a] != NULL)
             memcpy(originals[a], tensors[a].data, elements(&tensors[a]) * sizeof(float));
     return NULL;
@@ -698,11 +720,11 @@ static void destroy_kernel(void *kernel) { free(kernel); }
 
 static const char *op_name(const OrtCustomOp *op) { (void)op; return "TvmKernel"; }
 static const char *op_provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
-static size_t op_input_count(const OrtCustomOp *op) { (void)op; return 2; }
+static size_t op_input_count(const OrtCustomOp *op) { (void)op; return 1; }
 static size_t op_output_count(const OrtCustomOp *op) { (void)op; return 1; }
-static int op_input_type(const OrtCustomOp *op, size_t i) { (void)op; return i == 0 ? ELEMENT_UINT8 : ELEMENT_FLOAT; }
+static int op_input_type(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return ELEMENT_FLOAT; }
 static int op_output_type(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return ELEMENT_FLOAT; }
-static int op_input_io(const OrtCustomOp *op, size_t i) { (void)op; return i == 0 ? IO_REQUIRED : IO_VARIADIC; }
+static int op_input_io(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return IO_VARIADIC; }
 static int op_output_io(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return IO_VARIADIC; }
 static int op_memory(const OrtCustomOp *op, size_t i) { (void)op, (void)i; return MEM_DEFAULT; }
 static int op_one(const OrtCustomOp *op) { (void)op; return 1; }
@@ -738,8 +760,18 @@ EXPORT const char *einopt_ort_library_version(void) {
 #endif
 }
 
+/* Keep this library loaded for the process once ONNX Runtime has loaded it: a session's end unloads
+ * what it registered, and loading it again would lose the kernel libraries loaded so far (and map
+ * them again). */
+static void stay_loaded(void) {
+    Dl_info self;
+    if (dladdr((void *)stay_loaded, &self) != 0 && self.dli_fname != NULL)
+        (void)dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+}
+
 EXPORT OrtStatus *RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
     const char *version = base->GetVersionString();
+    stay_loaded();
     int major = 0, minor = 0;
     ort = base->GetApi(API_VERSION);
     if (ort == NULL || sscanf(version, "%d.%d", &major, &minor) != 2 || (major == 1 && minor < 17)) {
