@@ -113,9 +113,9 @@ class Options:
         (timing, not search: the search is bounded by states).
     kernels : {"onnx", "tvm"}
         How eOperators are written: ``onnx`` as model-local functions of
-        standard operators (runs in any ONNX Runtime), ``tvm`` as kernels
-        compiled by TVM for this CPU, embedded in the model and run by
-        einopt's custom-op library (``einopt.runtime.kernels``).
+        standard operators (runs in any ONNX Runtime), ``tvm`` as generated
+        kernels described in the model, compiled by TVM where it runs and run
+        by einopt's custom-op library (``einopt.runtime.kernels``).
 
     ``budget`` (not a parameter) is the :class:`einopt.search.Budget` the
     search fields make, the one the search stage is given.

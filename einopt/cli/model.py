@@ -115,8 +115,9 @@ _shape_option = click.option(
     default="onnx",
     show_default=True,
     help="How eOperators are written. onnx: model-local functions of standard operators (runs in any "
-    "ONNX Runtime). tvm: kernels compiled by TVM for this CPU, embedded in the model; ONNX Runtime "
-    "runs them with einopt's custom-op library registered (einopt.runtime.kernels; needs a C compiler).",
+    "ONNX Runtime). tvm: generated kernels, described in the model (no machine code) and compiled by "
+    "TVM on the machine that runs it; ONNX Runtime runs them through einopt.runtime.session (needs a C "
+    "compiler and TVM).",
 )
 @click.option(
     "--accept",
