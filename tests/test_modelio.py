@@ -1,6 +1,8 @@
 """Loading, saving (atomic, external data, > 2 GB) and running ONNX models."""
 
+import builtins
 import os
+import re
 
 import numpy as np
 import onnx
@@ -130,6 +132,84 @@ def test_load_truncated_external_data(tmp_path):
     data = tmp_path / "m.onnx.data"
     data.write_bytes(data.read_bytes()[:100])
     with pytest.raises(ModelError, match="is truncated"):
+        modelio.load_model(path)
+
+
+def _relocated(tmp_path, location, link=None):
+    """m.onnx in tmp_path/model whose weight's external data is at ``location`` (``link``: a symbolic
+    link model/w.data pointing there); tmp_path/outside/secret.data holds the right bytes, so a
+    loader that reached it would load it."""
+    folder, outside = tmp_path / "model", tmp_path / "outside"
+    folder.mkdir()
+    outside.mkdir()
+    path = folder / "m.onnx"
+    modelio.save_model(mlp(), path, external_data=True)
+    (outside / "secret.data").write_bytes((folder / "m.onnx.data").read_bytes())
+    if link is not None:
+        (folder / "w.data").symlink_to(link)
+    raw = onnx.load(str(path), load_external_data=False)
+    for t in raw.graph.initializer:
+        for e in t.external_data:
+            if e.key == "location":
+                e.value = location
+    path.write_bytes(raw.SerializeToString())
+    return path, outside / "secret.data"
+
+
+def _accesses(monkeypatch) -> list[tuple[str, str]]:
+    """(function, path) of every stat, lstat and open from here on."""
+    seen = []
+    for module, name in ((os, "stat"), (os, "lstat"), (os, "open"), (builtins, "open")):
+        real = getattr(module, name)
+
+        def spy(p, *args, _real=real, _name=name, **kwargs):
+            if isinstance(p, str | os.PathLike):
+                seen.append((_name, os.path.abspath(p)))
+            return _real(p, *args, **kwargs)
+
+        monkeypatch.setattr(module, name, spy)
+    return seen
+
+
+@pytest.mark.parametrize(
+    "where, link, why",
+    [
+        ("absolute", None, "an absolute path"),
+        ("../outside/secret.data", None, r"a path that climbs out of its folder \('..'\)"),
+        ("w.data", "absolute", "through the symbolic link 'w.data', which is not followed"),
+        ("w.data", "../outside/secret.data", "through the symbolic link 'w.data', which is not followed"),
+    ],
+)
+def test_load_refuses_external_data_outside_the_model_folder_before_touching_it(
+    tmp_path, monkeypatch, where, link, why
+):
+    secret = str(tmp_path / "outside" / "secret.data")
+    location = secret if where == "absolute" else where
+    path, _ = _relocated(tmp_path, location, secret if link == "absolute" else link)
+    seen = _accesses(monkeypatch)
+    with pytest.raises(
+        ModelError, match=f"tensor 'W' has its external data at '{re.escape(location)}', {why}"
+    ):
+        modelio.load_model(path)
+    monkeypatch.undo()
+    assert (path.parent / "m.onnx.data").exists()  # the real data was there all along
+    assert not [(f, p) for f, p in seen if p == secret], seen
+    # the link itself is read (lstat, readlink), never followed
+    assert not [(f, p) for f, p in seen if p == str(path.parent / "w.data") and f != "lstat"], seen
+
+
+def test_load_follows_no_symbolic_link_even_inside_the_model_folder(tmp_path):
+    """ONNX opens external data through no link either: a link is one clear refusal, not its error."""
+    path, _ = _relocated(tmp_path, "sub/m.onnx.data")
+    (path.parent / "sub").symlink_to(".")
+    with pytest.raises(ModelError, match="through the symbolic link 'sub', which is not followed"):
+        modelio.load_model(path)
+
+
+def test_load_refuses_external_data_that_is_no_regular_file(tmp_path):
+    path, _ = _relocated(tmp_path, "fifo")
+    os.mkfifo(path.parent / "fifo")  # opening it would wait for a writer
+    with pytest.raises(ModelError, match="external data at 'fifo', not a regular file"):
         modelio.load_model(path)
 
 

@@ -351,7 +351,9 @@ def load_model(source: str | os.PathLike[str] | onnx.ModelProto) -> onnx.ModelPr
     ------
     ModelError
         Missing or empty file, not an ONNX protobuf, missing or short external
-        data, or an ``onnx.checker`` failure (its message, on one line).
+        data, external data named outside the model's folder (an absolute path,
+        ``..``, a symbolic link: refused before anything there is looked at), or
+        an ``onnx.checker`` failure (its message, on one line).
     """
     if isinstance(source, onnx.ModelProto):
         if not source.HasField("graph"):
@@ -389,7 +391,7 @@ def _load_path(path: Path) -> onnx.ModelProto:
     external = [t for t in all_tensors(model) if _is_external(t)]
     try:
         onnx.external_data_helper.load_external_data_for_model(model, str(base))
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, onnx.checker.ValidationError) as e:  # the last: a path it will not open
         raise ModelError(f"cannot read the external data of {path}: {_one_line(e)}") from e
     for t in external:  # as if the data had always been inline (onnx sets DEFAULT explicitly)
         t.ClearField("data_location")
@@ -428,45 +430,30 @@ def _check_external_file(t: TensorProto, base: Path, model_path: Path) -> None:
 
 
 def _file_inside(base: Path, location: str) -> tuple[os.stat_result | None, str]:
-    """The ``lstat`` of the regular file that ``location`` names under the folder ``base`` (None when
-    nothing is there) and "", or None and why ``location`` names no file inside ``base``.
+    """The ``lstat`` of the regular file that ``location`` names in the folder ``base`` (None when
+    nothing is there) and "", or None and why ``location`` names no file of that folder.
 
-    A model file is data from anywhere: its locations may name system files, devices or links out of
-    its folder. They are followed here one component at a time, symbolic links by reading them, so
-    nothing outside ``base`` is ever looked at, let alone opened.
+    A model file is data from anywhere: its locations may name system files, devices, or links out of
+    its folder. They are walked one component at a time without following any symbolic link (ONNX
+    reads external data through none either), so nothing outside ``base`` is looked at, let alone
+    opened.
     """
     if os.path.isabs(location):
         return None, "an absolute path"
-    todo = list(Path(location).parts)
-    if ".." in todo:
+    parts = Path(location).parts
+    if ".." in parts:
         return None, "a path that climbs out of its folder ('..')"
-    here, st, links = base, None, 0
-    while todo:
-        part = todo.pop(0)
-        if part == "..":  # from a link's target: ``here`` is a real folder, its parent is lexical
-            if here == base:
-                return None, "behind a symbolic link that leads out of the model's folder"
-            here = here.parent
-            continue
+    here, st = base, None
+    for part in parts:
+        here = here / part
         try:
-            st = os.lstat(here / part)
+            st = os.lstat(here)
         except FileNotFoundError:
             return None, ""
         except OSError as e:  # a component that is a file, a folder without permission
             return None, f"unreadable ({e.strerror or e})"
-        if not stat.S_ISLNK(st.st_mode):
-            here = here / part
-            continue
-        links += 1
-        if links > 40:  # as the kernel gives up (ELOOP)
-            return None, "behind a loop of symbolic links"
-        target = Path(os.readlink(here / part))
-        if target.is_absolute():
-            target = Path(os.path.normpath(target))
-            if not target.is_relative_to(base):
-                return None, "behind a symbolic link that leads out of the model's folder"
-            here, target = base, target.relative_to(base)
-        todo = list(target.parts) + todo
+        if stat.S_ISLNK(st.st_mode):
+            return None, f"through the symbolic link {str(here.relative_to(base))!r}, which is not followed"
     if st is None or not stat.S_ISREG(st.st_mode):
         return None, "not a regular file"
     return st, ""
