@@ -1150,13 +1150,14 @@ def _optimized_session(model: onnx.ModelProto) -> Any:
 
 
 def _session(model: onnx.ModelProto, options: Any) -> Any:
-    """A CPU session of ``model``, with einopt's kernel library registered where it has generated kernels."""
+    """A CPU session of ``model``, with its generated kernels built and einopt's library registered
+    where it has any."""
     import onnxruntime as ort
 
     from einopt.runtime import kernels, modelio
 
     if modelio.uses_generated_kernels(model):
-        kernels.register(options)
+        kernels.prepare(model, options)
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 

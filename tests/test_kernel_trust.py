@@ -160,82 +160,71 @@ def test_the_cli_refuses_a_model_that_carries_native_code(hostile, tmp_path, arg
     assert not marker.exists()
 
 
+def _run_twice(tmp_path: Path, plant, rows: int = 64, cols: int = 96) -> subprocess.CompletedProcess:
+    """A model's session run in a fresh process on a fresh cache; then ``plant(cache, first_stdout)``;
+    then the same again, whose result is returned (each run checks its values, and prints the kernel
+    cache's build folder and the custom-op library's path)."""
+    cache, model = tmp_path / "cache", tmp_path / "m.onnx"
+    onnx.save(_axpy(rows, cols), model)
+    script = f"""
+        import logging, sys
+        import numpy as np
+        import einopt.runtime
+        from einopt.codegen import ortkernel
+        from einopt.runtime import kernels
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+        a = np.ones(({rows}, {cols}), np.float32)
+        (c,) = einopt.runtime.session({str(model)!r}).run(None, {{"A": a, "B": a}})
+        assert np.array_equal(c, 3 * a), "wrong values"
+        print(ortkernel.build_id(), kernels.library_path())
+    """
+    first = _run_python(script, {"EINOPT_CACHE_DIR": str(cache)})
+    assert first.returncode == 0, first.stderr
+    build, library = first.stdout.split()
+    plant(cache / "kernels" / build, Path(library))
+    again = _run_python(script, {"EINOPT_CACHE_DIR": str(cache)})
+    assert again.returncode == 0, again.stderr
+    return again
+
+
 def test_a_hostile_library_planted_in_the_kernel_cache_is_refused(tmp_path):
     """A kernel library replaced in the cache (its record left alone) is refused and built again, in a
     fresh process (nothing in memory yet)."""
-    cache, marker = tmp_path / "cache", tmp_path / "marker"
-    model = tmp_path / "m.onnx"
-    onnx.save(_axpy(), model)
-    script = f"""
-        import logging, sys
-        import numpy as np
-        import einopt.runtime
-        from einopt.codegen import ortkernel
-        logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-        a = np.ones((64, 96), np.float32)
-        (c,) = einopt.runtime.session({str(model)!r}).run(None, {{"A": a, "B": a}})
-        assert np.array_equal(c, 3 * a), "wrong values"
-        print(ortkernel.build_id())
-    """
-    first = _run_python(script, {"EINOPT_CACHE_DIR": str(cache)})
-    assert first.returncode == 0, first.stderr
-    (built,) = (cache / "kernels" / first.stdout.strip()).glob("*.so")
-    built.write_bytes(_planted_library(tmp_path, marker))
-    again = _run_python(script, {"EINOPT_CACHE_DIR": str(cache)})
-    assert again.returncode == 0, again.stderr
+    marker = tmp_path / "marker"
+    planted = []
+
+    def plant(kernel_folder: Path, library: Path) -> None:
+        (built,) = kernel_folder.glob("*.so")
+        built.write_bytes(_planted_library(tmp_path, marker))
+        planted.append(built)
+
+    again = _run_twice(tmp_path, plant)
     assert "refused the cached kernel library" in again.stderr
     assert not marker.exists()
-    assert b"planted" not in built.read_bytes()  # built again in its place
+    assert b"planted" not in planted[0].read_bytes()  # built again in its place
 
 
 def test_a_symbolic_link_in_the_kernel_cache_is_refused(tmp_path):
-    cache, marker = tmp_path / "cache", tmp_path / "marker"
-    model = tmp_path / "m.onnx"
-    onnx.save(_axpy(48, 32), model)
-    script = f"""
-        import logging, sys
-        import numpy as np
-        import einopt.runtime
-        from einopt.codegen import ortkernel
-        logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-        a = np.ones((48, 32), np.float32)
-        (c,) = einopt.runtime.session({str(model)!r}).run(None, {{"A": a, "B": a}})
-        assert np.array_equal(c, 3 * a), "wrong values"
-        print(ortkernel.build_id())
-    """
-    first = _run_python(script, {"EINOPT_CACHE_DIR": str(cache)})
-    assert first.returncode == 0, first.stderr
-    (built,) = (cache / "kernels" / first.stdout.strip()).glob("*.so")
-    (tmp_path / "planted.so").write_bytes(_planted_library(tmp_path, marker))
-    built.unlink()
-    built.symlink_to(tmp_path / "planted.so")
-    again = _run_python(script, {"EINOPT_CACHE_DIR": str(cache)})
-    assert again.returncode == 0, again.stderr
+    marker = tmp_path / "marker"
+
+    def plant(kernel_folder: Path, library: Path) -> None:
+        (built,) = kernel_folder.glob("*.so")
+        (tmp_path / "planted.so").write_bytes(_planted_library(tmp_path, marker))
+        built.unlink()
+        built.symlink_to(tmp_path / "planted.so")
+
+    again = _run_twice(tmp_path, plant, 48, 32)
     assert "refused the cached kernel library" in again.stderr and "symbolic link" in again.stderr
     assert not marker.exists()
 
 
 def test_a_hostile_library_planted_as_the_custom_op_library_is_refused(tmp_path):
-    cache, marker = tmp_path / "cache", tmp_path / "marker"
-    model = tmp_path / "m.onnx"
-    onnx.save(_axpy(), model)
-    script = f"""
-        import logging, sys
-        import numpy as np
-        import einopt.runtime
-        from einopt.runtime import kernels
-        logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-        a = np.ones((64, 96), np.float32)
-        (c,) = einopt.runtime.session({str(model)!r}).run(None, {{"A": a, "B": a}})
-        assert np.array_equal(c, 3 * a), "wrong values"
-        print(kernels.library_path())
-    """
-    first = _run_python(script, {"EINOPT_CACHE_DIR": str(cache)})
-    assert first.returncode == 0, first.stderr
-    library = Path(first.stdout.strip())
-    library.write_bytes(_planted_library(tmp_path, marker))
-    again = _run_python(script, {"EINOPT_CACHE_DIR": str(cache)})
-    assert again.returncode == 0, again.stderr
+    marker = tmp_path / "marker"
+
+    def plant(kernel_folder: Path, library: Path) -> None:
+        library.write_bytes(_planted_library(tmp_path, marker))
+
+    again = _run_twice(tmp_path, plant)
     assert "refused einopt's cached ONNX Runtime library" in again.stderr
     assert not marker.exists()
 

@@ -96,6 +96,28 @@ def test_a_node_that_disagrees_with_its_description_is_refused_before_anything_r
         kernels.session(_set_attribute(_axpy(64, 96), name, value).SerializeToString())
 
 
+@pytest.mark.parametrize(
+    "alter, message",
+    [
+        (lambda text: "{", "not JSON"),
+        (lambda text: text.replace("einopt-kernel/1", "einopt-kernel/0"), "of format 'einopt-kernel/0'"),
+        (lambda text: text.replace('"schedule":"cpu"', '"schedule":"gpu"'), "unknown schedule"),
+        (lambda text: text.replace('"program":"y0 = ', '"program":"y0 = ]] '), "does not parse"),
+        (lambda text: text.replace("x000", "evil"), "inputs are not the float32 tensors"),
+    ],
+    ids=["json", "format", "schedule", "program", "inputs"],
+)
+def test_a_description_einopt_would_not_write_is_refused(alter, message):
+    import hashlib
+
+    model = _axpy(64, 96)
+    text = alter(_attribute(model, "kernel").decode())
+    model = _set_attribute(model, "kernel", text)
+    model = _set_attribute(model, "kernel_sha256", hashlib.sha256(text.encode()).hexdigest())
+    with pytest.raises(ModelError, match=message):
+        kernels.session(model.SerializeToString())
+
+
 def test_an_altered_description_is_refused_even_with_a_matching_sha256():
     # the attacker rewrites the program and recomputes the hash: the text is not what einopt writes
     import hashlib

@@ -232,7 +232,7 @@ def read_description(text: str, sha256: str) -> KernelDescription:
         )
     try:
         fields = json.loads(text)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise KernelDescriptionError(f"its description is not JSON ({e})") from None
     if not isinstance(fields, dict) or fields.get("format") != KERNEL_FORMAT:
         found = fields.get("format") if isinstance(fields, dict) else None
@@ -249,7 +249,7 @@ def read_description(text: str, sha256: str) -> KernelDescription:
         raise KernelDescriptionError("its description has no program")
     try:
         program = parse(program_text)
-    except (ir.IRError, ValueError, RecursionError) as e:
+    except Exception as e:  # noqa: BLE001 - the text is the file's: whatever it makes the parser raise is its fault
         raise KernelDescriptionError(f"its program does not parse: {e}") from None
     if not isinstance(program, ir.Program):
         raise KernelDescriptionError("its program is a single expression, not a program")
@@ -454,10 +454,17 @@ def element_aligned(func) -> tuple[object, int]:
 
 @functools.cache
 def _build_fingerprint() -> str:
-    import tvm
+    from einopt.runtime import kernels
+
+    try:
+        import tvm
+    except ImportError as e:
+        raise kernels.NativeBuildError(
+            f"einopt's generated kernels are compiled by TVM on the machine that runs the model, and TVM "
+            f"cannot be imported here ({e}): install it (pip install apache-tvm), or use --kernels onnx"
+        ) from None
 
     from einopt.codegen.build import resolve_target
-    from einopt.runtime import kernels
 
     h = hashlib.sha256()
     for part in (tvm.__version__, str(resolve_target("llvm")), " ".join(kernels.CFLAGS)):

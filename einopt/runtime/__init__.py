@@ -1,7 +1,8 @@
 """ONNX Runtime services: model I/O and sessions, timing, benchmarking, the measurement cache, operator costs, verification.
 
 ``einopt.runtime.session(path)`` opens a model in ONNX Runtime with einopt's custom-op library
-registered, for models written with ``--kernels tvm`` (see ``einopt.runtime.kernels``).
+registered and the model's generated kernels built from their descriptions, for models written with
+``--kernels tvm`` (see ``einopt.runtime.kernels``).
 """
 
 from __future__ import annotations

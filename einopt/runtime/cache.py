@@ -103,7 +103,7 @@ def check_private(path: Path, st: os.stat_result, what: str = "file") -> None:
     if st.st_mode & 0o022:
         raise CacheTrustError(
             f"the cache {what} {path} is writable by its group or by others (mode {st.st_mode & 0o777:o}): "
-            f"einopt keeps native code there; make it private (chmod go-w {path}) or set EINOPT_CACHE_DIR "
+            f"einopt keeps native code and search results there; make it private (chmod go-w {path}) or set EINOPT_CACHE_DIR "
             "to a private folder"
         )
 

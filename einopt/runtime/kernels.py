@@ -267,7 +267,7 @@ def described(model: onnx.ModelProto) -> list[Any]:
             )
         text, sha = (attrs[k].decode(errors="replace") for k in ("kernel", "kernel_sha256"))
         try:
-            d = found.get(sha) or read_description(text, sha)
+            d = found[sha] if sha in found and found[sha].text == text else read_description(text, sha)
         except KernelDescriptionError as e:
             raise ModelError(f"{label}: {e}") from None
         _check_node(label, node, attrs, d)
