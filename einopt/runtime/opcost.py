@@ -244,16 +244,15 @@ def node_costs(
         if not known or not timed or any(v is None for v in outs):
             entries.append(_Node(NodeCost(node.op_type, "analytic", flops=flops, bytes=nbytes)))
             continue
-        shown = ins
         forms[len(entries)] = [
             node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}",
             opset,
             sorted((a.name, _attribute(a)) for a in node.attribute),
-            [_value_form(v) for v in shown],
+            [_value_form(v) for v in ins],
             len(node.output),
             *([kernel_build] if generated else []),
         ]
-        what = f"{node.op_type} " + " ".join("x".join(map(str, v.shape)) or "scalar" for v in shown if v)
+        what = f"{node.op_type} " + " ".join("x".join(map(str, v.shape)) or "scalar" for v in ins if v)
         entries.append(
             _Node(
                 NodeCost(node.op_type, "timed", "", what, flops, nbytes, _calls(node, outs)),
