@@ -34,6 +34,7 @@ from onnx import numpy_helper
 
 from einopt.codegen.ortkernel import library
 from einopt.runtime import kernels
+from einopt.runtime.build import CFLAGS, compiler
 from einopt.runtime.timing import Timing, configure_threads, load_average, machine_info, sample_interleaved
 
 
@@ -61,7 +62,7 @@ def old_twin(model: onnx.ModelProto) -> onnx.ModelProto:
 def old_library(source: Path, folder: Path) -> Path:
     """The earlier custom-op library, compiled from ``source`` into ``folder``."""
     path = folder / "libeinopt_ort_old.so"
-    cmd = [kernels.compiler(), *kernels.CFLAGS, "-o", str(path), str(source), "-ldl", "-lpthread"]
+    cmd = [compiler(), *CFLAGS, "-o", str(path), str(source), "-ldl", "-lpthread"]
     subprocess.run(cmd, check=True, timeout=300)
     return path
 

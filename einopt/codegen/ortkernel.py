@@ -39,6 +39,7 @@ from einopt.core.ops import BINARY, UNARY
 from einopt.core.parser import parse
 from einopt.core.rewrite import accesses
 from einopt.core.syntax import format_expr
+from einopt.runtime.build import CFLAGS, SHIM_SOURCE, TVM_ALIGNMENT, NativeBuildError, link_kernels
 from einopt.runtime.cache import CacheTrustError, cache_dir, cache_folder, read_private, write_private
 
 __all__ = [
@@ -283,7 +284,7 @@ def ort_kernel(scope: ir.Scope, build: bool = True) -> OrtKernel:
     ------
     KernelUnsupported
         When the scope cannot be a kernel (see :func:`stand_in`).
-    einopt.runtime.kernels.NativeBuildError
+    einopt.runtime.build.NativeBuildError
         When there is no C compiler to link the library with, or linking fails.
     """
     return _kernel(stand_in(scope), scope.shape, build)
@@ -314,7 +315,7 @@ def library(d: KernelDescription) -> bytes:
 
     Raises
     ------
-    einopt.runtime.kernels.NativeBuildError
+    einopt.runtime.build.NativeBuildError
         When there is no C compiler to link the library with, or linking fails.
     einopt.runtime.cache.CacheTrustError
         When the cache folder is not private to this user.
@@ -355,8 +356,6 @@ def _library(d: KernelDescription) -> tuple[bytes, bool]:
     found = _cached(path, record)
     if found is not None:
         return found, True
-    from einopt.runtime.kernels import link_kernels
-
     log.info("compiling kernel %s for this CPU", d.symbol)
     module, scheduled, alignment = _build(d)
     library = link_kernels([module], alignment=alignment)
@@ -395,7 +394,6 @@ def _build(d: KernelDescription) -> tuple[object, bool, int]:
     from einopt.codegen.build import resolve_target
     from einopt.codegen.schedule import schedule_cpu
     from einopt.codegen.te import lower
-    from einopt.runtime.kernels import TVM_ALIGNMENT
 
     lowered = lower(d.program)
     target = resolve_target("llvm")
@@ -454,12 +452,10 @@ def element_aligned(func) -> tuple[object, int]:
 
 @functools.cache
 def _build_fingerprint() -> str:
-    from einopt.runtime import kernels
-
     try:
         import tvm
     except ImportError as e:
-        raise kernels.NativeBuildError(
+        raise NativeBuildError(
             f"einopt's generated kernels are compiled by TVM on the machine that runs the model, and TVM "
             f"cannot be imported here ({e}): install it (pip install apache-tvm), or use --kernels onnx"
         ) from None
@@ -467,8 +463,8 @@ def _build_fingerprint() -> str:
     from einopt.codegen.build import resolve_target
 
     h = hashlib.sha256()
-    for part in (tvm.__version__, str(resolve_target("llvm")), " ".join(kernels.CFLAGS)):
+    for part in (tvm.__version__, str(resolve_target("llvm")), " ".join(CFLAGS)):
         h.update(part.encode() + b"\0")
-    for source in sorted([*CODEGEN.glob("*.py"), *CORE.glob("*.py"), kernels.SHIM_SOURCE]):
+    for source in sorted([*CODEGEN.glob("*.py"), *CORE.glob("*.py"), SHIM_SOURCE]):
         h.update(source.read_bytes())
     return h.hexdigest()[:16]

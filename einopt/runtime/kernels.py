@@ -37,8 +37,6 @@ import io
 import logging
 import os
 import platform
-import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -49,6 +47,14 @@ from typing import Any
 import onnx
 
 from einopt.errors import ModelError, UnsupportedModelError
+from einopt.runtime.build import (
+    CFLAGS,
+    LIBRARY_SOURCE,
+    NativeBuildError,
+    compiler,
+    link_kernels,
+    run_compiler,
+)
 from einopt.runtime.cache import CacheTrustError, cache_folder, read_private, write_private
 
 __all__ = [
@@ -69,39 +75,6 @@ log = logging.getLogger(__name__)
 DOMAIN = "ai.einopt"
 """The domain of einopt's generated-kernel nodes (``einopt.runtime.modelio.KERNEL_DOMAIN``)."""
 OP_TYPE = "TvmKernel"
-
-NATIVE = Path(__file__).resolve().parent / "native"
-LIBRARY_SOURCE = NATIVE / "einopt_ort.c"
-SHIM_SOURCE = NATIVE / "tvm_shim.c"
-
-# The buffer alignment (bytes) TVM's generated code assumes unless told otherwise (its kAllocAlignment).
-TVM_ALIGNMENT = 64
-
-CFLAGS = ("-O2", "-fPIC", "-shared", "-std=c11", "-fvisibility=hidden", "-Wall", "-Wextra")
-
-
-class NativeBuildError(RuntimeError):
-    """einopt's native code could not be built (no C compiler, or the compiler failed)."""
-
-
-def compiler() -> str:
-    """The C compiler: ``$CC``, else the first of cc, gcc, clang on PATH."""
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return name
-    raise NativeBuildError(
-        "einopt's generated kernels need a C compiler to build their ONNX Runtime library, and none was "
-        "found (set CC, or install gcc or clang: e.g. `apt install gcc`); --kernels onnx needs none"
-    )
-
-
-def _compile(cmd: Sequence[str], what: str) -> None:
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise NativeBuildError(f"building {what} failed: {e}") from None
-    if done.returncode != 0:
-        raise NativeBuildError(f"building {what} failed ({' '.join(cmd)}):\n{done.stderr.strip()}")
 
 
 def _ort_version() -> str:
@@ -158,7 +131,7 @@ def library_path() -> Path:
         )
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         built = Path(tmp) / path.name
-        _compile(
+        run_compiler(
             [
                 cc,
                 *CFLAGS,
@@ -409,30 +382,3 @@ def session(
         options.use_per_session_threads = False
     model = path if isinstance(path, bytes) else str(path)
     return onnxruntime.InferenceSession(model, options, providers=list(providers))
-
-
-def link_kernels(modules: Sequence[Any], alignment: int = TVM_ALIGNMENT) -> bytes:
-    """One kernel library (shared-object bytes) from TVM-built CPU modules (``tvm.tirx.build`` results).
-
-    Each module's object code is written out, linked with the shim into one shared object
-    (``-Bsymbolic``: the library's calls stay inside it even where TVM itself is loaded), and read back.
-    ``alignment`` is what the modules' code assumes of its buffers, in bytes (TVM's default, unless
-    the functions were declared otherwise: see ``einopt.codegen.ortkernel.element_aligned``): the library exports it, and the custom op
-    runs a kernel on a less aligned buffer through an aligned copy.
-    """
-    if alignment < 1 or alignment & (alignment - 1):
-        raise ValueError(f"alignment must be a power of two, got {alignment}")
-    cc = compiler()
-    with tempfile.TemporaryDirectory(prefix="einopt-link-") as tmp:
-        objects = []
-        for i, module in enumerate(modules):
-            obj = Path(tmp) / f"kernels{i}.o"
-            module.write_to_file(str(obj))
-            objects.append(str(obj))
-        out = Path(tmp) / "kernels.so"
-        flags = [*CFLAGS, f"-DEINOPT_BUFFER_ALIGNMENT={alignment}", "-Wl,-Bsymbolic"]
-        _compile(
-            [cc, *flags, "-o", str(out), *objects, str(SHIM_SOURCE), "-lm"],
-            "the kernel library",
-        )
-        return out.read_bytes()
