@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -84,6 +84,19 @@ class Context:
     # it never reads them, and some (which factor is not provably finite) cost a second analysis.
     reasons: bool = True
     _facts: dict[str, TensorFacts] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    # Results of rules' pure analyses of interned scopes, kept for this context's lifetime (one search:
+    # the search makes a context of its own, with reasons off). Rules key them by their own name first.
+    memo: dict = dataclasses.field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def remembered(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        """``compute()``, once per ``key`` while reasons are off (the search's context; a result then
+        need not carry the names a reason would show); always afresh with reasons on."""
+        if self.reasons:
+            return compute()
+        found = self.memo.get(key, _MISSING)
+        if found is _MISSING:
+            found = self.memo[key] = compute()
+        return found
 
     def is_constant(self, t: ir.Tensor) -> bool:
         return t.name in self.constants
@@ -114,6 +127,7 @@ class Context:
         return facts is not None and math.isfinite(facts.min) and math.isfinite(facts.max)
 
 
+_MISSING = object()
 NO_CONTEXT = Context()
 
 

@@ -43,8 +43,11 @@ def fuse(
     input tensors are known to be finite (see :func:`~einopt.rules.traversal.inline`).
     """
     new = _inlined(program, consumer, producer, finite)
-    if isinstance(new, str):
-        return new
+    return new if isinstance(new, str) else _fused(program, consumer, producer, new)
+
+
+def _fused(program: ir.Program, consumer: str, producer: str, new: ir.Scope) -> ir.Program:
+    """``program`` with binding ``consumer``'s scope ``new`` (the producer inlined into it)."""
     out = replace_scopes(program, {program.scope(consumer): new})
     if _kept(program, consumer, producer, new):
         return out
@@ -65,6 +68,15 @@ def _inlined(program: ir.Program, consumer: str, producer: str, finite: Finite) 
             return found
         new = found
     return new
+
+
+def _inlined_in(program: ir.Program, consumer: str, producer: str, ctx: Context) -> ir.Scope | str:
+    """:func:`_inlined`, once per (consumer scope, producer scope) in a search: the result depends on
+    the two scopes and the context only (the names appear in reasons alone)."""
+    c, p = program.scope(consumer), program.scope(producer)
+    return ctx.remembered(
+        ("fuse_expressions", c, p), lambda: _inlined(program, consumer, producer, ctx.is_finite)
+    )
 
 
 def _kept(program: ir.Program, consumer: str, producer: str, new: ir.Scope) -> bool:
@@ -111,7 +123,7 @@ class FuseExpressions(Rule):
             )
             for producer in producers:
                 # Only the consumer is rewritten to judge the match (the program is rebuilt by apply).
-                found = _inlined(program, consumer, producer, ctx.is_finite)
+                found = _inlined_in(program, consumer, producer, ctx)
                 if isinstance(found, str):
                     yield Failure(self.name, consumer, found)
                     continue
@@ -127,10 +139,11 @@ class FuseExpressions(Rule):
     def apply(self, program: ir.Program, match: Match, ctx: Context = NO_CONTEXT) -> ir.Program:
         if match.rule != self.name:
             raise ValueError(f"{self.name} cannot apply a match of {match.rule}")
-        found = fuse(program, match["consumer"], match["producer"], ctx.is_finite)
+        consumer, producer = match["consumer"], match["producer"]
+        found = _inlined_in(program, consumer, producer, ctx)
         if isinstance(found, str):
             raise ValueError(found)
-        return found
+        return _fused(program, consumer, producer, found)
 
 
 def nested_sums(program: ir.Program) -> list[tuple[str, ir.Scope]]:

@@ -229,7 +229,19 @@ def _split_bias(scope: ir.Scope, arg: ir.Binary) -> tuple[ir.Access | None, ir.A
 def flat_elementwise(scope: ir.Scope, ctx: MatchContext) -> ir.Scope:
     """``scope`` with its reads of nested element-wise scopes inlined (not those of bound or constant
     scopes, which are computed anyway): a GELU whose five nodes a ``fuse_cone`` step nested into its
-    last product is one body again."""
+    last product is one body again.
+
+    Kept per scope and per which of the scopes it reaches are bound or constant (all it depends on):
+    every activation matcher asks it of the same scope, and the search of every candidate."""
+    kept = frozenset(x for x in ir.scopes_in(scope) if x in ctx.bound or x in ctx.constant)
+    memo = ir._cached(scope, "flat_elementwise", dict)
+    found = memo.get(kept)
+    if found is None:
+        found = memo[kept] = _flat_elementwise(scope, ctx)
+    return found
+
+
+def _flat_elementwise(scope: ir.Scope, ctx: MatchContext) -> ir.Scope:
     for _ in range(_FLAT_MAX):
         acc = next(
             (
