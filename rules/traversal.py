@@ -131,8 +131,12 @@ def inline(
         if problem:
             return f"{name} {'takes a maximum' if inner.is_max else 'sums'} over {sums}: {problem}"
         reduce = inner.reduce
-    reach = [bounds(i) for i in acc.indices]
-    leak = leaves_box(inner, reach, finite)
+    reach = tuple(bounds(i) for i in acc.indices)
+    owner = getattr(finite, "__self__", None)  # a context's is_finite: its search keeps the answer
+    if isinstance(owner, Context):
+        leak = owner.remembered(("leaves_box", inner, reach), lambda: leaves_box(inner, reach, finite))
+    else:
+        leak = leaves_box(inner, reach, finite)
     if leak is not None:
         d = leak.dimension
         z, (a, b) = inner.traversal[d], reach[d]
