@@ -40,7 +40,7 @@ from einopt.core.parser import parse
 from einopt.core.rewrite import accesses
 from einopt.core.syntax import format_expr
 from einopt.runtime.build import CFLAGS, SHIM_SOURCE, TVM_ALIGNMENT, NativeBuildError, link_kernels
-from einopt.runtime.cache import CacheTrustError, cache_dir, cache_folder, read_private, write_private
+from einopt.runtime.cache import cache_dir, cache_folder, read_recorded, write_recorded
 
 __all__ = [
     "KERNEL_FORMAT",
@@ -305,7 +305,7 @@ def _kernel(s: StandIn, shape: tuple[int, ...], build: bool) -> OrtKernel:
     return OrtKernel(d, s.sources, shape)
 
 
-_CACHE: dict[str, tuple[bytes, bool]] = {}
+_CACHE: dict[str, bytes] = {}  # description's SHA-256 -> its library
 _LOCK = threading.Lock()
 
 
@@ -320,15 +320,6 @@ def library(d: KernelDescription) -> bytes:
     einopt.runtime.cache.CacheTrustError
         When the cache folder is not private to this user.
     """
-    return _library_of(d)[0]
-
-
-def scheduled(d: KernelDescription) -> bool:
-    """Whether the library of ``d`` runs scheduled loops (False: its schedule failed, a fallback)."""
-    return _library_of(d)[1]
-
-
-def _library_of(d: KernelDescription) -> tuple[bytes, bool]:
     with _LOCK:
         done = _CACHE.get(d.sha256)
         if done is None:
@@ -344,46 +335,18 @@ def is_cached(d: KernelDescription) -> bool:
     return (cache_dir() / "kernels" / build_id() / f"{d.sha256}.so").is_file()
 
 
-def build_id() -> str:
-    """What a compiled kernel depends on besides its description (TVM's version, the target CPU,
-    einopt's code generator, IR and shim), as a short digest: the name of the disk cache's folder."""
-    return _build_fingerprint()
-
-
-def _library(d: KernelDescription) -> tuple[bytes, bool]:
+def _library(d: KernelDescription) -> bytes:
     folder = cache_folder("kernels", build_id())
     path, record = folder / f"{d.sha256}.so", folder / f"{d.sha256}.sha256"
-    found = _cached(path, record)
+    found = read_recorded(path, record, "the cached kernel library")
     if found is not None:
-        return found, True
+        return found
     log.info("compiling kernel %s for this CPU", d.symbol)
     module, scheduled, alignment = _build(d)
     library = link_kernels([module], alignment=alignment)
     if scheduled:  # an unscheduled build is a fallback; it is tried again next time
-        write_private(path, library)
-        write_private(record, hashlib.sha256(library).hexdigest().encode())
-    return library, scheduled
-
-
-def _cached(path: Path, record: Path) -> bytes | None:
-    """The library cached at ``path`` if it is private to this user and its bytes hash to the SHA-256
-    in ``record``; None if it is missing or refused (a refusal is logged: the caller builds it again)."""
-    try:
-        data = read_private(path)
-        if data is None:
-            return None
-        recorded = read_private(record)
-    except CacheTrustError as e:
-        log.warning("refused the cached kernel library %s: %s; building it again", path, e)
-        return None
-    if recorded is None or hashlib.sha256(data).hexdigest() != recorded.decode(errors="replace").strip():
-        log.warning(
-            "refused the cached kernel library %s: its bytes are not the ones recorded when einopt built it; "
-            "building it again",
-            path,
-        )
-        return None
-    return data
+        write_recorded(path, record, library)
+    return library
 
 
 def _build(d: KernelDescription) -> tuple[object, bool, int]:
@@ -451,7 +414,9 @@ def element_aligned(func) -> tuple[object, int]:
 
 
 @functools.cache
-def _build_fingerprint() -> str:
+def build_id() -> str:
+    """What a compiled kernel depends on besides its description (TVM's version, the target CPU,
+    einopt's code generator, IR and shim), as a short digest: the name of the disk cache's folder."""
     try:
         import tvm
     except ImportError as e:

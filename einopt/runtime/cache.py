@@ -108,7 +108,7 @@ def check_private(path: Path, st: os.stat_result, what: str = "file") -> None:
         )
 
 
-def read_private(path: Path) -> bytes | None:
+def _read_private(path: Path) -> bytes | None:
     """The bytes of the file at ``path``, None if there is none; read through one descriptor opened
     without following a symbolic link, after checking (on that descriptor) that the file is a regular
     file of this user's that nobody else can write.
@@ -135,7 +135,7 @@ def read_private(path: Path) -> bytes | None:
         return f.read()
 
 
-def write_private(path: Path, data: bytes) -> None:
+def _write_private(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` (mode 0600) through a new file in the same folder renamed over it, so
     a concurrent reader sees the old file or the new one, whole."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -147,6 +147,39 @@ def write_private(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def read_recorded(path: Path, record: Path, what: str) -> bytes | None:
+    """The bytes of the file einopt built at ``path`` (see :func:`write_recorded`), or None: when there
+    is none, or when it is refused (logged as "refused ``what`` ``path``: why; building it again"): a
+    symbolic link, a file others own or can write, or bytes whose SHA-256 is not the one in ``record``.
+
+    The file is read through one descriptor that was checked, so what is returned is what was checked:
+    load it from these bytes, not from ``path``, and nothing can be swapped in between.
+    """
+    try:
+        data = _read_private(path)
+        recorded = None if data is None else _read_private(record)
+    except CacheTrustError as e:
+        log.warning("refused %s %s: %s; building it again", what, path, e)
+        return None
+    if data is None:
+        return None
+    if recorded is None or hashlib.sha256(data).hexdigest() != recorded.decode(errors="replace").strip():
+        log.warning(
+            "refused %s %s: its bytes are not the ones recorded when einopt built it; building it again",
+            what,
+            path,
+        )
+        return None
+    return data
+
+
+def write_recorded(path: Path, record: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` and its SHA-256 to ``record`` (each mode 0600, renamed into place, so
+    a concurrent reader sees a whole file), for :func:`read_recorded`."""
+    _write_private(path, data)
+    _write_private(record, hashlib.sha256(data).hexdigest().encode())
 
 
 def default_path() -> Path:

@@ -55,7 +55,7 @@ from einopt.runtime.build import (
     link_kernels,
     run_compiler,
 )
-from einopt.runtime.cache import CacheTrustError, cache_folder, read_private, write_private
+from einopt.runtime.cache import cache_folder, read_recorded, write_recorded
 
 __all__ = [
     "DOMAIN",
@@ -114,21 +114,8 @@ def library_path() -> Path:
     key = _library_key(cc)
     folder = cache_folder("native", key)
     path, record = folder / "libeinopt_ort.so", folder / "libeinopt_ort.sha256"
-    try:
-        data, recorded = read_private(path), read_private(record)
-    except CacheTrustError as e:
-        log.warning("refused einopt's cached ONNX Runtime library: %s; building it again", e)
-        data = recorded = None
-    if (
-        data is not None
-        and recorded is not None
-        and hashlib.sha256(data).hexdigest() == recorded.decode().strip()
-    ):
+    if read_recorded(path, record, "einopt's cached ONNX Runtime library") is not None:
         return path
-    if data is not None:
-        log.warning(
-            "refused einopt's cached ONNX Runtime library %s: it is not the file einopt built there", path
-        )
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         built = Path(tmp) / path.name
         run_compiler(
@@ -145,21 +132,22 @@ def library_path() -> Path:
             "einopt's ONNX Runtime library",
         )
         data = built.read_bytes()
-    write_private(path, data)  # atomic: another process building the same key reads a whole file
-    write_private(record, hashlib.sha256(data).hexdigest().encode())
+    write_recorded(path, record, data)  # atomic: another process building the same key reads a whole file
     return path
 
 
 _LOCK = threading.RLock()
-_LOADED: dict[str, tuple[Path, ctypes.CDLL]] = {}  # library key -> the custom-op library, loaded
+_LOADED: list[tuple[Path, ctypes.CDLL]] = []  # the custom-op library, once loaded (never unloaded)
 _PREPARED: set[str] = set()  # descriptions' SHA-256 whose kernel libraries the custom-op library holds
 
 
 def _loaded() -> tuple[Path, ctypes.CDLL]:
-    """The custom-op library, loaded into this process once (and never unloaded), its version checked."""
+    """The custom-op library, loaded into this process once (and never unloaded), its version checked
+    then: later calls, one per session of a model with kernels, neither hash its source nor look for a
+    compiler again."""
     with _LOCK:
-        key = _library_key(compiler())
-        if key not in _LOADED:
+        if not _LOADED:
+            key = _library_key(compiler())
             path = library_path()
             lib = ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL | getattr(os, "RTLD_NODELETE", 0))
             lib.einopt_ort_library_version.restype = ctypes.c_char_p
@@ -177,10 +165,8 @@ def _loaded() -> tuple[Path, ctypes.CDLL]:
                 ctypes.c_size_t,
             ]
             lib.einopt_ort_add_kernels.restype = ctypes.c_int
-            lib.einopt_ort_has_kernels.argtypes = [ctypes.c_char_p]
-            lib.einopt_ort_has_kernels.restype = ctypes.c_int
-            _LOADED[key] = (path, lib)
-        return _LOADED[key]
+            _LOADED.append((path, lib))
+        return _LOADED[0]
 
 
 def register(options: Any = None) -> Any:

@@ -442,9 +442,6 @@ EXPORT int einopt_ort_add_kernels(const char *id, const uint8_t *bytes, size_t s
     return load_library(id, bytes, size, why, why_size) != NULL ? 0 : -1;
 }
 
-/* Whether the kernel library of description id is loaded (for einopt's tests and its loader). */
-EXPORT int einopt_ort_has_kernels(const char *id) { return id != NULL && find_library(id) != NULL; }
-
 /* ------------------------------------------------------------------ the operator */
 
 typedef struct {
