@@ -66,17 +66,6 @@ def _is_reindexing(scope: ir.Scope) -> bool:
     return not scope.summation and isinstance(b, ir.Access) and isinstance(b.source, ir.Scope)
 
 
-def _is_copy(scope: ir.Scope) -> bool:
-    """A scope that only reads another scope at its own iterators (substituting there loops)."""
-    b = scope.body
-    return (
-        not scope.summation
-        and isinstance(b, ir.Access)
-        and isinstance(b.source, ir.Scope)
-        and b.indices == scope.traversal
-    )
-
-
 # --------------------------------------------------------------------------
 # Candidates, inferred from the index functions
 # --------------------------------------------------------------------------
@@ -385,7 +374,7 @@ class SubstituteVariables(ScopeRule):
             seen.add(key)
             if isinstance(found, str):
                 yield found
-            elif found.params["way"] in _IN_PLACE or self._legal(scope, found.params):
+            elif found.params["way"] in _IN_PLACE or self._legal(scope, found.params, ctx):
                 yield found
 
     def _candidates(self, scope: ir.Scope, ctx: Context) -> Iterator[Hit | str]:
@@ -426,14 +415,17 @@ class SubstituteVariables(ScopeRule):
             yield _reverse_sum(scope, k)
 
     @staticmethod
-    def _legal(scope: ir.Scope, params: Mapping[str, Any]) -> bool:
-        forward, inverse = dict(params["forward"]), dict(params["inverse"])
-        if not (_into_box(forward) and _undoes(scope.traversal, forward, inverse)):
-            return False
-        inner = ir.Scope(
-            params["traversal"], scope.summation, substitute_iters(scope.body, inverse), (), scope.reduce
-        )
-        return not _is_copy(inner)
+    def _legal(scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> bool:
+        forward, inverse = params["forward"], params["inverse"]
+
+        def bijection() -> bool:
+            there, back = dict(forward), dict(inverse)
+            return _into_box(there) and _undoes(scope.traversal, there, back)
+
+        # Whether the plan is a bijection of the box depends on the iterators alone, and the same
+        # plan recurs in every state's scopes over them. (Its inner scope cannot be a copy, which
+        # would loop: that needs a body that only reads a scope, and such a scope is not matched.)
+        return ctx.remembered(("substitute_variables", scope.traversal, forward, inverse), bijection)
 
     def rewrite(self, scope: ir.Scope, params: Mapping[str, Any], ctx: Context) -> ir.Scope:
         body = substitute_iters(scope.body, dict(params["inverse"]))

@@ -30,7 +30,7 @@ from einopt.rules.boundary import (
     nothing_finite,
 )
 
-__all__ = ["inline", "format_indices", "MergeTraversal", "RULES"]
+__all__ = ["inline", "inline_problem", "format_indices", "MergeTraversal", "RULES"]
 
 
 def format_indices(acc: ir.Access) -> str:
@@ -122,15 +122,36 @@ def inline(
         The rewritten scope (same traversal, same values), or the reason the
         read cannot be inlined.
     """
+    problem = inline_problem(outer, acc, name, finite, labels)
+    if problem is not None:
+        return problem
     inner = acc.source
     assert isinstance(inner, ir.Scope)
-    reduce = outer.reduce
+    mapping: dict[ir.Iter, ir.IndexExpr] = dict(zip(inner.traversal, acc.indices, strict=True))
+    new_sums, renamed = rename_apart(inner.summation, iter_names(outer))
+    mapping.update(renamed)
+    g = substitute_iters(inner.body, mapping)
+    body = map_accesses(outer.body, lambda a: g if a is acc else a)
+    reduce = inner.reduce if inner.summation else outer.reduce
+    return ir.Scope(outer.traversal, outer.summation + new_sums, body, outer.pad, reduce)
+
+
+def inline_problem(
+    outer: ir.Scope,
+    acc: ir.Access,
+    name: str,
+    finite: Finite = nothing_finite,
+    labels: Mapping[ir.Scope, str] | None = None,
+) -> str | None:
+    """Why :func:`inline` would refuse (its reason), or None where it would inline: the test alone,
+    without building the inlined scope (a search matches far more reads than it inlines)."""
+    inner = acc.source
+    assert isinstance(inner, ir.Scope)
     if inner.summation:
         sums = ", ".join(it.name for it in inner.summation)
         problem = _reduction_problem(outer, inner, acc)
         if problem:
             return f"{name} {'takes a maximum' if inner.is_max else 'sums'} over {sums}: {problem}"
-        reduce = inner.reduce
     reach = tuple(bounds(i) for i in acc.indices)
     owner = getattr(finite, "__self__", None)  # a context's is_finite: its search keeps the answer
     if isinstance(owner, Context):
@@ -144,12 +165,7 @@ def inline(
         if leak.needs_finite:
             return where + f"where {name} is 0 {finiteness_reason(leak.needs_finite, labels or {})}"
         return where + f"where {name} is not provably 0"
-    mapping: dict[ir.Iter, ir.IndexExpr] = dict(zip(inner.traversal, acc.indices, strict=True))
-    new_sums, renamed = rename_apart(inner.summation, iter_names(outer))
-    mapping.update(renamed)
-    g = substitute_iters(inner.body, mapping)
-    body = map_accesses(outer.body, lambda a: g if a is acc else a)
-    return ir.Scope(outer.traversal, outer.summation + new_sums, body, outer.pad, reduce)
+    return None
 
 
 def _reduction_problem(outer: ir.Scope, inner: ir.Scope, acc: ir.Access) -> str | None:
@@ -210,9 +226,9 @@ class MergeTraversal(ProgramScopeRule):
             if acc.source in facts.bound and scope in facts.bound:
                 continue  # one binding reading another: fuse_expressions' job
             label = facts.labels.get(acc.source, "scope")
-            found = inline(scope, acc, label, ctx.is_finite, facts.labels)
-            if isinstance(found, str):
-                yield found
+            problem = inline_problem(scope, acc, label, ctx.is_finite, facts.labels)
+            if problem is not None:
+                yield problem
             else:
                 yield hit(f"inline {label} read at [{format_indices(acc)}]", access=acc)
 

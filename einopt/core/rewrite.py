@@ -276,8 +276,15 @@ def sort_bindings(bindings: Iterable[tuple[str, ir.Scope]]) -> tuple[tuple[str, 
     """Bindings reordered (stably) so that every binding comes after the bound scopes it reads."""
     pending = list(bindings)
     bound = {s for _, s in pending}
-    reads = {s: {x for x in ir.scopes_in(s) if x is not s and x in bound} for _, s in pending}
+    reads = {s: _bound_reads(s, bound) for _, s in pending}
     done: set[ir.Scope] = set()
+    for _, s in pending:  # most often in order already: one pass tells
+        if not reads[s] <= done:
+            break
+        done.add(s)
+    else:
+        return tuple(pending)
+    done.clear()
     out: list[tuple[str, ir.Scope]] = []
     while pending:
         for k, (name, s) in enumerate(pending):
@@ -289,6 +296,26 @@ def sort_bindings(bindings: Iterable[tuple[str, ir.Scope]]) -> tuple[tuple[str, 
         else:
             raise ir.IRError("bindings read each other in a cycle")
     return tuple(out)
+
+
+def _bound_reads(scope: ir.Scope, bound: set[ir.Scope]) -> set[ir.Scope]:
+    """The scopes in ``bound`` that ``scope`` reads directly or through scopes not in ``bound``
+    (not through other bound ones: what those read comes before them already)."""
+    found: set[ir.Scope] = set()
+    seen: set[ir.Scope] = set()
+    stack = [scope]
+    while stack:
+        for a in accesses(stack.pop().body):
+            x = a.source
+            if isinstance(x, ir.Tensor) or x in seen:
+                continue
+            seen.add(x)
+            if x in bound:
+                found.add(x)
+            else:
+                stack.append(x)
+    found.discard(scope)
+    return found
 
 
 def taken_names(program: ir.Program) -> set[str]:

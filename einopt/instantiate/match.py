@@ -503,24 +503,46 @@ def match(
     if matchers is not None and matchers is not MATCHERS:
         return _match(scope, ctx, matchers, prefer)
     # The search instantiates every candidate state, and most scopes recur unchanged from state to
-    # state: the table's answer is kept per scope and what of the context it can see (scopes are
-    # interned; which of the scopes and tensors it reaches are constant or bound, the opset, and
-    # the constant tensors' values, by identity: RotaryEmbedding's answer depends on them).
-    reach = ir.scopes_in(scope)
-    constant = [t for t in ir.tensors_in(scope) if t in ctx.constant]
-    arrays = known_values(constant, ctx.values)
-    seen = (
-        frozenset(constant) | frozenset(x for x in reach if x in ctx.constant),
-        frozenset(x for x in reach if x in ctx.bound),
-        ctx.opset,
-        prefer,
-        tuple(map(id, arrays)),
-    )
-    memo = ir._cached(scope, "table_match", dict)
-    entry = memo.get(seen)
-    if entry is None:
-        entry = memo[seen] = (_match(scope, ctx, MATCHERS, prefer), arrays)
-    return entry[0]
+    # state: the table's answer is kept per scope (scopes are interned) with what the matchers asked
+    # of the context to reach it: which scopes and tensors are constant or bound (the only questions
+    # a matcher asks of those sets), the opset, and the constant tensors' values, by identity
+    # (RotaryEmbedding's answer depends on them). An answer is reused wherever those questions get
+    # the same answers: a scope whose producer became a binding elsewhere in the program is matched
+    # anew only when a matcher looked at that producer.
+    arrays = known_values([t for t in ir.tensors_in(scope) if t in ctx.constant], ctx.values)
+    kept = ir._cached(scope, "table_match", dict).setdefault((ctx.opset, prefer, tuple(map(id, arrays))), [])
+    for asked, found, _arrays in kept:
+        if all(
+            (x in (ctx.bound if in_bound else ctx.constant)) == answer
+            for (in_bound, x), answer in asked.items()
+        ):
+            return found
+    asked: dict[tuple[bool, object], bool] = {}
+    constant, bound = _Asked(ctx.constant, False, asked), _Asked(ctx.bound, True, asked)
+    found = _match(scope, dataclasses.replace(ctx, constant=constant, bound=bound), MATCHERS, prefer)
+    kept.append((asked, found, arrays))  # the arrays kept too: their ids name no other array meanwhile
+    return found
+
+
+class _Asked:
+    """A set of the matchers' context (``constant`` or ``bound``) that records every membership
+    question asked of it, with its answer, in ``asked`` (what a kept answer depends on)."""
+
+    __slots__ = ("items", "bound", "asked")
+
+    def __init__(self, items: frozenset, bound: bool, asked: dict) -> None:
+        self.items, self.bound, self.asked = items, bound, asked
+
+    def __contains__(self, x: object) -> bool:
+        answer = x in self.items
+        self.asked[self.bound, x] = answer
+        return answer
+
+    def __hash__(self) -> int:
+        return hash(self.items)
+
+    def __eq__(self, other: object) -> bool:
+        return self.items == (other.items if isinstance(other, _Asked) else other)
 
 
 def _match(
