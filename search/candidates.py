@@ -51,12 +51,21 @@ def _sizes(program: ir.Program, constants: frozenset[str]) -> tuple[int, int]:
     flops = 0
     elements = sum(math.prod(t.shape) for t in program.inputs if t.name not in constants)
     for scope in ir.scopes_in(program):
-        if constants and reads_only(scope, constants):
-            continue
-        points = math.prod(it.extent for it in (*scope.traversal, *scope.summation))
-        flops += points * max(1, _ops(scope.body, constants) + (1 if scope.summation else 0))
-        elements += math.prod(scope.shape)
+        f, e = ir._cached(scope, ("sizes", constants), lambda s=scope: _scope_sizes(s, constants))
+        flops += f
+        elements += e
     return flops, 4 * elements
+
+
+def _scope_sizes(scope: ir.Scope, constants: frozenset[str]) -> tuple[int, int]:
+    """A scope's FLOPs and the elements it writes (none where it reads only ``constants``): once per
+    scope, which the search's states share."""
+    if constants and reads_only(scope, constants):
+        return 0, 0
+    points = math.prod(it.extent for it in (*scope.traversal, *scope.summation))
+    return points * max(1, _ops(scope.body, constants) + (1 if scope.summation else 0)), math.prod(
+        scope.shape
+    )
 
 
 def _seconds(flops: int, nbytes: int) -> float:
@@ -89,7 +98,7 @@ def analytic(model, weights: frozenset[str]) -> tuple[float, tuple[str, ...]]:
     from einopt.core.cost import BANDWIDTH, PEAK_FLOPS
     from einopt.runtime.opcost import node_costs
 
-    nodes = [n.cost for n in node_costs(model, weights)]
+    nodes = [n.cost for n in node_costs(model, weights, signatures=False)]
     flops = sum(c.flops for c in nodes)
     nbytes = sum(c.bytes for c in nodes if c.kind != "view")
     return flops / PEAK_FLOPS + nbytes / BANDWIDTH, tuple(

@@ -34,7 +34,7 @@ from einopt.instantiate.match_contrib_attention import ATTENTION_MATCHERS
 from einopt.instantiate.match_contrib_rotary import ROTARY_MATCHERS, turns_half
 from einopt.instantiate.match_conv import match_conv, match_conv_transpose
 from einopt.instantiate.match_elementwise import match_elementwise
-from einopt.instantiate.plan import NO_MATCH_CONTEXT, MatchContext, OperatorMatch, Refusal
+from einopt.instantiate.plan import NO_MATCH_CONTEXT, MatchContext, OperatorMatch, Refusal, kept_answer
 
 __all__ = [
     "TARGETS",
@@ -153,6 +153,10 @@ def fused_match(scope: ir.Scope, ctx: MatchContext) -> OperatorMatch | None:
     """The first :data:`FUSED` target that takes ``scope`` whole, or None."""
     if not may_fuse(scope):
         return None
+    return kept_answer(scope, "fused_match", ctx, lambda c: _first_fused(scope, c))
+
+
+def _first_fused(scope: ir.Scope, ctx: MatchContext) -> OperatorMatch | None:
     for fn in FUSED.values():
         found = fn(scope, ctx)
         if isinstance(found, OperatorMatch):

@@ -52,7 +52,7 @@ from einopt.instantiate.plan import (
     Refusal,
     Scale,
     Transpose,
-    known_values,
+    kept_answer,
     normalize,
     steps_cost,
 )
@@ -502,47 +502,8 @@ def match(
     """
     if matchers is not None and matchers is not MATCHERS:
         return _match(scope, ctx, matchers, prefer)
-    # The search instantiates every candidate state, and most scopes recur unchanged from state to
-    # state: the table's answer is kept per scope (scopes are interned) with what the matchers asked
-    # of the context to reach it: which scopes and tensors are constant or bound (the only questions
-    # a matcher asks of those sets), the opset, and the constant tensors' values, by identity
-    # (RotaryEmbedding's answer depends on them). An answer is reused wherever those questions get
-    # the same answers: a scope whose producer became a binding elsewhere in the program is matched
-    # anew only when a matcher looked at that producer.
-    arrays = known_values([t for t in ir.tensors_in(scope) if t in ctx.constant], ctx.values)
-    kept = ir._cached(scope, "table_match", dict).setdefault((ctx.opset, prefer, tuple(map(id, arrays))), [])
-    for asked, found, _arrays in kept:
-        if all(
-            (x in (ctx.bound if in_bound else ctx.constant)) == answer
-            for (in_bound, x), answer in asked.items()
-        ):
-            return found
-    asked: dict[tuple[bool, object], bool] = {}
-    constant, bound = _Asked(ctx.constant, False, asked), _Asked(ctx.bound, True, asked)
-    found = _match(scope, dataclasses.replace(ctx, constant=constant, bound=bound), MATCHERS, prefer)
-    kept.append((asked, found, arrays))  # the arrays kept too: their ids name no other array meanwhile
-    return found
-
-
-class _Asked:
-    """A set of the matchers' context (``constant`` or ``bound``) that records every membership
-    question asked of it, with its answer, in ``asked`` (what a kept answer depends on)."""
-
-    __slots__ = ("items", "bound", "asked")
-
-    def __init__(self, items: frozenset, bound: bool, asked: dict) -> None:
-        self.items, self.bound, self.asked = items, bound, asked
-
-    def __contains__(self, x: object) -> bool:
-        answer = x in self.items
-        self.asked[self.bound, x] = answer
-        return answer
-
-    def __hash__(self) -> int:
-        return hash(self.items)
-
-    def __eq__(self, other: object) -> bool:
-        return self.items == (other.items if isinstance(other, _Asked) else other)
+    # The search instantiates every candidate state: most of its scopes recur from state to state.
+    return kept_answer(scope, ("table_match", prefer), ctx, lambda c: _match(scope, c, MATCHERS, prefer))
 
 
 def _match(

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -43,6 +43,8 @@ __all__ = [
     "Refusal",
     "MatchContext",
     "NO_MATCH_CONTEXT",
+    "known_values",
+    "kept_answer",
     "normalize",
     "steps_shape",
     "apply_steps",
@@ -373,3 +375,53 @@ def known_values(tensors: Iterable[ir.Tensor], values: Mapping[str, np.ndarray])
 
 # The context of a scope matched on its own: nothing constant, nothing bound.
 NO_MATCH_CONTEXT = MatchContext()
+
+T = TypeVar("T")
+
+
+def kept_answer(
+    scope: ir.Scope, what: Hashable, ctx: MatchContext, compute: Callable[[MatchContext], T]
+) -> T:
+    """``compute(ctx)``, a matcher's answer about ``scope``, kept on the scope (scopes are interned)
+    with the questions it asked of the context: which scopes and tensors are constant or bound (the
+    only questions a matcher asks of those sets), the opset, and the constant tensors' values, by
+    identity. An answer is reused wherever those questions get the same answers.
+
+    The search asks again about every scope its states share, in contexts that differ elsewhere
+    (a producer the scope never looked at became a binding), and about every scope a rewrite
+    rebuilt around an unchanged body."""
+    arrays = known_values([t for t in ir.tensors_in(scope) if t in ctx.constant], ctx.values)
+    kept = ir._cached(scope, what, dict).setdefault((ctx.opset, tuple(map(id, arrays))), [])
+    for asked, found, _arrays in kept:
+        if all(
+            (x in (ctx.bound if bound else ctx.constant)) == answer for (bound, x), answer in asked.items()
+        ):
+            return found
+    asked: dict[tuple[bool, object], bool] = {}
+    tracked = dataclasses.replace(
+        ctx, constant=_Asked(ctx.constant, False, asked), bound=_Asked(ctx.bound, True, asked)
+    )
+    found = compute(tracked)
+    kept.append((asked, found, arrays))  # the arrays kept too: their ids name no other array meanwhile
+    return found
+
+
+class _Asked:
+    """A set of a :class:`MatchContext` (``constant`` or ``bound``) that records every membership
+    question asked of it, with its answer, in ``asked``."""
+
+    __slots__ = ("items", "bound", "asked")
+
+    def __init__(self, items: frozenset, bound: bool, asked: dict) -> None:
+        self.items, self.bound, self.asked = items, bound, asked
+
+    def __contains__(self, x: object) -> bool:
+        answer = x in self.items
+        self.asked[self.bound, x] = answer
+        return answer
+
+    def __hash__(self) -> int:
+        return hash(self.items)
+
+    def __eq__(self, other: object) -> bool:
+        return self.items == (other.items if isinstance(other, _Asked) else other)

@@ -194,13 +194,18 @@ def footprint(cost: NodeCost) -> int:
 
 
 def node_costs(
-    model: onnx.ModelProto, weights: Iterable[str] = (), kernel_build: str | None = None
+    model: onnx.ModelProto,
+    weights: Iterable[str] = (),
+    kernel_build: str | None = None,
+    signatures: bool = True,
 ) -> list[_Node]:
     """The nodes of ``model`` as ONNX Runtime runs them (local functions inlined), each with what
     decides its cost. ``weights`` names graph inputs that are weights declared by shape only (a light
     instantiation's large constants): nodes reading only weights are folded. With ``kernel_build``
     (``einopt.codegen.ortkernel.build_id()``), a generated kernel is timed like any node (its
-    signature: its description, the shapes and the build); without, it is costed analytically."""
+    signature: its description, the shapes and the build); without, it is costed analytically.
+    Without ``signatures`` (an analytic estimate's nodes), the timed nodes' keys are left empty and
+    the weights' values unread."""
     m = onnx.inliner.inline_local_functions(model) if model.functions else model
     try:
         m = onnx.shape_inference.infer_shapes(m, data_prop=True)
@@ -215,9 +220,11 @@ def node_costs(
         if t.HasField("shape") and all(d >= 0 for d in dims):
             values[vi.name] = _Value(tuple(dims), t.elem_type, None, vi.name in weights)
     for init in g.initializer:
-        values[init.name] = _Value(tuple(init.dims), init.data_type, _array(init), True)
+        values[init.name] = _Value(
+            tuple(init.dims), init.data_type, _array(init) if signatures else None, True
+        )
     entries: list[_Node] = []
-    forms: dict[int, list] = {}  # entry index -> the signature form of a timed node
+    forms: dict[int, list | None] = {}  # entry index -> the signature form of a timed node (None: unsigned)
     at: dict[int, int] = {}  # graph node index -> its entry index
     for index, node in enumerate(g.node):
         if node.op_type == "Constant":
@@ -244,14 +251,18 @@ def node_costs(
         if not known or not timed or any(v is None for v in outs):
             entries.append(_Node(NodeCost(node.op_type, "analytic", flops=flops, bytes=nbytes)))
             continue
-        forms[len(entries)] = [
-            node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}",
-            opset,
-            sorted((a.name, _attribute(a)) for a in node.attribute),
-            [_value_form(v) for v in ins],
-            len(node.output),
-            *([kernel_build] if generated else []),
-        ]
+        forms[len(entries)] = (
+            [
+                node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}",
+                opset,
+                sorted((a.name, _attribute(a)) for a in node.attribute),
+                [_value_form(v) for v in ins],
+                len(node.output),
+                *([kernel_build] if generated else []),
+            ]
+            if signatures
+            else None
+        )
         what = f"{node.op_type} " + " ".join("x".join(map(str, v.shape)) or "scalar" for v in ins if v)
         entries.append(
             _Node(
@@ -278,7 +289,11 @@ def node_costs(
         group = [n, *(entries[c] for c in chain)]
         form = [FORMAT, *(forms[i] for i in [e, *chain])] if e in forms else None
         if form is not None:
-            digest = hashlib.sha256(json.dumps(form, separators=(",", ":")).encode()).hexdigest()
+            digest = (
+                hashlib.sha256(json.dumps(form, separators=(",", ":")).encode()).hexdigest()
+                if signatures
+                else ""
+            )
             n = dataclasses.replace(
                 n,
                 cost=dataclasses.replace(
