@@ -11,10 +11,10 @@ rules over bindings (expression splitting) can take it.
 from __future__ import annotations
 
 import types
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 
 from einopt.core import ir
-from einopt.core.rewrite import accesses, fresh_name, replace_scopes, sort_bindings, taken_names
+from einopt.core.rewrite import accesses, bound_reads, fresh_name, replace_scopes, sort_bindings, taken_names
 from einopt.rules.base import NO_CONTEXT, Context, Failure, Match, Rule
 from einopt.rules.boundary import Finite, nothing_finite
 from einopt.rules.traversal import inline
@@ -87,7 +87,8 @@ def _kept(program: ir.Program, consumer: str, producer: str, new: ir.Scope) -> b
         return True
     reads = program_reads(program)
     others = any(producer in r for n, r in reads.items() if n not in (consumer, producer))
-    return others or producer in _bound_reads(new, program.names())
+    names = program.names()
+    return others or producer in {names[x] for x in bound_reads(new, names)}
 
 
 class FuseExpressions(Rule):
@@ -227,30 +228,13 @@ class BindScope(Rule):
         return bind_scope(program, match["binding"], match["scope"], match["name"])
 
 
-def _bound_reads(scope: ir.Scope, bound: Mapping[ir.Scope, str]) -> set[str]:
-    """The bindings ``scope`` reads, in its body or in the unbound scopes nested in it."""
-    out: set[str] = set()
-    seen: set[ir.Scope] = set()
-    todo = [scope]
-    while todo:
-        for a in accesses(todo.pop().body):
-            src = a.source
-            if not isinstance(src, ir.Scope) or src in seen:
-                continue
-            seen.add(src)
-            if src in bound and src is not scope:
-                out.add(bound[src])
-            else:
-                todo.append(src)
-    return out
-
-
 def program_reads(program: ir.Program) -> dict[str, set[str]]:
-    """Binding name -> the bindings it reads (:func:`_bound_reads`), once per program."""
+    """Binding name -> the bindings it reads (:func:`~einopt.core.rewrite.bound_reads`), once per
+    program."""
 
     def compute() -> dict[str, set[str]]:
         names = program.names()
-        return {n: _bound_reads(s, names) for n, s in program.bindings}
+        return {n: {names[x] for x in bound_reads(s, names)} for n, s in program.bindings}
 
     return ir._cached(program, "binding_reads", compute)
 

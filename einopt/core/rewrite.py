@@ -10,7 +10,7 @@ arguments.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 
 from einopt.core import ir
 from einopt.core.index import simplify, substitute
@@ -28,6 +28,7 @@ __all__ = [
     "put_binding",
     "reading",
     "sort_bindings",
+    "bound_reads",
     "prune_bindings",
     "taken_names",
     "fresh_name",
@@ -276,7 +277,7 @@ def sort_bindings(bindings: Iterable[tuple[str, ir.Scope]]) -> tuple[tuple[str, 
     """Bindings reordered (stably) so that every binding comes after the bound scopes it reads."""
     pending = list(bindings)
     bound = {s for _, s in pending}
-    reads = {s: _bound_reads(s, bound) for _, s in pending}
+    reads = {s: bound_reads(s, bound) for _, s in pending}
     done: set[ir.Scope] = set()
     for _, s in pending:  # most often in order already: one pass tells
         if not reads[s] <= done:
@@ -298,9 +299,10 @@ def sort_bindings(bindings: Iterable[tuple[str, ir.Scope]]) -> tuple[tuple[str, 
     return tuple(out)
 
 
-def _bound_reads(scope: ir.Scope, bound: set[ir.Scope]) -> set[ir.Scope]:
-    """The scopes in ``bound`` that ``scope`` reads directly or through scopes not in ``bound``
-    (not through other bound ones: what those read comes before them already)."""
+def bound_reads(scope: ir.Scope, bound: Container[ir.Scope]) -> set[ir.Scope]:
+    """The scopes in ``bound`` (a program's bound scopes) that ``scope`` reads, in its body or in the
+    scopes not in ``bound`` nested in it; not through other bound ones (each of those is a reading of
+    its own). ``scope`` itself is never one."""
     found: set[ir.Scope] = set()
     seen: set[ir.Scope] = set()
     stack = [scope]

@@ -138,6 +138,21 @@ def eoperator(scope: ir.Scope, name: str, opset: int, light: bool = False) -> EO
         raise EOperatorError(
             f"opset {opset} unsupported: eOperators need {MIN_OPSET} <= opset <= {onnx.defs.onnx_opset_version()}"
         )
+    # The search lowers the eOperators of every candidate state, and most recur from state to state:
+    # the function is lowered once per scope, opset and lightness, and each call gets its own copy
+    # under its own name.
+    fn, sources = ir._cached(scope, ("eoperator", opset, light), lambda: _lowered(scope, opset, light))
+    named = onnx.FunctionProto()
+    named.CopyFrom(fn)
+    named.name = name
+    log.debug("eOperator %s: %d nodes for %s", name, len(named.node), scope)
+    return EOperator(named, sources)
+
+
+def _lowered(
+    scope: ir.Scope, opset: int, light: bool
+) -> tuple[onnx.FunctionProto, tuple[ir.Tensor | ir.Scope, ...]]:
+    """:func:`eoperator`'s function (unnamed) and sources."""
     sources = _sources(scope.body)
     taken = {s.name for s in sources if isinstance(s, ir.Tensor)}
     input_names: list[str] = []
@@ -166,16 +181,9 @@ def eoperator(scope: ir.Scope, name: str, opset: int, light: bool = False) -> EO
         )
     )
     fn = helper.make_function(
-        EOP_DOMAIN,
-        name,
-        input_names,
-        [output],
-        g.nodes,
-        [helper.make_opsetid("", opset)],
-        doc_string=doc,
+        EOP_DOMAIN, "", input_names, [output], g.nodes, [helper.make_opsetid("", opset)], doc_string=doc
     )
-    log.debug("eOperator %s: %d nodes for %s", name, len(g.nodes), scope)
-    return EOperator(fn, sources)
+    return fn, tuple(sources)
 
 
 def eop_name(scope: ir.Scope) -> str:
