@@ -184,6 +184,8 @@ REFUSALS = [
     ("no_bias_for_bias_gelu", gelu(x), (ROW, J), match_bias_gelu, "no bias"),
     ("product_of_inputs", gelu(x * B[J]), (ROW, J), match_gelu, "reads 2 inputs"),
     ("max_in_the_body", ir.Binary("max", x, ir.Const(0.0)) * sig(x), (ROW, J), match_quick_gelu, "uses max"),
+    ("one_value_broadcast", gelu(R[1]), (ROW, J), match_gelu, "needs 1 or more dimensions"),
+    ("one_value_fast", gelu(R[1], "tanh"), (ROW, J), match_fast_gelu, "needs 1 or more dimensions"),
     (
         "overflows_in_float32",
         x

@@ -165,6 +165,26 @@ def test_a_row_wise_op_read_by_another_op_than_a_reshape_stays():
     _check(_model(t, inits, extra_outputs=["z"]), ["Reshape", "Relu", "Reshape", "Neg"])
 
 
+def test_an_element_wise_op_on_a_scalar_reshape_stays():
+    """A Reshape to a scalar, then a row-wise op: the scalar has no last axis to compare (a fuzzer
+    graph once raised IndexError here)."""
+    t = [
+        helper.make_node("Reshape", ["x", "s0"], ["a"]),
+        helper.make_node("Erf", ["a"], ["e"]),
+        helper.make_node("Reshape", ["e", "s1"], ["y"]),
+    ]
+    g = helper.make_graph(
+        t,
+        "g",
+        [helper.make_tensor_value_info("x", F, [1, 1])],
+        [helper.make_tensor_value_info("y", F, None)],
+        [_ints("s0", []), _ints("s1", [1, 1])],
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    _check(m, ["Reshape", "Erf", "Reshape"])
+
+
 def test_a_softmax_before_opset_13_is_not_moved_through_a_reshape():
     """Before opset 13, Softmax flattens its input from ``axis`` on: the rows depend on the rank."""
     t = [

@@ -203,6 +203,10 @@ def _operands(
     if isinstance(view, Refusal):
         return Refusal(f"input: {view.reason}")
     order = [t for t in scope.traversal if t in view.labels]
+    if not order:  # ONNX Runtime's kernels refuse a 0-d input at run time
+        return Refusal(
+            "its input is one value for every output element: the operator needs 1 or more dimensions"
+        )
     steps = arranged(view, [(t,) for t in order])
     shape = tuple(t.extent for t in order)
     operands = (Operand(x.source, steps),)

@@ -155,8 +155,8 @@ def _row_wise_through_reshape(g: _Graph, node: onnx.NodeProto) -> bool:
     if first is None or first.op_type != "Reshape":
         return False
     x, y, out = first.input[0], node.input[0], node.output[0]
-    if x not in g.shapes or y not in g.shapes or out in g.outputs or not g.shapes[x]:
-        return False
+    if x not in g.shapes or y not in g.shapes or out in g.outputs or not g.shapes[x] or not g.shapes[y]:
+        return False  # a scalar has no rows
     if g.shapes[x][-1] != g.shapes[y][-1]:
         return False
     readers = g.readers(out)
