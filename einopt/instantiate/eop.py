@@ -58,6 +58,7 @@ import onnx
 from onnx import helper
 
 from einopt.core import ir
+from einopt.core.rewrite import map_accesses
 from einopt.core.syntax import brief, format_expr
 from einopt.frontend.onnx_graph import unique_name
 from einopt.instantiate import BINARY_OPS, EINSUM_OPSET, EOP_DOMAIN, UNARY_OPS, UNARY_PARAM, UNARY_PARAM_INPUT
@@ -141,12 +142,47 @@ def eoperator(scope: ir.Scope, name: str, opset: int, light: bool = False) -> EO
     # The search lowers the eOperators of every candidate state, and most recur from state to state:
     # the function is lowered once per scope, opset and lightness, and each call gets its own copy
     # under its own name.
-    fn, sources = ir._cached(scope, ("eoperator", opset, light), lambda: _lowered(scope, opset, light))
+    fn, sources = ir._cached(scope, ("eoperator", opset, light), lambda: _lowered_once(scope, opset, light))
     named = onnx.FunctionProto()
     named.CopyFrom(fn)
     named.name = name
     log.debug("eOperator %s: %d nodes for %s", name, len(named.node), scope)
     return EOperator(named, sources)
+
+
+def _lowered_once(
+    scope: ir.Scope, opset: int, light: bool
+) -> tuple[onnx.FunctionProto, tuple[ir.Tensor | ir.Scope, ...]]:
+    """:func:`_lowered`; a light one shared by every scope with the same body up to the scopes it
+    reads. A function reads its sources as inputs, by their boxes alone (the module docstring), so a
+    scope rebuilt around a rewritten producer lowers to the same function; a light function's text
+    (its docstring, which prints the sources) is never shown."""
+    if not light:
+        return _lowered(scope, opset, light)
+    sources = _sources(scope.body)
+    stand_ins = _stand_ins(sources)
+    if stand_ins is None:
+        return _lowered(scope, opset, light)
+    body = map_accesses(scope.body, lambda a: ir.Access(stand_ins.get(a.source, a.source), a.indices))
+    shared = scope.replace(body=body)
+    fn, _ = ir._cached(shared, ("eoperator", opset, light), lambda: _lowered(shared, opset, light))
+    return fn, sources
+
+
+def _stand_ins(sources: tuple[ir.Tensor | ir.Scope, ...]) -> dict[ir.Scope, ir.Scope] | None:
+    """The scopes among ``sources``, each by a stand-in with its box that reads a tensor of its own
+    (the k-th scope read, ``einopt_source<k>``); None where a source tensor has such a name."""
+    if any(isinstance(s, ir.Tensor) and s.name.startswith("einopt_source") for s in sources):
+        return None
+    out: dict[ir.Scope, ir.Scope] = {}
+    for s in sources:
+        if isinstance(s, ir.Scope):
+            its = tuple(ir.Iter(f"i{d}", it.lo, it.hi) for d, it in enumerate(s.traversal))
+            read = ir.Tensor(f"einopt_source{len(out)}", s.shape)[
+                tuple(it - it.lo if it.lo else it for it in its)
+            ]
+            out[s] = ir.Scope(its, (), read)
+    return out
 
 
 def _lowered(
