@@ -12,6 +12,7 @@ is kept; the ranking is by cost, then depth, then key.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import time
@@ -144,6 +145,7 @@ class Costing:
         self.best_estimate: float | None = None
         self.best_flops: int | None = None
         self.input: Candidate | None = None
+        self.estimates: dict[tuple[bytes, frozenset[str]], tuple[float, tuple[str, ...]]] = {}
 
     def add(
         self, program: ir.Program, trace: tuple[TraceStep, ...], k: str | None = None, is_input: bool = False
@@ -173,7 +175,7 @@ class Costing:
             log.info("candidate %s not instantiable: %s", k[:8], e)
             return
         self.stats.candidates_costed += 1
-        seconds, work = analytic(model, weight_names(self.constants, inst))
+        seconds, work = self._analytic(model, weight_names(self.constants, inst))
         if self.cost:
             seconds = self.cost(program, model, inst)
         found = time.perf_counter() - self.started
@@ -187,6 +189,16 @@ class Costing:
         old = self.by_work.get(work)
         if old is None or rank(cand) < rank(old):
             self.by_work[work] = cand
+
+    def _analytic(self, model, weights: frozenset[str]) -> tuple[float, tuple[str, ...]]:
+        """:func:`analytic`, once per distinct model: about half the candidates of a search
+        instantiate to a model byte for byte like an earlier one's (a rewrite the instantiation
+        does not see, such as an element-wise chain nested otherwise)."""
+        key = (hashlib.blake2b(model.SerializeToString(), digest_size=16).digest(), weights)
+        found = self.estimates.get(key)
+        if found is None:
+            found = self.estimates[key] = analytic(model, weights)
+        return found
 
     def hopeless(self, program: ir.Program) -> bool:
         """Whether ``program``'s FLOPs are more than ``slack`` times the best candidate's, or its
