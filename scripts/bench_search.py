@@ -25,6 +25,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,12 +47,20 @@ SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "models"
 MODELS = ("bert_tiny", "gpt2_tiny_dynamo", "vit_tiny_dynamo", "lstm_linear_cell", "lstm_linear_cell_dynamo")
 
 
+def _searches(name: str, states: int) -> tuple[dict, float]:
+    """Every distinct subprogram search of shared model ``name`` at ``states`` states (no cache), as
+    ``einopt optimize`` translates it, and the seconds they took."""
+    model = prepare(modelio.load_model(SHARED / f"{name}.onnx"), {}, fold=True).model
+    parts = translate_graph(model, fuse_activations=False)
+    budget = Budget(states_per_search=states, states_per_model=100 * states)
+    t = time.perf_counter()
+    searches = search_parts(parts, Settings(budget=budget), MeasurementCache(None))
+    return searches, time.perf_counter() - t
+
+
 def rows(name: str, states: int) -> list[dict]:
     """One row per distinct subprogram search of shared model ``name``."""
-    model = prepare(modelio.load_model(SHARED / f"{name}.onnx"), {}, fold=True).model
-    parts = {p.name: p for p in translate_graph(model, fuse_activations=False)}
-    budget = Budget(states_per_search=states, states_per_model=100 * states)
-    searches = search_parts(list(parts.values()), Settings(budget=budget), MeasurementCache(None))
+    searches, _ = _searches(name, states)
     out = []
     for part, s in searches.items():
         if s.same_as or not s.candidates:
@@ -76,12 +85,7 @@ def rows(name: str, states: int) -> list[dict]:
 def digest(name: str, states: int) -> dict:
     """Every search of ``name`` at ``states`` states: the states generated, the seconds, and a digest
     of every search's candidates (keys and costs, in order)."""
-    model = prepare(modelio.load_model(SHARED / f"{name}.onnx"), {}, fold=True).model
-    parts = translate_graph(model, fuse_activations=False)
-    budget = Budget(states_per_search=states, states_per_model=100 * states)
-    t = time.perf_counter()
-    searches = search_parts(parts, Settings(budget=budget), MeasurementCache(None))
-    seconds = time.perf_counter() - t
+    searches, seconds = _searches(name, states)
     found = {p: [(c.key, round(c.cost, 12)) for c in s.candidates] for p, s in sorted(searches.items())}
     generated = sum(int(s.stats.get("generated", 0) or 0) for s in searches.values() if not s.same_as)
     text = json.dumps(found, sort_keys=True).encode()
@@ -146,6 +150,7 @@ def against(rev: str, models: list[str], states: int, pairs: int, console: Conso
                 console.print(f"{name} pair {pair}: {rates[0]:.0f} -> {rates[1]:.0f} states/s, same: {same}")
     finally:
         subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)], check=False)
+        shutil.rmtree(tree.parent, ignore_errors=True)
     console.print(table)
 
 

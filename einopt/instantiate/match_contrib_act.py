@@ -38,6 +38,7 @@ from einopt.instantiate.plan import (
     OperatorMatch,
     OpNode,
     Refusal,
+    kept_answer,
     normalize,
 )
 from einopt.instantiate.views import arranged, simple_view, to_traversal
@@ -235,14 +236,9 @@ def flat_elementwise(scope: ir.Scope, ctx: MatchContext) -> ir.Scope:
     scopes, which are computed anyway): a GELU whose five nodes a ``fuse_cone`` step nested into its
     last product is one body again.
 
-    Kept per scope and per which of the scopes it reaches are bound or constant (all it depends on):
+    Kept per scope with the questions it asked of the context (:func:`~einopt.instantiate.plan.kept_answer`):
     every activation matcher asks it of the same scope, and the search of every candidate."""
-    kept = frozenset(x for x in ir.scopes_in(scope) if x in ctx.bound or x in ctx.constant)
-    memo = ir._cached(scope, "flat_elementwise", dict)
-    found = memo.get(kept)
-    if found is None:
-        found = memo[kept] = _flat_elementwise(scope, ctx)
-    return found
+    return kept_answer(scope, "flat_elementwise", ctx, lambda c: _flat_elementwise(scope, c))
 
 
 def _flat_elementwise(scope: ir.Scope, ctx: MatchContext) -> ir.Scope:
