@@ -17,10 +17,12 @@ import logging
 import math
 import time
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 
 from einopt.core import ir
+from einopt.search import costprocess
 from einopt.search.distance import reads_only
 from einopt.search.results import Candidate, Stats, TraceStep
 
@@ -107,6 +109,17 @@ def analytic(model, weights: frozenset[str]) -> tuple[float, tuple[str, ...]]:
     )
 
 
+def estimate(model, weights: frozenset[str], estimates: dict) -> tuple[float, tuple[str, ...]]:
+    """:func:`analytic`, once per distinct model in ``estimates``: about half the candidates of a
+    search instantiate to a model byte for byte like an earlier one's (a rewrite the instantiation
+    does not see, such as an element-wise chain nested otherwise)."""
+    key = (hashlib.blake2b(model.SerializeToString(), digest_size=16).digest(), weights)
+    found = estimates.get(key)
+    if found is None:
+        found = estimates[key] = analytic(model, weights)
+    return found
+
+
 def operators(model) -> tuple[str, ...]:
     """What a model runs as: ONNX op types, eOperators (its local functions) as ``"eop:NAME"``, operators
     of another domain (ONNX Runtime's contrib ones) as ``"DOMAIN.NAME"``."""
@@ -121,9 +134,28 @@ def operators(model) -> tuple[str, ...]:
     )
 
 
+class _Found(NamedTuple):
+    """A candidate found, waiting for its cost: its program and derivation, key, FLOPs as written,
+    and the seconds since the search began and the states it had generated when it was found."""
+
+    program: ir.Program
+    trace: tuple[TraceStep, ...]
+    key: str
+    flops: int
+    after: float
+    generated: int
+    is_input: bool
+
+
 class Costing:
     """Instantiates and costs candidate programs, once per key; keeps the best per work done (the
-    multiset of its nodes' operators and input shapes)."""
+    multiset of its nodes' operators and input shapes).
+
+    With the analytic cost and ``beside``, once this search has spent a moment costing, its
+    candidates are sent to a second process (:mod:`einopt.search.costprocess`) and the search goes
+    on; at its end this process costs what is still waiting, from the last one found, while the
+    other goes on from the first. Which process costs a candidate changes nothing: its cost is the
+    same, and the ranking is by cost, depth and key."""
 
     def __init__(
         self,
@@ -133,6 +165,7 @@ class Costing:
         stats: Stats,
         slack: float = float("inf"),
         started: float | None = None,
+        beside: bool = False,
     ) -> None:
         self.slack = slack
         self.started = time.perf_counter() if started is None else started
@@ -145,14 +178,18 @@ class Costing:
         self.best_estimate: float | None = None
         self.best_flops: int | None = None
         self.input: Candidate | None = None
-        self.estimates: dict[tuple[bytes, frozenset[str]], tuple[float, tuple[str, ...]]] = {}
+        self.estimates: dict = {}
+        # Costing beside the search: after ``handoff`` seconds of it here, when ``beside``.
+        self.handoff = costprocess.handoff_after() if beside and cost is None else None
+        self.spent = 0.0
+        self.beside: costprocess.CostProcess | None = None
+        self.search = 0
+        self.sent = 0
+        self.waiting: dict[int, _Found] = {}  # sent and not back yet, by number
 
     def add(
         self, program: ir.Program, trace: tuple[TraceStep, ...], k: str | None = None, is_input: bool = False
     ) -> None:
-        from einopt.instantiate.emit import InstantiationError
-        from einopt.stages.export import program_model, weight_names
-
         k = k or self.env.key(program)
         if k in self.done:
             return
@@ -168,37 +205,126 @@ class Costing:
         self.best_estimate = guess if self.best_estimate is None else min(self.best_estimate, guess)
         if not is_input and self._beyond(flops, guess):
             return
+        found = _Found(
+            program, trace, k, flops, time.perf_counter() - self.started, self.stats.generated, is_input
+        )
+        if not is_input and self._send(found):
+            return
+        self._settle(found, self._here(found))
+
+    def _here(self, found: _Found) -> costprocess.Outcome:
+        """Cost ``found`` in this process."""
+        from einopt.instantiate.emit import InstantiationError
+        from einopt.stages.export import program_model, weight_names
+
+        t = time.perf_counter()
         try:
-            # The analytic cost needs shapes only; a cost callable gets the runnable model.
-            model, inst = program_model(program, self.constants, light=self.cost is None)
-        except (InstantiationError, ValueError) as e:
-            log.info("candidate %s not instantiable: %s", k[:8], e)
+            if self.cost is None:
+                return costprocess.light_cost(found.program, self.constants, self.estimates)
+            try:
+                model, inst = program_model(found.program, self.constants)
+            except (InstantiationError, ValueError) as e:
+                return costprocess.Outcome(skipped=str(e))
+            _, work = estimate(model, weight_names(self.constants, inst), self.estimates)
+            return costprocess.Outcome(operators(model), float(self.cost(found.program, model, inst)), work)
+        finally:
+            self.spent += time.perf_counter() - t
+
+    def _send(self, found: _Found) -> bool:
+        """Send ``found`` to the second process, when this search costs there (now or from now on)."""
+        if self.handoff is None or (self.beside is None and self.spent < self.handoff):
+            return False
+        if self.beside is None:
+            self.beside = costprocess.shared()
+            if self.beside is None:
+                self.handoff = None
+                return False
+            try:
+                self.search = self.beside.begin(self.constants)
+            except OSError as e:
+                self._lost(e)
+                return False
+            log.debug("costing goes on in a second process after %.2f s", self.spent)
+        number = self.sent
+        self.sent += 1
+        self.waiting[number] = found
+        try:
+            self.beside.submit(number, found.program)
+        except OSError as e:
+            self._lost(e)
+        else:
+            self._collect(block=False)
+        return True
+
+    def _collect(self, block: bool) -> None:
+        """Settle the outcomes the second process has sent back. With ``block``, until none is
+        waiting: meanwhile this process costs the last ones waiting (the two work from either end)."""
+        while self.waiting and self.beside is not None:
+            try:
+                got = self.beside.receive()
+            except (EOFError, OSError) as e:
+                self._lost(e)
+                return
+            if got is None:
+                if not block:
+                    return
+                found = self.waiting.pop(next(reversed(self.waiting)))
+                self._settle(found, self._here(found))
+                continue
+            search, number, outcome = got
+            if search != self.search or number not in self.waiting:
+                continue  # an earlier search's, or costed here meanwhile
+            if isinstance(outcome, Exception):
+                raise outcome
+            self._settle(self.waiting.pop(number), outcome)
+        if block and self.beside is not None:
+            try:
+                self.beside.done()
+            except OSError as e:
+                self._lost(e)
+
+    def close(self) -> None:
+        """The search is over (it may have stopped early): the second process may skip what is left."""
+        if self.beside is not None:
+            self.waiting.clear()
+            try:
+                self.beside.done()
+            except OSError as e:
+                costprocess.lost(e)
+            self.beside = None
+
+    def _lost(self, why: BaseException) -> None:
+        """The second process is gone: what it had not sent back is costed here, in order."""
+        costprocess.lost(why)
+        self.beside = None
+        self.handoff = None
+        for number in sorted(self.waiting):
+            found = self.waiting.pop(number)
+            self._settle(found, self._here(found))
+
+    def _settle(self, found: _Found, outcome: costprocess.Outcome) -> None:
+        if outcome.skipped:
+            log.info("candidate %s not instantiable: %s", found.key[:8], outcome.skipped)
             return
         self.stats.candidates_costed += 1
-        seconds, work = self._analytic(model, weight_names(self.constants, inst))
-        if self.cost:
-            seconds = self.cost(program, model, inst)
-        found = time.perf_counter() - self.started
         cand = Candidate(
-            program, trace, operators(model), float(seconds), k, flops, found, self.stats.generated, work
+            found.program,
+            found.trace,
+            outcome.operators,
+            float(outcome.seconds),
+            found.key,
+            found.flops,
+            found.after,
+            found.generated,
+            outcome.work,
         )
-        self.done[k] = cand
-        if is_input:
+        self.done[found.key] = cand
+        if found.is_input:
             self.input = cand
             return
-        old = self.by_work.get(work)
+        old = self.by_work.get(outcome.work)
         if old is None or rank(cand) < rank(old):
-            self.by_work[work] = cand
-
-    def _analytic(self, model, weights: frozenset[str]) -> tuple[float, tuple[str, ...]]:
-        """:func:`analytic`, once per distinct model: about half the candidates of a search
-        instantiate to a model byte for byte like an earlier one's (a rewrite the instantiation
-        does not see, such as an element-wise chain nested otherwise)."""
-        key = (hashlib.blake2b(model.SerializeToString(), digest_size=16).digest(), weights)
-        found = self.estimates.get(key)
-        if found is None:
-            found = self.estimates[key] = analytic(model, weights)
-        return found
+            self.by_work[outcome.work] = cand
 
     def hopeless(self, program: ir.Program) -> bool:
         """Whether ``program``'s FLOPs are more than ``slack`` times the best candidate's, or its
@@ -216,6 +342,9 @@ class Costing:
         )
 
     def best(self) -> Candidate | None:
+        """The best candidate costed so far (outcomes still on their way from the second process are
+        not waited for)."""
+        self._collect(block=False)
         return min(self._all(), key=rank, default=None)
 
     def _all(self) -> list[Candidate]:
@@ -223,6 +352,7 @@ class Costing:
 
     def ranked(self, limit: int) -> tuple[Candidate, ...]:
         """The best ``limit`` candidates, best first, and the input after them when it is not among them."""
+        self._collect(block=True)
         ranked = sorted(self._all(), key=rank)
         out = ranked[:limit]
         if self.input is not None and self.input not in out:

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from einopt.core import ir
 from einopt.core.keys import key
 from einopt.rules import NO_CONTEXT, REGISTRY, Context, Match, ScopeRule
+from einopt.search import costprocess
 from einopt.search.budget import DEFAULT_MAX_DEPTH, Budget, in_time
 from einopt.search.candidates import Costing, contractions, program_flops
 from einopt.search.distance import compute_scopes, matcher_context, nearest_memo, program_distance
@@ -489,7 +490,8 @@ def search(
     env = _Env(ctx, schedule, constants, deadline=deadline, explore=explore)
     converge = functools.partial(_converged, depth=converge_depth)
     stats = Stats()
-    costing = Costing(env, cost, dict(ctx.constants), stats, cost_slack, started=t_start)
+    beside = jobs == 1 and costprocess.wanted()
+    costing = Costing(env, cost, dict(ctx.constants), stats, cost_slack, started=t_start, beside=beside)
 
     def left() -> int | None:
         return None if cap is None else cap - stats.generated
@@ -583,10 +585,12 @@ def search(
                     break
                 if env.distance(st.program) == 0:
                     costing.add(st.program, st.trace, env.key(st.program))
+        ranked = costing.ranked(max_candidates)
     finally:
         runner.close()
+        costing.close()
     stats.seconds = time.perf_counter() - t_start
-    return SearchResult(costing.ranked(max_candidates), stats)
+    return SearchResult(ranked, stats)
 
 
 def _budget(budget: Budget | None, max_depth: int | None, time_budget: float | None) -> Budget:

@@ -27,6 +27,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # per-session pools (test_bench checks the global pool in a subprocess).
 os.environ.setdefault("EINOPT_THREAD_POOL", "per-session")
 
+# The test workers already keep both cores busy: searches cost their candidates in their own process
+# (tests/test_costprocess.py and the golden test cost them beside the search and check that nothing
+# changes).
+os.environ.setdefault("EINOPT_COST_PROCESS", "never")
+
 # The measurement cache (timings and searches) of a test run starts empty and is the run's own:
 # outcomes must not depend on what the user's cache holds from earlier runs.
 os.environ["EINOPT_CACHE_DIR"] = tempfile.mkdtemp(prefix="einopt-test-cache-")
