@@ -29,6 +29,7 @@ __all__ = [
     "constants",
     "all_names",
     "unique_name",
+    "FreshNames",
     "delete_at",
     "drop_value_info",
     "drop_unused_initializers",
@@ -139,6 +140,28 @@ def unique_name(base: str, taken: set[str]) -> str:
         name, k = f"{base}_{k}", k + 1
     taken.add(name)
     return name
+
+
+class FreshNames:
+    """Names taken so far; :meth:`fresh` hands out new ones as :func:`unique_name` does, remembering
+    how far each base's count got (an emitter asks for ``matmul`` hundreds of times)."""
+
+    def __init__(self, taken: Iterable[str] = ()) -> None:
+        self.taken = set(taken)
+        self.next: dict[str, int] = {}
+
+    def fresh(self, base: str) -> str:
+        """``base``, or ``base_1``, ``base_2``, ... : the first not taken, which is taken now."""
+        if base not in self.taken:
+            self.taken.add(base)
+            return base
+        k = self.next.get(base, 1)
+        while f"{base}_{k}" in self.taken:  # names are never given back: those before k stay taken
+            k += 1
+        name = f"{base}_{k}"
+        self.taken.add(name)
+        self.next[base] = k + 1
+        return name
 
 
 def delete_at(repeated: object, indices: Iterable[int]) -> None:

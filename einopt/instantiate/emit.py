@@ -45,7 +45,7 @@ from einopt.core import ir
 from einopt.core.interp import evaluate
 from einopt.core.ops import BINARY, UNARY
 from einopt.core.rewrite import accesses
-from einopt.frontend.onnx_graph import unique_name
+from einopt.frontend.onnx_graph import FreshNames, unique_name
 from einopt.instantiate import EINSUM_OPSET, EOP_DOMAIN, eop
 from einopt.instantiate.kernelgroups import kernel_groups
 from einopt.instantiate.match import MATCHERS, match
@@ -476,8 +476,8 @@ class _Emitter:
         self.opset = opset
         self.prefix = prefix
         self.taken_functions = taken_functions
-        self.used: set[str] = set(onnx_names.values())
-        self.node_names: set[str] = set()
+        self.used = FreshNames(onnx_names.values())
+        self.node_names = FreshNames()
         self.nodes: list[onnx.NodeProto] = []
         self.inits: dict[str, np.ndarray | _Shaped] = {}
         self.init_by_content: dict[tuple, str] = {}
@@ -503,10 +503,10 @@ class _Emitter:
     # ---- names -----------------------------------------------------------
 
     def fresh(self, base: str) -> str:
-        return unique_name(self.prefix + _identifier(base), self.used)
+        return self.used.fresh(self.prefix + _identifier(base))
 
     def node_name(self, base: str) -> str:
-        return unique_name(self.prefix + _identifier(base), self.node_names)
+        return self.node_names.fresh(self.prefix + _identifier(base))
 
     # ---- values ----------------------------------------------------------
 
