@@ -24,7 +24,7 @@ def _search(name: str):
     return search(d.program(), ctx=d.context(), max_depth=2, converge_depth=3)
 
 
-@pytest.mark.parametrize("name", ["fig5", "prelu_max", "convtranspose_matmul"])
+@pytest.mark.parametrize("name", ["fig5", "prelu_max"])
 def test_costing_beside_the_search_finds_the_same_candidates(name, monkeypatch):
     monkeypatch.setenv("EINOPT_COST_PROCESS", "never")
     here = _search(name)

@@ -280,9 +280,9 @@ def test_round_trip_measured(name):
 
 
 def _round_trip(name: str, accept: str, **limits) -> None:
-    """``limits``: Options over the quick tier's search of 300 states a part, 1,200 a model."""
+    """``limits``: Options over the quick tier's search of 200 states a part, 600 a model."""
     model = build(name, 1, size="small")
-    limits = {"states_per_search": 300, "states_per_model": 1_200} | limits
+    limits = {"states_per_search": 200, "states_per_model": 600} | limits
     options = Options(seed=0, accept=accept, **limits)
     result = optimize(model, options)
     assert result.verified, (result.blocked, result.notes)
