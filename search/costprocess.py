@@ -5,10 +5,11 @@ model's nodes) is about two thirds of a long search's time on one core, and
 nothing the search does next depends on it: only the ranking at its end reads
 the costs. So once a search has spent :data:`HANDOFF_S` seconds costing
 candidates itself, it sends the rest to a second process and goes on
-searching; the outcomes come back in the order they were sent, and the search
-settles them as it would have settled its own. The candidates and their costs
-are the same (the same code on the same programs), only sooner on a machine
-with a core to spare.
+searching, settling the outcomes as they come back; at its end it costs what
+is still waiting itself, from the last one found, while the second process
+goes on from the first. The candidates and their costs are the same (the same
+code on the same programs, and the ranking is by cost, depth and key, not by
+when a cost arrived), only sooner on a machine with a core to spare.
 
 Programs are sent with a memory of what was sent: an IR node the other side
 already has (since the search began) goes as its number, so a state costs
@@ -91,11 +92,20 @@ def light_cost(program: ir.Program, constants: Mapping[str, np.ndarray], estimat
 def wanted() -> bool:
     """Whether searches in this process may cost in a second one (see the module docstring)."""
     how = os.environ.get(_ENV, "auto")
+    if how not in ("auto", "never", "always"):
+        log.warning("%s=%s is not one of auto, never, always: taken as auto", _ENV, how)
     if how == "never":
         return False
     if how == "always":
         return True
-    return multiprocessing.parent_process() is None and len(os.sched_getaffinity(0)) >= 2
+    return multiprocessing.parent_process() is None and _cores() >= 2
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def handoff_after() -> float:

@@ -82,7 +82,8 @@ _shape_option = click.option(
     default=1,
     show_default=True,
     type=click.IntRange(min=1),
-    help="Processes searching subprograms side by side (timing stays serial; same output).",
+    help="Processes searching subprograms side by side (timing stays serial; same output). With 1, "
+    "a second process costs the search's candidates beside it (EINOPT_COST_PROCESS=never: not).",
 )
 @click.option(
     "--ray",
