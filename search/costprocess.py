@@ -214,7 +214,12 @@ class CostProcess:
         code = _COMMAND.format(requests=requests_in, results=results_out)
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", code], pass_fds=(requests_in, results_out), stdout=subprocess.DEVNULL
+                # This process's path, and not the working directory before it (-P): a checkout's
+                # einopt/ would hide the installed package, whose einopt.search is mapped from search/.
+                [sys.executable, "-P", "-c", code],
+                pass_fds=(requests_in, results_out),
+                stdout=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
             )
         finally:
             os.close(requests_in)

@@ -43,6 +43,7 @@ def test_costing_beside_the_search_finds_the_same_candidates(name, monkeypatch):
     assert _summary(beside) == _summary(here)
     assert beside.stats.candidates_costed == here.stats.candidates_costed
     assert beside.stats.generated == here.stats.generated
+    assert not costprocess._BROKEN, "the second process failed: the search costed everything here"
     assert costprocess.shared() is not None
     # How many outcomes came back before this process had costed the rest itself depends on the
     # machine; that candidates went there at all does not.

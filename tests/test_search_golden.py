@@ -23,6 +23,7 @@ from einopt.frontend.fold import prepare
 from einopt.frontend.translate import translate_graph
 from einopt.runtime import modelio
 from einopt.runtime.cache import MeasurementCache
+from einopt.search import costprocess
 from einopt.search.budget import Budget
 from einopt.stages.partsearch import Settings, search_parts
 
@@ -63,6 +64,7 @@ def test_the_search_finds_what_it_found(name, monkeypatch):
     # moment): where the candidates are costed must change nothing.
     monkeypatch.setenv("EINOPT_COST_PROCESS", "always")
     got = found(name)
+    assert not costprocess._BROKEN, "the second process failed: the searches costed everything here"
     if os.environ.get("EINOPT_WRITE_GOLDEN") == "1":
         with open(GOLDEN, "a+") as f:  # test workers write in turn
             fcntl.flock(f, fcntl.LOCK_EX)
