@@ -55,7 +55,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-HANDOFF_S = 0.5
+HANDOFF_S = 0.1
 """Seconds of costing a search does itself before it hands its candidates to the second process (a
 short search never starts one)."""
 
