@@ -214,19 +214,9 @@ class Costing:
 
     def _here(self, found: _Found) -> costprocess.Outcome:
         """Cost ``found`` in this process."""
-        from einopt.instantiate.emit import InstantiationError
-        from einopt.stages.export import program_model, weight_names
-
         t = time.perf_counter()
         try:
-            if self.cost is None:
-                return costprocess.light_cost(found.program, self.constants, self.estimates)
-            try:
-                model, inst = program_model(found.program, self.constants)
-            except (InstantiationError, ValueError) as e:
-                return costprocess.Outcome(skipped=str(e))
-            _, work = estimate(model, weight_names(self.constants, inst), self.estimates)
-            return costprocess.Outcome(operators(model), float(self.cost(found.program, model, inst)), work)
+            return costprocess.candidate_cost(found.program, self.constants, self.estimates, self.cost)
         finally:
             self.spent += time.perf_counter() - t
 
@@ -277,14 +267,9 @@ class Costing:
             if isinstance(outcome, Exception):
                 raise outcome
             self._settle(self.waiting.pop(number), outcome)
-        if block and self.beside is not None:
-            try:
-                self.beside.done()
-            except OSError as e:
-                self._lost(e)
 
     def close(self) -> None:
-        """The search is over (it may have stopped early): the second process may skip what is left."""
+        """The search is over (ranked, or stopped early): the second process may skip what is left."""
         if self.beside is not None:
             self.waiting.clear()
             try:

@@ -34,7 +34,7 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import NamedTuple
 
@@ -46,7 +46,7 @@ __all__ = [
     "HANDOFF_S",
     "Outcome",
     "CostProcess",
-    "light_cost",
+    "candidate_cost",
     "shared",
     "lost",
     "wanted",
@@ -73,19 +73,27 @@ class Outcome(NamedTuple):
     skipped: str = ""
 
 
-def light_cost(program: ir.Program, constants: Mapping[str, np.ndarray], estimates: dict) -> Outcome:
-    """``program``'s light instantiation costed analytically; ``estimates`` keeps the estimate per
-    distinct light model (about half of a search's candidates instantiate to a model byte for byte like
-    an earlier one's)."""
+def candidate_cost(
+    program: ir.Program, constants: Mapping[str, np.ndarray], estimates: dict, cost: Callable | None = None
+) -> Outcome:
+    """``program`` instantiated and costed: its light instantiation analytically, or with ``cost``,
+    ``cost(program, model, instantiated)`` of its runnable one. ``estimates`` keeps the analytic
+    estimate per distinct model (about half of a search's candidates instantiate to a model byte for
+    byte like an earlier one's)."""
     from einopt.instantiate.emit import InstantiationError
-    from einopt.search.candidates import estimate, operators
+    from einopt.search.candidates import analytic, estimate, operators
     from einopt.stages.export import program_model, weight_names
 
     try:
-        model, inst = program_model(program, constants, light=True)
+        model, inst = program_model(program, constants, light=cost is None)
     except (InstantiationError, ValueError) as e:
         return Outcome(skipped=str(e))
-    seconds, work = estimate(model, weight_names(constants, inst), estimates)
+    weights = weight_names(constants, inst)
+    if cost is None:
+        seconds, work = estimate(model, weights, estimates)
+    else:  # a runnable model, with its weights: not hashed to be looked up
+        _, work = analytic(model, weights)
+        seconds = float(cost(program, model, inst))
     return Outcome(operators(model), seconds, work)
 
 
@@ -188,7 +196,7 @@ def _serve(requests_fd: int, results_fd: int) -> None:
             continue
         number, program = message
         try:
-            outcome: object = light_cost(program, constants, estimates)
+            outcome: object = candidate_cost(program, constants, estimates)
         except Exception as e:  # noqa: BLE001 - a bug: raised again in the search, which would have met it
             outcome = e
         try:
@@ -291,8 +299,10 @@ def shared() -> CostProcess | None:
     global _SHARED, _BROKEN
     if _BROKEN:
         return None
-    if _SHARED is not None and _SHARED.pid == os.getpid() and _SHARED.alive():
-        return _SHARED
+    if _SHARED is not None and _SHARED.pid == os.getpid():
+        if _SHARED.alive():
+            return _SHARED
+        _SHARED.close()  # gone while idle: its pipes go with it
     try:
         _SHARED = CostProcess()
     except OSError as e:

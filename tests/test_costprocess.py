@@ -12,7 +12,7 @@ import pytest
 
 from einopt.rules.paper import DERIVATIONS
 from einopt.search import costprocess, search
-from einopt.search.costprocess import CostProcess, light_cost
+from einopt.search.costprocess import CostProcess, candidate_cost
 
 
 def _summary(result) -> list[tuple]:
@@ -68,7 +68,7 @@ def test_the_second_process_costs_a_program_as_this_one_does():
                 got.append(outcome)
     finally:
         process.close()
-    want = light_cost(program, constants, {})
+    want = candidate_cost(program, constants, {})
     assert not want.skipped
     assert got == [(1, 0, want), (1, 1, want)]
 
