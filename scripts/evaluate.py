@@ -32,9 +32,10 @@ equality checked first), so one model's memory and threads never disturb the
 next. Per row, results/STEM.json is the full report and results/STEM.html the
 HTML report (STEM: ``NAME_bsN`` for a generated model, ``NAME`` for a shared
 one); results/summary.json and results/results.md collect the tables, which
-replace the blocks between the ``results:start`` / ``results:end`` and the
-``shared-results:start`` / ``shared-results:end`` markers in README.md when a
-section ran whole.
+replace the block between the ``results:start`` / ``results:end`` markers in
+README.md and the ``shared-results:start`` / ``shared-results:end`` markers in
+docs/results.md when a section ran whole (the HTML reports are not kept in git:
+the JSON reports hold what they show).
 
 A run that does not fit in one sitting (the whole table takes 2.5 hours or
 more on a 2-core machine) is continued with ``--resume``: the finished rows of
@@ -87,6 +88,8 @@ from evaluate_checks import SideJob, openvino_text, run_side, split_reference
 
 ROOT = Path(__file__).resolve().parent.parent
 START, END = "<!-- results:start -->", "<!-- results:end -->"
+TABLES = ROOT / "docs" / "results.md"
+"""Where the shared models' and the generated kernels' tables go (the README has the generated models')."""
 SHARED_START, SHARED_END = "<!-- shared-results:start -->", "<!-- shared-results:end -->"
 KERNELS_START, KERNELS_END = "<!-- kernels-results:start -->", "<!-- kernels-results:end -->"
 SECTIONS = ("generated", "shared")
@@ -833,8 +836,8 @@ def compare_kernels(rows: list[dict], command: str, args: argparse.Namespace, wh
     (args.out / "kernels.md").write_text(table)
     print(table)
     if whole and not args.no_readme and args.size == "full":
-        update_readme(ROOT / "README.md", table, KERNELS_START, KERNELS_END)
-        print("README.md updated (--kernels tvm beside --kernels onnx)")
+        update_readme(TABLES, table, KERNELS_START, KERNELS_END)
+        print(f"{TABLES.relative_to(ROOT)} updated (--kernels tvm beside --kernels onnx)")
 
 
 def render(args: argparse.Namespace, index: Mapping | None) -> int:
@@ -870,8 +873,8 @@ def render(args: argparse.Namespace, index: Mapping | None) -> int:
         update_readme(ROOT / "README.md", table)
         print("README.md updated (generated models)")
     if not args.no_readme and index and {r["model"] for r in shared_rows} >= set(index):
-        update_readme(ROOT / "README.md", shared, SHARED_START, SHARED_END)
-        print("README.md updated (shared models)")
+        update_readme(TABLES, shared, SHARED_START, SHARED_END)
+        print(f"{TABLES.relative_to(ROOT)} updated (shared models)")
     return 0
 
 
@@ -998,8 +1001,8 @@ def main() -> None:
         update_readme(readme, table)
         print("README.md updated (generated models)")
     if not args.no_readme and index and set(shared) == set(index):
-        update_readme(readme, shared_table, SHARED_START, SHARED_END)
-        print("README.md updated (shared models)")
+        update_readme(TABLES, shared_table, SHARED_START, SHARED_END)
+        print(f"{TABLES.relative_to(ROOT)} updated (shared models)")
     sys.exit(1 if any("error" in r for r in [*rows, *shared_rows]) else 0)
 
 

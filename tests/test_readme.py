@@ -1,4 +1,4 @@
-"""The README's Python API example runs as written."""
+"""The Python examples of the README and of docs/ run as written."""
 
 import pathlib
 import re
@@ -6,7 +6,14 @@ import re
 import numpy as np
 import pytest
 
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+
+def _python_blocks() -> list[str]:
+    """Every ```python block of the README and of the pages in docs/."""
+    pages = [README, *sorted((ROOT / "docs").glob("*.md"))]
+    return [b for page in pages for b in re.findall(r"```python\n(.*?)```", page.read_text(), re.S)]
 
 
 @pytest.mark.tvm
@@ -27,8 +34,7 @@ def test_readme_onnx_example_runs(tmp_path, monkeypatch, capsys):
     import onnx
     from onnx_models import conv_block
 
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    block = next(b for b in blocks if "einopt.optimize(" in b)
+    block = next(b for b in _python_blocks() if "einopt.optimize(" in b)
     monkeypatch.chdir(tmp_path)
     onnx.save(conv_block(), "model.onnx")
     scope: dict = {}
@@ -46,8 +52,7 @@ def test_readme_rules_example_runs_and_lists_every_rule(capsys):
     text = README.read_text()
     for name in REGISTRY:
         assert f"`{name}`" in text, f"rule {name} is missing from the README's rule table"
-    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    block = next(b for b in blocks if "from einopt.rules import" in b)
+    block = next(b for b in _python_blocks() if "from einopt.rules import" in b)
     scope: dict = {}
     exec(block, scope)  # noqa: S102 - the README's own example
     assert len(scope["trace"].steps) == 2
@@ -60,8 +65,7 @@ def test_readme_benchmark_example_runs(tmp_path, monkeypatch):
     import onnx
     from onnx_models import conv_block
 
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    block = next(b for b in blocks if "benchmark_result(" in b)
+    block = next(b for b in _python_blocks() if "benchmark_result(" in b)
     monkeypatch.chdir(tmp_path)
     onnx.save(conv_block(), "model.onnx")
     scope: dict = {}

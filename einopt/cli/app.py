@@ -131,7 +131,7 @@ def is_quiet() -> bool:
 def main(verbose: int, quiet: bool) -> None:
     """einopt: a derivation-based superoptimizer for tensor programs.
 
-    Expressions use the text syntax described in the README, e.g.
+    Expressions use the text syntax of docs/expressions.md, e.g.
 
       L[h:56, w:56, f:64] Sum[r:3, s:3, c:64] A[h+r-1, w+s-1, c] * K[r, s, f, c]
       where A: [56, 56, 64], K: [3, 3, 64, 64]
