@@ -1,4 +1,4 @@
-"""scripts/evaluate.py and scripts/evaluate_checks.py without timing: targets, selection, tables, the PyTorch
+"""The evaluation (einopt.evaluation: run, tables, checks) without timing: targets, selection, tables, the PyTorch
 reference check, and the OpenVINO column (n/a without the package)."""
 
 from __future__ import annotations
@@ -13,11 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-sys.path.insert(0, str(SCRIPTS))
-
-import evaluate  # noqa: E402
-import evaluate_checks as checks  # noqa: E402
+from einopt.evaluation import checks, run, tables
 
 GENERATED = ["dcgan", "lstm"]
 SHARED = ["bert_tiny", "espcn_x3", "se_block"]
@@ -81,14 +77,14 @@ def _row(name: str, **over) -> dict:
     ],
 )
 def test_shared_targets_are_issue_27s(name, goal):
-    assert evaluate.shared_target(name) == goal
+    assert tables.shared_target(name) == goal
 
 
 def test_a_target_is_met_only_when_verified_and_timed():
-    assert evaluate.met(1.2, 1.2) == "met"
-    assert evaluate.met(1.19, 1.2) == "**missed**"
-    assert evaluate.met(1.5, 1.2, verified=False) == "**missed**"
-    assert evaluate.met(None, 0.99) == "**missed**"
+    assert tables.met(1.2, 1.2) == "met"
+    assert tables.met(1.19, 1.2) == "**missed**"
+    assert tables.met(1.5, 1.2, verified=False) == "**missed**"
+    assert tables.met(None, 0.99) == "**missed**"
 
 
 # ----------------------------------------------------------------------------- selection
@@ -96,10 +92,10 @@ def test_a_target_is_met_only_when_verified_and_timed():
 
 def test_models_default_to_both_sections_and_take_names_or_section_words():
     folder = Path("shared")
-    assert evaluate.select(None, GENERATED, SHARED, folder) == (GENERATED, SHARED)
-    assert evaluate.select(["shared"], GENERATED, SHARED, folder) == ([], SHARED)
-    assert evaluate.select(["generated"], GENERATED, SHARED, folder) == (GENERATED, [])
-    assert evaluate.select(["se_block", "lstm", "bert_tiny"], GENERATED, SHARED, folder) == (
+    assert run.select(None, GENERATED, SHARED, folder) == (GENERATED, SHARED)
+    assert run.select(["shared"], GENERATED, SHARED, folder) == ([], SHARED)
+    assert run.select(["generated"], GENERATED, SHARED, folder) == (GENERATED, [])
+    assert run.select(["se_block", "lstm", "bert_tiny"], GENERATED, SHARED, folder) == (
         ["lstm"],
         ["bert_tiny", "se_block"],
     )
@@ -110,27 +106,27 @@ def test_unknown_models_and_an_absent_shared_folder_are_clear_errors():
     with pytest.raises(
         ValueError, match=r"unknown model nope; choose from .*dcgan.*bert_tiny.*generated / shared"
     ):
-        evaluate.select(["nope", "lstm"], GENERATED, SHARED, folder)
+        run.select(["nope", "lstm"], GENERATED, SHARED, folder)
     with pytest.raises(ValueError, match=r"/nowhere/shared/models is absent.*bert_tiny"):
-        evaluate.select(["bert_tiny"], GENERATED, None, folder)
+        run.select(["bert_tiny"], GENERATED, None, folder)
     with pytest.raises(ValueError, match="absent"):
-        evaluate.select(["shared"], GENERATED, None, folder)
+        run.select(["shared"], GENERATED, None, folder)
     # without --models, an absent folder skips the section
-    assert evaluate.select(None, GENERATED, None, folder) == (GENERATED, [])
+    assert run.select(None, GENERATED, None, folder) == (GENERATED, [])
 
 
 def test_read_index(tmp_path):
-    assert evaluate.read_index(tmp_path / "absent") is None
+    assert run.read_index(tmp_path / "absent") is None
     with pytest.raises(SystemExit, match="cannot read the shared models' index"):
-        evaluate.read_index(tmp_path)
+        run.read_index(tmp_path)
     (tmp_path / "index.json").write_text(
         json.dumps({"tiny": {"exporter": "dynamo", "inputs": {"x0": [2, 3]}}})
     )
     with pytest.raises(SystemExit, match=r"missing: tiny.onnx, tiny.npz"):
-        evaluate.read_index(tmp_path)
+        run.read_index(tmp_path)
     _model(tmp_path / "tiny.onnx")
     np.savez(tmp_path / "tiny.npz", x0=np.zeros((2, 3), np.float32))
-    assert evaluate.read_index(tmp_path) == {"tiny": {"exporter": "dynamo", "inputs": {"x0": [2, 3]}}}
+    assert run.read_index(tmp_path) == {"tiny": {"exporter": "dynamo", "inputs": {"x0": [2, 3]}}}
 
 
 # ----------------------------------------------------------------------------- PyTorch's outputs
@@ -189,7 +185,7 @@ def test_without_openvino_the_column_says_how_to_get_it(monkeypatch):
     )  # returns before any model is read
     assert result == {"speedup": None, "note": checks.OPENVINO_MISSING}
     assert checks.openvino_text(result) == "n/a (pip install openvino)"
-    table = evaluate.shared_markdown([_row("bert_tiny", openvino=result)], {}, "cmd")
+    table = tables.shared_markdown([_row("bert_tiny", openvino=result)], {}, "cmd")
     assert "| n/a (pip install openvino) |" in table
 
 
@@ -232,15 +228,15 @@ def test_passthrough_counts_nodes_by_reason():
             {"kind": "passthrough", "ops": ["Cast"], "reason": ""},
         ],
     }
-    p = evaluate.passthrough(report)
+    p = run.passthrough(report)
     assert p == {
         "nodes": 4,
         "reasons": {"no importer for Softmax": 2, "no importer for Erf": 1, "no reason given": 1},
     }
-    text = evaluate.passthrough_text(p)
+    text = tables.passthrough_text(p)
     assert text == "4: no importer for Softmax x2; no importer for Erf; no reason given"
-    assert evaluate.passthrough_text({"nodes": 0, "reasons": {}}) == "0"
-    assert evaluate.passthrough_text({"nodes": 1, "reasons": {"a | b": 1}}) == "1: a \\| b"
+    assert tables.passthrough_text({"nodes": 0, "reasons": {}}) == "0"
+    assert tables.passthrough_text({"nodes": 1, "reasons": {"a | b": 1}}) == "1: a \\| b"
 
 
 def test_shared_markdown_rows_marks_and_reasons():
@@ -262,7 +258,7 @@ def test_shared_markdown_rows_marks_and_reasons():
         ),
         {"model": "unet_tiny", "exporter": "torchscript", "file": "unet_tiny.json", "error": "exit 3"},
     ]
-    table = evaluate.shared_markdown(rows, {"cpu": "CPU X", "threads": 2, "onnxruntime": "1.2"}, "cmd")
+    table = tables.shared_markdown(rows, {"cpu": "CPU X", "threads": 2, "onnxruntime": "1.2"}, "cmd")
     lines = table.splitlines()
     assert lines[0].startswith("Measured ") and "CPU X, 2 threads" in lines[0] and "`cmd`" in lines[0]
     header = [c.strip() for c in lines[2].strip("|").split("|")]
@@ -283,7 +279,7 @@ def test_shared_markdown_rows_marks_and_reasons():
 
 def test_generated_markdown_has_the_openvino_column():
     row = _row("lstm", batch=1, confirmation=None, accepted=1, rewritten=1, rolled_back=0)
-    table = evaluate.markdown([row], {}, "cmd")
+    table = tables.markdown([row], {}, "cmd")
     header, _, line = table.split("\n\n")[1].splitlines()[:3]
     cells = [c.strip() for c in header.strip("|").split("|")]
     assert cells[7] == "OpenVINO vs ORT"
@@ -293,15 +289,15 @@ def test_generated_markdown_has_the_openvino_column():
 def test_an_output_identical_to_its_input_counts_as_one_and_shows_the_noise():
     same = _row("unet_tiny", speedup=0.93, identical=True)
     slower = _row("se_block", speedup=0.93, identical=False)
-    table = evaluate.shared_markdown([same, slower], {}, "cmd")
+    table = tables.shared_markdown([same, slower], {}, "cmd")
     body = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
     assert "| 1.00x (output = input; read 0.93x) | >= 0.99x met |" in body["unet_tiny"]
     assert "| 0.93x | >= 0.99x **missed** |" in body["se_block"]
-    assert evaluate.speedup(same) == 1.0 and evaluate.speedup(slower) == 0.93
+    assert tables.speedup(same) == 1.0 and tables.speedup(slower) == 0.93
     assert table.splitlines()[-1] == "Targets met: 1 of 2. Geometric mean of the speedups: 0.96x."
     # a transformer's bar stays out of reach of an output that is its input
     vit = _row("vit", batch=16, speedup=0.93, identical=True, confirmation=None, accepted=0, rewritten=6)
-    line = evaluate.markdown([vit | {"rolled_back": 6}], {}, "cmd").split("\n\n")[1].splitlines()[2]
+    line = tables.markdown([vit | {"rolled_back": 6}], {}, "cmd").split("\n\n")[1].splitlines()[2]
     assert "| 1.00x (output = input; read 0.93x) | >= 1.10x **missed** |" in line
 
 
@@ -316,9 +312,9 @@ def test_render_rewrites_the_tables_and_finds_identical_outputs_from_the_files(t
         (shared / f"{name}.onnx").write_bytes(b"model")
         (build / f"{name}.einopt.onnx").write_bytes(output)
     rows = [_row("bert_tiny", speedup=0.97), _row("se_block", file="bert_tiny.json", speedup=0.97)]
-    evaluate.write_summary([], rows, "cmd", out, "abc", "2026-11-28")
+    run.write_summary([], rows, "cmd", out, "abc", "2026-11-28")
     args = SimpleNamespace(out=out, build=build, shared=shared, size="full", no_readme=True, kernels="onnx")
-    assert evaluate.render(args, {"bert_tiny": {}, "se_block": {}}) == 0
+    assert run.render(args, {"bert_tiny": {}, "se_block": {}}) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert [r["identical"] for r in summary["shared_rows"]] == [True, False]
     assert [r["dense_bound"] for r in summary["shared_rows"]] == [pytest.approx(4 / 3)] * 2
@@ -329,7 +325,7 @@ def test_render_rewrites_the_tables_and_finds_identical_outputs_from_the_files(t
 def test_write_summary_keeps_both_sections(tmp_path):
     machine = {"cpu": "CPU X", "threads": 2, "onnxruntime": "1.2"}
     (tmp_path / "bert_tiny.json").write_text(json.dumps({"bench": {"machine": machine}}))
-    table, shared = evaluate.write_summary([], [_row("bert_tiny")], "cmd", tmp_path)
+    table, shared = run.write_summary([], [_row("bert_tiny")], "cmd", tmp_path)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["rows"] == [] and summary["shared_rows"][0]["model"] == "bert_tiny"
     assert summary["machine"] == machine
@@ -344,44 +340,44 @@ def test_a_resumed_run_keeps_the_finished_rows_of_the_same_command_and_code(tmp_
     failed = {"model": "se_block", "exporter": "dynamo", "error": "exit 1"}
     generated = {"model": "lstm", "batch": 16, "measured": "2026-11-29T01:00:00+00:00", "sitting": "s2"}
     generated |= {"accepted": 1, "rewritten": 1, "rolled_back": 0}
-    evaluate.write_summary(
+    run.write_summary(
         [generated | _row("lstm", file="bert_tiny.json")], [done, failed], "cmd", tmp_path, "abc"
     )
-    kept = evaluate.resumable(tmp_path, "cmd", "abc")
+    kept = run.resumable(tmp_path, "cmd", "abc")
     assert list(kept) == [("lstm", 16), ("bert_tiny", None)]  # the failed row runs again
-    assert evaluate.resumable(tmp_path / "none", "cmd", "abc") == {}
+    assert run.resumable(tmp_path / "none", "cmd", "abc") == {}
     with pytest.raises(ValueError, match="other code"):
-        evaluate.resumable(tmp_path, "cmd", "abd")
+        run.resumable(tmp_path, "cmd", "abd")
     with pytest.raises(ValueError, match="another command"):
-        evaluate.resumable(tmp_path, "cmd --batch 1", "abc")
+        run.resumable(tmp_path, "cmd --batch 1", "abc")
     # the tables say the run was resumed, over which days
-    table = evaluate.shared_markdown([done, generated | _row("x")], machine, "cmd")
+    table = tables.shared_markdown([done, generated | _row("x")], machine, "cmd")
     assert "Measured 2026-11-28 to 2026-11-29 (one run of the same code, resumed: 2 sittings" in table
 
 
 def test_the_code_fingerprint_names_the_installed_package():
-    first = evaluate.code_fingerprint()
-    assert len(first) == 16 and first == evaluate.code_fingerprint()
+    first = run.code_fingerprint()
+    assert len(first) == 16 and first == run.code_fingerprint()
 
 
 def test_update_readme_replaces_only_its_block(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(
-        f"a\n{evaluate.START}\nold\n{evaluate.END}\nb\n{evaluate.SHARED_START}\nold shared\n{evaluate.SHARED_END}\nc\n"
+        f"a\n{tables.START}\nold\n{tables.END}\nb\n{tables.SHARED_START}\nold shared\n{tables.SHARED_END}\nc\n"
     )
-    evaluate.update_readme(readme, "new shared\n", evaluate.SHARED_START, evaluate.SHARED_END)
+    tables.update_readme(readme, "new shared\n", tables.SHARED_START, tables.SHARED_END)
     assert readme.read_text() == (
-        f"a\n{evaluate.START}\nold\n{evaluate.END}\nb\n{evaluate.SHARED_START}\nnew shared\n{evaluate.SHARED_END}\nc\n"
+        f"a\n{tables.START}\nold\n{tables.END}\nb\n{tables.SHARED_START}\nnew shared\n{tables.SHARED_END}\nc\n"
     )
     readme.write_text("no markers\n")
     with pytest.raises(SystemExit, match="shared-results:start"):
-        evaluate.update_readme(readme, "x", evaluate.SHARED_START, evaluate.SHARED_END)
+        tables.update_readme(readme, "x", tables.SHARED_START, tables.SHARED_END)
 
 
 def test_a_failed_side_process_shows_in_the_openvino_column():
-    failed = evaluate._side_openvino({"error": "the measuring process died (out of memory?)"})
+    failed = run._side_openvino({"error": "the measuring process died (out of memory?)"})
     assert checks.openvino_text(failed) == "failed: the measuring process died (out of memory?)"
-    assert evaluate._side_openvino({"openvino": None}) is None  # --no-openvino: "-"
+    assert run._side_openvino({"openvino": None}) is None  # --no-openvino: "-"
 
 
 @pytest.mark.parametrize(
@@ -389,7 +385,7 @@ def test_a_failed_side_process_shows_in_the_openvino_column():
     [("lstm", 1, 1.25), ("bert", 1, 1.1), ("gpt2", 16, 1.1), ("vit", 16, 1.1), ("resnet18", 16, 0.99)],
 )
 def test_generated_targets(model, batch, goal):
-    assert evaluate.target({"model": model, "batch": batch}) == goal
+    assert tables.target({"model": model, "batch": batch}) == goal
 
 
 def test_kernels_table_sets_each_tvm_row_beside_the_onnx_row_with_issue_28s_targets():
@@ -404,7 +400,7 @@ def test_kernels_table_sets_each_tvm_row_beside_the_onnx_row_with_issue_28s_targ
         _row("se_block", speedup=0.93),  # not identical: a real reading below the onnx row
         _row("dcgan", batch=16, error="exit 1"),
     ]
-    table = evaluate.kernels_markdown(onnx_rows, tvm_rows, {}, "python scripts/evaluate.py --kernels tvm")
+    table = tables.kernels_markdown(onnx_rows, tvm_rows, {}, "python scripts/evaluate.py --kernels tvm")
     lines = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
     assert (
         "2.10x" in lines["lstm"]
@@ -422,10 +418,10 @@ def test_kernels_table_sets_each_tvm_row_beside_the_onnx_row_with_issue_28s_targ
 def test_the_dense_op_bound_is_the_profile_over_its_convolutions_and_products():
     # a transformer layer's profile: 8 ms of GEMMs (MatMul, Gemm, FusedMatMul), 2 ms of the rest
     profile = {"Gemm": 5.0, "MatMul": 2.0, "FusedMatMul": 1.0, "SkipLayerNormalization": 1.5, "Gelu": 0.5}
-    assert evaluate.dense_bound({"time_by_op": profile}) == pytest.approx(10.0 / 8.0)
+    assert run.dense_bound({"time_by_op": profile}) == pytest.approx(10.0 / 8.0)
     nchwc = {"time_by_op": {"Conv": 3.0, "ReorderOutput": 1.0}}
-    assert evaluate.dense_bound(nchwc) == pytest.approx(4.0 / 3.0)
-    assert evaluate.dense_bound({"time_by_op": {"Relu": 1.0}}) is None and evaluate.dense_bound({}) is None
+    assert run.dense_bound(nchwc) == pytest.approx(4.0 / 3.0)
+    assert run.dense_bound({"time_by_op": {"Relu": 1.0}}) is None and run.dense_bound({}) is None
 
 
 def test_a_side_by_side_reading_decides_whether_a_tvm_row_is_slower_than_its_onnx_row():
@@ -438,14 +434,14 @@ def test_a_side_by_side_reading_decides_whether_a_tvm_row_is_slower_than_its_onn
         {"model": "gcn", "batch": 1, "speedup": 0.9, "speedup_95": [0.89, 0.91], "unreliable": "",
          "measured": "2026-11-30T01:02:03+00:00"},
     ]  # fmt: skip
-    table = evaluate.kernels_markdown(onnx_rows, tvm_rows, {}, "cmd", paired)
+    table = tables.kernels_markdown(onnx_rows, tvm_rows, {}, "cmd", paired)
     lines = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
     assert "0.99x (95% 0.98-1.00x)" in lines["lstm"] and ">= 2.00x and >= onnx met" in lines["lstm"]
     assert "0.90x (95% 0.89-0.91x)" in lines["gcn"] and "**missed**" in lines["gcn"]
     assert "side by side" in lines["model"] and "2026-11-30 01:02" in table
     assert all(line.count("|") == lines["model"].count("|") for line in lines.values())
     # without the readings, the columns decide (and the table has no side-by-side column)
-    plain = evaluate.kernels_markdown(onnx_rows, tvm_rows, {}, "cmd")
+    plain = tables.kernels_markdown(onnx_rows, tvm_rows, {}, "cmd")
     assert "side by side" not in plain and "**missed**" in plain.split("| lstm |")[1].splitlines()[0]
 
 
@@ -462,7 +458,7 @@ def _run(results: Path, name: str, output: Path, inputs: Path, **over) -> None:
 
 
 def test_compare_forms_times_the_two_outputs_against_each_other(tmp_path):
-    import compare_forms
+    from einopt.evaluation import forms as compare_forms
 
     model = _model(tmp_path / "model.onnx")
     inputs = tmp_path / "inputs.npz"
@@ -488,7 +484,7 @@ def test_compare_forms_times_the_two_outputs_against_each_other(tmp_path):
 
 
 def test_compare_forms_replaces_only_the_rows_it_measured_again(tmp_path):
-    import compare_forms
+    from einopt.evaluation import forms as compare_forms
 
     path = tmp_path / "forms.json"
     path.write_text(
@@ -496,3 +492,17 @@ def test_compare_forms_replaces_only_the_rows_it_measured_again(tmp_path):
     )
     merged = compare_forms.merge(path, [{"model": "b", "speedup": 3.0}])
     assert merged["rows"] == [{"model": "a", "batch": 1, "speedup": 1.0}, {"model": "b", "speedup": 3.0}]
+
+
+def test_einopt_evaluate_is_the_evaluation_on_the_command_line(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from einopt.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    shown = CliRunner().invoke(main, ["evaluate", "--help"])
+    assert shown.exit_code == 0 and "--resume" in shown.output and "einopt evaluate" in shown.output
+    refused = CliRunner().invoke(
+        main, ["evaluate", "--models", "no_such", "--shared", str(tmp_path / "none")]
+    )
+    assert refused.exit_code == 2

@@ -1,4 +1,4 @@
-"""What ``scripts/evaluate.py`` measures besides ``einopt optimize``, in a process of its own per row.
+"""What the evaluation (:mod:`einopt.evaluation.run`) measures besides ``einopt optimize``, in a process of its own per row.
 
 - OpenVINO against ONNX Runtime on the input model: outputs compared at
   einopt's verification tolerance, then both timed interleaved with as many
