@@ -3,14 +3,14 @@
     python scripts/fuzz.py --graphs 5000 [--seed 0] [--max-depth 0] [--special/--no-special] [--kernels onnx|tvm] [--out fuzz-failures]
 
 Graph ``k`` of seed ``s`` is a random chain/DAG of 2-8 operators (opset 17,
-every op the importers translate; see ``tests/graph_strategies.py``), built
+every op the importers translate; see ``einopt/testing/graphs.py``), built
 from ``numpy.random.default_rng([s, k])``. Each one is optimized with
 ``Options(verify=False, accept="verified")`` (so neither the safety net nor
 measured acceptance can hide a wrong rewrite, and every rewrite is kept).
 ``--max-depth 0`` (the default) translates and re-instantiates without
 searching; ``--max-depth N`` searches every subprogram to depth ``N``
 without the measurement cache, within a modest budget of generated states
-(``graph_strategies.SEARCH_STATES`` per subprogram,
+(``einopt.testing.graphs.SEARCH_STATES`` per subprogram,
 ``SEARCH_STATES_PER_GRAPH`` per graph; ``SEARCH_DEADLINE_S`` seconds only as
 a safety net). The output model is compared with the original in ONNX Runtime
 (``einopt.runtime.verify.compare``, default tolerance; NaN and infinity positions
@@ -28,7 +28,7 @@ graphs with a sum of products (MatMul, Gemm, Einsum, Conv, ConvTranspose):
 whether ``a*b + c*d`` overflows when ``a*b`` alone would depends on the
 kernel (fused multiply-add, summation order), so two correct evaluations of
 the same contraction disagree there; ONNX Runtime's own kernels do. Every
-other exclusion is named in ``tests/graph_strategies.py`` with its reason.
+other exclusion is named in ``einopt/testing/graphs.py`` with its reason.
 
 An output that passes is also loaded with ONNX Runtime's graph
 optimizations on (``ORT_ENABLE_ALL``), as a user would run it: when that
@@ -60,11 +60,10 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("EINOPT_THREAD_POOL", "per-session")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-import numpy as np  # noqa: E402
+import numpy as np  # noqa: E402 - after the thread pool setting
 import onnx  # noqa: E402
-from graph_strategies import DATA_KINDS, RngDraw, build_graph, check_case  # noqa: E402
+
+from einopt.testing.graphs import DATA_KINDS, RngDraw, build_graph, check_case  # noqa: E402
 
 STATUS_TEXT = {
     "ok": "ok",
@@ -73,7 +72,7 @@ STATUS_TEXT = {
     "ort": "ORT optimizer refuses the output",
     "invalid": "invalid",
 }
-"""How each :class:`graph_strategies.Outcome` status is reported (every one but ``ok`` is a failure)."""
+"""How each :class:`einopt.testing.graphs.Outcome` status is reported (every one but ``ok`` is a failure)."""
 
 
 def main(argv: list[str] | None = None) -> int:

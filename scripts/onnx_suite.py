@@ -13,14 +13,10 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-
-from onnx_suite_support import light_model, light_model_paths, node_cases, run_node_case  # noqa: E402
-
-from einopt.pipeline import Options, optimize  # noqa: E402
+from einopt.pipeline import Options, optimize
+from einopt.testing.onnx_suite import light_model, light_model_paths, node_cases, run_node_case
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 Verification rolls a wrong rewrite back, which hides translation bugs; here
 it is off, so every output model must equal the original on ordinary, exact
 integer and special values (0, -0, +-inf, NaN, huge, small integers), NaN
-positions included. The generator is ``graph_strategies``; the long run is
+positions included. The generator is ``einopt.testing.graphs``; the long run is
 ``scripts/fuzz.py``. The bug tests below reproduce what earlier fuzzing found.
 """
 
@@ -12,19 +12,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from graph_hazards import ANY_DATA, FINITE, INPUT, computed
-from graph_strategies import (
-    DATA_KINDS,
-    OP_BUILDERS,
-    GraphCase,
-    RngDraw,
-    _Graph,
-    _unoptimized_session,
-    build_graph,
-    check_case,
-    feeds,
-    graphs,
-)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -36,6 +23,19 @@ from einopt.frontend.onnx_graph import default_opset
 from einopt.frontend.translate import translate_graph
 from einopt.runtime import modelio
 from einopt.runtime.verify import Tolerance, compare
+from einopt.testing.graphs import (
+    DATA_KINDS,
+    OP_BUILDERS,
+    GraphCase,
+    RngDraw,
+    _Graph,
+    _unoptimized_session,
+    build_graph,
+    check_case,
+    feeds,
+    graphs,
+)
+from einopt.testing.hazards import ANY_DATA, FINITE, INPUT, computed
 
 F32 = np.float32
 
@@ -80,7 +80,7 @@ def test_seeded_graphs_are_reproducible() -> None:
 
 
 # --------------------------------------------------------------------------
-# Computed infinities and NaN (graph_hazards)
+# Computed infinities and NaN (einopt.testing.hazards)
 # --------------------------------------------------------------------------
 
 # A NaN a maximum reads, an infinity MaxPool reads (a window of -inf alone) and a -inf Pow's square

@@ -2,7 +2,7 @@
 
 An output einopt computes correctly can still be one that ONNX Runtime's
 graph optimizer (``ORT_ENABLE_ALL``, what a user runs) refuses to load or
-miscomputes; :func:`graph_strategies.check_case` counts that as its own
+miscomputes; :func:`einopt.testing.graphs.check_case` counts that as its own
 failure, ``ort``, unless the original model trips the optimizer too.
 """
 
@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from graph_strategies import GraphCase, check_case, feeds, ort_optimizer_refusal
 from onnx import TensorProto, helper, numpy_helper
 
 import einopt
+from einopt.testing.graphs import GraphCase, check_case, feeds, ort_optimizer_refusal
 
 FUZZ = Path(__file__).resolve().parents[1] / "scripts" / "fuzz.py"
 

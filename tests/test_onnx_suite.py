@@ -12,9 +12,9 @@ import os
 
 import onnx
 import pytest
-from onnx_suite_support import light_model, light_model_paths, node_cases, run_node_case
 
 from einopt.pipeline import Options, optimize
+from einopt.testing.onnx_suite import light_model, light_model_paths, node_cases, run_node_case
 
 CHUNKS = 12
 
@@ -101,7 +101,7 @@ def test_given_inputs_verify_what_random_inputs_cannot(name, tmp_path):
     import numpy as np
     import onnx
     from click.testing import CliRunner
-    from onnx_suite_support import _feeds
+    from einopt.testing.onnx_suite import _feeds
 
     from einopt.cli import main
 

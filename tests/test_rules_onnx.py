@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx_suite_support import light_model, light_model_paths, node_cases
 
 from einopt.core import ir
 from einopt.frontend.fold import prepare
 from einopt.frontend.translate import translate_graph
 from einopt.rules import REGISTRY, Context, Match, check_equivalent
+from einopt.testing.onnx_suite import light_model, light_model_paths, node_cases
 
 # Every SAMPLE-th node case (the whole suite takes about 90 s), and a few matches per rule and program.
 SAMPLE = 7

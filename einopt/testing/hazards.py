@@ -1,6 +1,6 @@
 """Which infinities and NaN a generated graph's values may hold beyond those of its inputs.
 
-A builder in ``graph_strategies`` keeps special input values away from an
+A builder in ``einopt.testing.graphs`` keeps special input values away from an
 operator whose ONNX Runtime kernel treats them otherwise than the IR
 (``exclude``: MaxPool lets a NaN through only as a window's first value,
 ReduceMax likewise, and so on). The graph can still compute such a value
@@ -35,7 +35,7 @@ ANY_DATA = "any data"
 
 @dataclasses.dataclass(frozen=True)
 class Risks:
-    """The classes of special input values (``graph_strategies.SPECIAL_VALUES`` keys, or
+    """The classes of special input values (``graphs.SPECIAL_VALUES`` keys, or
     :data:`ANY_DATA`) under which a value may hold an infinity (``inf``) or a NaN (``nan``)."""
 
     inf: frozenset[str] = frozenset()

@@ -1,6 +1,6 @@
 """Random *valid* ONNX models over every operator the importers translate, and their input data.
 
-    >>> from graph_strategies import graphs, feeds
+    >>> from einopt.testing.graphs import graphs, feeds
     >>> @given(graphs(), st.integers(0, 2**32 - 1))
     ... def test_x(case, seed):
     ...     data = feeds(case, np.random.default_rng(seed), "special")
@@ -27,7 +27,7 @@ values: ordinary ones mixed with ``0``, ``-0``, ``+-inf``, NaN, huge
 ``+-1e30``, ``3e38`` and small integers. What "equal" means on them, and
 which (operator, value) combinations are left out and why, is in
 :data:`SPECIAL_VALUES` and the builders' ``exclude`` arguments; the same
-values computed inside the graph are kept out through ``graph_hazards``.
+values computed inside the graph are kept out through ``einopt.testing.hazards``.
 """
 
 from __future__ import annotations
@@ -39,9 +39,10 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import onnx
-from graph_hazards import ANY_DATA, FINITE, INPUT, Risks, computed
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
+
+from einopt.testing.hazards import ANY_DATA, FINITE, INPUT, Risks, computed
 
 __all__ = [
     "OPSET",
@@ -124,7 +125,7 @@ class _HypothesisDraw:
 class Value:
     name: str
     shape: tuple[int, ...]
-    risks: Risks = FINITE  # the infinities and NaN it may hold (graph_hazards)
+    risks: Risks = FINITE  # the infinities and NaN it may hold (einopt.testing.hazards)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,7 +209,7 @@ class _Graph:
         nan_on_any_data: bool = False,
         **attrs: Any,
     ) -> list[Value]:
-        """A node and its outputs, with their risks (``nan_on_any_data``: see ``graph_hazards.computed``)."""
+        """A node and its outputs, with their risks (``nan_on_any_data``: see ``hazards.computed``)."""
         risks = computed(op, (self.by_name[i].risks for i in inputs if i in self.by_name), nan_on_any_data)
         outs = [Value(self.fresh("v"), tuple(int(n) for n in s), risks) for s in shapes]
         self.nodes.append(helper.make_node(op, list(inputs), [o.name for o in outs], **attrs))
