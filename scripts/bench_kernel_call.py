@@ -3,7 +3,7 @@
 Two models, each a chain of N nodes computing ``y = x + 1`` on a small tensor: one with ORT's own
 ``Add``, one with ``ai.einopt::TvmKernel`` nodes running einopt's generated ``x + 1`` through its
 custom-op library. Timed side by side (interleaved, medians), at 1 and 2 threads; the difference
-per node is what a generated kernel costs beyond an ORT kernel (issue 28's target: within 2 us)::
+per node is what a generated kernel costs beyond an ORT kernel (the target: within 2 us)::
 
     python scripts/bench_kernel_call.py [--nodes 64] [--size 16] [--runs 300]
 

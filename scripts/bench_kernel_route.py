@@ -1,6 +1,6 @@
 """Generated kernels built where the model runs, against the same kernels carried inside the model.
 
-Until issue 54, a ``--kernels tvm`` output carried each kernel's compiled library as a uint8 input of
+Once, a ``--kernels tvm`` output carried each kernel's compiled library as a uint8 input of
 its ``TvmKernel`` node, which einopt's custom-op library loaded from the model. Now a node carries
 the kernel's description and ``einopt.runtime.session`` builds it on this machine. This script times
 the two routes on the same outputs: for each output it makes the earlier form's twin (each node's

@@ -76,7 +76,7 @@ def _row(name: str, **over) -> dict:
         ("mobilenet_v3_small", 0.99),
     ],
 )
-def test_shared_targets_are_issue_27s(name, goal):
+def test_shared_targets_come_from_the_targets_file(name, goal):
     assert tables.shared_target(name) == goal
 
 
@@ -388,7 +388,7 @@ def test_generated_targets(model, batch, goal):
     assert tables.target({"model": model, "batch": batch}) == goal
 
 
-def test_kernels_table_sets_each_tvm_row_beside_the_onnx_row_with_issue_28s_targets():
+def test_kernels_table_sets_each_tvm_row_beside_the_onnx_row_with_its_target():
     onnx_rows = [
         _row("lstm", batch=1, speedup=1.5, kernels=[21, 12]),
         _row("gcn", batch=1, speedup=1.05, kernels=[71, 80]),

@@ -101,9 +101,9 @@ def test_given_inputs_verify_what_random_inputs_cannot(name, tmp_path):
     import numpy as np
     import onnx
     from click.testing import CliRunner
-    from einopt.testing.onnx_suite import _feeds
 
     from einopt.cli import main
+    from einopt.testing.onnx_suite import _feeds
 
     case = _case(name)
     src, out, npz = tmp_path / "in.onnx", tmp_path / "out.onnx", tmp_path / "in.npz"

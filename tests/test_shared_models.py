@@ -1,7 +1,7 @@
 """The shared real exports (``../shared/models``): every float operation is translated, and einopt's
 output computes what PyTorch computed.
 
-A node may still pass through for a reason the issue accepts (integer work such as BERT's
+A node may still pass through for an accepted reason (integer work such as BERT's
 embedding lookup by token ids); never for "no importer" when it computes floats.
 """
 

@@ -1,4 +1,4 @@
-"""The rediscovery cases of issue 13: plain operator expressions the search must transform by itself.
+"""The rediscovery cases: plain operator expressions the search must transform by itself.
 
 Each :class:`Case` is a start program (text syntax, at the paper's size or a
 reduced one), which of its inputs are weights (seeded, finite: constant-aware
@@ -293,4 +293,4 @@ CASES: dict[str, Case] = {
         ),
     ]
 }
-"""The cases, by name, in the issue's order."""
+"""The cases, by name, in the order the paper gives them."""
