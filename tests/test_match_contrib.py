@@ -23,9 +23,10 @@ from einopt.core.interp import evaluate
 from einopt.frontend.fold import prepare
 from einopt.frontend.translate import translate_graph
 from einopt.instantiate.emit import instantiate
-from einopt.instantiate.match import MATCHERS, layout_cost, match, match_matmul
+from einopt.instantiate.match import MATCHERS, match
+from einopt.instantiate.match_contraction import match_matmul
 from einopt.instantiate.match_contrib import CONTRIB_DOMAIN, match_fused_matmul
-from einopt.instantiate.plan import NO_MATCH_CONTEXT, OperatorMatch, Refusal
+from einopt.instantiate.plan import NO_MATCH_CONTEXT, OperatorMatch, Refusal, layout_cost
 from einopt.rules import get
 from einopt.runtime import modelio
 from einopt.runtime.opcost import _single, node_costs
