@@ -24,10 +24,10 @@ from onnx import helper
 
 from einopt.frontend.translate import Part, value_types
 from einopt.runtime.opcost import OpCosts, footprint, memory_limit, node_costs
-from einopt.runtime.verify import Epilogue, epilogue
 from einopt.search.results import Candidate
 from einopt.stages.export import program_model, weight_names
 from einopt.stages.partsearch import PartSearch
+from einopt.stages.verify import Epilogue, epilogue
 
 __all__ = ["predict", "SLACK", "BUDGET_S"]
 
