@@ -103,7 +103,7 @@ def search_command(
         return
     if top < 1:
         raise CliError(f"--top must be at least 1, got {top}", "usage")
-    from einopt.stages.export import as_program
+    from einopt.instantiate.program import as_program
 
     program = as_program(load_node(source, expr, example, shapes))
     check_writable(onnx_path)

@@ -52,7 +52,7 @@ class Case:
         return Context(self.constants(program, seed), assumed_finite=frozenset(self.assumed_finite))
 
     def program(self, size: str = "small") -> ir.Program:
-        from einopt.stages.export import as_program
+        from einopt.instantiate.program import as_program
 
         return as_program(parse(self.full if size == "full" else self.small))
 

@@ -319,8 +319,8 @@ def _costed(
     program: ir.Program, trace: tuple[TraceStep, ...], constants: Mapping[str, np.ndarray]
 ) -> Candidate:
     """``program`` as a candidate, costed as the search costs its candidates."""
-    from einopt.search.candidates import analytic, operators
-    from einopt.stages.export import program_model, weight_names
+    from einopt.instantiate.program import program_model, weight_names
+    from einopt.search.modelcost import analytic, operators
 
     model, inst = program_model(program, dict(constants), light=True)
     seconds, work = analytic(model, weight_names(constants, inst))
@@ -377,7 +377,7 @@ def _part_search(value: dict | None, names: Mapping[str, str], cached: bool, sam
     if value is None:
         return PartSearch.not_searched(same_as)
     from einopt.core.parser import parse
-    from einopt.stages.export import as_program
+    from einopt.instantiate.program import as_program
 
     found = []
     for f in value["found"]:

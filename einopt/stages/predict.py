@@ -23,9 +23,9 @@ import onnx
 from onnx import helper
 
 from einopt.frontend.translate import Part, value_types
+from einopt.instantiate.program import program_model, weight_names
 from einopt.runtime.opcost import OpCosts, footprint, memory_limit, node_costs
 from einopt.search.results import Candidate
-from einopt.stages.export import program_model, weight_names
 from einopt.stages.partsearch import PartSearch
 from einopt.stages.verify import Epilogue, epilogue
 

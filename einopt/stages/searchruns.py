@@ -271,9 +271,9 @@ def _search_one(task: Task, settings: Settings, allowed: int | None, wall: float
     """Search one canonical program, allowed ``allowed`` states of ``settings.budget``, until the
     deadline ``wall`` (``time.time()``); the stored form of what it found (programs as text)."""
     from einopt.core.parser import parse
+    from einopt.instantiate.program import as_program
     from einopt.rules import Context
     from einopt.search import search
-    from einopt.stages.export import as_program
 
     program = as_program(parse(task.text))
     if hook is not None:
@@ -317,7 +317,7 @@ def _search_one(task: Task, settings: Settings, allowed: int | None, wall: float
 def _input_cost(program: ir.Program, constants: Mapping[str, np.ndarray]) -> float:
     """The analytic estimate the search gives its input (what progress compares the best with)."""
     from einopt.core.cost import estimate_seconds, model_cost
-    from einopt.stages.export import program_model
+    from einopt.instantiate.program import program_model
 
     try:
         model, _ = program_model(program, constants, light=True)
