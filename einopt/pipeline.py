@@ -28,9 +28,9 @@ import onnx
 
 from einopt.errors import UnsupportedModelError
 from einopt.frontend.fold import prepare
-from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, check_opset
 from einopt.frontend.translate import Part, translate_graph
 from einopt.instantiate.emit import KERNEL_FORMS
+from einopt.opsets import DEFAULT_DOMAINS, check_opset
 from einopt.reports.result import PartResult, Result, Workspace, part_result
 from einopt.runtime import modelio
 from einopt.runtime.cache import MeasurementCache, resolve_path
@@ -177,7 +177,7 @@ def optimize(
     with a note saying why. A model that cannot be read is a
     :class:`~einopt.errors.ModelError`, and one whose default-domain opset
     einopt does not support an :class:`~einopt.errors.UnsupportedModelError`
-    (:func:`einopt.frontend.onnx_graph.check_opset`).
+    (:func:`einopt.opsets.check_opset`).
     """
     clock = _Clock()
     if options.kernels == "tvm":  # no C compiler: one clear error before any work

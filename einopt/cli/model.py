@@ -428,8 +428,8 @@ def inspect(source, input_shapes, show_all) -> None:
     """Print the subprograms of an ONNX model and their expressions."""
     from einopt.core.syntax import format_expr
     from einopt.frontend.fold import prepare
-    from einopt.frontend.onnx_graph import check_opset
     from einopt.frontend.translate import translate_graph
+    from einopt.opsets import check_opset
     from einopt.runtime import modelio
 
     model = modelio.load_model(source)

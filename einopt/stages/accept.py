@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from einopt.frontend.onnx_graph import DEFAULT_DOMAINS
+from einopt.opsets import DEFAULT_DOMAINS
 from einopt.runtime import bench
 from einopt.runtime.cache import MeasurementCache, resolve_path
 from einopt.runtime.fresh import PROCESSES, FreshProcessError, least, time_fresh

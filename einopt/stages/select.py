@@ -25,9 +25,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 
-from einopt.frontend.onnx_graph import default_opset
 from einopt.frontend.translate import Part
 from einopt.instantiate.emit import Instantiated, instantiate, original_ops
+from einopt.opsets import default_opset
 from einopt.runtime.modelio import KERNEL_DOMAIN
 from einopt.runtime.timing import NOISE_BAND, Comparison
 from einopt.runtime.verify import Agreement, Tolerance, first_line
