@@ -34,6 +34,7 @@ from einopt.opsets import DEFAULT_DOMAINS, check_opset
 from einopt.reports.result import PartResult, Result, Workspace, part_result
 from einopt.runtime import modelio
 from einopt.runtime.cache import MeasurementCache, resolve_path
+from einopt.runtime.kernels import described, library_path
 from einopt.runtime.opcost import OpCosts
 from einopt.runtime.timing import NOISE_BAND, configure_threads
 from einopt.runtime.verify import (
@@ -181,14 +182,10 @@ def optimize(
     """
     clock = _Clock()
     if options.kernels == "tvm":  # no C compiler: one clear error before any work
-        from einopt.runtime.kernels import library_path
-
         library_path()
     original = modelio.load_model(source)
     check_opset(original, "the model" if isinstance(source, onnx.ModelProto) else str(source))
     if modelio.uses_generated_kernels(original):  # an einopt output: its kernels' descriptions checked
-        from einopt.runtime.kernels import described
-
         described(original)
     why = _unworkable(original)
     if why:

@@ -13,6 +13,7 @@ from einopt.core import ir
 from einopt.frontend.onnx_graph import read_counts, subgraph_reads
 from einopt.instantiate.program import PROGRAM_OPSET, as_program, program_model
 from einopt.runtime.modelio import missing_opsets
+from einopt.search import Candidate
 
 
 def to_onnx(
@@ -55,8 +56,6 @@ def to_onnx(
     >>> [n.op_type for n in einopt.to_onnx(mm).graph.node]
     ['MatMul']
     """
-    from einopt.search import Candidate
-
     program = source.program if isinstance(source, Candidate) else as_program(source)
     return program_model(program, constants, opset=opset)[0]
 

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 import onnx
 from onnx import helper
 
+from einopt.codegen.ortkernel import build_id
 from einopt.frontend.translate import Part, value_types
 from einopt.instantiate.program import program_model, weight_names
 from einopt.runtime.opcost import OpCosts, footprint, memory_limit, node_costs
@@ -199,7 +200,6 @@ def _kernel_build(inst) -> str | None:
     """The code generator's build (compiled kernels depend on it), or None without generated kernels."""
     if not inst.has_generated_kernels:
         return None
-    from einopt.codegen.ortkernel import build_id
 
     return build_id()
 
