@@ -28,12 +28,13 @@ import onnx
 
 from einopt.errors import UnsupportedModelError
 from einopt.frontend.fold import prepare
-from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, check_opset
 from einopt.frontend.translate import Part, translate_graph
 from einopt.instantiate.emit import KERNEL_FORMS
+from einopt.opsets import DEFAULT_DOMAINS, check_opset
 from einopt.reports.result import PartResult, Result, Workspace, part_result
 from einopt.runtime import modelio
 from einopt.runtime.cache import MeasurementCache, resolve_path
+from einopt.runtime.kernels import described, library_path
 from einopt.runtime.opcost import OpCosts
 from einopt.runtime.timing import NOISE_BAND, configure_threads
 from einopt.runtime.verify import (
@@ -177,18 +178,14 @@ def optimize(
     with a note saying why. A model that cannot be read is a
     :class:`~einopt.errors.ModelError`, and one whose default-domain opset
     einopt does not support an :class:`~einopt.errors.UnsupportedModelError`
-    (:func:`einopt.frontend.onnx_graph.check_opset`).
+    (:func:`einopt.opsets.check_opset`).
     """
     clock = _Clock()
     if options.kernels == "tvm":  # no C compiler: one clear error before any work
-        from einopt.runtime.kernels import library_path
-
         library_path()
     original = modelio.load_model(source)
     check_opset(original, "the model" if isinstance(source, onnx.ModelProto) else str(source))
     if modelio.uses_generated_kernels(original):  # an einopt output: its kernels' descriptions checked
-        from einopt.runtime.kernels import described
-
         described(original)
     why = _unworkable(original)
     if why:

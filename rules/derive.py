@@ -137,6 +137,7 @@ def apply_rule(program: ir.Program, step: Apply | str, ctx: Context = NO_CONTEXT
         When no match, or more than one, fits; the message lists the
         candidates and the rule's near misses.
     """
+    # circle: einopt.rules (the registry) imports this module
     from einopt.rules import get
 
     if isinstance(step, str):

@@ -1,6 +1,6 @@
 """Generated kernels with transcendental functions against ONNX Runtime's own operators.
 
-Three kernels written by ``--kernels tvm`` (``einopt.stages.export.program_model``), each a single
+Three kernels written by ``--kernels tvm`` (``einopt.instantiate.program.program_model``), each a single
 ``ai.einopt::TvmKernel`` node run through einopt's custom-op library, timed side by side with what
 ONNX Runtime would run instead (interleaved, medians):
 
@@ -31,9 +31,9 @@ from onnx import TensorProto, helper
 
 from einopt import program
 from einopt.core.parser import parse
+from einopt.instantiate.program import program_model
 from einopt.runtime import modelio
 from einopt.runtime.timing import Timing, load_average, sample_interleaved
-from einopt.stages.export import program_model
 
 GELU = "0.5 * (x[i, j] * s[j]) * (1.0 + erf(x[i, j] * s[j] * 0.7071067811865476))"
 SCALED = "(x[i, j] * s[j])"

@@ -21,9 +21,9 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from einopt import L, iters, program, tensor
+from einopt.instantiate.program import program_model
 from einopt.runtime import kernels
 from einopt.runtime.timing import Timing, load_average, sample_interleaved
-from einopt.stages.export import program_model
 
 
 def add_one(size: int) -> onnx.NodeProto:

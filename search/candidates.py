@@ -2,7 +2,7 @@
 
 A state becomes a candidate when every compute scope matches an operator
 (distance 0); the input always is one. Each is instantiated once per key
-(:func:`einopt.stages.export.program_model`) into its operator list and a cost in
+(:func:`einopt.instantiate.program.program_model`) into its operator list and a cost in
 seconds: FLOPs and bytes of its ONNX model's nodes at a nominal rate (nodes
 reading only weights are folded) unless the caller passes a ``cost``
 callable. The cheapest candidate per work done (its nodes' operators and
@@ -12,7 +12,6 @@ is kept; the ranking is by cost, then depth, then key.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import time
@@ -22,6 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from einopt.core import ir
+from einopt.core.cost import BANDWIDTH, PEAK_FLOPS
 from einopt.search import costprocess
 from einopt.search.distance import reads_only
 from einopt.search.results import Candidate, Stats, TraceStep
@@ -29,8 +29,6 @@ from einopt.search.results import Candidate, Stats, TraceStep
 __all__ = [
     "Costing",
     "program_flops",
-    "analytic",
-    "operators",
     "contractions",
     "rank",
 ]
@@ -72,8 +70,6 @@ def _scope_sizes(scope: ir.Scope, constants: frozenset[str]) -> tuple[int, int]:
 
 
 def _seconds(flops: int, nbytes: int) -> float:
-    from einopt.core.cost import BANDWIDTH, PEAK_FLOPS
-
     return flops / PEAK_FLOPS + nbytes / BANDWIDTH
 
 
@@ -92,46 +88,6 @@ def _ops(e: ir.ValueExpr, constants: frozenset[str] = frozenset()) -> int:
     if isinstance(e, ir.Unary):
         return 1 + _ops(e.x, constants)
     return 0
-
-
-def analytic(model, weights: frozenset[str]) -> tuple[float, tuple[str, ...]]:
-    """The analytic estimate of a (light) model, nodes reading only weights left out (folded when the
-    session is created), and what identifies the work it does: its nodes (operator and input shapes)
-    as a multiset. Two candidates that only order the same nodes differently are one candidate."""
-    from einopt.core.cost import BANDWIDTH, PEAK_FLOPS
-    from einopt.runtime.opcost import node_costs
-
-    nodes = [n.cost for n in node_costs(model, weights, signatures=False)]
-    flops = sum(c.flops for c in nodes)
-    nbytes = sum(c.bytes for c in nodes if c.kind != "view")
-    return flops / PEAK_FLOPS + nbytes / BANDWIDTH, tuple(
-        sorted(c.what or c.op for c in nodes if c.kind != "folded")
-    )
-
-
-def estimate(model, weights: frozenset[str], estimates: dict) -> tuple[float, tuple[str, ...]]:
-    """:func:`analytic`, once per distinct model in ``estimates``: about half the candidates of a
-    search instantiate to a model byte for byte like an earlier one's (a rewrite the instantiation
-    does not see, such as an element-wise chain nested otherwise)."""
-    key = (hashlib.blake2b(model.SerializeToString(), digest_size=16).digest(), weights)
-    found = estimates.get(key)
-    if found is None:
-        found = estimates[key] = analytic(model, weights)
-    return found
-
-
-def operators(model) -> tuple[str, ...]:
-    """What a model runs as: ONNX op types, eOperators (its local functions) as ``"eop:NAME"``, operators
-    of another domain (ONNX Runtime's contrib ones) as ``"DOMAIN.NAME"``."""
-    local = {(f.domain, f.name) for f in model.functions}
-    return tuple(
-        f"eop:{node.op_type}"
-        if (node.domain, node.op_type) in local
-        else f"{node.domain}.{node.op_type}"
-        if node.domain not in ("", "ai.onnx")
-        else node.op_type
-        for node in model.graph.node
-    )
 
 
 class _Found(NamedTuple):

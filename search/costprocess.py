@@ -41,6 +41,9 @@ from typing import NamedTuple
 import numpy as np
 
 from einopt.core import ir
+from einopt.instantiate.emit import InstantiationError
+from einopt.instantiate.program import program_model, weight_names
+from einopt.search.modelcost import analytic, estimate, operators
 
 __all__ = [
     "HANDOFF_S",
@@ -80,10 +83,6 @@ def candidate_cost(
     ``cost(program, model, instantiated)`` of its runnable one. ``estimates`` keeps the analytic
     estimate per distinct model (about half of a search's candidates instantiate to a model byte for
     byte like an earlier one's)."""
-    from einopt.instantiate.emit import InstantiationError
-    from einopt.search.candidates import analytic, estimate, operators
-    from einopt.stages.export import program_model, weight_names
-
     try:
         model, inst = program_model(program, constants, light=cost is None)
     except (InstantiationError, ValueError) as e:

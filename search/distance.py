@@ -27,8 +27,8 @@ import numpy as np
 from einopt.core import ir
 from einopt.core.index import linear_form
 from einopt.core.rewrite import accesses
-from einopt.instantiate.match import match_gemm, match_matmul
 from einopt.instantiate.match_band import band_form
+from einopt.instantiate.match_contraction import match_gemm, match_matmul
 from einopt.instantiate.match_contrib_act import ACTIVATION_MATCHERS
 from einopt.instantiate.match_contrib_attention import ATTENTION_MATCHERS
 from einopt.instantiate.match_contrib_rotary import ROTARY_MATCHERS, turns_half

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 
 from einopt.core import ir
 from einopt.core.keys import key
+from einopt.instantiate.program import as_program
 from einopt.rules import NO_CONTEXT, REGISTRY, Context, Match, ScopeRule
 from einopt.search import costprocess
 from einopt.search.budget import DEFAULT_MAX_DEPTH, Budget, in_time
@@ -465,8 +466,6 @@ def search(
     """
     t_start = time.perf_counter()
     if isinstance(program, ir.Scope):
-        from einopt.stages.export import as_program
-
         program = as_program(program)
     if not isinstance(program, ir.Program):
         raise SearchError(f"search takes a program or a scope, not {type(program).__name__}")

@@ -15,8 +15,8 @@ from test_importers import Case
 from einopt.core import ir
 from einopt.frontend.importers import import_node, sanitize_name
 from einopt.frontend.importers_reduce import scope_operand
-from einopt.frontend.onnx_graph import default_opset
 from einopt.frontend.operand import NodeView, Operand, node_attrs
+from einopt.opsets import default_opset
 
 F32 = np.float32
 

@@ -13,9 +13,9 @@ import onnx
 from test_importers import Case, build, run_ort
 
 from einopt.frontend.fold import prepare
-from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset
 from einopt.frontend.translate import translate_graph
 from einopt.instantiate.emit import instantiate, original_ops
+from einopt.opsets import DEFAULT_DOMAINS, default_opset
 from einopt.stages.export import assemble
 
 

@@ -342,7 +342,7 @@ def test_a_fresh_whole_model_timing_leaves_a_part_timing_of_the_same_graphs_alon
     """A part that is the whole model is timed as the same pair of graphs twice: by selection (cached)
     and by the confirmation (always fresh). The confirmation must not replace the timing the part was
     chosen by, or a second run chooses by another number."""
-    from einopt.runtime.verify import PartPair
+    from einopt.stages.verify import PartPair
 
     speedups = iter([2.0, 1.5])
     monkeypatch.setattr(accept.bench, "time_models", lambda *a, **k: _cmp(1.0, 1.0 / next(speedups)))

@@ -133,7 +133,7 @@ def test_python_dash_m_runs_the_registered_commands():
 
 def test_part_pairs_in_small_capture_groups_match_one_big_capture():
     from einopt.runtime import modelio
-    from einopt.runtime.verify import part_pairs
+    from einopt.stages.verify import part_pairs
 
     result = optimize(
         lstm_cell(hidden=8),

@@ -16,9 +16,9 @@ import einopt
 from einopt.cli import EXIT_CODES, main
 from einopt.cli import search as cli_search
 from einopt.cli.source import example_text
+from einopt.instantiate.program import as_program
 from einopt.rules import check_equivalent
 from einopt.search import DEFAULT_CONVERGE_DEPTH, DEFAULT_MAX_DEPTH, DEFAULT_SCHEDULE, Stats
-from einopt.stages.export import as_program
 
 MATMUL = "L[i:6, j:5] Sum[k:4] X[i, k] * W[k, j] where X: [6, 4], W: [4, 5]"
 

@@ -27,7 +27,7 @@ import einopt
 from einopt.core import ir
 from einopt.instantiate.match import MATCHERS, match
 from einopt.instantiate.plan import MatchContext, OperatorMatch, Pad, Refusal
-from einopt.stages.export import as_program
+from einopt.instantiate.program import as_program
 
 ENABLE_ALL = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
 DISABLE_ALL = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

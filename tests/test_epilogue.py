@@ -18,9 +18,9 @@ from einopt.frontend.fold import prepare
 from einopt.frontend.translate import translate_graph
 from einopt.instantiate.emit import instantiate
 from einopt.runtime.opcost import node_costs
-from einopt.runtime.verify import epilogue, part_pairs
 from einopt.search.results import Candidate
 from einopt.stages.predict import _light, _with_epilogue
+from einopt.stages.verify import epilogue, part_pairs
 
 
 def _gates(model: onnx.ModelProto):

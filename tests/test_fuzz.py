@@ -19,8 +19,8 @@ from onnx import TensorProto, helper, numpy_helper
 import einopt
 from einopt.frontend.fold import prepare
 from einopt.frontend.importers import IMPORTERS
-from einopt.frontend.onnx_graph import default_opset
 from einopt.frontend.translate import translate_graph
+from einopt.opsets import default_opset
 from einopt.runtime import modelio
 from einopt.runtime.verify import Tolerance, compare
 from einopt.testing.graphs import (

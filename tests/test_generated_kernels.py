@@ -26,8 +26,8 @@ from einopt.codegen.ortkernel import KernelUnsupported, kernel_flops, ort_kernel
 from einopt.core import ir
 from einopt.core.interp import evaluate
 from einopt.instantiate.kernelgroups import kernel_groups
+from einopt.instantiate.program import program_model
 from einopt.runtime import kernels, modelio
-from einopt.stages.export import program_model
 from einopt.stages.kernelfusion import PHASE, fuse_for_kernels
 
 from kernel_support import exported_alignment
@@ -193,9 +193,9 @@ def test_the_cost_stage_times_a_generated_kernel_compiled_only_once_it_is_timed(
     """A light instantiation's kernel is costed by timing its code, compiled from the node's
     description, in a session of its own (which computes what the interpreter does), under a
     signature that names the code generator's build; without a build named, it is estimated."""
+    from einopt.instantiate.program import weight_names
     from einopt.runtime.cache import MeasurementCache
     from einopt.runtime.opcost import OpCosts, _single, node_costs
-    from einopt.stages.export import weight_names
 
     monkeypatch.setattr(ortkernel, "_CACHE", {})
     monkeypatch.setattr(kernels, "_PREPARED", set())  # so the session asks for the library again

@@ -456,9 +456,9 @@ def test_shared_models_write_their_activations_back(name: str) -> None:
     # Importing a model and writing it back costs nothing: each of these activations (subprograms
     # of their own) comes back as the operator it was. (SiLU's Sigmoid gates its own argument and
     # joins the Conv before it: partition.absorb_gates.)
-    from einopt.frontend.onnx_graph import default_opset
     from einopt.frontend.translate import translate_graph
     from einopt.instantiate.emit import instantiate, original_ops
+    from einopt.opsets import default_opset
 
     model = _shared(name)
     opset = default_opset(model)

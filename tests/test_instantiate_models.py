@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from einopt.frontend.fold import prepare
-from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset
 from einopt.frontend.translate import translate_graph
 from einopt.instantiate.emit import instantiate, original_ops
 from einopt.models import MODELS, build, sample_inputs
+from einopt.opsets import DEFAULT_DOMAINS, default_opset
 from einopt.runtime import modelio
 from einopt.stages.export import assemble
 

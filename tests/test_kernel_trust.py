@@ -24,10 +24,10 @@ import einopt.runtime
 from einopt import L, iters, program, tensor
 from einopt.cli import EXIT_CODES, main
 from einopt.errors import UnsupportedModelError
+from einopt.instantiate.program import program_model
 from einopt.runtime import kernels, modelio
 from einopt.runtime.cache import CacheTrustError
 from einopt.runtime.verify import Tolerance, compare_models
-from einopt.stages.export import program_model
 
 pytest.importorskip("tvm")
 CC = next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)

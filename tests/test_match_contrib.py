@@ -23,15 +23,17 @@ from einopt.core.interp import evaluate
 from einopt.frontend.fold import prepare
 from einopt.frontend.translate import translate_graph
 from einopt.instantiate.emit import instantiate
-from einopt.instantiate.match import MATCHERS, layout_cost, match, match_matmul
+from einopt.instantiate.match import MATCHERS, match
+from einopt.instantiate.match_contraction import match_matmul
 from einopt.instantiate.match_contrib import CONTRIB_DOMAIN, match_fused_matmul
-from einopt.instantiate.plan import NO_MATCH_CONTEXT, OperatorMatch, Refusal
+from einopt.instantiate.plan import NO_MATCH_CONTEXT, OperatorMatch, Refusal, layout_cost
+from einopt.instantiate.program import program_model
 from einopt.rules import get
 from einopt.runtime import modelio
 from einopt.runtime.opcost import _single, node_costs
 from einopt.runtime.verify import subgraph_model
 from einopt.stages.accept import rewrite_kind
-from einopt.stages.export import assemble, program_model
+from einopt.stages.export import assemble
 from einopt.stages.postopt import postoptimize
 
 F = TensorProto.FLOAT
@@ -426,7 +428,7 @@ def test_contrib_matchers_are_in_the_table_before_gemm():
 
 def test_search_candidates_name_contrib_operators_by_domain():
     """A contrib node is no eOperator in a candidate's operator list."""
-    from einopt.search.candidates import operators
+    from einopt.search.modelcost import operators
 
     model, _ = program_model(einopt.program({"Y": einopt.parse(SCORES)}))
     assert operators(model) == ("Reshape", "Reshape", "com.microsoft.FusedMatMul")

@@ -33,8 +33,8 @@ from einopt.instantiate.match_contrib_act import (
     match_quick_gelu,
 )
 from einopt.instantiate.plan import OperatorMatch, Refusal
+from einopt.instantiate.program import program_model
 from einopt.runtime.opcost import node_costs
-from einopt.stages.export import program_model
 
 ROW, J = ir.Iter("i", 0, 3), ir.Iter("j", 0, 8)
 X, B, R = ir.Tensor("X", (3, 8)), ir.Tensor("B", (8,)), ir.Tensor("R", (3,))

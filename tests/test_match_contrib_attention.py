@@ -23,10 +23,10 @@ from einopt.instantiate.match import match
 from einopt.instantiate.match_contrib import CONTRIB_DOMAIN
 from einopt.instantiate.match_contrib_attention import match_multi_head_attention
 from einopt.instantiate.plan import MatchContext, OperatorMatch, Refusal
+from einopt.instantiate.program import program_model
 from einopt.models import build
 from einopt.rules import Match, get
 from einopt.runtime.opcost import node_costs
-from einopt.stages.export import program_model
 
 MHA = "MultiHeadAttention"
 

@@ -16,7 +16,7 @@ import pytest
 import einopt
 from einopt.core import ir
 from einopt.instantiate import match_contrib, views
-from einopt.instantiate.match import _batch_groups, _contraction, _product_groups, layout_cost, match_matmul
+from einopt.instantiate.match_contraction import _batch_groups, _contraction, _product_groups, match_matmul
 from einopt.instantiate.match_contrib import (
     _SAVING,
     _fused_layout,
@@ -33,6 +33,7 @@ from einopt.instantiate.plan import (
     OpNode,
     Refusal,
     Scale,
+    layout_cost,
     normalize,
     steps_cost,
 )

@@ -22,9 +22,9 @@ from einopt.instantiate.match import match
 from einopt.instantiate.match_contrib import CONTRIB_DOMAIN
 from einopt.instantiate.match_contrib_norm import match_skip_layer_norm, match_skip_simplified_layer_norm
 from einopt.instantiate.plan import MatchContext, Refusal
+from einopt.instantiate.program import program_model
 from einopt.rules import get
 from einopt.runtime.opcost import node_costs
-from einopt.stages.export import program_model
 
 F = TensorProto.FLOAT
 H = 8

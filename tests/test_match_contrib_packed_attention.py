@@ -33,9 +33,9 @@ from einopt.instantiate.match_contrib_attention import (
 )
 from einopt.instantiate.match_contrib_projection import read_projection
 from einopt.instantiate.plan import MatchContext, OperatorMatch, Refusal
+from einopt.instantiate.program import program_model
 from einopt.runtime import modelio
 from einopt.runtime.opcost import _single, node_costs
-from einopt.stages.export import program_model
 
 ATTENTION = "Attention"
 NO_CORE_OPS = {"MatMul", "Gemm", "Softmax", "Exp", "ReduceMax", "Div", "MultiHeadAttention"}

@@ -15,8 +15,8 @@ from onnx import helper
 
 from einopt import L, iters, program, tensor
 from einopt.errors import ModelError
+from einopt.instantiate.program import program_model
 from einopt.runtime import kernels
-from einopt.stages.export import program_model
 
 pytest.importorskip("tvm")
 

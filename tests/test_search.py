@@ -22,13 +22,13 @@ from rules_support import contractions
 import einopt
 from einopt.core import ir
 from einopt.instantiate.plan import OperatorMatch
+from einopt.instantiate.program import as_program
 from einopt.rules import NO_CONTEXT, REGISTRY, Context, check_equivalent
 from einopt.rules.paper import DERIVATIONS
 from einopt.search import DEFAULT_SCHEDULE, Budget, SearchError, search
 from einopt.search.candidates import program_flops
 from einopt.search.distance import TARGETS, distance, matcher_context, nearest
 from einopt.search.normal import normalize
-from einopt.stages.export import as_program
 
 # The HWC 3x3 convolution of einopt/examples/conv3x3.ein with few pixels and channels.
 CONV3X3_SMALL = "L[h:5, w:4, f:3] Sum[r:3, s:3, c:2] A[h+r-1, w+s-1, c] * K[r, s, f, c] where A: [5, 4, 2], K: [3, 3, 3, 2]"
@@ -522,7 +522,7 @@ def test_a_light_model_costs_what_the_runnable_one_does(monkeypatch):
     inputs, no values): the same nodes, FLOPs and bytes as the model that runs."""
     from einopt.core.cost import model_cost
     from einopt.instantiate import emit
-    from einopt.stages.export import program_model
+    from einopt.instantiate.program import program_model
 
     monkeypatch.setattr(emit, "LIGHT_LIMIT", 64)
     program = as_program(einopt.parse(PHASE_CONV))
@@ -542,7 +542,7 @@ def test_every_candidate_costs_the_same_light(name, monkeypatch):
     from einopt.core.cost import model_cost
     from einopt.examples.rediscover import CASES
     from einopt.instantiate import emit
-    from einopt.stages.export import program_model
+    from einopt.instantiate.program import program_model
 
     monkeypatch.setattr(emit, "LIGHT_LIMIT", 64)
     case = CASES[name]
@@ -572,7 +572,7 @@ def test_a_small_slice_of_a_large_folded_weight_stays_shape_only_when_light():
     """A layout step of a folded weight without values (light) gives a value without values, even
     one small enough to be kept with values had it been computed (a merged LSTM gate's weights)."""
     from einopt.core.cost import model_cost
-    from einopt.stages.export import program_model
+    from einopt.instantiate.program import program_model
 
     x = "{L[i0:2, i1:16] x9[i0, i1] + x8[i0, i1-8]}[i0, k]"
     gates = "{L[i0:16, i1:8] x%d[i0, i1] + x%d[i0-8, i1]}"

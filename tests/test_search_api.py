@@ -14,8 +14,8 @@ import pytest
 
 import einopt
 from einopt.cli.source import example_text
+from einopt.instantiate.program import as_program
 from einopt.rules import check_equivalent
-from einopt.stages.export import as_program
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 MATMUL = "L[i:6, j:5] Sum[k:4] X[i, k] * W[k, j] where X: [6, 4], W: [4, 5]"

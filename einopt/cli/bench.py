@@ -34,6 +34,7 @@ def bench(original, optimized, npz, seed, report_path, force, budget, min_runs, 
     """
     check_runs(min_runs, max_runs)
     check_writable(report_path, html_path)
+    # ONNX: loaded when the command runs, so that `einopt --help` stays fast
     from einopt.runtime import bench as benchmark
 
     section = benchmark.bench_models(
@@ -60,6 +61,7 @@ def bench(original, optimized, npz, seed, report_path, force, budget, min_runs, 
 
 def bench_only_report(original: str, optimized: str, section: dict) -> dict:
     """A report with no optimization behind it: just the side-by-side benchmark."""
+    # loaded when the command runs, so that `einopt --help` stays fast
     from einopt.reports.report import REPORT_VERSION
 
     return {

@@ -120,6 +120,7 @@ def compile(source, expr, example, shapes, npz, seed, target, emit, check, repea
 @handle_errors
 def key(source, expr, example, shapes) -> None:
     """Print the canonical key (fingerprint) of an expression or program."""
+    # loaded when the command runs, so that `einopt --help` stays fast
     from einopt.core.keys import key as canonical_key
 
     click.echo(canonical_key(load_node(source, expr, example, shapes)))
@@ -150,6 +151,7 @@ def _results(value: np.ndarray | dict[str, np.ndarray]) -> dict[str, np.ndarray]
 
 
 def _describe(node: Scope | Program) -> list[str]:
+    # loaded when the command runs, so that `einopt --help` stays fast
     from einopt.core.keys import key
 
     kind = f"program with {len(node.bindings)} expressions" if isinstance(node, Program) else "expression"

@@ -15,9 +15,11 @@ import click
 
 from einopt.cli.app import CliError, console, handle_errors, is_quiet, main
 from einopt.cli.options import check_runs, check_writable, show_report, with_bench_options, write_report
+from einopt.core.syntax import format_expr
 
 
 def _input_shapes(specs: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
+    # ONNX: loaded when the command runs, so that `einopt --help` stays fast
     from einopt.frontend.fold import parse_input_shape
 
     return dict(parse_input_shape(s) for s in specs)
@@ -207,6 +209,7 @@ def optimize(
     nothing is accepted the output is the input model. Timings are cached
     (--cache), so a second run measures nothing new.
     """
+    # ONNX: loaded when the command runs, so that `einopt --help` stays fast
     from einopt.pipeline import Options
     from einopt.pipeline import optimize as run
 
@@ -240,9 +243,11 @@ def optimize(
         raise click.UsageError(str(e).replace("max_depth", "--max-depth")) from None
     check_writable(output, report_path, html_path)
     if do_bench or accept == "measured":
+        # loaded when the command runs, so that `einopt --help` stays fast
         from einopt.runtime.timing import configure_threads
 
         configure_threads(threads)  # every session of the run shares the pool with the timed ones
+    # ONNX: loaded when the command runs, so that `einopt --help` stays fast
     from einopt.stages.partsearch import RayUnavailable
 
     try:
@@ -261,6 +266,7 @@ def optimize(
         raise CliError(str(e), "unavailable") from None
     result.save(output, external_data=external_data)
     if do_bench:
+        # ONNX: loaded when the command runs, so that `einopt --help` stays fast
         from einopt.reports.measure import benchmark_result
 
         report = benchmark_result(
@@ -362,6 +368,7 @@ SUMMARY_ROWS = 12  # above this many subprograms, the summary leaves the unchang
 def _print_summary(result, output: str) -> None:
     from rich.table import Table
 
+    # loaded when the command runs, so that `einopt --help` stays fast
     from einopt.reports.report import (
         acceptance_text,
         counts_text,
@@ -426,10 +433,10 @@ def _print_summary(result, output: str) -> None:
 @handle_errors
 def inspect(source, input_shapes, show_all) -> None:
     """Print the subprograms of an ONNX model and their expressions."""
-    from einopt.core.syntax import format_expr
+    # ONNX: loaded when the command runs, so that `einopt --help` stays fast
     from einopt.frontend.fold import prepare
-    from einopt.frontend.onnx_graph import check_opset
     from einopt.frontend.translate import translate_graph
+    from einopt.opsets import check_opset
     from einopt.runtime import modelio
 
     model = modelio.load_model(source)

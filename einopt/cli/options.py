@@ -70,6 +70,7 @@ def check_runs(min_runs: int, max_runs: int) -> None:
 
 def write_atomic(path: str, write: Callable[[Any], None]) -> None:
     """:func:`einopt.runtime.modelio.write_atomic`, with a failure as a ``bad_input`` error naming the file."""
+    # ONNX: loaded when the command runs, so that `einopt --help` stays fast
     from einopt.runtime.modelio import write_atomic as write_file
 
     try:
@@ -84,6 +85,7 @@ def write_report(report: dict, json_path: str | None, html_path: str | None) -> 
     if json_path:
         write_atomic(json_path, lambda f: f.write((json.dumps(report, indent=2) + "\n").encode()))
     if html_path:
+        # jinja2, matplotlib: loaded when the command runs, so that `einopt --help` stays fast
         from einopt.reports.report_html import write_html
 
         write_html(report, html_path)
@@ -93,6 +95,7 @@ def show_report(report: dict) -> None:
     """Print a report's tables, unless ``-q``."""
     if is_quiet():
         return
+    # loaded when the command runs, so that `einopt --help` stays fast
     from einopt.reports.report import print_report
 
     print_report(report, console())

@@ -27,6 +27,7 @@ from einopt.core.ir import Program, Scope, input_tensors
 @handle_errors
 def rules(names: tuple[str, ...], family: str | None) -> None:
     """List the derivation rules (name, family, one-line math); with NAMEs, show their documentation."""
+    # the rule registry: loaded when the command runs, so that `einopt --help` stays fast
     from einopt.rules import REGISTRY, get
 
     if names:
@@ -54,6 +55,7 @@ def rules(names: tuple[str, ...], family: str | None) -> None:
 
 def _parse_step(spec: str):
     """``RULE[@WHERE][:CHOOSE]`` -> the requested step (an :class:`~einopt.rules.Apply`)."""
+    # the rule registry: loaded when the command runs, so that `einopt --help` stays fast
     from einopt.rules import Apply
 
     head, _, choose = spec.partition(":")
@@ -70,6 +72,7 @@ def _as_program(node: Scope | Program) -> Program:
 
 
 def _constants(path: str | None, program: Program):
+    # the rule registry: loaded when the command runs, so that `einopt --help` stays fast
     from einopt.rules import Context
 
     if path is None:
@@ -121,10 +124,12 @@ def derive(source, expr, example, shapes, steps, constants, paper, no_check, nea
     Without --step, lists every match of every rule (and the near misses with
     their reasons) on the expression: the steps you can take next.
     """
+    # the rule registry: loaded when the command runs, so that `einopt --help` stays fast
     from einopt.rules import REGISTRY, DerivationError, Failure, NotEquivalentError, derive
 
     planned = [_parse_step(s) for s in steps]
     if paper is not None:
+        # the rule registry: loaded when the command runs, so that `einopt --help` stays fast
         from einopt.rules.paper import DERIVATIONS
 
         if paper == "list":

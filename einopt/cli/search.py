@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+import einopt
 from einopt.cli.app import CliError, console, handle_errors, is_quiet, main
 from einopt.cli.options import check_writable
 from einopt.cli.source import load_node, make_inputs, with_source
@@ -97,13 +98,15 @@ def search_command(
     The input itself is always among the candidates (depth 0).
     """
     if explain_schedule:
+        # ONNX: loaded when the command runs, so that `einopt --help` stays fast
         from einopt.search import explain
 
         click.echo(explain())
         return
     if top < 1:
         raise CliError(f"--top must be at least 1, got {top}", "usage")
-    from einopt.stages.export import as_program
+    # ONNX: loaded when the command runs, so that `einopt --help` stays fast
+    from einopt.instantiate.program import as_program
 
     program = as_program(load_node(source, expr, example, shapes))
     check_writable(onnx_path)
@@ -142,6 +145,7 @@ def _run(program: Program, kwargs: dict[str, Any], live: bool) -> SearchResult:
 
 def _budget(max_depth: int | None, max_states: int | None, time_budget: float | None) -> Budget:
     """The search's :class:`einopt.search.Budget` from the flags (bad ones as usage errors)."""
+    # ONNX: loaded when the command runs, so that `einopt --help` stays fast
     from einopt.search import DEFAULT_MAX_DEPTH, Budget, SearchError
 
     depth = DEFAULT_MAX_DEPTH if max_depth is None else max_depth
@@ -153,6 +157,7 @@ def _budget(max_depth: int | None, max_states: int | None, time_budget: float | 
 
 def _search(program: Program, kwargs: dict[str, Any], progress) -> SearchResult:
     """:func:`einopt.search.search`, its refusals of bad limits as usage errors naming the flags."""
+    # ONNX: loaded when the command runs, so that `einopt --help` stays fast
     from einopt.search import SearchError, search
 
     try:
@@ -170,7 +175,7 @@ def _usage(e: Exception) -> CliError:
 
 def _write_best(program: Program, result: SearchResult, path: str) -> None:
     """Write the best candidate's model to ``path`` once ONNX Runtime computes what the interpreter does."""
-    import einopt
+    # ONNX: loaded when the command runs, so that `einopt --help` stays fast
     from einopt.runtime.modelio import run, save_model
     from einopt.runtime.verify import compare
 

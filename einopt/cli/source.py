@@ -16,6 +16,7 @@ import numpy as np
 import einopt
 from einopt.cli.app import CliError
 from einopt.core.ir import Program, Scope, input_tensors
+from einopt.core.syntax import ParseError
 
 _source_options = [
     click.argument("source", required=False, metavar="[FILE]"),
@@ -77,7 +78,6 @@ def load_node(
         unreadable, or the text does not parse.
     """
     text, origin = _load_text(source, expr, example)
-    from einopt.core.syntax import ParseError
 
     try:
         return einopt.parse(text, shapes=_parse_shapes(shapes) or None)

@@ -25,6 +25,7 @@ from einopt.cli.app import CliError, console, handle_errors, main
 @handle_errors
 def models(names: tuple[str, ...], batches: tuple[int, ...], size: str, out_dir: str, seed: int) -> None:
     """List the evaluation models; with NAMEs (or `all`), write NAME_bsN.onnx + NAME_bsN.npz inputs."""
+    # ONNX: loaded when the command runs, so that `einopt --help` stays fast
     from einopt.models import MODELS, write
 
     if not names:
@@ -54,6 +55,7 @@ def _list_models(size: str) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    # ONNX: loaded when the command runs, so that `einopt --help` stays fast
     from einopt.core.cost import model_cost
     from einopt.models import MODELS, build
 

@@ -20,6 +20,7 @@ import threading
 
 from einopt.codegen.kernel import CompiledKernel, DeviceUnavailableError, PreparedCall
 from einopt.core.ir import IRError, Program, Scope
+from einopt.core.keys import key
 
 __all__ = [
     "compile",
@@ -62,13 +63,13 @@ def compile(node: Scope | Program, target: str = "llvm") -> CompiledKernel:  # n
         raise IRError(f"can only compile a Scope or a Program, got {type(node).__name__}")
     if not isinstance(target, str):
         raise TypeError(f"target must be a string such as 'llvm' or 'cuda', got {target!r}")
-    from einopt.core.keys import key
 
     # A program's key ignores output names, which name the results here.
     cache_key = (key(node), target, node.outputs if isinstance(node, Program) else None)
     with _LOCK:
         kernel = _CACHE.get(cache_key)
         if kernel is None:
+            # TVM: loaded only when a kernel is compiled
             from einopt.codegen.build import build
 
             kernel = _CACHE[cache_key] = build(node, target)

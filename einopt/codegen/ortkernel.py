@@ -354,6 +354,7 @@ def _build(d: KernelDescription) -> tuple[object, bool, int]:
     assumes of its buffers."""
     import tvm
 
+    # TVM (build, schedule, te import it): loaded only when a kernel is built
     from einopt.codegen.build import resolve_target
     from einopt.codegen.schedule import schedule_cpu
     from einopt.codegen.te import lower
@@ -425,6 +426,7 @@ def build_id() -> str:
             f"cannot be imported here ({e}): install it (pip install apache-tvm), or use --kernels onnx"
         ) from None
 
+    # TVM (build, schedule, te import it): loaded only when a kernel is built
     from einopt.codegen.build import resolve_target
 
     h = hashlib.sha256()

@@ -18,6 +18,9 @@ import numpy as np
 
 from einopt.core import ir
 from einopt.core.parser import parse
+from einopt.instantiate.match_band import Band, band_form
+from einopt.instantiate.program import as_program
+from einopt.rules import Context
 
 __all__ = ["Case", "CASES", "Paper"]
 
@@ -47,13 +50,9 @@ class Case:
 
     def context(self, program: ir.Program, seed: int = 0):
         """The rules' context: seeded weights, and the activations assumed finite."""
-        from einopt.rules import Context
-
         return Context(self.constants(program, seed), assumed_finite=frozenset(self.assumed_finite))
 
     def program(self, size: str = "small") -> ir.Program:
-        from einopt.stages.export import as_program
-
         return as_program(parse(self.full if size == "full" else self.small))
 
     def constants(self, program: ir.Program, seed: int = 0) -> dict[str, np.ndarray]:
@@ -97,8 +96,6 @@ def _conv_with_more_outputs(ops: tuple[str, ...], p: ir.Program) -> bool:
 def _band(ops: tuple[str, ...], p: ir.Program) -> bool:
     """A G2BMM with dilation 1 (a dilated one is a G2BMM too, whose lowering does the residue split
     itself; these cases ask the search for it)."""
-    from einopt.instantiate.match_band import Band, band_form
-
     return any(
         isinstance(f := band_form(s), Band) and f.kind == "G2BMM" and f.dilation == 1 for s in ir.scopes_in(p)
     )

@@ -17,16 +17,15 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from einopt.frontend.onnx_graph import (
-    DEFAULT_DOMAINS,
     all_names,
     constants,
-    default_opset,
     delete_at,
     drop_unused_initializers,
     drop_value_info,
     read_counts,
     unique_name,
 )
+from einopt.opsets import DEFAULT_DOMAINS, default_opset
 from einopt.runtime import modelio
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,6 @@ from onnx import TensorProto, numpy_helper
 from einopt.errors import ModelError, UnsupportedModelError
 from einopt.frontend.batchnorm import fold_batchnorm, fold_batchnorm_in_place
 from einopt.frontend.onnx_graph import (
-    DEFAULT_DOMAINS,
     constants,
     delete_at,
     drop_unused_initializers,
@@ -34,6 +33,7 @@ from einopt.frontend.onnx_graph import (
     static_shapes,
     subgraph_reads,
 )
+from einopt.opsets import DEFAULT_DOMAINS
 from einopt.runtime import modelio
 
 log = logging.getLogger(__name__)

@@ -31,8 +31,9 @@ from einopt.frontend.importers_layout import LAYOUT_IMPORTERS
 from einopt.frontend.importers_linear import LINEAR_IMPORTERS
 from einopt.frontend.importers_max import MAX_IMPORTERS
 from einopt.frontend.importers_reduce import REDUCE_IMPORTERS
-from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, default_opset, unique_name
+from einopt.frontend.onnx_graph import unique_name
 from einopt.frontend.operand import Importer, NodeView, Operand, Unsupported, node_attrs
+from einopt.opsets import DEFAULT_DOMAINS, default_opset
 
 __all__ = ["IMPORTERS", "import_node", "translate_single_node", "sanitize_name"]
 

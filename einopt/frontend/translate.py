@@ -21,9 +21,10 @@ from onnx import numpy_helper
 from einopt.core import ir
 from einopt.core.rewrite import sort_bindings
 from einopt.frontend.importers import IMPORTERS, import_node, sanitize_name
-from einopt.frontend.onnx_graph import DEFAULT_DOMAINS, constants, default_opset
+from einopt.frontend.onnx_graph import constants
 from einopt.frontend.operand import NodeView, Operand, Unsupported, node_attrs
 from einopt.frontend.partition import ACTIVATIONS, absorb_gates, group_nodes
+from einopt.opsets import DEFAULT_DOMAINS, default_opset
 
 log = logging.getLogger(__name__)
 

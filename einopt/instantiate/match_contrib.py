@@ -22,9 +22,6 @@ exactly what the operator computes, and measured acceptance decides whether the 
 
 A match's ``op_type`` is ``com.microsoft.NAME``: the report and ``match``'s preference for a
 scope's original operator tell it from a default-domain operator of the same name (ONNX's Gelu).
-
-This module must not import ``einopt.instantiate.match`` at module level: that module imports
-this one for its table (its helpers are imported inside the matchers).
 """
 
 from __future__ import annotations
@@ -37,6 +34,15 @@ from collections.abc import Callable
 import numpy as np
 
 from einopt.core import ir
+from einopt.instantiate.match_contraction import (
+    _batch_groups,
+    _contraction,
+    _product_groups,
+    _with_scale,
+    match_gemm,
+    match_gemm_any,
+    match_matmul,
+)
 from einopt.instantiate.match_contrib_act import (
     ACTIVATION_MATCHERS,
     match_bias_gelu,
@@ -47,6 +53,7 @@ from einopt.instantiate.match_contrib_act import (
 from einopt.instantiate.match_contrib_attention import ATTENTION_MATCHERS
 from einopt.instantiate.match_contrib_norm import NORM_MATCHERS
 from einopt.instantiate.match_contrib_rotary import ROTARY_MATCHERS
+from einopt.instantiate.match_conv import match_conv, match_conv_transpose
 from einopt.instantiate.plan import (
     CONTRIB_DOMAIN,
     NO_MATCH_CONTEXT,
@@ -59,6 +66,8 @@ from einopt.instantiate.plan import (
     Refusal,
     Reshape,
     Transpose,
+    _fuses_binding,
+    layout_cost,
     steps_cost,
     steps_shape,
 )
@@ -112,7 +121,7 @@ class _Reading:
 
     va: View
     vb: View
-    g: object  # einopt.instantiate.match._Groups
+    g: object  # einopt.instantiate.match_contraction._Groups
     a: tuple[LayoutStep, ...]
     b: tuple[LayoutStep, ...]
     post: tuple[LayoutStep, ...]
@@ -125,7 +134,7 @@ class _Products:
     """A scope as a product of two accesses and every reading of it (in the order MatMul and
     FusedMatMul try them), or why it is none."""
 
-    contraction: object  # einopt.instantiate.match._Contraction
+    contraction: object  # einopt.instantiate.match_contraction._Contraction
     readings: tuple[_Reading, ...]
     refusal: Refusal
     fewest_calls: int  # the GEMM calls of any FusedMatMul: at least one per common batch element
@@ -133,8 +142,6 @@ class _Products:
 
 def _readings(scope: ir.Scope) -> _Products | Refusal:
     """Every reading of ``scope`` as a MatMul, computed once per (interned) scope."""
-    from einopt.instantiate.match import _batch_groups, _contraction, _product_groups
-
     c = _contraction(scope)
     if isinstance(c, Refusal):
         return c
@@ -165,8 +172,6 @@ def _readings(scope: ir.Scope) -> _Products | Refusal:
 def _flagged(products: _Products) -> list[tuple[dict, dict]]:
     """For each reading, A's and B's steps for each FusedMatMul flag of theirs, keyed by
     ``(trans, transBatch of it, transBatch of either)`` (``(0, 0, 0)``: MatMul's)."""
-    from einopt.instantiate.match import _batch_groups
-
     out = []
     for r in products.readings:
         g = r.g
@@ -186,11 +191,9 @@ def _flagged(products: _Products) -> list[tuple[dict, dict]]:
 
 
 def _plain(products: _Products, constant: tuple[bool, bool]) -> tuple[float, int] | None:
-    """The layout cost and GEMM calls of ``match.match_matmul``'s match (the first cheapest reading,
+    """The layout cost and GEMM calls of ``match_contraction.match_matmul``'s match (the first cheapest reading,
     the scale on a constant A when B is not, else on B), ``constant[i]`` telling whether the
     product's ``i``-th access reads a constant."""
-    from einopt.instantiate.match import _with_scale
-
     c = products.contraction
     plain: tuple[float, int] | None = None
     for r in products.readings:
@@ -295,9 +298,6 @@ def _standard_layout_cost(scope: ir.Scope, ctx: MatchContext, calls: int) -> flo
     """The least run-time layout work of the standard compute operators that accept ``scope`` with
     at most ``calls`` GEMM calls (MatMul avoids a transpose by reading single-sided iterators as
     broadcast batch dimensions: one tiny GEMM per element of theirs, no alternative to one GEMM)."""
-    from einopt.instantiate.match import _fuses_binding, layout_cost, match_gemm, match_matmul
-    from einopt.instantiate.match_conv import match_conv, match_conv_transpose
-
     costs = [
         layout_cost(r, ctx)
         for fn in (match_matmul, match_gemm, match_conv, match_conv_transpose)
@@ -386,8 +386,6 @@ def _product_read(scope: ir.Scope, acc: ir.Access, ctx: MatchContext) -> ir.Scop
 def match_fused_gemm(scope: ir.Scope, ctx: MatchContext = NO_MATCH_CONTEXT) -> OperatorMatch | Refusal:
     """``L m, n: act(S[m, n] + beta * C[..])`` or ``act(S[m, n])``, ``S`` an inline Gemm product, as
     com.microsoft ``FusedGemm`` (Gemm's attributes, and the activation of :data:`GEMM_ACTIVATIONS`)."""
-    from einopt.instantiate.match import match_gemm_any
-
     if scope.summation:
         return Refusal("sums over iterators: not an activation of a product")
     body = scope.body

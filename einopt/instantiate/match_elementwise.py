@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from einopt.core import ir
+from einopt.core.interp import evaluate
 from einopt.core.rewrite import accesses, fold_chain, operands
 from einopt.frontend.importers_elementwise import (
     GELU_OPSET,
@@ -89,8 +90,6 @@ def _has_access(e: ir.ValueExpr) -> bool:
 
 def constant_value(e: ir.ValueExpr) -> float:
     """A constant sub-expression's value, computed by the reference interpreter (float64)."""
-    from einopt.core.interp import evaluate
-
     return float(evaluate(ir.Scope((ir.Iter("i", 0, 1),), (), e), {})[0])
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "steps_shape",
     "apply_steps",
     "steps_cost",
+    "layout_cost",
 ]
 
 
@@ -375,6 +376,17 @@ def known_values(tensors: Iterable[ir.Tensor], values: Mapping[str, np.ndarray])
 
 # The context of a scope matched on its own: nothing constant, nothing bound.
 NO_MATCH_CONTEXT = MatchContext()
+
+
+def _fuses_binding(m: OperatorMatch, ctx: MatchContext) -> bool:
+    """True when ``m`` fuses a scope that is a program binding (computed anyway, so it would run twice)."""
+    return any(s in ctx.bound for s in m.consumes)
+
+
+def layout_cost(m: OperatorMatch, ctx: MatchContext) -> float:
+    """Run-time layout work a match adds around its operators (transposes of activations cost most)."""
+    return sum(steps_cost(o.steps, ctx.is_constant(o.source)) for o in m.operands) + steps_cost(m.post, False)
+
 
 T = TypeVar("T")
 

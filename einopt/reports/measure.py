@@ -20,7 +20,7 @@ import onnx
 from einopt.reports.result import Result, part_bench
 from einopt.runtime import bench, modelio
 from einopt.runtime.timing import configure_threads
-from einopt.runtime.verify import part_pairs
+from einopt.stages.verify import part_pairs
 
 
 def measure_parts(

@@ -29,7 +29,9 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
+from einopt import __version__
 from einopt.reports import report as fmt
+from einopt.runtime.modelio import write_atomic
 
 TOP_OPS = 12  # operator types plotted by name; the rest are summed into "other"
 NAME_WIDTH = 30  # characters of a subprogram name on a plot axis
@@ -285,8 +287,6 @@ def render_html(report: dict) -> str:
     str
         The page; the same report always gives the same string.
     """
-    from einopt import __version__
-
     bench = report.get("bench")
     speedups = fmt.part_speedups(report)
     before = ((bench or {}).get("original") or {}).get("time_by_op") or {}
@@ -347,8 +347,6 @@ def write_html(report: dict, path: str | os.PathLike) -> None:
     path : str or path-like
         The HTML file; on failure no partial file is left behind.
     """
-    from einopt.runtime.modelio import write_atomic
-
     data = render_html(report).encode("utf-8")
     write_atomic(path, lambda f: f.write(data))
 

@@ -16,9 +16,9 @@ import numpy as np
 import onnx
 
 from einopt.core.syntax import format_expr
-from einopt.frontend.onnx_graph import DEFAULT_DOMAINS
 from einopt.frontend.translate import Part
 from einopt.instantiate.emit import Instantiated
+from einopt.opsets import DEFAULT_DOMAINS
 from einopt.reports.report import CHANGED, REPORT_VERSION, STATUSES
 from einopt.runtime import modelio
 from einopt.runtime.timing import Comparison

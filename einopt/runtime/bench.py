@@ -29,7 +29,7 @@ import onnx
 
 from einopt.core.cost import model_cost, value_bytes
 from einopt.errors import ModelError, UnsupportedModelError
-from einopt.frontend.onnx_graph import check_opset
+from einopt.opsets import check_opset
 from einopt.runtime import modelio
 from einopt.runtime.cache import CacheTrustError
 from einopt.runtime.timing import (

@@ -35,6 +35,7 @@ import numpy as np
 import onnx
 
 from einopt.runtime import modelio
+from einopt.runtime.bench import time_models
 from einopt.runtime.timing import Comparison, configure_threads
 
 log = logging.getLogger(__name__)
@@ -114,8 +115,6 @@ def least(readings: list[Comparison]) -> Comparison:
 
 
 def _child(directory: str, index: str) -> None:
-    from einopt.runtime.bench import time_models
-
     d = Path(directory)
     settings = json.loads((d / "settings.json").read_text())
     configure_threads(settings["threads"])

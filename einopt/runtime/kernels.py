@@ -210,6 +210,7 @@ def described(model: onnx.ModelProto) -> list[Any]:
     ModelError
         A node's description is damaged or altered, or disagrees with the node.
     """
+    # codegen sits above runtime (it builds with runtime.build and .cache): imported only for kernel nodes
     from einopt.codegen.ortkernel import KernelDescriptionError, read_description
 
     found: dict[str, Any] = {}
@@ -255,6 +256,7 @@ def prepare(model: onnx.ModelProto | str | Path | bytes, options: Any = None) ->
     options = register(options)
     if not descriptions:
         return options
+    # codegen sits above runtime (it builds with runtime.build and .cache): imported only for kernel nodes
     from einopt.codegen.ortkernel import library
 
     _, lib = _loaded()
@@ -283,6 +285,7 @@ def prepare(model: onnx.ModelProto | str | Path | bytes, options: Any = None) ->
 
 def _built_here(descriptions: Sequence[Any]) -> list[Any]:
     """Those of ``descriptions`` that no cache holds yet (compiling them is what takes time)."""
+    # codegen sits above runtime (it builds with runtime.build and .cache): imported only for kernel nodes
     from einopt.codegen.ortkernel import is_cached
 
     return [d for d in descriptions if not is_cached(d)]

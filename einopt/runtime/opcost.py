@@ -59,7 +59,8 @@ import onnx.shape_inference
 from onnx import helper, numpy_helper
 
 from einopt.core.cost import FLOPS, VIEWS, itemsize
-from einopt.runtime.modelio import KERNEL_DOMAIN, available_bytes, missing_opsets
+from einopt.runtime.modelio import KERNEL_DOMAIN, available_bytes, missing_opsets, session
+from einopt.runtime.timing import configure_threads, time_interleaved
 
 __all__ = [
     "Calibration",
@@ -572,8 +573,6 @@ other nodes' data has evicted them)."""
 
 def _flusher():
     """An Add session over :data:`FLUSH_BYTES` in the global pool (every core's caches get touched)."""
-    from einopt.runtime.modelio import session
-
     n = FLUSH_BYTES // 12
     m, feeds = _binary("Add", (n,), (n,), (n,), np.random.default_rng(0))
     return _runner(session(m), feeds)
@@ -641,9 +640,6 @@ def _time_cold(
 
 def calibrate() -> Calibration:
     """Measure this machine's bandwidth, MatMul rate and per-run and per-kernel overheads."""
-    from einopt.runtime.modelio import session
-    from einopt.runtime.timing import configure_threads, time_interleaved
-
     configure_threads()
     f = onnx.TensorProto.FLOAT
     rng = np.random.default_rng(0)
@@ -758,8 +754,6 @@ class OpCosts:
         if not todo:
             return
         cal = self.calibration
-        from einopt.runtime.modelio import session
-        from einopt.runtime.timing import configure_threads
 
         configure_threads()
         rng = np.random.default_rng(self.seed)

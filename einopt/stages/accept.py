@@ -37,15 +37,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from einopt.frontend.onnx_graph import DEFAULT_DOMAINS
+from einopt.opsets import DEFAULT_DOMAINS
 from einopt.runtime import bench
 from einopt.runtime.cache import MeasurementCache, resolve_path
 from einopt.runtime.fresh import PROCESSES, FreshProcessError, least, time_fresh
 from einopt.runtime.graphkey import content_key, timing_key
 from einopt.runtime.timing import NOISE_BAND, Comparison, configure_threads
-from einopt.runtime.verify import PartPair, part_pairs
 from einopt.stages.export import assemble
 from einopt.stages.postopt import postoptimize
+from einopt.stages.verify import PartPair, part_pairs
 
 if TYPE_CHECKING:
     from einopt.frontend.translate import Part

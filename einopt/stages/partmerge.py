@@ -48,7 +48,7 @@ from einopt.instantiate.emit import Instantiated
 from einopt.instantiate.kernelgroups import convex
 from einopt.rules.derive import TraceStep
 from einopt.runtime.timing import NOISE_BAND, Comparison
-from einopt.runtime.verify import PartPair, Tolerance, part_pairs
+from einopt.runtime.verify import Tolerance
 from einopt.search.results import Candidate
 from einopt.stages.accept import Timer
 from einopt.stages.export import toposort
@@ -56,6 +56,7 @@ from einopt.stages.kernelfusion import PHASE, fuse_for_kernels
 from einopt.stages.partsearch import PartSearch
 from einopt.stages.select import Selection, Trial, choose, try_trials
 from einopt.stages.state import PartState
+from einopt.stages.verify import PartPair, part_pairs
 
 __all__ = ["compose", "merge_parts", "MERGE_RULE", "BUDGET_S"]
 

@@ -33,10 +33,13 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from einopt.core import ir
+from einopt.core.parser import parse
 from einopt.core.rewrite import binding_program, put_binding, rename_tensors
+from einopt.instantiate.program import as_program, program_model, weight_names
 from einopt.rules.derive import TraceStep
 from einopt.runtime.cache import MeasurementCache
 from einopt.search.budget import Budget
+from einopt.search.modelcost import analytic, operators
 from einopt.search.results import Candidate
 from einopt.stages.searchruns import Allowance, Progress, RayUnavailable, Runs, Task, finished
 from einopt.stages.searchsettings import DEFAULT_BUDGET, Settings
@@ -319,9 +322,6 @@ def _costed(
     program: ir.Program, trace: tuple[TraceStep, ...], constants: Mapping[str, np.ndarray]
 ) -> Candidate:
     """``program`` as a candidate, costed as the search costs its candidates."""
-    from einopt.search.candidates import analytic, operators
-    from einopt.stages.export import program_model, weight_names
-
     model, inst = program_model(program, dict(constants), light=True)
     seconds, work = analytic(model, weight_names(constants, inst))
     return Candidate(program, trace, operators(model), seconds, work=work)
@@ -376,8 +376,6 @@ def _part_search(value: dict | None, names: Mapping[str, str], cached: bool, sam
     """A stored search renamed into a part's names (``value`` None: not searched)."""
     if value is None:
         return PartSearch.not_searched(same_as)
-    from einopt.core.parser import parse
-    from einopt.stages.export import as_program
 
     found = []
     for f in value["found"]:

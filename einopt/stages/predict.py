@@ -22,12 +22,13 @@ from collections.abc import Mapping, Sequence
 import onnx
 from onnx import helper
 
+from einopt.codegen.ortkernel import build_id
 from einopt.frontend.translate import Part, value_types
+from einopt.instantiate.program import program_model, weight_names
 from einopt.runtime.opcost import OpCosts, footprint, memory_limit, node_costs
-from einopt.runtime.verify import Epilogue, epilogue
 from einopt.search.results import Candidate
-from einopt.stages.export import program_model, weight_names
 from einopt.stages.partsearch import PartSearch
+from einopt.stages.verify import Epilogue, epilogue
 
 __all__ = ["predict", "SLACK", "BUDGET_S"]
 
@@ -199,7 +200,6 @@ def _kernel_build(inst) -> str | None:
     """The code generator's build (compiled kernels depend on it), or None without generated kernels."""
     if not inst.has_generated_kernels:
         return None
-    from einopt.codegen.ortkernel import build_id
 
     return build_id()
 

@@ -21,6 +21,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from einopt.core import ir
+from einopt.core.cost import estimate_seconds, model_cost
+from einopt.core.parser import parse
+from einopt.instantiate.program import as_program, program_model
+from einopt.rules import Context
+from einopt.search import search
 from einopt.search.budget import same_result
 from einopt.stages.searchsettings import Settings
 
@@ -270,11 +275,6 @@ def _hook(progress: Callable[[Progress], None], part: str, index: int, total: in
 def _search_one(task: Task, settings: Settings, allowed: int | None, wall: float | None, hook=None) -> dict:
     """Search one canonical program, allowed ``allowed`` states of ``settings.budget``, until the
     deadline ``wall`` (``time.time()``); the stored form of what it found (programs as text)."""
-    from einopt.core.parser import parse
-    from einopt.rules import Context
-    from einopt.search import search
-    from einopt.stages.export import as_program
-
     program = as_program(parse(task.text))
     if hook is not None:
         hook.base.append(_input_cost(program, task.constants))
@@ -316,9 +316,6 @@ def _search_one(task: Task, settings: Settings, allowed: int | None, wall: float
 
 def _input_cost(program: ir.Program, constants: Mapping[str, np.ndarray]) -> float:
     """The analytic estimate the search gives its input (what progress compares the best with)."""
-    from einopt.core.cost import estimate_seconds, model_cost
-    from einopt.stages.export import program_model
-
     try:
         model, _ = program_model(program, constants, light=True)
     except ValueError:

@@ -25,16 +25,17 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 
-from einopt.frontend.onnx_graph import default_opset
 from einopt.frontend.translate import Part
 from einopt.instantiate.emit import Instantiated, instantiate, original_ops
+from einopt.opsets import default_opset
 from einopt.runtime.modelio import KERNEL_DOMAIN
 from einopt.runtime.timing import NOISE_BAND, Comparison
-from einopt.runtime.verify import Agreement, Tolerance, first_line, part_pairs, verify_parts
+from einopt.runtime.verify import Agreement, Tolerance, first_line
 from einopt.search.results import Candidate
 from einopt.stages.accept import Timer, is_unchanged
 from einopt.stages.kernelfusion import fuse_for_kernels
 from einopt.stages.partsearch import PartSearch
+from einopt.stages.verify import part_pairs, verify_parts
 
 __all__ = [
     "Trial",

@@ -17,7 +17,7 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from einopt.errors import UnsupportedModelError
-from einopt.frontend.onnx_graph import check_opset
+from einopt.opsets import check_opset
 from einopt.pipeline import Options, optimize
 
 
