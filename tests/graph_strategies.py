@@ -1154,7 +1154,8 @@ def _session(model: onnx.ModelProto, options: Any) -> Any:
     where it has any."""
     import onnxruntime as ort
 
-    from einopt.runtime import kernels, modelio
+    from einopt.backends.tvm import kernels
+    from einopt.runtime import modelio
 
     if modelio.uses_generated_kernels(model):
         kernels.prepare(model, options)

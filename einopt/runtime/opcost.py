@@ -202,7 +202,7 @@ def node_costs(
     """The nodes of ``model`` as ONNX Runtime runs them (local functions inlined), each with what
     decides its cost. ``weights`` names graph inputs that are weights declared by shape only (a light
     instantiation's large constants): nodes reading only weights are folded. With ``kernel_build``
-    (``einopt.codegen.ortkernel.build_id()``), a generated kernel is timed like any node (its
+    (``einopt.backends.tvm.ortkernel.build_id()``), a generated kernel is timed like any node (its
     signature: its description, the shapes and the build); without, it is costed analytically.
     Without ``signatures`` (an analytic estimate's nodes), the timed nodes' keys are left empty and
     the weights' values unread."""

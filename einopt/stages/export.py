@@ -10,6 +10,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from einopt.backends import Backend
+from einopt.backends.portable import PORTABLE
 from einopt.core import ir
 from einopt.frontend.onnx_graph import read_counts, subgraph_reads, unique_name
 from einopt.instantiate.emit import Instantiated, instantiate, light_omits
@@ -28,7 +30,7 @@ def program_model(
     opset: int = PROGRAM_OPSET,
     name: str = "einopt",
     light: bool = False,
-    kernels: str = "onnx",
+    backend: Backend = PORTABLE,
 ) -> tuple[onnx.ModelProto, Instantiated]:
     """A model computing ``program``, runnable in stock ONNX Runtime, and how it was instantiated.
 
@@ -48,8 +50,8 @@ def program_model(
         Weights and folded constants over ``emit.LIGHT_LIMIT`` bytes become typed
         graph inputs instead of initializers: a model to cost (same nodes,
         shapes, FLOPs and bytes), not to run. The search costs candidates so.
-    kernels : {"onnx", "tvm"}
-        How eOperators are written (``einopt.instantiate.emit.KERNEL_FORMS``).
+    backend : Backend
+        How eOperators are written (:mod:`einopt.backends`).
 
     Returns
     -------
@@ -63,7 +65,7 @@ def program_model(
         raise ValueError(f"constants {', '.join(unknown)} are not inputs of the program")
     names = {t.name: t.name for t in program.inputs} | {o: o for o in program.outputs}
     inst = instantiate(
-        program, onnx_names=names, constants=constants, opset=opset, prefix="e/", light=light, kernels=kernels
+        program, onnx_names=names, constants=constants, opset=opset, prefix="e/", light=light, backend=backend
     )
     used = {i for n in inst.nodes for i in n.input}
     # Without values (``light``): large weights the nodes read are declared like activations.
