@@ -18,6 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from einopt.backends.portable import PORTABLE
+from einopt.backends.tvm import TVM
+
 if TYPE_CHECKING:
     import numpy as np
     import onnx
@@ -108,9 +111,6 @@ def backend(name: str) -> Backend:
         raise ValueError(f"kernels must be one of {', '.join(BACKENDS)}, not {name!r}")
     return found
 
-
-from einopt.backends.portable import PORTABLE  # noqa: E402 - the implementations import this module
-from einopt.backends.tvm import TVM  # noqa: E402
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (PORTABLE, TVM)}
 """Every backend, by name (the CLI's ``--kernels`` choices)."""
