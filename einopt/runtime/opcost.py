@@ -699,7 +699,7 @@ class OpCosts:
         self.cache = cache
         self.seed = seed
         self.measured = 0  # nodes timed by this object
-        self.kernels_measured = 0  # of which generated kernels
+        self.generated_measured = 0  # of which generated kernels
         self._calibration: Calibration | None = None
         self.scale: dict[str, float] = {}  # operator ("" : any) -> measured / estimated seconds
         self._ratios: dict[str, tuple[str, float]] = {}  # signature -> operator, measured / estimated
@@ -797,7 +797,7 @@ class OpCosts:
                 seconds = max(median - (0.0 if key in twins else cal.run_s), cal.kernel_s)
                 self._store(key, whats[key], seconds)
                 self.measured += 1
-                self.kernels_measured += todo[key].generated
+                self.generated_measured += todo[key].generated
 
     def _stored(self, key: str) -> dict | None:
         return self.cache.value(self.cache.key("op", key))

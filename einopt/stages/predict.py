@@ -124,7 +124,7 @@ def predict(
             c, cost=pr.seconds, estimated_cost=c.cost, timed_share=pr.timed_fraction
         )
     log.info(
-        "cost stage: %d nodes timed, %d of them generated kernels", costs.measured, costs.kernels_measured
+        "cost stage: %d nodes timed, %d of them generated kernels", costs.measured, costs.generated_measured
     )
     out = dict(searches)
     for name, cands in new.items():
