@@ -26,15 +26,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from einopt import backends
 from einopt.errors import UnsupportedModelError
 from einopt.frontend.fold import prepare
 from einopt.frontend.translate import Part, translate_graph
-from einopt.instantiate.emit import KERNEL_FORMS
 from einopt.opsets import DEFAULT_DOMAINS, check_opset
 from einopt.reports.result import PartResult, Result, Workspace, part_result
 from einopt.runtime import modelio
 from einopt.runtime.cache import MeasurementCache, resolve_path
-from einopt.runtime.kernels import described, library_path
 from einopt.runtime.opcost import OpCosts
 from einopt.runtime.timing import NOISE_BAND, configure_threads
 from einopt.runtime.verify import (
@@ -45,7 +44,6 @@ from einopt.runtime.verify import (
 from einopt.search.budget import Budget
 from einopt.stages.accept import MODEL_NOISE, Decision, Timer, accept_rewrites
 from einopt.stages.export import assemble
-from einopt.stages.partmerge import merge_parts
 from einopt.stages.partsearch import DEFAULT_BUDGET, PartSearch, Progress, Settings, search_parts
 from einopt.stages.postopt import postoptimize
 from einopt.stages.predict import predict
@@ -113,10 +111,11 @@ class Options:
         Seconds of timed runs per subprogram and per whole-model comparison
         (timing, not search: the search is bounded by states).
     kernels : {"onnx", "tvm"}
-        How eOperators are written: ``onnx`` as model-local functions of
-        standard operators (runs in any ONNX Runtime), ``tvm`` as generated
-        kernels described in the model, compiled by TVM where it runs and run
-        by einopt's custom-op library (``einopt.runtime.kernels``).
+        The eOperator backend (a key of :data:`einopt.backends.BACKENDS`):
+        ``onnx`` writes eOperators as model-local functions of standard
+        operators (runs in any ONNX Runtime), ``tvm`` as generated kernels
+        described in the model, compiled by TVM where it runs and run by
+        einopt's custom-op library (``einopt.runtime.kernels``).
 
     ``budget`` (not a parameter) is the :class:`einopt.search.Budget` the
     search fields make, the one the search stage is given.
@@ -159,8 +158,7 @@ class Options:
             raise ValueError(f"model_noise must be in [0, 1), not {self.model_noise}")
         if self.part_budget_s <= 0 or self.model_budget_s <= 0:
             raise ValueError("timing budgets must be positive")
-        if self.kernels not in KERNEL_FORMS:
-            raise ValueError(f"kernels must be one of {', '.join(KERNEL_FORMS)}, not {self.kernels!r}")
+        backends.backend(self.kernels)  # a ValueError naming the backends there are
 
 
 def optimize(
@@ -181,12 +179,12 @@ def optimize(
     (:func:`einopt.opsets.check_opset`).
     """
     clock = _Clock()
-    if options.kernels == "tvm":  # no C compiler: one clear error before any work
-        library_path()
+    chosen = backends.backend(options.kernels)
+    chosen.check()  # e.g. no C compiler: one clear error before any work
     original = modelio.load_model(source)
     check_opset(original, "the model" if isinstance(source, onnx.ModelProto) else str(source))
-    if modelio.uses_generated_kernels(original):  # an einopt output: its kernels' descriptions checked
-        described(original)
+    for b in backends.BACKENDS.values():  # an einopt output: its generated nodes checked
+        b.check_model(original)
     why = _unworkable(original)
     if why:
         return _untouched(original, why)
@@ -199,10 +197,12 @@ def optimize(
     )
     if options.verify and not datasets:
         return _untouched(original, data_note)
-    result = _rewrite(original, options, datasets, references, data_note, clock, progress, fold=True)
+    result = _rewrite(original, options, chosen, datasets, references, data_note, clock, progress, fold=True)
     if isinstance(result, str):  # folding broke the model (an ONNX Runtime or folding bug): try without
         log.warning("the folded model differs from the original (%s); retrying without folding", result)
-        result = _rewrite(original, options, datasets, references, data_note, clock, progress, fold=False)
+        result = _rewrite(
+            original, options, chosen, datasets, references, data_note, clock, progress, fold=False
+        )
     if isinstance(result, str):
         return _untouched(
             original, f"the prepared model differs from the original ({result}): it passes through"
@@ -224,6 +224,7 @@ def _unworkable(model: onnx.ModelProto) -> str:
 def _rewrite(
     original: onnx.ModelProto,
     options: Options,
+    backend: backends.Backend,
     datasets: Sequence[Mapping[str, np.ndarray]],
     references: Sequence[Mapping[str, np.ndarray]],
     data_note: str,
@@ -240,7 +241,7 @@ def _rewrite(
         if not folded.ok:
             return folded.message
     clock("prepare")
-    parts = translate_graph(model, fuse_activations=options.kernels == "tvm")
+    parts = translate_graph(model, fuse_activations=backend.fuse_activations)
     states = start(model, parts)
     translated = [p for p in parts if p.translated]
     clock("translate")
@@ -253,7 +254,7 @@ def _rewrite(
         clock("search")
         if timed:
             configure_threads()
-            searches = predict(model, translated, searches, OpCosts(store), kernels=options.kernels)
+            searches = predict(model, translated, searches, OpCosts(store), backend=backend)
             clock("cost")
         states = fill(states, search=searches)
         taken = {f.name for f in original.functions}
@@ -268,21 +269,20 @@ def _rewrite(
             feeds=feeds,
             taken=taken,
             top_k=options.top_k if options.max_depth > 0 else 0,
-            kernels=options.kernels,
+            backend=backend,
             noise=options.noise,
         )
         states = fill(states, selection=selections)
-        if options.kernels == "tvm":  # seams between subprograms that one generated kernel can close
-            states = merge_parts(
-                model,
-                states,
-                datasets=datasets,
-                tolerance=options.tolerance,
-                timer=timer,
-                feeds=feeds,
-                taken=taken,
-                noise=options.noise,
-            )
+        states = backend.after_selection(
+            model,
+            states,
+            datasets=datasets,
+            tolerance=options.tolerance,
+            timer=timer,
+            feeds=feeds,
+            taken=taken,
+            noise=options.noise,
+        )
         clock("select")
         decided = _accept(original, model, states, feeds, store, options)
     finally:

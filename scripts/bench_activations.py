@@ -30,6 +30,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from einopt import program
+from einopt.backends import backend
 from einopt.core.parser import parse
 from einopt.instantiate.program import program_model
 from einopt.runtime import modelio
@@ -46,7 +47,7 @@ GELU_SHAPES = {"x": [128, 1024], "s": [1024]}
 
 def written(text: str, shapes: dict[str, list[int]], kernels: str) -> onnx.ModelProto:
     """The expression ``text`` as einopt writes it with ``kernels`` ("tvm" or "onnx")."""
-    model, _ = program_model(program({"y": parse(text, shapes)}), kernels=kernels)
+    model, _ = program_model(program({"y": parse(text, shapes)}), backend=backend(kernels))
     return model
 
 

@@ -21,6 +21,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from einopt import L, iters, program, tensor
+from einopt.backends.tvm import TVM
 from einopt.instantiate.program import program_model
 from einopt.runtime import kernels
 from einopt.runtime.timing import Timing, load_average, sample_interleaved
@@ -31,7 +32,7 @@ def add_one(size: int) -> onnx.NodeProto:
     operators are one kernel, where ``x + 1`` alone would be an Add)."""
     i, j = iters(f"i:1 j:{size}")
     x = tensor("x", (1, size))
-    model, _ = program_model(program({"y": L(i, j)(x[i, j] * 1.0 + 1.0)}), kernels="tvm")
+    model, _ = program_model(program({"y": L(i, j)(x[i, j] * 1.0 + 1.0)}), backend=TVM)
     (node,) = model.graph.node
     assert node.op_type == kernels.OP_TYPE
     return node

@@ -32,9 +32,9 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
-from einopt.codegen.ortkernel import library
+from einopt.backends.tvm.build import CFLAGS, compiler
+from einopt.backends.tvm.ortkernel import library
 from einopt.runtime import kernels
-from einopt.runtime.build import CFLAGS, compiler
 from einopt.runtime.timing import Timing, configure_threads, load_average, machine_info, sample_interleaved
 
 

@@ -21,14 +21,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from einopt import L, Sum, exp, iters, program, relu, sigmoid, tanh, tensor
-from einopt.codegen import ortkernel
-from einopt.codegen.ortkernel import KernelUnsupported, kernel_flops, ort_kernel, read_description, stand_in
+from einopt.backends.tvm import TVM, kernels, ortkernel
+from einopt.backends.tvm.kernelfusion import PHASE, fuse_for_kernels
+from einopt.backends.tvm.kernelgroups import kernel_groups
+from einopt.backends.tvm.ortkernel import (
+    KernelUnsupported,
+    kernel_flops,
+    ort_kernel,
+    read_description,
+    stand_in,
+)
 from einopt.core import ir
 from einopt.core.interp import evaluate
-from einopt.instantiate.kernelgroups import kernel_groups
 from einopt.instantiate.program import program_model
-from einopt.runtime import kernels, modelio
-from einopt.stages.kernelfusion import PHASE, fuse_for_kernels
+from einopt.runtime import modelio
 
 from kernel_support import exported_alignment
 from strategies import random_inputs, scopes
@@ -59,7 +65,7 @@ def _shifted_program() -> ir.Program:
 
 def _run_both(prog: ir.Program, seed: int = 0) -> tuple[onnx.ModelProto, dict, dict]:
     """The program written with generated kernels, its ONNX Runtime outputs and the interpreter's."""
-    model, inst = program_model(prog, kernels="tvm")
+    model, inst = program_model(prog, backend=TVM)
     inputs = random_inputs(prog, np.random.default_rng(seed))
     feeds = {k: v.astype(np.float32) for k, v in inputs.items()}
     got = modelio.run(model, feeds)
@@ -124,7 +130,7 @@ def test_a_model_carries_its_kernels_description_never_its_code():
     a = ort_kernel(prog.scope("Y"))
     assert ort_kernel(prog.scope("Y")).description is a.description  # described and compiled once
     assert ortkernel.library(a.description) is ortkernel.library(a.description)
-    model, _ = program_model(prog, kernels="tvm")
+    model, _ = program_model(prog, backend=TVM)
     assert not [t for t in model.graph.initializer if t.data_type == onnx.TensorProto.UINT8]
     (node,) = _kernel_nodes(model)
     attrs = {x.name: onnx.helper.get_attribute_value(x) for x in node.attribute}
@@ -142,7 +148,7 @@ def test_a_generated_kernel_runs_on_any_float_aligned_buffer_without_a_copy(offs
     i, j = iters("i:64 j:40")
     x, b = tensor("x", (64, 40)), tensor("b", (40,))
     prog = program({"Y": L(i, j)(tanh(x[i, j] * 0.5 + b[j]))})
-    model, _ = program_model(prog, kernels="tvm")
+    model, _ = program_model(prog, backend=TVM)
     (node,) = _kernel_nodes(model)
     attrs = {x.name: onnx.helper.get_attribute_value(x).decode() for x in node.attribute if x.s}
     library = ortkernel.library(read_description(attrs["kernel"], attrs["kernel_sha256"]))
@@ -160,7 +166,7 @@ def test_element_aligned_declares_every_buffer_aligned_to_its_element_only():
     tvm = pytest.importorskip("tvm")
     from tvm import te
 
-    from einopt.codegen.ortkernel import element_aligned
+    from einopt.backends.tvm.ortkernel import element_aligned
 
     a = te.placeholder((8, 16), "float32", name="A")
     k = te.placeholder((16,), "int64", name="K")
@@ -178,7 +184,7 @@ def test_element_aligned_declares_every_buffer_aligned_to_its_element_only():
 def test_a_light_instantiation_compiles_nothing_and_carries_the_flops(monkeypatch):
     monkeypatch.setattr(ortkernel, "_CACHE", {})
     prog = _conv_program()
-    model, inst = program_model(prog, kernels="tvm", light=True)
+    model, inst = program_model(prog, backend=TVM, light=True)
     (node,) = _kernel_nodes(model)
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     assert attrs["flops"] == kernel_flops(prog.scope("Y"))
@@ -200,7 +206,7 @@ def test_the_cost_stage_times_a_generated_kernel_compiled_only_once_it_is_timed(
     monkeypatch.setattr(ortkernel, "_CACHE", {})
     monkeypatch.setattr(kernels, "_PREPARED", set())  # so the session asks for the library again
     prog = _conv_program()
-    model, inst = program_model(prog, kernels="tvm", light=True)
+    model, inst = program_model(prog, backend=TVM, light=True)
     weights = weight_names({}, inst)
     s = stand_in(prog.scope("Y"))
     nodes = node_costs(model, weights, ortkernel.build_id())
@@ -285,7 +291,7 @@ def test_a_model_with_generated_kernels_runs_in_a_fresh_process_and_fails_clearl
     tmp_path,
 ):
     prog = _conv_program()
-    model, _ = program_model(prog, kernels="tvm")
+    model, _ = program_model(prog, backend=TVM)
     inputs = random_inputs(prog, np.random.default_rng(3))
     path = tmp_path / "kernels.onnx"
     onnx.save(model, path)
@@ -370,7 +376,7 @@ def test_an_elementwise_chain_is_one_generated_kernel_with_kernels_tvm():
     prog, _ = fuse_for_kernels(_lstm_tail())
     model, got, want = _run_both(prog)
     kinds = [n.op_type for n in model.graph.node]
-    # C2 is an output that H reads: one kernel writes both (einopt.instantiate.kernelgroups).
+    # C2 is an output that H reads: one kernel writes both (einopt.backends.tvm.kernelgroups).
     assert kinds.count(kernels.OP_TYPE) == 1 and "Sigmoid" not in kinds and "Split" not in kinds
     (node,) = _kernel_nodes(model)
     assert len(node.output) == 2
@@ -533,7 +539,7 @@ def test_the_profile_lists_each_generated_kernel_with_its_bytes_and_flops():
     from einopt.runtime.bench import profile_model
 
     prog = _conv_program()
-    model, _ = program_model(prog, kernels="tvm")
+    model, _ = program_model(prog, backend=TVM)
     feeds = {k: v.astype(np.float32) for k, v in random_inputs(prog, np.random.default_rng(0)).items()}
     (k,) = profile_model(model, feeds, runs=3)["generated_kernels"]
     (node,) = _kernel_nodes(model)
@@ -611,7 +617,7 @@ def test_a_kernel_with_several_outputs_keeps_a_binding_only_its_members_read_ins
 @pytest.mark.tvm
 @needs_cc
 def test_a_member_reading_another_through_a_nested_scope_falls_back_to_one_kernel_each():
-    from einopt.codegen.ortkernel import stand_in_group
+    from einopt.backends.tvm.ortkernel import stand_in_group
 
     (i,) = iters("i:6")
     (k,) = iters("k:6")
@@ -629,7 +635,7 @@ def test_a_member_reading_another_through_a_nested_scope_falls_back_to_one_kerne
 
 
 def test_with_generated_kernels_a_candidate_is_also_tried_with_its_eoperators_as_standard_ops():
-    """Selection with ``kernels="tvm"`` measures "a generated kernel" against "standard ops + glue":
+    """Selection with the TVM backend measures "a generated kernel" against "standard ops + glue":
     a candidate with an eOperator is tried in both forms, both verified, the kernel form chosen on a
     tie (untimed: it has fewer nodes)."""
     from einopt.frontend.translate import Part
@@ -659,13 +665,13 @@ def test_with_generated_kernels_a_candidate_is_also_tried_with_its_eoperators_as
         timer=None,
         feeds=None,
         taken=set(),
-        kernels="tvm",
+        backend=TVM,
     )["p"]
 
     derived = [t for t in chosen.tried if t.candidate.trace]
-    assert sorted(t.kernels for t in derived) == ["onnx", "tvm"]
+    assert sorted(t.backend.name for t in derived) == ["onnx", "tvm"]
     assert all(t.verified.ok for t in derived)
-    portable, generated = sorted(derived, key=lambda t: t.kernels)
+    portable, generated = sorted(derived, key=lambda t: t.backend.name)
     assert not any(n.domain == modelio.KERNEL_DOMAIN for n in portable.instantiated.nodes)
     assert any(n.domain == modelio.KERNEL_DOMAIN for n in generated.instantiated.nodes)
     assert chosen.chosen is generated and portable.as_dict(1.0)["kernels"] == "onnx"

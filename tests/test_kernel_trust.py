@@ -22,10 +22,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 import einopt.runtime
 from einopt import L, iters, program, tensor
+from einopt.backends.tvm import TVM, kernels
 from einopt.cli import EXIT_CODES, main
 from einopt.errors import UnsupportedModelError
 from einopt.instantiate.program import program_model
-from einopt.runtime import kernels, modelio
+from einopt.runtime import modelio
 from einopt.runtime.cache import CacheTrustError
 from einopt.runtime.verify import Tolerance, compare_models
 
@@ -79,7 +80,7 @@ def _hostile_model(library: bytes) -> onnx.ModelProto:
 def _axpy(rows: int = 64, cols: int = 96) -> onnx.ModelProto:
     i, j = iters(f"i:{rows} j:{cols}")
     a, b = tensor("A", (rows, cols)), tensor("B", (rows, cols))
-    model, _ = program_model(program({"C": L(i, j)(a[i, j] * 2.0 + b[i, j])}), kernels="tvm")
+    model, _ = program_model(program({"C": L(i, j)(a[i, j] * 2.0 + b[i, j])}), backend=TVM)
     return model
 
 
@@ -170,7 +171,7 @@ def _run_twice(tmp_path: Path, plant, rows: int = 64, cols: int = 96) -> subproc
         import logging, sys
         import numpy as np
         import einopt.runtime
-        from einopt.codegen import ortkernel
+        from einopt.backends.tvm import ortkernel
         from einopt.runtime import kernels
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
         a = np.ones(({rows}, {cols}), np.float32)
@@ -247,7 +248,7 @@ def test_a_cache_folder_others_can_write_is_one_clear_cli_error(tmp_path, monkey
     i, j = iters("i:19 j:23")  # described, not compiled (light): the session compiles it, into the cache
     a, b = tensor("A", (19, 23)), tensor("B", (19, 23))
     onnx.save(
-        program_model(program({"C": L(i, j)(a[i, j] * 3.0 + b[i, j])}), kernels="tvm", light=True)[0], model
+        program_model(program({"C": L(i, j)(a[i, j] * 3.0 + b[i, j])}), backend=TVM, light=True)[0], model
     )
     monkeypatch.setenv("EINOPT_CACHE_DIR", str(shared))
     result = CliRunner().invoke(main, ["bench", str(model), str(model), "--min-runs", "3", "--max-runs", "3"])

@@ -1,4 +1,4 @@
-"""Merging adjacent subprograms whose chosen programs fuse further (``einopt.stages.partmerge``)."""
+"""Merging adjacent subprograms whose chosen programs fuse further (``einopt.backends.tvm.partmerge``)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from onnx import TensorProto, helper
 from onnx_models import lstm_cell
 
 from einopt import L, Sum, iters, program, sigmoid, tensor
+from einopt.backends.tvm import kernels
+from einopt.backends.tvm.partmerge import MAX_OTHERS, MERGE_RULE, _convex, _pair, _runners_up, _Side, compose
 from einopt.core.interp import evaluate
 from einopt.models import build, sample_inputs
-from einopt.runtime import kernels
-from einopt.stages.partmerge import MAX_OTHERS, MERGE_RULE, _convex, _pair, _runners_up, _Side, compose
 
 needs_cc = pytest.mark.skipif(
     not any(shutil.which(c) for c in ("cc", "gcc", "clang")), reason="no C compiler on this machine"
@@ -95,8 +95,8 @@ def test_the_lstm_cells_linear_part_and_tail_merge_into_one_matmul_and_generated
 @pytest.mark.tvm
 @needs_cc
 def test_no_pair_is_tried_once_the_merge_budget_has_run_out(monkeypatch):
+    from einopt.backends.tvm import partmerge
     from einopt.pipeline import Options, optimize
-    from einopt.stages import partmerge
 
     monkeypatch.setattr(partmerge, "BUDGET_S", -1.0)
     model = build("lstm", 1, size="small")

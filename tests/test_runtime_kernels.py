@@ -14,6 +14,8 @@ import pytest
 from onnx import helper
 
 from einopt import L, iters, program, tensor
+from einopt.backends.tvm import TVM
+from einopt.backends.tvm.build import compiler
 from einopt.errors import ModelError
 from einopt.instantiate.program import program_model
 from einopt.runtime import kernels
@@ -30,7 +32,7 @@ def _axpy(rows: int, cols: int) -> onnx.ModelProto:
     """``C = 2 A + B`` over ``[rows, cols]`` as one generated kernel (256 rows run in parallel)."""
     i, j = iters(f"i:{rows} j:{cols}")
     a, b = tensor("A", (rows, cols)), tensor("B", (rows, cols))
-    model, _ = program_model(program({"C": L(i, j)(a[i, j] * 2.0 + b[i, j])}), kernels="tvm")
+    model, _ = program_model(program({"C": L(i, j)(a[i, j] * 2.0 + b[i, j])}), backend=TVM)
     assert [n.op_type for n in model.graph.node] == [kernels.OP_TYPE]
     return model
 
@@ -201,7 +203,7 @@ def test_no_compiler_is_one_clear_error(monkeypatch):
     monkeypatch.setenv("CC", "")
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(kernels.NativeBuildError, match="need a C compiler"):
-        kernels.compiler()
+        compiler()
 
 
 def test_link_kernels_refuses_an_alignment_that_is_no_power_of_two():

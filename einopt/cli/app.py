@@ -143,4 +143,4 @@ def main(verbose: int, quiet: bool) -> None:
         level = logging.ERROR
     logging.basicConfig(level=level, format="einopt: %(levelname)s: %(message)s")
     if not quiet and not verbose:  # building a model's kernels on first use takes seconds: say so
-        logging.getLogger("einopt.runtime.kernels").setLevel(logging.INFO)
+        logging.getLogger("einopt.backends.tvm.kernels").setLevel(logging.INFO)

@@ -85,6 +85,8 @@ from pathlib import Path
 
 import numpy as np
 
+from einopt.backends import BACKENDS
+from einopt.backends.portable import PORTABLE
 from einopt.evaluation.checks import SideJob, openvino_text, run_side, split_reference
 from einopt.evaluation.tables import (
     KERNELS_END,
@@ -132,7 +134,7 @@ def einopt_command(model: Path, inputs: Path, stem: str, args: argparse.Namespac
         *(["--max-states", str(args.max_states)] if args.max_states is not None else []),
         *(["--model-states", str(args.model_states)] if args.model_states is not None else []),
         *(["--jobs", str(args.jobs)] if args.jobs > 1 else []),
-        *(["--kernels", args.kernels] if args.kernels != "onnx" else []),
+        *(["--kernels", args.kernels] if args.kernels != PORTABLE.name else []),
     ]
 
 
@@ -479,7 +481,7 @@ def _command(args: argparse.Namespace, generated: list[str], shared: list[str], 
     command += f" --budget {args.budget:g}" if args.budget != 20.0 else ""
     command += f" --batch {' --batch '.join(map(str, args.batch))}" if args.batch else ""
     command += f" --models {' '.join([*generated, *shared])}" if not everything else ""
-    command += f" --kernels {args.kernels}" if args.kernels != "onnx" else ""
+    command += f" --kernels {args.kernels}" if args.kernels != PORTABLE.name else ""
     return command
 
 
@@ -525,7 +527,7 @@ def render(args: argparse.Namespace, index: Mapping | None) -> int:
     )
     print("\n".join(t for t in (table, shared) if t))
     done = {row_key(r) for r in rows}
-    if args.kernels != "onnx":
+    if args.kernels != PORTABLE.name:
         every = done >= {(m, b) for m in MODELS for b in (1, 16)} and (
             not index or {r["model"] for r in shared_rows} >= set(index)
         )
@@ -584,7 +586,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="search processes per model (default 1)")
     ap.add_argument(
         "--kernels",
-        choices=["onnx", "tvm"],
+        choices=list(BACKENDS),
         default="onnx",
         help="how einopt writes eOperators (default onnx); a tvm run goes to results/kernels-tvm/ unless "
         "--out is given, and its table sets each row beside the onnx run's in --onnx-results",
@@ -606,7 +608,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         help="continue the stopped run in --out: keep its finished rows (same command and code), run the rest",
     )
     args = ap.parse_args(argv)
-    form = "kernels-tvm" if args.kernels == "tvm" else ""
+    form = f"kernels-{args.kernels}" if args.kernels != PORTABLE.name else ""
     args.out = args.out or Path("results") / form
     args.build = args.build or Path("build") / "models" / form
     batches = args.batch or [1, 16]
@@ -658,7 +660,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     table, shared_table = write_summary(rows, shared_rows, command, args.out, code)
     print("\n".join(t for t in (table, shared_table) if t))
     readme = README
-    if args.kernels != "onnx":
+    if args.kernels != PORTABLE.name:
         compare_kernels(rows + shared_rows, command, args, whole=everything and set(batches) == {1, 16})
     elif (
         not args.no_readme

@@ -176,7 +176,7 @@ def translate_graph(model: onnx.ModelProto, *, fuse_activations: bool = False) -
 
     With ``fuse_activations`` (generated kernels: ``--kernels tvm``), element-wise activations join
     the element-wise work around them (see :func:`~einopt.frontend.partition.group_nodes`), which a
-    generated kernel computes whole (:mod:`einopt.stages.kernelfusion`).
+    generated kernel computes whole (:mod:`einopt.backends.tvm.kernelfusion`).
 
     Returns one :class:`Part` per subprogram and one per passed-through node,
     in graph order of their first node.

@@ -10,17 +10,15 @@ materialised once, by the first of:
    computed it originally, that operator's matcher when it is as cheap): its
    operands' layout steps are emitted (or folded, for constant operands), then
    its operators and the steps on the result;
-3. otherwise an eOperator: with ``kernels="onnx"`` (the default, the portable
-   form) a call of a model-local function of standard operators in domain
-   ``einopt.eop`` (``einopt.instantiate.eop``); with ``kernels="tvm"`` a node
-   ``ai.einopt::TvmKernel`` carrying the scope's kernel description, compiled
-   by TVM for the CPU that runs the model (``einopt.codegen.ortkernel``,
-   ``einopt.runtime.kernels``). A scope that cannot be a kernel (one
-   reading a non-float tensor) is a function call in either form.
+3. otherwise an eOperator, as the backend writes it (:mod:`einopt.backends`): with
+   the portable backend (the default) a call of a model-local function of standard
+   operators in domain ``einopt.eop`` (``einopt.instantiate.eop``), which is also
+   the form of any scope a backend does not write itself (the TVM backend: one
+   reading a non-float tensor).
 
-With ``kernels="tvm"``, a match that would be two or more element-wise nodes
-(a fused element-wise chain, ``einopt.stages.kernelfusion``) is one generated
-kernel instead.
+A backend may also write a match otherwise (the TVM backend: a chain of
+element-wise nodes as one generated kernel), write groups of bindings as one
+node, and change the nodes at the end (:mod:`einopt.backends.tvm.emit`).
 
 Nodes are interned: the same operator on the same inputs is emitted once.
 Program outputs are produced under exactly the ONNX names given; every other
@@ -40,14 +38,12 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from einopt.codegen.ortkernel import KernelUnsupported, OrtKernel, kernel_flops, ort_kernel, ort_kernel_group
+from einopt.backends import KERNEL_DOMAIN, Backend
+from einopt.backends.portable import PORTABLE
 from einopt.core import ir
 from einopt.core.interp import evaluate
-from einopt.core.ops import BINARY, UNARY
-from einopt.core.rewrite import accesses
 from einopt.frontend.onnx_graph import FreshNames, unique_name
 from einopt.instantiate import EINSUM_OPSET, EOP_DOMAIN, eop
-from einopt.instantiate.kernelgroups import kernel_groups
 from einopt.instantiate.match import MATCHERS, match
 from einopt.instantiate.plan import (
     DepthToSpace,
@@ -63,8 +59,6 @@ from einopt.instantiate.plan import (
     SpaceToDepth,
     Transpose,
 )
-from einopt.rules.fusion import program_reads
-from einopt.runtime import kernels
 
 if TYPE_CHECKING:
     from einopt.frontend.translate import Part
@@ -73,7 +67,6 @@ __all__ = [
     "Choice",
     "Instantiated",
     "InstantiationError",
-    "KERNEL_FORMS",
     "MIN_OPSET",
     "instantiate",
     "original_ops",
@@ -88,9 +81,6 @@ inference reads Reshape targets and the like)."""
 # From opset 7 on, element-wise ops broadcast like numpy; forms that changed later (Slice, Pad,
 # Clip, ReduceSum, Expand, DepthToSpace's mode) are chosen per opset below.
 MIN_OPSET = 7
-
-KERNEL_FORMS = ("onnx", "tvm")
-"""How eOperators are written: model-local functions of standard operators, or generated kernels."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +141,7 @@ class Instantiated:
     @property
     def has_generated_kernels(self) -> bool:
         """Whether any node is one of einopt's generated kernels (``--kernels tvm``)."""
-        return any(n.domain == kernels.DOMAIN for n in self.nodes)
+        return any(n.domain == KERNEL_DOMAIN for n in self.nodes)
 
 
 def instantiate(
@@ -164,7 +154,7 @@ def instantiate(
     taken_function_names: set[str] | frozenset[str] = frozenset(),
     preferred: Mapping[str, str] | None = None,
     light: bool = False,
-    kernels: str = "onnx",
+    backend: Backend = PORTABLE,
 ) -> Instantiated:
     """Emit ONNX nodes computing ``program``.
 
@@ -195,8 +185,8 @@ def instantiate(
         Gather indices): enough to cost the result, not to run it. Large
         constants are not deduplicated by content then. Generated kernels are
         not compiled then (a session compiles what its nodes describe).
-    kernels : {"onnx", "tvm"}
-        How eOperators are written (:data:`KERNEL_FORMS`, the module docstring).
+    backend : Backend
+        How eOperators are written (:mod:`einopt.backends`; the module docstring).
 
     Returns
     -------
@@ -215,19 +205,13 @@ def instantiate(
         raise InstantiationError(
             f"opset {opset} unsupported: need {MIN_OPSET} <= opset <= {onnx.defs.onnx_opset_version()}"
         )
-    if kernels not in KERNEL_FORMS:
-        raise InstantiationError(f"kernels must be one of {', '.join(KERNEL_FORMS)}, not {kernels!r}")
     missing = [o for o in program.outputs if o not in onnx_names]
     if missing:
         raise InstantiationError(f"program output(s) {', '.join(missing)} have no ONNX name")
-    em = _Emitter(program, onnx_names, constants, opset, prefix, set(taken_function_names), light, kernels)
+    em = _Emitter(program, onnx_names, constants, opset, prefix, set(taken_function_names), light, backend)
     outputs = set(program.outputs)
     preferred = preferred or {}
-    grouped: dict[str, tuple[str, ...]] = {}
-    if kernels == "tvm":  # element-wise bindings that read one another: one kernel, several outputs
-        # Generated kernels in any case: computed with the element-wise work after them.
-        reductions = {n for n, s in program.bindings if n not in outputs and em.kernel_reduction(s)}
-        grouped = {n: g for g in kernel_groups(program, set(constants), reductions) for n in g}
+    grouped = {n: g for g in backend.groups(em, program, constants) for n in g}
     handled: set[str] = set()
     for name, scope in program.bindings:
         if name in handled:
@@ -236,7 +220,7 @@ def instantiate(
         if group is not None:
             for n in group:  # tried once: each member is emitted on its own if it cannot be one kernel
                 grouped.pop(n)
-            if em.generated_group(group):
+            if backend.emit_group(em, group):
                 handled.update(group)
                 continue
         prefer = preferred.get(name, "")
@@ -245,8 +229,7 @@ def instantiate(
         elif scope not in em.scopes:
             em.materialise(scope, name, em.fresh(name), required=False, prefer=prefer)
     _split_tilings(em, program)
-    if kernels == "tvm":
-        _kernels_read_through_reshapes(em, {onnx_names[o] for o in program.outputs})
+    backend.finish(em, {onnx_names[o] for o in program.outputs})
     inits, placeholders = [], []
     for name, arr in em.inits.items():
         if isinstance(arr, _Shaped):  # light: ``initializer`` kept no values
@@ -267,22 +250,6 @@ def instantiate(
         tuple(em.choices),
         tuple(placeholders),
         value_info,
-    )
-
-
-ELEMENTWISE_OPS: frozenset[str] = frozenset(
-    {op.onnx for op in UNARY.values()}
-    | {name for op in BINARY.values() for name in (op.onnx, op.onnx_variadic) if name}
-)
-"""Default-domain operators that work element by element (a chain of them is one generated kernel)."""
-
-
-def _elementwise(m: OperatorMatch, inner: tuple[ir.Scope, ...]) -> bool:
-    """Whether ``m`` runs as element-wise nodes that one generated kernel computes instead
-    (``kernels="tvm"``): two or more, or one after a reduction in ``inner`` (which the kernel
-    computes too: see :meth:`_Emitter.inner_reductions`)."""
-    return len(m.ops) >= (1 if inner else 2) and all(
-        op.domain in ("", "ai.onnx") and op.op_type in ELEMENTWISE_OPS for op in m.ops
     )
 
 
@@ -325,40 +292,7 @@ def _split_tilings(em: _Emitter, program: ir.Program) -> None:
             + new
             + [n for n in em.nodes[first:] if id(n) not in dropped]
         )
-    _drop_unread_integer_constants(em)
-
-
-def _drop_unread_integer_constants(em: _Emitter) -> None:
-    """Integer initializers (shapes, split sizes, axes) that no node reads any more."""
-    read = {i for n in em.nodes for i in n.input}
-    for name in [n for n, v in em.inits.items() if n not in read and np.dtype(v.dtype).kind == "i"]:
-        del em.inits[name]
-
-
-def _kernels_read_through_reshapes(em: _Emitter, keep: set[str]) -> None:
-    """A generated kernel reads the input of a Reshape instead of its output: the same bytes, which
-    the kernel library hands the kernel in the shape it was compiled for (the node declares it).
-    A Reshape that nothing reads then, and whose value is not in ``keep``, is dropped (a node less:
-    the Reshapes a matched Conv's phase ends with, in front of the kernel interleaving the phases)."""
-    reshapes = {n.output[0]: n for n in em.nodes if n.op_type == "Reshape" and n.domain in ("", "ai.onnx")}
-    changed = False
-    for node in em.nodes:
-        if node.domain != kernels.DOMAIN:
-            continue
-        for i in range(len(node.input)):
-            source = reshapes.get(node.input[i])  # of float32 values: the kernel reads float32
-            if source is not None:
-                node.input[i] = source.input[0]
-                changed = True
-    if not changed:
-        return
-    while True:
-        read = {i for n in em.nodes for i in n.input}
-        dead = [n for n in em.nodes if n.output[0] in reshapes and not {*n.output} & (read | keep)]
-        if not dead:
-            break
-        em.nodes = [n for n in em.nodes if all(n is not d for d in dead)]
-    _drop_unread_integer_constants(em)
+    em.drop_unread_integer_constants()
 
 
 def _biases_first(
@@ -466,10 +400,10 @@ class _Emitter:
         prefix: str,
         taken_functions: set[str],
         light: bool = False,
-        kernels: str = "onnx",
+        backend: Backend = PORTABLE,
     ) -> None:
         self.light = light
-        self.kernels = kernels
+        self.backend = backend
         self.program = program
         self.onnx_names = onnx_names
         self.constants = constants
@@ -486,7 +420,7 @@ class _Emitter:
         self.key_of: dict[str, tuple] = {}
         self.scopes: dict[ir.Scope, str] = {}
         self.tensors: dict[str, str] = {}
-        self.unmatched_scopes: dict[ir.Scope, bool] = {}
+        self.unmatched_scopes: dict[ir.Scope, bool] = {}  # scopes no matcher accepts (a backend's memo)
         self.functions: list[onnx.FunctionProto] = []
         self.choices: list[Choice] = []
         self.inline_count: dict[str, int] = {}
@@ -529,6 +463,12 @@ class _Emitter:
             self.init_by_content[key] = name
             self.known[name] = arr
         return name
+
+    def drop_unread_integer_constants(self) -> None:
+        """Integer initializers (shapes, split sizes, axes) that no node reads any more."""
+        read = {i for n in self.nodes for i in n.input}
+        for name in [n for n, v in self.inits.items() if n not in read and np.dtype(v.dtype).kind == "i"]:
+            del self.inits[name]
 
     def int64s(self, values: tuple[int, ...] | list[int]) -> str:
         return self.initializer(np.asarray(values, dtype=np.int64), "shape")
@@ -633,11 +573,9 @@ class _Emitter:
         else:
             m, fails = match(scope, self.ctx, MATCHERS, prefer)
             failures = tuple((n, f.reason) for n, f in fails)
-            if m is not None and self.kernels == "tvm" and _elementwise(m, self.inner_reductions(scope)):
-                try:  # one generated kernel instead of a chain of element-wise nodes
-                    value, how = self.generated_kernel(scope, label, eop.eop_name(scope))
-                except KernelUnsupported:
-                    value, how = self.emit_match(m, label), m.op_type
+            written = self.backend.emit_match(self, scope, m, label) if m is not None else None
+            if written is not None:
+                value, how = written
             elif m is not None:
                 value, how = self.emit_match(m, label), m.op_type
             else:
@@ -665,137 +603,15 @@ class _Emitter:
 
     def eoperator(self, scope: ir.Scope, label: str) -> tuple[str, str]:
         kind = eop.eop_name(scope)
-        if self.kernels == "tvm":
-            try:
-                return self.generated_kernel(scope, label, kind)
-            except KernelUnsupported as e:
-                log.debug("%s: no generated kernel, %s", label, e)
+        written = self.backend.emit_eoperator(self, scope, label, kind)
+        if written is not None:
+            return written
         fname = unique_name(_identifier(self.prefix + kind), self.taken_functions)
         op = eop.eoperator(scope, fname, self.opset, self.light)
         self.functions.append(op.function)
         inputs = [self.value_of(s, label) for s in op.sources]
         out = self.node(op.function.name, inputs, (), domain=EOP_DOMAIN, base=kind)
         return out, f"eop:{kind}"
-
-    def generated_group(self, names: tuple[str, ...]) -> bool:
-        """Bindings ``names`` (see :func:`einopt.instantiate.kernelgroups.kernel_groups`) as one
-        ``ai.einopt::TvmKernel`` node writing those that are outputs or read by other bindings; False
-        (nothing emitted) when they cannot be one kernel."""
-        program = self.program
-        members = set(names)
-        scopes = tuple(program.scope(n) for n in names)
-        reads = program_reads(program)
-        written = tuple(
-            n in program.outputs or any(n in r for o, r in reads.items() if o not in members) for n in names
-        )
-        try:
-            k = self.kernel(scopes, written)
-        except KernelUnsupported as e:
-            log.debug("%s: no kernel with several outputs, %s", ", ".join(names), e)
-            return False
-        label = names[0]
-        inputs = [self.value_of(src, label) for src in k.sources]
-        out_scopes = [s for s, w in zip(scopes, written, strict=True) if w]
-        outs = [
-            self.onnx_names[n] if n in program.outputs else self.fresh(n)
-            for n, w in zip(names, written, strict=True)
-            if w
-        ]
-        kind = eop.eop_name(scopes[-1])
-        self.nodes.append(
-            helper.make_node(
-                kernels.OP_TYPE,
-                inputs,
-                outs,
-                name=self.node_name(kind),
-                domain=kernels.DOMAIN,
-                **dict(_kernel_attributes(k, scopes)),
-            )
-        )
-        for s, out in zip(out_scopes, outs, strict=True):
-            self.scopes[s] = out
-            self.shapes[out] = s.shape
-        self.choices.append(Choice(label, f"kernel:{kind}", ()))
-        return True
-
-    def generated_kernel(self, scope: ir.Scope, label: str, kind: str) -> tuple[str, str]:
-        """``scope`` as an ``ai.einopt::TvmKernel`` node computing the reductions nested in it that no
-        predefined operator computes too (light: not compiled)."""
-        inner = self.inner_reductions(scope)
-        if not inner:
-            return self.generated_kernel_alone(scope, label, kind)
-        members, written = (*inner, scope), (False,) * len(inner) + (True,)
-        try:
-            k = self.kernel(members, written)
-        except KernelUnsupported:
-            return self.generated_kernel_alone(scope, label, kind)
-        return self.kernel_node(scope, members, k, label, kind)
-
-    def generated_kernel_alone(self, scope: ir.Scope, label: str, kind: str) -> tuple[str, str]:
-        """``scope`` as a kernel of its own, each scope nested in it an input."""
-        return self.kernel_node(scope, (scope,), self.kernel((scope,)), label, kind)
-
-    def kernel(self, scopes: tuple[ir.Scope, ...], written: tuple[bool, ...] | None = None) -> OrtKernel:
-        """The kernel of one scope (``written`` None) or of a group writing the scopes ``written``
-        marks, compiled now unless light (a session compiles what it was not, from the node)."""
-        if written is None:
-            return ort_kernel(scopes[0], build=not self.light)
-        return ort_kernel_group(scopes, written, build=not self.light)
-
-    def inner_reductions(self, scope: ir.Scope) -> tuple[ir.Scope, ...]:
-        """The reductions nested in ``scope`` that its kernel computes inside itself: read by it
-        directly, not materialised yet, and each a generated kernel of its own otherwise
-        (:meth:`kernel_reduction`: an OffsetReduce under its bias and activation)."""
-        bound = self.program.names()
-        return tuple(
-            src
-            for src in dict.fromkeys(a.source for a in accesses(scope.body))
-            if isinstance(src, ir.Scope)
-            and src not in bound
-            and src not in self.scopes
-            and self.kernel_reduction(src)
-        )
-
-    def kernel_reduction(self, scope: ir.Scope) -> bool:
-        """Whether ``scope`` is a reduction that only a generated kernel computes: no padding, not
-        of constants only, and no matcher accepts it (asked once per scope)."""
-        if not scope.summation or scope.pad or self.reads_constants(scope):
-            return False
-        found = self.unmatched_scopes.get(scope)
-        if found is None:
-            found = self.unmatched_scopes[scope] = match(scope, self.ctx, MATCHERS)[0] is None
-        return found
-
-    def kernel_node(
-        self,
-        scope: ir.Scope,
-        members: tuple[ir.Scope, ...],
-        k: OrtKernel,
-        label: str,
-        kind: str,
-    ) -> tuple[str, str]:
-        inputs = [self.value_of(s, label) for s in k.sources]
-        attrs = _kernel_attributes(k, members)
-        out = self.node(kernels.OP_TYPE, inputs, attrs, domain=kernels.DOMAIN, base=kind)
-        self.shapes[out] = scope.shape
-        return out, f"kernel:{kind}"
-
-
-def _kernel_attributes(k: OrtKernel, members: tuple[ir.Scope, ...]) -> tuple[tuple[str, Any], ...]:
-    """A ``TvmKernel`` node's attributes (see ``einopt/runtime/native/einopt_ort.c``): its description
-    and the SHA-256 by which its compiled library is known, its entry point, the shapes it reads and
-    writes, and the FLOPs of the scopes it computes (for the cost model)."""
-    d = k.description
-    return (
-        ("kernel", d.text),
-        ("kernel_sha256", d.sha256),
-        ("symbol", d.symbol),
-        ("output_ranks", tuple(len(s) for s in d.outputs)),
-        ("output_shapes", tuple(x for s in d.outputs for x in s)),
-        ("input_ranks", tuple(len(s) for s in d.inputs)),
-        ("input_shapes", tuple(x for s in d.inputs for x in s)),
-        ("flops", sum(kernel_flops(s) for s in members)),
-    )
 
 
 # --------------------------------------------------------------------------

@@ -11,6 +11,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from einopt.backends import Backend
+from einopt.backends.portable import PORTABLE
 from einopt.core import ir
 from einopt.frontend.onnx_graph import unique_name
 from einopt.instantiate.emit import Instantiated, instantiate, light_omits
@@ -29,7 +31,7 @@ def program_model(
     opset: int = PROGRAM_OPSET,
     name: str = "einopt",
     light: bool = False,
-    kernels: str = "onnx",
+    backend: Backend = PORTABLE,
 ) -> tuple[onnx.ModelProto, Instantiated]:
     """A model computing ``program``, runnable in stock ONNX Runtime, and how it was instantiated.
 
@@ -49,8 +51,8 @@ def program_model(
         Weights and folded constants over ``emit.LIGHT_LIMIT`` bytes become typed
         graph inputs instead of initializers: a model to cost (same nodes,
         shapes, FLOPs and bytes), not to run. The search costs candidates so.
-    kernels : {"onnx", "tvm"}
-        How eOperators are written (``einopt.instantiate.emit.KERNEL_FORMS``).
+    backend : Backend
+        How eOperators are written (:mod:`einopt.backends`).
 
     Returns
     -------
@@ -64,7 +66,7 @@ def program_model(
         raise ValueError(f"constants {', '.join(unknown)} are not inputs of the program")
     names = {t.name: t.name for t in program.inputs} | {o: o for o in program.outputs}
     inst = instantiate(
-        program, onnx_names=names, constants=constants, opset=opset, prefix="e/", light=light, kernels=kernels
+        program, onnx_names=names, constants=constants, opset=opset, prefix="e/", light=light, backend=backend
     )
     used = {i for n in inst.nodes for i in n.input}
     # Without values (``light``): large weights the nodes read are declared like activations.

@@ -378,13 +378,13 @@ def _summary_table(report: Mapping[str, Any]) -> Table:
     return table
 
 
-def generated_text(kernels: list[Mapping[str, Any]]) -> str:
+def generated_text(profiled: list[Mapping[str, Any]]) -> str:
     """``3, 0.12 ms; slowest 0.08 ms at 9.1 GB/s``: einopt's generated kernels in the profiled run."""
-    total = sum(k["ms"] for k in kernels)
-    slow = kernels[0]
+    total = sum(k["ms"] for k in profiled)
+    slow = profiled[0]
     rate = f" at {slow['gb_s']:.1f} GB/s" if slow.get("gb_s") else ""
     rate += f", {slow['gflop_s']:.1f} GFLOP/s" if slow.get("gflop_s") else ""
-    return f"{len(kernels)}, {ms_text(total)}; slowest {ms_text(slow['ms'])}{rate}"
+    return f"{len(profiled)}, {ms_text(total)}; slowest {ms_text(slow['ms'])}{rate}"
 
 
 def counts_text(counts: Mapping[str, int]) -> str:

@@ -14,7 +14,7 @@ __all__ = ["session"]
 
 def __getattr__(name: str) -> Any:
     if name == "session":  # imported on use: the package itself loads no ONNX Runtime
-        from einopt.runtime.kernels import session
+        from einopt.backends.tvm.kernels import session
 
         return session
     raise AttributeError(f"module 'einopt.runtime' has no attribute {name!r}")

@@ -203,7 +203,7 @@ def node_costs(
     """The nodes of ``model`` as ONNX Runtime runs them (local functions inlined), each with what
     decides its cost. ``weights`` names graph inputs that are weights declared by shape only (a light
     instantiation's large constants): nodes reading only weights are folded. With ``kernel_build``
-    (``einopt.codegen.ortkernel.build_id()``), a generated kernel is timed like any node (its
+    (``einopt.backends.tvm.ortkernel.build_id()``), a generated kernel is timed like any node (its
     signature: its description, the shapes and the build); without, it is costed analytically.
     Without ``signatures`` (an analytic estimate's nodes), the timed nodes' keys are left empty and
     the weights' values unread."""
@@ -695,7 +695,7 @@ class OpCosts:
         self.cache = cache
         self.seed = seed
         self.measured = 0  # nodes timed by this object
-        self.kernels_measured = 0  # of which generated kernels
+        self.generated_measured = 0  # of which generated kernels
         self._calibration: Calibration | None = None
         self.scale: dict[str, float] = {}  # operator ("" : any) -> measured / estimated seconds
         self._ratios: dict[str, tuple[str, float]] = {}  # signature -> operator, measured / estimated
@@ -791,7 +791,7 @@ class OpCosts:
                 seconds = max(median - (0.0 if key in twins else cal.run_s), cal.kernel_s)
                 self._store(key, whats[key], seconds)
                 self.measured += 1
-                self.kernels_measured += todo[key].generated
+                self.generated_measured += todo[key].generated
 
     def _stored(self, key: str) -> dict | None:
         return self.cache.value(self.cache.key("op", key))

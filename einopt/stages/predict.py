@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 import onnx
 from onnx import helper
 
-from einopt.codegen.ortkernel import build_id
+from einopt.backends import Backend
+from einopt.backends.portable import PORTABLE
 from einopt.frontend.translate import Part, value_types
 from einopt.instantiate.program import program_model, weight_names
 from einopt.runtime.opcost import OpCosts, footprint, memory_limit, node_costs
@@ -48,7 +49,7 @@ def predict(
     searches: Mapping[str, PartSearch],
     costs: OpCosts,
     budget_s: float | None = None,
-    kernels: str = "onnx",
+    backend: Backend = PORTABLE,
 ) -> dict[str, PartSearch]:
     """Each part's found programs with measured-operator predictions, best predicted first.
 
@@ -66,8 +67,8 @@ def predict(
     budget_s : float, optional
         Seconds of node timing at most (default :data:`BUDGET_S`); nodes not
         timed by then are estimated.
-    kernels : {"onnx", "tvm"}
-        How the found programs' eOperators are written (a generated kernel is compiled once it is
+    backend : Backend
+        How the found programs' eOperators are written (:mod:`einopt.backends`) (a generated kernel is compiled once it is
         timed, and timed like any node).
 
     Returns
@@ -88,7 +89,7 @@ def predict(
         tail = epilogue(model, p)
         for i, c in enumerate(search.candidates):
             try:
-                m, weights, built = _original(model, p, types) if not c.trace else _light(c, p, kernels)
+                m, weights, built = _original(model, p, types) if not c.trace else _light(c, p, backend)
                 m = _with_epilogue(m, tail, {} if not c.trace else p.names, inits)
                 nodes[(p.name, i)] = node_costs(m, weights, built)
             except Exception as e:  # noqa: BLE001 - what cannot be built keeps its analytic estimate
@@ -123,7 +124,7 @@ def predict(
             c, cost=pr.seconds, estimated_cost=c.cost, timed_share=pr.timed_fraction
         )
     log.info(
-        "cost stage: %d nodes timed, %d of them generated kernels", costs.measured, costs.kernels_measured
+        "cost stage: %d nodes timed, %d of them generated kernels", costs.measured, costs.generated_measured
     )
     out = dict(searches)
     for name, cands in new.items():
@@ -188,20 +189,12 @@ def _with_epilogue(
 
 
 def _light(
-    c: Candidate, p: Part, kernels: str = "onnx"
+    c: Candidate, p: Part, backend: Backend = PORTABLE
 ) -> tuple[onnx.ModelProto, frozenset[str], str | None]:
     """The candidate as a light model, its weights' names, and the build its generated kernels are
     timed under (None without any: see :func:`einopt.runtime.opcost.node_costs`)."""
-    m, inst = program_model(c.program, dict(p.constants), light=True, kernels=kernels)
-    return m, weight_names(p.constants, inst), _kernel_build(inst)
-
-
-def _kernel_build(inst) -> str | None:
-    """The code generator's build (compiled kernels depend on it), or None without generated kernels."""
-    if not inst.has_generated_kernels:
-        return None
-
-    return build_id()
+    m, inst = program_model(c.program, dict(p.constants), light=True, backend=backend)
+    return m, weight_names(p.constants, inst), backend.kernel_build(inst)
 
 
 def _original(model: onnx.ModelProto, p: Part, types) -> tuple[onnx.ModelProto, frozenset[str], None]:

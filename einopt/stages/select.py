@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 
+from einopt.backends import Backend
+from einopt.backends.portable import PORTABLE
 from einopt.frontend.translate import Part
 from einopt.instantiate.emit import Instantiated, instantiate, original_ops
 from einopt.opsets import default_opset
@@ -33,7 +35,6 @@ from einopt.runtime.timing import NOISE_BAND, Comparison
 from einopt.runtime.verify import Agreement, Tolerance, first_line
 from einopt.search.results import Candidate
 from einopt.stages.accept import Timer, is_unchanged
-from einopt.stages.kernelfusion import fuse_for_kernels
 from einopt.stages.partsearch import PartSearch
 from einopt.stages.verify import part_pairs, verify_parts
 
@@ -80,7 +81,7 @@ class Trial:
     measured: Comparison | None = None  # against the original nodes, side by side
     unchanged: bool = False  # instantiated as the original nodes again
     rejected: str = ""  # why it was not chosen ("" for the chosen one)
-    kernels: str = "onnx"  # how its eOperators are written (einopt.instantiate.emit.KERNEL_FORMS)
+    backend: Backend = PORTABLE  # how its eOperators are written (einopt.backends)
 
     @property
     def label(self) -> str:
@@ -102,7 +103,7 @@ class Trial:
             "verified": None if self.verified is None else self.verified.ok,
             "unchanged": self.unchanged,
             "rejected": self.rejected,
-            "kernels": self.kernels,
+            "kernels": self.backend.name,
         }
 
 
@@ -138,7 +139,7 @@ def select(
     taken: set[str],
     top_k: int = DEFAULT_TOP_K,
     budget_s: float | None = None,
-    kernels: str = "onnx",
+    backend: Backend = PORTABLE,
     noise: float = NOISE_BAND,
 ) -> dict[str, Selection]:
     """Instantiate, verify and (with a ``timer``) time each part's candidates; choose the fastest.
@@ -167,11 +168,13 @@ def select(
     budget_s : float, optional
         Seconds the stage may take before it stops timing (default :data:`BUDGET_S`; the
         verification counts).
-    kernels : {"onnx", "tvm"}
-        How the candidates' eOperators are written (``einopt.instantiate.emit.KERNEL_FORMS``).
+    backend : Backend
+        How the candidates' eOperators are written (:mod:`einopt.backends`). Its ``variants`` of
+        the candidates are tried too, and a candidate with generated kernels also in the portable
+        form (a kernel slower than the glue it replaces is not chosen).
     noise : float
-        With ``kernels="tvm"``, trials measured within ``1 + noise`` of the fastest are ties, and
-        the one with the fewest nodes is chosen (:func:`choose`).
+        With a backend whose ties go to ``fewer_nodes``, trials measured within ``1 + noise`` of
+        the fastest are ties, and the one with the fewest nodes is chosen (:func:`choose`).
 
     Returns
     -------
@@ -184,10 +187,11 @@ def select(
     pending: dict[str, list[Trial]] = {}
     for p in parts:
         tries = _worth_trying(p, searches.get(p.name), top_k)
-        pending[p.name] = [_instantiated(model, p, c, opset, taken, kernels) for c in tries]
-        if kernels == "tvm":
-            pending[p.name] += _portable_forms(model, p, tries, pending[p.name], opset, taken)
-            pending[p.name] += [_instantiated(model, p, c, opset, taken, kernels) for c in _fused(tries)]
+        pending[p.name] = [_instantiated(model, p, c, opset, taken, backend) for c in tries]
+        pending[p.name] += _portable_forms(model, p, tries, pending[p.name], opset, taken)
+        pending[p.name] += [
+            _instantiated(model, p, c, opset, taken, backend) for c in backend.variants(tries)
+        ]
     by_name = {p.name: p for p in parts}
     alive = {
         (name, i): c
@@ -230,7 +234,7 @@ def select(
         chosen, tried = choose(
             pending[p.name],
             timed=timer is not None and feeds is not None,
-            fewer_nodes=kernels == "tvm",
+            fewer_nodes=backend.fewer_nodes,
             noise=noise,
         )
         if chosen is not None:
@@ -249,17 +253,17 @@ def try_trials(
     timer: Timer | None,
     feeds: Mapping[str, np.ndarray] | None,
     taken: set[str],
-    kernels: str = "onnx",
 ) -> list[Trial]:
     """One part's ``trials``, each instantiated (unless it already is), verified, and (with a
     ``timer``) timed against the part's original nodes: :func:`select`'s steps for a part that
-    is not among the ones it was given (a merged group, :mod:`einopt.stages.partmerge`)."""
+    is not among the ones it was given (a merged group, :mod:`einopt.backends.tvm.partmerge`); a trial is
+    instantiated with its own backend."""
     opset = default_opset(model)
     pending = {
         part.name: [
             t
             if t.instantiated is not None
-            else _instantiated(model, part, t.candidate, opset, taken, kernels)
+            else _instantiated(model, part, t.candidate, opset, taken, t.backend)
             for t in trials
         ]
     }
@@ -367,19 +371,6 @@ def _worth_trying(p: Part, search: PartSearch | None, top_k: int) -> list[Candid
     return [base, *derived[:top_k]]
 
 
-def _fused(candidates: list[Candidate]) -> list[Candidate]:
-    """The candidates whose element-wise chains fuse into fewer generated kernels
-    (:func:`einopt.stages.kernelfusion.fuse_for_kernels`), fused, each program once."""
-    out = []
-    seen = {c.program for c in candidates}
-    for c in candidates:
-        fused, steps = fuse_for_kernels(c.program)
-        if steps and fused not in seen:
-            seen.add(fused)
-            out.append(dataclasses.replace(c, program=fused, trace=c.trace + steps))
-    return out
-
-
 def _portable_forms(
     model: onnx.ModelProto,
     p: Part,
@@ -388,21 +379,21 @@ def _portable_forms(
     opset: int,
     taken: set[str],
 ) -> list[Trial]:
-    """The ``candidates``, whose ``trials`` are instantiated with generated kernels, again with
-    their eOperators as standard ops (``kernels="onnx"``), each only where it has kernels: so that with ``--kernels tvm`` the choice
-    between "predefined operators + glue" and "a generated kernel" is measured, and a kernel slower
-    than the glue it replaces is not chosen."""
+    """The ``candidates`` again with their eOperators as standard ops (the portable backend), each
+    only where its trial has generated kernels: so that the choice between "predefined operators +
+    glue" and "a generated kernel" is measured, and a kernel slower than the glue it replaces is not
+    chosen."""
     return [
-        _instantiated(model, p, c, opset, taken, "onnx")
+        _instantiated(model, p, c, opset, taken, PORTABLE)
         for c, t in zip(candidates, trials, strict=True)
         if t.instantiated is not None and t.instantiated.has_generated_kernels
     ]
 
 
 def _instantiated(
-    model: onnx.ModelProto, p: Part, candidate: Candidate, opset: int, taken: set[str], kernels: str
+    model: onnx.ModelProto, p: Part, candidate: Candidate, opset: int, taken: set[str], backend: Backend
 ) -> Trial:
-    trial = Trial(p.name, candidate, kernels=kernels)
+    trial = Trial(p.name, candidate, backend=backend)
     try:
         inst = instantiate(
             candidate.program,
@@ -412,13 +403,13 @@ def _instantiated(
             prefix=p.name + "/",
             taken_function_names=taken,
             preferred=original_ops(model, p) if not candidate.trace else None,
-            kernels=kernels,
+            backend=backend,
         )
     except Exception as e:  # noqa: BLE001 - one bad candidate must not sink the part; the report says why
         log.warning("%s (%s): instantiation failed: %s", p.name, trial.label, first_line(e))
         return dataclasses.replace(trial, rejected=f"instantiation failed: {first_line(e)}")
     unchanged = not inst.functions and _same_nodes(model, p, inst, opset)
-    if kernels != "onnx":  # the search listed what its program runs as in the portable form
+    if backend.generates_kernels:  # the search listed what its program runs as in the portable form
         trial = dataclasses.replace(
             trial, candidate=dataclasses.replace(candidate, operators=_operators(inst))
         )

@@ -1155,7 +1155,8 @@ def _session(model: onnx.ModelProto, options: Any) -> Any:
     where it has any."""
     import onnxruntime as ort
 
-    from einopt.runtime import kernels, modelio
+    from einopt.backends.tvm import kernels
+    from einopt.runtime import modelio
 
     if modelio.uses_generated_kernels(model):
         kernels.prepare(model, options)
@@ -1207,7 +1208,7 @@ def check_case(
     ``ort_optimizer``, an output that passes is also loaded with ONNX
     Runtime's graph optimizations on (:func:`ort_optimizer_refusal`): status
     ``ort`` when it mishandles the output but not the original. ``kernels`` is
-    how einopt writes eOperators (``"tvm"``: generated kernels, run with its
+    how einopt writes eOperators (``--kernels``; with generated kernels the model runs with its
     kernel library registered).
     """
     import einopt

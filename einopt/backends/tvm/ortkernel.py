@@ -34,12 +34,12 @@ import re
 import threading
 from pathlib import Path
 
+from einopt.backends.tvm.build import CFLAGS, SHIM_SOURCE, TVM_ALIGNMENT, NativeBuildError, link_kernels
 from einopt.core import ir
 from einopt.core.ops import BINARY, UNARY
 from einopt.core.parser import parse
 from einopt.core.rewrite import accesses
 from einopt.core.syntax import format_expr
-from einopt.runtime.build import CFLAGS, SHIM_SOURCE, TVM_ALIGNMENT, NativeBuildError, link_kernels
 from einopt.runtime.cache import cache_dir, cache_folder, read_recorded, write_recorded
 
 __all__ = [
@@ -284,7 +284,7 @@ def ort_kernel(scope: ir.Scope, build: bool = True) -> OrtKernel:
     ------
     KernelUnsupported
         When the scope cannot be a kernel (see :func:`stand_in`).
-    einopt.runtime.build.NativeBuildError
+    einopt.backends.tvm.build.NativeBuildError
         When there is no C compiler to link the library with, or linking fails.
     """
     return _kernel(stand_in(scope), scope.shape, build)
@@ -315,7 +315,7 @@ def library(d: KernelDescription) -> bytes:
 
     Raises
     ------
-    einopt.runtime.build.NativeBuildError
+    einopt.backends.tvm.build.NativeBuildError
         When there is no C compiler to link the library with, or linking fails.
     einopt.runtime.cache.CacheTrustError
         When the cache folder is not private to this user.

@@ -1,11 +1,11 @@
 """Which bindings one generated kernel with several outputs computes (``--kernels tvm``).
 
-Kernel fusion (:mod:`einopt.stages.kernelfusion`) inlines an element-wise
+Kernel fusion (:mod:`einopt.backends.tvm.kernelfusion`) inlines an element-wise
 producer into its one element-wise reader. What it leaves apart is a producer
 that is an output, or read by several: the LSTM cell's ``c' = f * c + i * g``
 is an output and ``h' = o * tanh(c')`` reads it. Two kernels would write
 ``c'`` and read it back, each called by ONNX Runtime on its own; one kernel
-with two outputs computes both in one call (:func:`einopt.codegen.ortkernel.ort_kernel_group`).
+with two outputs computes both in one call (:func:`einopt.backends.tvm.ortkernel.ort_kernel_group`).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def kernel_groups(
 
 def _kernel_work(scope: ir.Scope) -> bool:
     """Element-wise arithmetic (a scope nested in it that reads a member of its group is refused
-    when the kernel is built: :func:`einopt.codegen.ortkernel.stand_in_group`)."""
+    when the kernel is built: :func:`einopt.backends.tvm.ortkernel.stand_in_group`)."""
     if scope.summation or scope.pad or not accesses(scope.body):
         return False
     return any(isinstance(e, (ir.Binary, ir.Unary)) for e in ir.walk(scope.body, stop=ir.Access))

@@ -22,13 +22,17 @@ measured: selection times it beside the unfused one (:mod:`einopt.stages.select`
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+
 from einopt.core import ir
 from einopt.core.rewrite import accesses, replace_scopes
 from einopt.rules.derive import TraceStep
 from einopt.rules.fusion import fuse, program_reads
 from einopt.rules.traversal import inline
+from einopt.search.results import Candidate
 
-__all__ = ["fuse_for_kernels", "PHASE"]
+__all__ = ["fuse_for_kernels", "fused_candidates", "PHASE"]
 
 PHASE = "kernels"
 """The trace phase of a fusion step (the search's phases are explore, converge and cleanup)."""
@@ -43,6 +47,19 @@ def fuse_for_kernels(program: ir.Program) -> tuple[ir.Program, tuple[TraceStep, 
             return program, tuple(steps)
         program = step.program
         steps.append(step)
+
+
+def fused_candidates(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """The ``candidates`` whose element-wise chains fuse into fewer generated kernels, fused (the
+    fusion steps added to their traces), each program once and none already among ``candidates``."""
+    out = []
+    seen = {c.program for c in candidates}
+    for c in candidates:
+        fused, steps = fuse_for_kernels(c.program)
+        if steps and fused not in seen:
+            seen.add(fused)
+            out.append(dataclasses.replace(c, program=fused, trace=c.trace + steps))
+    return out
 
 
 def _one_fusion(program: ir.Program) -> TraceStep | None:

@@ -2,7 +2,7 @@
 and its flags, and the link step that makes a kernel library of TVM's object code and einopt's shim.
 
 What is built, and how it is checked and loaded, is ``einopt.runtime.kernels``'s (the custom-op
-library) and ``einopt.codegen.ortkernel``'s (kernel libraries); this module only builds.
+library) and ``einopt.backends.tvm.ortkernel``'s (kernel libraries); this module only builds.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def link_kernels(modules: Sequence[Any], alignment: int = TVM_ALIGNMENT) -> byte
     Each module's object code is written out, linked with the shim into one shared object
     (``-Bsymbolic``: the library's calls stay inside it even where TVM itself is loaded), and read back.
     ``alignment`` is what the modules' code assumes of its buffers, in bytes (TVM's default, unless
-    the functions were declared otherwise: see ``einopt.codegen.ortkernel.element_aligned``): the library exports it, and the custom op
+    the functions were declared otherwise: see ``einopt.backends.tvm.ortkernel.element_aligned``): the library exports it, and the custom op
     runs a kernel on a less aligned buffer through an aligned copy.
     """
     if alignment < 1 or alignment & (alignment - 1):

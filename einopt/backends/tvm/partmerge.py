@@ -11,7 +11,7 @@ kernels in the next part.
 :func:`merge_parts` composes the chosen programs of two parts where one
 reads the other (:func:`compose`: the reader's input tensors become the
 producer's bound scopes), applies the kernel fusion of
-:mod:`einopt.stages.kernelfusion` to the composition, and keeps the pair
+:mod:`einopt.backends.tvm.kernelfusion` to the composition, and keeps the pair
 together where that leaves fewer bindings than the two fused alone. The other
 programs a part's selection timed are composed with the other part's chosen
 program too, and the two compositions that fuse into the fewest bindings
@@ -34,6 +34,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 
+from einopt.backends import Backend
+from einopt.backends.portable import PORTABLE
+from einopt.backends.tvm.kernelfusion import PHASE, fuse_for_kernels
+from einopt.backends.tvm.kernelgroups import convex
 from einopt.core import ir
 from einopt.core.rewrite import (
     fresh_name,
@@ -45,14 +49,12 @@ from einopt.core.rewrite import (
 )
 from einopt.frontend.translate import Part
 from einopt.instantiate.emit import Instantiated
-from einopt.instantiate.kernelgroups import convex
 from einopt.rules.derive import TraceStep
 from einopt.runtime.timing import NOISE_BAND, Comparison
 from einopt.runtime.verify import Tolerance
 from einopt.search.results import Candidate
 from einopt.stages.accept import Timer
 from einopt.stages.export import toposort
-from einopt.stages.kernelfusion import PHASE, fuse_for_kernels
 from einopt.stages.partsearch import PartSearch
 from einopt.stages.select import Selection, Trial, choose, try_trials
 from einopt.stages.state import PartState
@@ -87,6 +89,7 @@ def merge_parts(
     model: onnx.ModelProto,
     states: Mapping[str, PartState],
     *,
+    backend: Backend,
     datasets: Sequence[Mapping[str, np.ndarray]],
     tolerance: Tolerance,
     timer: Timer | None,
@@ -95,7 +98,8 @@ def merge_parts(
     noise: float = NOISE_BAND,
     budget_s: float | None = None,
 ) -> dict[str, PartState]:
-    """``states`` with adjacent parts merged where their chosen programs fuse further (module docstring).
+    """``states`` with adjacent parts merged where their chosen programs fuse further (module docstring),
+    the merged programs instantiated with ``backend`` (the TVM backend's ``after_selection``).
 
     A merged group's state replaces its members' (at the first member's place); its selection holds
     the ways it was tried, the members' chosen programs side by side and each fused composition (of
@@ -114,7 +118,7 @@ def merge_parts(
         if time.monotonic() > deadline:
             log.info("merging: the budget ran out; %d pair(s) not tried", len(groups) - k)
             break
-        merged = _try_group(model, group, states, datasets, tolerance, timer, feeds, taken, noise)
+        merged = _try_group(model, group, states, backend, datasets, tolerance, timer, feeds, taken, noise)
         if merged is None:
             continue
         first = group.members[0]
@@ -350,6 +354,7 @@ def _try_group(
     model: onnx.ModelProto,
     group: _Side,
     states: Mapping[str, PartState],
+    backend: Backend,
     datasets: Sequence[Mapping[str, np.ndarray]],
     tolerance: Tolerance,
     timer: Timer | None,
@@ -370,15 +375,14 @@ def _try_group(
     trials = try_trials(
         model,
         group.part,
-        [Trial(group.part.name, c, kernels="tvm") for c in (group.chosen, *group.others)],
+        [Trial(group.part.name, c, backend=backend) for c in (group.chosen, *group.others)],
         datasets=datasets,
         tolerance=tolerance,
         timer=timer,
         feeds=feeds,
         taken=taken,
-        kernels="tvm",
     )
-    fused, tried = choose(trials, timed=timed, fewer_nodes=True, noise=noise)
+    fused, tried = choose(trials, timed=timed, fewer_nodes=backend.fewer_nodes, noise=noise)
     if fused is None:
         why = "; ".join(t.rejected for t in tried)
         log.info("%s: no merged program chosen: %s", group.part.name, why)
@@ -394,7 +398,7 @@ def _try_group(
             Candidate(group.part.program, trace, (), 0.0),
             instantiated=separate,
             rejected=f"the merged program ran {head.speedup:.2f}x as fast as these side by side",
-            kernels="tvm" if separate.has_generated_kernels else "onnx",
+            backend=backend if separate.has_generated_kernels else PORTABLE,
         )
         if head.speedup * (1 + noise) < 1:  # a tie goes to the merged program: fewer kernels
             log.info(
