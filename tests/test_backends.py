@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 import einopt
-from einopt import backends
 from einopt.backends import BACKENDS, backend
-from einopt.backends.portable import PORTABLE
 from einopt.backends.tvm import TVM
+from einopt.instantiate.backend import PORTABLE
+from einopt.runtime import modelio
 
 EINOPT = Path(einopt.__file__).resolve().parent
 
@@ -39,7 +39,7 @@ def test_the_documented_kernel_runtime_names_are_the_tvm_backends():
 
     for name in public.__all__:
         assert getattr(public, name) is getattr(kernels, name), name
-    assert public.DOMAIN == backends.KERNEL_DOMAIN
+    assert public.DOMAIN == modelio.KERNEL_DOMAIN
 
 
 def test_no_module_outside_the_registry_and_the_cli_names_a_backend():

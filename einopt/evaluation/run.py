@@ -86,7 +86,6 @@ from pathlib import Path
 import numpy as np
 
 from einopt.backends import BACKENDS
-from einopt.backends.portable import PORTABLE
 from einopt.evaluation.checks import SideJob, openvino_text, run_side, split_reference
 from einopt.evaluation.tables import (
     KERNELS_END,
@@ -103,6 +102,7 @@ from einopt.evaluation.tables import (
     speedup_text,
     update_readme,
 )
+from einopt.instantiate.backend import PORTABLE
 
 SECTIONS = ("generated", "shared")
 """Words ``--models`` takes for a whole section."""

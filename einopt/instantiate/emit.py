@@ -38,12 +38,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from einopt.backends import KERNEL_DOMAIN, Backend
-from einopt.backends.portable import PORTABLE
 from einopt.core import ir
 from einopt.core.interp import evaluate
 from einopt.frontend.onnx_graph import FreshNames, unique_name
 from einopt.instantiate import EINSUM_OPSET, EOP_DOMAIN, eop
+from einopt.instantiate.backend import PORTABLE, Backend
 from einopt.instantiate.match import MATCHERS, match
 from einopt.instantiate.plan import (
     DepthToSpace,
@@ -59,6 +58,7 @@ from einopt.instantiate.plan import (
     SpaceToDepth,
     Transpose,
 )
+from einopt.runtime.modelio import KERNEL_DOMAIN
 
 if TYPE_CHECKING:
     from einopt.frontend.translate import Part

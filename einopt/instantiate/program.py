@@ -11,10 +11,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from einopt.backends import Backend
-from einopt.backends.portable import PORTABLE
 from einopt.core import ir
 from einopt.frontend.onnx_graph import unique_name
+from einopt.instantiate.backend import PORTABLE, Backend
 from einopt.instantiate.emit import Instantiated, instantiate, light_omits
 from einopt.runtime.modelio import missing_opsets
 

@@ -29,10 +29,13 @@ import onnxruntime as ort
 from google.protobuf.message import DecodeError, EncodeError
 from onnx import TensorProto, numpy_helper
 
-from einopt.backends import BACKENDS, KERNEL_DOMAIN
+from einopt.backends.tvm import kernels
 from einopt.errors import ModelError, UnsupportedModelError
 from einopt.runtime.inputs import feed_inputs, load_inputs, random_inputs
 from einopt.runtime.timing import thread_options
+
+KERNEL_DOMAIN = kernels.DOMAIN
+"""The domain of einopt's generated-kernel nodes."""
 
 log = logging.getLogger(__name__)
 
@@ -628,9 +631,8 @@ def session(
     peak memory of a run until the session is gone: right for sessions that
     run once (verification of big models at big batches), wrong for timed ones.
     A model with einopt's generated kernels (nodes of ``einopt.runtime.kernels.DOMAIN``) gets
-    what its backend needs (:meth:`einopt.backends.Backend.prepare_session`: einopt's custom-op
-    library registered and the kernels built from their descriptions, or taken from einopt's cache;
-    see :func:`einopt.runtime.kernels.prepare`).
+    einopt's custom-op library registered and its kernels built from their descriptions (or taken
+    from einopt's cache; see :func:`einopt.runtime.kernels.prepare`).
 
     Raises
     ------
@@ -655,8 +657,11 @@ def session(
     if profile_prefix is not None:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
-    for backend in BACKENDS.values():  # generated kernels: built from what the nodes describe
-        backend.prepare_session(model, options)
+    if uses_generated_kernels(model):
+        try:
+            kernels.prepare(model, options)  # builds the kernels the nodes describe: runs nothing of the file
+        except kernels.NativeBuildError as e:
+            raise UnsupportedModelError(f"the model runs einopt's generated kernels, and {e}") from e
     providers = ["CPUExecutionProvider"]
     try:
         if total_tensor_bytes(model) <= LARGE_MODEL_BYTES:

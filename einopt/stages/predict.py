@@ -22,9 +22,8 @@ from collections.abc import Mapping, Sequence
 import onnx
 from onnx import helper
 
-from einopt.backends import Backend
-from einopt.backends.portable import PORTABLE
 from einopt.frontend.translate import Part, value_types
+from einopt.instantiate.backend import PORTABLE, Backend
 from einopt.instantiate.program import program_model, weight_names
 from einopt.runtime.opcost import OpCosts, footprint, memory_limit, node_costs
 from einopt.search.results import Candidate

@@ -25,9 +25,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 
-from einopt.backends import Backend
-from einopt.backends.portable import PORTABLE
 from einopt.frontend.translate import Part
+from einopt.instantiate.backend import PORTABLE, Backend
 from einopt.instantiate.emit import Instantiated, instantiate, original_ops
 from einopt.opsets import default_opset
 from einopt.runtime.modelio import KERNEL_DOMAIN

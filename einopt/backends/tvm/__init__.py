@@ -135,19 +135,5 @@ class TvmBackend:
 
         return merge_parts(model, states, backend=self, **selection)
 
-    def prepare_session(self, model: onnx.ModelProto, options: Any) -> None:
-        """einopt's custom-op library registered and the kernels the nodes describe built (or taken
-        from einopt's cache): runs nothing of the model."""
-        from einopt.backends.tvm import kernels
-        from einopt.errors import UnsupportedModelError
-        from einopt.runtime.modelio import uses_generated_kernels
-
-        if not uses_generated_kernels(model):
-            return
-        try:
-            kernels.prepare(model, options)
-        except kernels.NativeBuildError as e:
-            raise UnsupportedModelError(f"the model runs einopt's generated kernels, and {e}") from e
-
 
 TVM = TvmBackend()

@@ -46,7 +46,6 @@ from typing import Any
 
 import onnx
 
-from einopt.backends import KERNEL_DOMAIN
 from einopt.backends.tvm.build import (
     CFLAGS,
     LIBRARY_SOURCE,
@@ -73,8 +72,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DOMAIN = KERNEL_DOMAIN
-"""The domain of einopt's generated-kernel nodes (:data:`einopt.backends.KERNEL_DOMAIN`)."""
+DOMAIN = "ai.einopt"
+"""The domain of einopt's generated-kernel nodes (``einopt.runtime.modelio.KERNEL_DOMAIN``)."""
 OP_TYPE = "TvmKernel"
 
 

@@ -34,8 +34,6 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 
-from einopt.backends import Backend
-from einopt.backends.portable import PORTABLE
 from einopt.backends.tvm.kernelfusion import PHASE, fuse_for_kernels
 from einopt.backends.tvm.kernelgroups import convex
 from einopt.core import ir
@@ -48,6 +46,7 @@ from einopt.core.rewrite import (
     taken_names,
 )
 from einopt.frontend.translate import Part
+from einopt.instantiate.backend import PORTABLE, Backend
 from einopt.instantiate.emit import Instantiated
 from einopt.rules.derive import TraceStep
 from einopt.runtime.timing import NOISE_BAND, Comparison
