@@ -43,6 +43,7 @@ from einopt.runtime.verify import (
 )
 from einopt.search.budget import Budget
 from einopt.stages.accept import MODEL_NOISE, Decision, Timer, accept_rewrites
+from einopt.stages.context import StageContext
 from einopt.stages.export import assemble
 from einopt.stages.partsearch import DEFAULT_BUDGET, PartSearch, Progress, Settings, search_parts
 from einopt.stages.postopt import postoptimize
@@ -257,32 +258,19 @@ def _rewrite(
             searches = predict(model, translated, searches, OpCosts(store), backend=backend)
             clock("cost")
         states = fill(states, search=searches)
-        taken = {f.name for f in original.functions}
-        timer = Timer(store, part_budget_s=options.part_budget_s) if timed else None
-        selections = select(
+        ctx = StageContext(
             model,
-            translated,
-            searches,
-            datasets=datasets,
-            tolerance=options.tolerance,
-            timer=timer,
-            feeds=feeds,
-            taken=taken,
-            top_k=options.top_k if options.max_depth > 0 else 0,
-            backend=backend,
-            noise=options.noise,
+            datasets,
+            options.tolerance,
+            Timer(store, part_budget_s=options.part_budget_s) if timed else None,
+            feeds,
+            {f.name for f in original.functions},
+            backend,
+            options.noise,
         )
+        selections = select(ctx, translated, searches, top_k=options.top_k if options.max_depth > 0 else 0)
         states = fill(states, selection=selections)
-        states = backend.after_selection(
-            model,
-            states,
-            datasets=datasets,
-            tolerance=options.tolerance,
-            timer=timer,
-            feeds=feeds,
-            taken=taken,
-            noise=options.noise,
-        )
+        states = backend.after_selection(ctx, states)
         clock("select")
         decided = _accept(original, model, states, feeds, store, options)
     finally:

@@ -642,6 +642,7 @@ def test_with_generated_kernels_a_candidate_is_also_tried_with_its_eoperators_as
     from einopt.rules import TraceStep
     from einopt.runtime.verify import Tolerance
     from einopt.search.results import Candidate
+    from einopt.stages.context import StageContext
     from einopt.stages.partsearch import PartSearch
     from einopt.stages.select import select
 
@@ -656,17 +657,8 @@ def test_with_generated_kernels_a_candidate_is_also_tried_with_its_eoperators_as
     )
     feeds = {k: v.astype(np.float32) for k, v in random_inputs(conv, np.random.default_rng(0)).items()}
 
-    chosen = select(
-        model,
-        [part],
-        {"p": search},
-        datasets=[feeds],
-        tolerance=Tolerance(),
-        timer=None,
-        feeds=None,
-        taken=set(),
-        backend=TVM,
-    )["p"]
+    ctx = StageContext(model, [feeds], Tolerance(), timer=None, feeds=None, backend=TVM)
+    chosen = select(ctx, [part], {"p": search})["p"]
 
     derived = [t for t in chosen.tried if t.candidate.trace]
     assert sorted(t.backend.name for t in derived) == ["onnx", "tvm"]

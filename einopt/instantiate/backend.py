@@ -75,11 +75,9 @@ class Backend(Protocol):
     def variants(self, candidates: Sequence[Any]) -> list[Any]:
         """Further forms of ``candidates`` that selection instantiates and times beside them."""
 
-    def after_selection(
-        self, model: onnx.ModelProto, states: Mapping[str, Any], **selection: Any
-    ) -> Mapping[str, Any]:
+    def after_selection(self, ctx: Any, states: Mapping[str, Any]) -> Mapping[str, Any]:
         """The parts' states after selection, changed where this backend does better across parts
-        (``selection``: what :func:`einopt.stages.select.try_trials` needs, and ``noise``)."""
+        (``ctx``: the :class:`einopt.stages.context.StageContext` selection ran in)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,9 +118,7 @@ class PortableBackend:
     def variants(self, candidates: Sequence[Any]) -> list[Any]:
         return []
 
-    def after_selection(
-        self, model: onnx.ModelProto, states: Mapping[str, Any], **selection: Any
-    ) -> Mapping[str, Any]:
+    def after_selection(self, ctx: Any, states: Mapping[str, Any]) -> Mapping[str, Any]:
         return states
 
 

@@ -33,7 +33,8 @@ from einopt.runtime.modelio import KERNEL_DOMAIN
 from einopt.runtime.timing import NOISE_BAND, Comparison
 from einopt.runtime.verify import Agreement, Tolerance, first_line
 from einopt.search.results import Candidate
-from einopt.stages.accept import Timer, is_unchanged
+from einopt.stages.accept import is_unchanged
+from einopt.stages.context import StageContext
 from einopt.stages.partsearch import PartSearch
 from einopt.stages.verify import part_pairs, verify_parts
 
@@ -127,59 +128,40 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def select(
-    model: onnx.ModelProto,
+    ctx: StageContext,
     parts: Sequence[Part],
     searches: Mapping[str, PartSearch],
     *,
-    datasets: Sequence[Mapping[str, np.ndarray]],
-    tolerance: Tolerance,
-    timer: Timer | None,
-    feeds: Mapping[str, np.ndarray] | None,
-    taken: set[str],
     top_k: int = DEFAULT_TOP_K,
     budget_s: float | None = None,
-    backend: Backend = PORTABLE,
-    noise: float = NOISE_BAND,
 ) -> dict[str, Selection]:
-    """Instantiate, verify and (with a ``timer``) time each part's candidates; choose the fastest.
+    """Instantiate, verify and (with the context's timer) time each part's candidates; choose the
+    fastest.
 
     Parameters
     ----------
-    model : onnx.ModelProto
-        The prepared model the parts were cut from.
+    ctx : StageContext
+        The prepared model, verification and timing, the backend (its ``variants`` of the
+        candidates are tried too, and a candidate with generated kernels also in the portable form:
+        a kernel slower than the glue it replaces is not chosen) and the noise band (ties go to
+        fewer nodes with a ``fewer_nodes`` backend: :func:`choose`).
     parts : sequence of Part
         The translated subprograms.
     searches : mapping
         Part name -> what its search found (a part without one has its input only).
-    datasets : sequence
-        Verification inputs (empty: nothing is verified).
-    tolerance : Tolerance
-        Verification tolerance.
-    timer : Timer or None
-        Times candidates against the original nodes; None: choose the best
-        predicted verified candidate, untimed (``--accept verified``).
-    feeds : mapping or None
-        Graph inputs the timings run on.
-    taken : set of str
-        Function names already in the model; the chosen candidates' are added.
     top_k : int
         Derived programs tried per part, at most.
     budget_s : float, optional
         Seconds the stage may take before it stops timing (default :data:`BUDGET_S`; the
         verification counts).
-    backend : Backend
-        How the candidates' eOperators are written (:mod:`einopt.backends`). Its ``variants`` of
-        the candidates are tried too, and a candidate with generated kernels also in the portable
-        form (a kernel slower than the glue it replaces is not chosen).
-    noise : float
-        With a backend whose ties go to ``fewer_nodes``, trials measured within ``1 + noise`` of
-        the fastest are ties, and the one with the fewest nodes is chosen (:func:`choose`).
 
     Returns
     -------
     dict
         Part name -> its :class:`Selection`, for every translated part.
     """
+    model, datasets, tolerance, timer, feeds = ctx.model, ctx.datasets, ctx.tolerance, ctx.timer, ctx.feeds
+    taken, backend, noise = ctx.taken, ctx.backend, ctx.noise
     budget_s = BUDGET_S if budget_s is None else budget_s
     deadline = time.monotonic() + budget_s
     opset = default_opset(model)
@@ -242,21 +224,14 @@ def select(
     return out
 
 
-def try_trials(
-    model: onnx.ModelProto,
-    part: Part,
-    trials: Sequence[Trial],
-    *,
-    datasets: Sequence[Mapping[str, np.ndarray]],
-    tolerance: Tolerance,
-    timer: Timer | None,
-    feeds: Mapping[str, np.ndarray] | None,
-    taken: set[str],
-) -> list[Trial]:
+def try_trials(ctx: StageContext, part: Part, trials: Sequence[Trial]) -> list[Trial]:
     """One part's ``trials``, each instantiated (unless it already is), verified, and (with a
     ``timer``) timed against the part's original nodes: :func:`select`'s steps for a part that
     is not among the ones it was given (a merged group, :mod:`einopt.backends.tvm.partmerge`); a trial is
     instantiated with its own backend."""
+    model, datasets, tolerance, timer, feeds, taken = (
+        ctx.model, ctx.datasets, ctx.tolerance, ctx.timer, ctx.feeds, ctx.taken
+    )  # fmt: skip
     opset = default_opset(model)
     pending = {
         part.name: [

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     import numpy as np
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from einopt.instantiate.emit import Instantiated, _Emitter
     from einopt.instantiate.plan import OperatorMatch
     from einopt.search.results import Candidate
+    from einopt.stages.context import StageContext
     from einopt.stages.state import PartState
 
 __all__ = ["TVM", "TvmBackend"]
@@ -126,14 +127,12 @@ class TvmBackend:
 
         return fused_candidates(candidates)
 
-    def after_selection(
-        self, model: onnx.ModelProto, states: Mapping[str, PartState], **selection: Any
-    ) -> Mapping[str, PartState]:
+    def after_selection(self, ctx: StageContext, states: Mapping[str, PartState]) -> Mapping[str, PartState]:
         """Seams between subprograms that one generated kernel can close
         (:func:`einopt.backends.tvm.partmerge.merge_parts`)."""
         from einopt.backends.tvm.partmerge import merge_parts
 
-        return merge_parts(model, states, backend=self, **selection)
+        return merge_parts(ctx, states)
 
 
 TVM = TvmBackend()

@@ -46,13 +46,13 @@ from einopt.core.rewrite import (
     taken_names,
 )
 from einopt.frontend.translate import Part
-from einopt.instantiate.backend import PORTABLE, Backend
+from einopt.instantiate.backend import PORTABLE
 from einopt.instantiate.emit import Instantiated
 from einopt.rules.derive import TraceStep
-from einopt.runtime.timing import NOISE_BAND, Comparison
-from einopt.runtime.verify import Tolerance
+from einopt.runtime.timing import Comparison
 from einopt.search.results import Candidate
 from einopt.stages.accept import Timer
+from einopt.stages.context import StageContext
 from einopt.stages.export import toposort
 from einopt.stages.partsearch import PartSearch
 from einopt.stages.select import Selection, Trial, choose, try_trials
@@ -85,20 +85,10 @@ class _Side:
 
 
 def merge_parts(
-    model: onnx.ModelProto,
-    states: Mapping[str, PartState],
-    *,
-    backend: Backend,
-    datasets: Sequence[Mapping[str, np.ndarray]],
-    tolerance: Tolerance,
-    timer: Timer | None,
-    feeds: Mapping[str, np.ndarray] | None,
-    taken: set[str],
-    noise: float = NOISE_BAND,
-    budget_s: float | None = None,
+    ctx: StageContext, states: Mapping[str, PartState], *, budget_s: float | None = None
 ) -> dict[str, PartState]:
     """``states`` with adjacent parts merged where their chosen programs fuse further (module docstring),
-    the merged programs instantiated with ``backend`` (the TVM backend's ``after_selection``).
+    the merged programs instantiated with the context's backend (the TVM backend's ``after_selection``).
 
     A merged group's state replaces its members' (at the first member's place); its selection holds
     the ways it was tried, the members' chosen programs side by side and each fused composition (of
@@ -110,14 +100,14 @@ def merge_parts(
     part order until ``budget_s`` (default :data:`BUDGET_S`) has passed; the others stay apart.
     """
     sides = {n: _side(s) for n, s in states.items() if s.selection is not None and s.part.translated}
-    groups = _groups(model, [sides[n] for n in states if n in sides])
+    groups = _groups(ctx.model, [sides[n] for n in states if n in sides])
     out = dict(states)
     deadline = time.monotonic() + (BUDGET_S if budget_s is None else budget_s)
     for k, group in enumerate(groups):
         if time.monotonic() > deadline:
             log.info("merging: the budget ran out; %d pair(s) not tried", len(groups) - k)
             break
-        merged = _try_group(model, group, states, backend, datasets, tolerance, timer, feeds, taken, noise)
+        merged = _try_group(ctx, group, states)
         if merged is None:
             continue
         first = group.members[0]
@@ -349,18 +339,7 @@ def _read_outside(model: onnx.ModelProto, group: set[int]) -> set[str]:
 # ---- trying a group ---------------------------------------------------------
 
 
-def _try_group(
-    model: onnx.ModelProto,
-    group: _Side,
-    states: Mapping[str, PartState],
-    backend: Backend,
-    datasets: Sequence[Mapping[str, np.ndarray]],
-    tolerance: Tolerance,
-    timer: Timer | None,
-    feeds: Mapping[str, np.ndarray] | None,
-    taken: set[str],
-    noise: float,
-) -> PartState | None:
+def _try_group(ctx: StageContext, group: _Side, states: Mapping[str, PartState]) -> PartState | None:
     """The merged state of ``group`` when one of its fused programs is verified and (timed) not
     slower than its members' programs side by side beyond ``noise``; None otherwise.
 
@@ -370,16 +349,17 @@ def _try_group(
     then timed head to head against the members' programs side by side: two ratios against the
     original measured at different moments are not comparable on a machine whose speed drifts.
     """
+    model, timer, feeds, backend, noise, taken = (
+        ctx.model,
+        ctx.timer,
+        ctx.feeds,
+        ctx.backend,
+        ctx.noise,
+        ctx.taken,
+    )
     timed = timer is not None and feeds is not None
     trials = try_trials(
-        model,
-        group.part,
-        [Trial(group.part.name, c, backend=backend) for c in (group.chosen, *group.others)],
-        datasets=datasets,
-        tolerance=tolerance,
-        timer=timer,
-        feeds=feeds,
-        taken=taken,
+        ctx, group.part, [Trial(group.part.name, c, backend=backend) for c in (group.chosen, *group.others)]
     )
     fused, tried = choose(trials, timed=timed, fewer_nodes=backend.fewer_nodes, noise=noise)
     if fused is None:
