@@ -262,11 +262,11 @@ def _rewrite(
             model,
             datasets,
             options.tolerance,
-            Timer(store, part_budget_s=options.part_budget_s) if timed else None,
-            feeds,
-            {f.name for f in original.functions},
-            backend,
-            options.noise,
+            timer=Timer(store, part_budget_s=options.part_budget_s) if timed else None,
+            feeds=feeds,
+            taken={f.name for f in original.functions},
+            backend=backend,
+            noise=options.noise,
         )
         selections = select(ctx, translated, searches, top_k=options.top_k if options.max_depth > 0 else 0)
         states = fill(states, selection=selections)

@@ -486,8 +486,8 @@ def _command(args: argparse.Namespace, generated: list[str], shared: list[str], 
 
 
 def compare_kernels(rows: list[dict], command: str, args: argparse.Namespace, whole: bool) -> None:
-    """``kernels.md`` in ``args.out``: the run's rows beside the onnx run's, and the README's block
-    when the run covers every row at full size."""
+    """``kernels.md`` in ``args.out``: the run's rows beside the onnx run's, and its block in
+    docs/results.md when the run covers every row at full size."""
     try:
         onnx_run = json.loads((args.onnx_results / "summary.json").read_text())
     except (OSError, ValueError):
@@ -659,7 +659,6 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         write_summary(rows, shared_rows, command, args.out, code)
     table, shared_table = write_summary(rows, shared_rows, command, args.out, code)
     print("\n".join(t for t in (table, shared_table) if t))
-    readme = README
     if args.kernels != PORTABLE.name:
         compare_kernels(rows + shared_rows, command, args, whole=everything and set(batches) == {1, 16})
     elif (
@@ -668,7 +667,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         and set(batches) == {1, 16}
         and set(generated) == set(MODELS)
     ):
-        update_readme(readme, table)
+        update_readme(README, table)
         print("README.md updated (generated models)")
     if not args.no_readme and index and set(shared) == set(index):
         update_readme(TABLES, shared_table, SHARED_START, SHARED_END)
