@@ -288,7 +288,9 @@ def _see_through(scope: ir.Scope, also: ir.Scope) -> ir.Scope:
     return scope
 
 
-@pytest.mark.parametrize("elements", [False, True], ids=["gather", "gather-elements"])
+@pytest.mark.parametrize(
+    "elements", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["gather", "gather-elements"]
+)
 def test_banded_attention_structure(elements: bool) -> None:
     """The band reads the dense scores at ``[.., i, i + d*j]``; inlined (as merge_traversal does)
     it is the G2BMM ``Sum k: Q[b, i, dh*h + k] * K[b, i + d*j - w*d, dh*h + k]``, and the value
@@ -329,7 +331,9 @@ def test_banded_attention_structure(elements: bool) -> None:
     assert linear_form(v_read.indices[2]).coeffs == ((hh, D_MODEL // HEADS), (ee, 1))
 
 
-@pytest.mark.parametrize("elements", [False, True], ids=["gather", "gather-elements"])
+@pytest.mark.parametrize(
+    "elements", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["gather", "gather-elements"]
+)
 def test_banded_attention_round_trip(elements: bool) -> None:
     model = banded_attention(elements)
     result = optimize(model, Options(accept="verified", states_per_search=1_000, states_per_model=3_000))

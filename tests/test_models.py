@@ -261,7 +261,9 @@ def test_band_indices():
     assert np.array_equal(idx_s, np.arange(5)[:, None] * N + idx_v)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in ("gpt2", "vit") else n for n in NAMES]
+)
 def test_round_trip(name):
     """Every small model (each op kind of the full one) survives `einopt optimize`, search included, and
     stays equal (the search is bounded to keep the suite short; nothing is timed: every searched part

@@ -248,6 +248,7 @@ def test_ctrl_c_during_the_search_leaves_no_output_and_a_usable_cache(tmp_path):
     assert all(p.search["cached"] for p in again.parts if p.search)
 
 
+@pytest.mark.slow
 def test_searches_on_a_local_ray_give_the_local_model(tmp_path, monkeypatch):
     ray = pytest.importorskip("ray")
     monkeypatch.chdir(tmp_path)  # Ray's workers start where the driver is: not in a source checkout
@@ -321,7 +322,7 @@ def test_candidates_predicted_to_save_nothing_are_timed_last():
 
 @pytest.mark.parametrize(
     "name",
-    ["bert", pytest.param("gpt2", marks=pytest.mark.slow), pytest.param("vit", marks=pytest.mark.slow)],
+    [pytest.param(n, marks=pytest.mark.slow) for n in ("bert", "gpt2", "vit")],
 )
 def test_an_attention_block_comes_out_as_one_fused_operator(name, tmp_path):
     # The search reaches the attention core as one com.microsoft operator in one fuse_cone step

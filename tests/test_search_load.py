@@ -17,6 +17,9 @@ import onnx
 import pytest
 from onnx_models import lstm_cell
 
+# Spinning every core would slow the quick tier's other tests (two workers share two cores): the slow tier.
+pytestmark = pytest.mark.slow
+
 
 def _spin(stop) -> None:
     while not stop.is_set():
