@@ -31,11 +31,9 @@ from onnx import TensorProto, numpy_helper
 
 from einopt.backends.tvm import kernels
 from einopt.errors import ModelError, UnsupportedModelError
+from einopt.opsets import KERNEL_DOMAIN
 from einopt.runtime.inputs import feed_inputs, load_inputs, random_inputs
 from einopt.runtime.timing import thread_options
-
-KERNEL_DOMAIN = kernels.DOMAIN
-"""The domain of einopt's generated-kernel nodes."""
 
 log = logging.getLogger(__name__)
 

@@ -55,6 +55,7 @@ from einopt.backends.tvm.build import (
     run_compiler,
 )
 from einopt.errors import ModelError, UnsupportedModelError
+from einopt.opsets import KERNEL_DOMAIN
 from einopt.runtime.cache import cache_folder, read_recorded, write_recorded
 
 __all__ = [
@@ -72,8 +73,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DOMAIN = "ai.einopt"
-"""The domain of einopt's generated-kernel nodes (``einopt.runtime.modelio.KERNEL_DOMAIN``)."""
+DOMAIN = KERNEL_DOMAIN
+"""The domain of einopt's generated-kernel nodes (:data:`einopt.opsets.KERNEL_DOMAIN`)."""
 OP_TYPE = "TvmKernel"
 
 
