@@ -1,6 +1,7 @@
 """The ONNX opsets einopt works on: a model's default-domain opset, and the refusal of one outside
 the supported range. Every layer that takes a model from the user checks it (the pipeline, the
-command line, the benchmark); the importers read the opset to translate by it.
+command line, the benchmark); the importers read the opset to translate by it. Also the domain of
+einopt's own generated-kernel nodes, which every layer that writes or reads them names.
 """
 
 from __future__ import annotations
@@ -9,10 +10,14 @@ import onnx
 
 from einopt.errors import UnsupportedModelError
 
-__all__ = ["DEFAULT_DOMAINS", "MIN_OPSET", "default_opset", "check_opset"]
+__all__ = ["DEFAULT_DOMAINS", "KERNEL_DOMAIN", "MIN_OPSET", "default_opset", "check_opset"]
 
 # Domain names of the default ONNX operator set.
 DEFAULT_DOMAINS = ("", "ai.onnx")
+
+KERNEL_DOMAIN = "ai.einopt"
+"""The domain of einopt's generated-kernel nodes (``ai.einopt::TvmKernel``, see
+:mod:`einopt.backends.tvm.kernels`)."""
 
 
 def default_opset(model: onnx.ModelProto) -> int | None:

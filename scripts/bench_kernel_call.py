@@ -21,9 +21,9 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from einopt import L, iters, program, tensor
-from einopt.backends.tvm import TVM
+from einopt.backends.tvm import TVM, kernels
 from einopt.instantiate.program import program_model
-from einopt.runtime import kernels
+from einopt.runtime import session
 from einopt.runtime.timing import Timing, load_average, sample_interleaved
 
 
@@ -75,7 +75,7 @@ def main() -> None:
             options = ort.SessionOptions()
             options.intra_op_num_threads = threads
             # the chains are kept whole: ORT folds nothing here, and its graph optimizations stay on
-            sess = kernels.session(chain(args.nodes, args.size, node).SerializeToString(), options)
+            sess = session(chain(args.nodes, args.size, node).SerializeToString(), options)
             (y,) = sess.run(None, {"x": x})
             assert np.array_equal(y, x + args.nodes), name
             sessions[name] = sess

@@ -32,9 +32,10 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
+from einopt.backends.tvm import kernels
 from einopt.backends.tvm.build import CFLAGS, compiler
 from einopt.backends.tvm.ortkernel import library
-from einopt.runtime import kernels
+from einopt.runtime import session
 from einopt.runtime.timing import Timing, configure_threads, load_average, machine_info, sample_interleaved
 
 
@@ -91,7 +92,7 @@ def measure(output: Path, original: Path, old_lib: Path, runs: int, folder: Path
     onnx.save(old_twin(model), twin_path)
     sessions = {
         "input": ort.InferenceSession(str(original), _options(), providers=["CPUExecutionProvider"]),
-        "new route": kernels.session(output, _options(), global_threads=True),
+        "new route": session(output, _options(), global_threads=True),
         "old route": ort.InferenceSession(
             str(twin_path), _options(old_lib), providers=["CPUExecutionProvider"]
         ),

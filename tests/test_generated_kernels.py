@@ -34,6 +34,7 @@ from einopt.backends.tvm.ortkernel import (
 from einopt.core import ir
 from einopt.core.interp import evaluate
 from einopt.instantiate.program import program_model
+from einopt.opsets import KERNEL_DOMAIN
 from einopt.runtime import modelio
 
 from kernel_support import exported_alignment
@@ -664,8 +665,8 @@ def test_with_generated_kernels_a_candidate_is_also_tried_with_its_eoperators_as
     assert sorted(t.backend.name for t in derived) == ["onnx", "tvm"]
     assert all(t.verified.ok for t in derived)
     portable, generated = sorted(derived, key=lambda t: t.backend.name)
-    assert not any(n.domain == modelio.KERNEL_DOMAIN for n in portable.instantiated.nodes)
-    assert any(n.domain == modelio.KERNEL_DOMAIN for n in generated.instantiated.nodes)
+    assert not any(n.domain == KERNEL_DOMAIN for n in portable.instantiated.nodes)
+    assert any(n.domain == KERNEL_DOMAIN for n in generated.instantiated.nodes)
     assert chosen.chosen is generated and portable.as_dict(1.0)["kernels"] == "onnx"
 
 

@@ -172,7 +172,7 @@ def _run_twice(tmp_path: Path, plant, rows: int = 64, cols: int = 96) -> subproc
         import numpy as np
         import einopt.runtime
         from einopt.backends.tvm import ortkernel
-        from einopt.runtime import kernels
+        from einopt.backends.tvm import kernels
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
         a = np.ones(({rows}, {cols}), np.float32)
         (c,) = einopt.runtime.session({str(model)!r}).run(None, {{"A": a, "B": a}})

@@ -14,11 +14,11 @@ import pytest
 from onnx import helper
 
 from einopt import L, iters, program, tensor
-from einopt.backends.tvm import TVM
+from einopt.backends.tvm import TVM, kernels
 from einopt.backends.tvm.build import compiler
 from einopt.errors import ModelError
 from einopt.instantiate.program import program_model
-from einopt.runtime import kernels
+from einopt.runtime import session
 
 pytest.importorskip("tvm")
 
@@ -60,7 +60,7 @@ def test_a_kernel_runs_on_ort_buffers(shape):
     for threads in (1, 2):
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads
-        (c,) = kernels.session(model, options).run(None, {"A": a, "B": b})
+        (c,) = session(model, options).run(None, {"A": a, "B": b})
         np.testing.assert_array_equal(c, 2 * a + b)
 
 
@@ -69,7 +69,7 @@ def test_a_misaligned_input_is_read_where_it_is():
     raw = rng.standard_normal(64 * 96 + 1).astype(np.float32)
     a = raw[1:].reshape(64, 96)  # 4 bytes past an aligned start
     b = rng.standard_normal((64, 96)).astype(np.float32)
-    (c,) = kernels.session(_axpy(64, 96).SerializeToString()).run(None, {"A": a, "B": b})
+    (c,) = session(_axpy(64, 96).SerializeToString()).run(None, {"A": a, "B": b})
     np.testing.assert_array_equal(c, 2 * a + b)
 
 
@@ -79,7 +79,7 @@ def test_a_failed_kernel_check_is_an_ort_error_with_the_kernels_message():
     model = _axpy(64, 96)
     for vi in model.graph.input:
         vi.type.tensor_type.shape.dim[1].dim_value = 95
-    sess = kernels.session(model.SerializeToString())
+    sess = session(model.SerializeToString())
     x = np.zeros((64, 95), np.float32)
     with pytest.raises(Exception, match="einopt TvmKernel einopt_[0-9a-f]+ failed: .*shape"):
         sess.run(None, {"A": x, "B": x})
@@ -95,7 +95,7 @@ def test_a_failed_kernel_check_is_an_ort_error_with_the_kernels_message():
 )
 def test_a_node_that_disagrees_with_its_description_is_refused_before_anything_runs(name, value, message):
     with pytest.raises(ModelError, match=message):
-        kernels.session(_set_attribute(_axpy(64, 96), name, value).SerializeToString())
+        session(_set_attribute(_axpy(64, 96), name, value).SerializeToString())
 
 
 @pytest.mark.parametrize(
@@ -117,7 +117,7 @@ def test_a_description_einopt_would_not_write_is_refused(alter, message):
     model = _set_attribute(model, "kernel", text)
     model = _set_attribute(model, "kernel_sha256", hashlib.sha256(text.encode()).hexdigest())
     with pytest.raises(ModelError, match=message):
-        kernels.session(model.SerializeToString())
+        session(model.SerializeToString())
 
 
 def test_an_altered_description_is_refused_even_with_a_matching_sha256():
@@ -129,7 +129,7 @@ def test_an_altered_description_is_refused_even_with_a_matching_sha256():
     model = _set_attribute(model, "kernel", text)
     model = _set_attribute(model, "kernel_sha256", hashlib.sha256(text.encode()).hexdigest())
     with pytest.raises(ModelError, match="not the one einopt writes"):
-        kernels.session(model.SerializeToString())
+        session(model.SerializeToString())
 
 
 def test_a_model_opened_without_the_library_fails_with_orts_own_error():
@@ -163,7 +163,7 @@ def test_the_library_builds_from_a_clean_cache_and_runs_in_a_fresh_process(tmp_p
     script = textwrap.dedent(
         f"""
         import numpy as np, onnxruntime
-        from einopt.runtime import kernels
+        from einopt.backends.tvm import kernels
         options = kernels.prepare({str(model)!r}, onnxruntime.SessionOptions())
         sess = onnxruntime.InferenceSession({str(model)!r}, options)
         a = np.arange(256 * 96, dtype=np.float32).reshape(256, 96)

@@ -58,7 +58,7 @@ from einopt.instantiate.plan import (
     SpaceToDepth,
     Transpose,
 )
-from einopt.runtime.modelio import KERNEL_DOMAIN
+from einopt.opsets import KERNEL_DOMAIN
 
 if TYPE_CHECKING:
     from einopt.frontend.translate import Part

@@ -129,7 +129,7 @@ def profile_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], runs:
 
 
 GENERATED_OP = "TvmKernel"
-"""The op type of einopt's generated kernels (``einopt.runtime.kernels.OP_TYPE``)."""
+"""The op type of einopt's generated kernels (``einopt.backends.tvm.kernels.OP_TYPE``)."""
 
 
 def _float_bytes(args: Mapping) -> int:

@@ -29,13 +29,11 @@ import onnxruntime as ort
 from google.protobuf.message import DecodeError, EncodeError
 from onnx import TensorProto, numpy_helper
 
-from einopt.backends.tvm import kernels
 from einopt.errors import ModelError, UnsupportedModelError
+from einopt.opsets import KERNEL_DOMAIN
 from einopt.runtime.inputs import feed_inputs, load_inputs, random_inputs
+from einopt.runtime.sessions import prepare_options
 from einopt.runtime.timing import thread_options
-
-KERNEL_DOMAIN = kernels.DOMAIN
-"""The domain of einopt's generated-kernel nodes."""
 
 log = logging.getLogger(__name__)
 
@@ -630,16 +628,17 @@ def session(
     ``arena=False`` turns off ONNX Runtime's CPU memory arena, which keeps the
     peak memory of a run until the session is gone: right for sessions that
     run once (verification of big models at big batches), wrong for timed ones.
-    A model with einopt's generated kernels (nodes of ``einopt.runtime.kernels.DOMAIN``) gets
-    einopt's custom-op library registered and its kernels built from their descriptions (or taken
-    from einopt's cache; see :func:`einopt.runtime.kernels.prepare`).
+    A model with nodes of domains ONNX Runtime does not run by itself has their session hooks
+    prepare the options (:func:`einopt.runtime.sessions.prepare_options`): einopt's generated kernels
+    (domain :data:`einopt.opsets.KERNEL_DOMAIN`) get einopt's custom-op library registered and their
+    kernels built from their descriptions (or taken from einopt's cache).
 
     Raises
     ------
     ModelError
-        The model references external data that is not loaded.
+        The model references external data that is not loaded, or its kernel nodes are damaged.
     UnsupportedModelError
-        ONNX Runtime cannot load the model (its message).
+        ONNX Runtime cannot load the model (its message), or a session hook cannot prepare it.
     """
     _require_loaded(model)
     options = ort.SessionOptions()
@@ -657,11 +656,7 @@ def session(
     if profile_prefix is not None:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
-    if uses_generated_kernels(model):
-        try:
-            kernels.prepare(model, options)  # builds the kernels the nodes describe: runs nothing of the file
-        except kernels.NativeBuildError as e:
-            raise UnsupportedModelError(f"the model runs einopt's generated kernels, and {e}") from e
+    prepare_options(model, options)  # installed hooks read the model as data: nothing of the file runs
     providers = ["CPUExecutionProvider"]
     try:
         if total_tensor_bytes(model) <= LARGE_MODEL_BYTES:

@@ -59,7 +59,8 @@ import onnx.shape_inference
 from onnx import helper, numpy_helper
 
 from einopt.core.cost import FLOPS, VIEWS, itemsize
-from einopt.runtime.modelio import KERNEL_DOMAIN, available_bytes, missing_opsets, session
+from einopt.opsets import KERNEL_DOMAIN
+from einopt.runtime.modelio import available_bytes, missing_opsets, session
 from einopt.runtime.timing import configure_threads, time_interleaved
 
 __all__ = [

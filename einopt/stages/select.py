@@ -28,8 +28,7 @@ import onnx
 from einopt.frontend.translate import Part
 from einopt.instantiate.backend import PORTABLE, Backend
 from einopt.instantiate.emit import Instantiated, instantiate, original_ops
-from einopt.opsets import default_opset
-from einopt.runtime.modelio import KERNEL_DOMAIN
+from einopt.opsets import KERNEL_DOMAIN, default_opset
 from einopt.runtime.timing import NOISE_BAND, Comparison
 from einopt.runtime.verify import Agreement, Tolerance, first_line
 from einopt.search.results import Candidate

@@ -12,8 +12,9 @@ library. Its parts, in pipeline order:
 - :mod:`~einopt.backends.tvm.partmerge`: after selection, adjacent subprograms whose seam one
   kernel can close are merged;
 - :mod:`~einopt.backends.tvm.ortkernel` (kernel descriptions and libraries),
-  :mod:`~einopt.backends.tvm.kernels` (the custom-op library and sessions; documented as
-  ``einopt.runtime.kernels``), :mod:`~einopt.backends.tvm.build` and ``native/`` (the C sources).
+  :mod:`~einopt.backends.tvm.kernels` (the custom-op library, and the session hook of the domain
+  ``ai.einopt`` that ``einopt.runtime.session`` finds by its entry point),
+  :mod:`~einopt.backends.tvm.build` and ``native/`` (the C sources).
 
 Its modules are imported when a hook first needs them: importing the registry
 (:mod:`einopt.backends`) loads none of them.

@@ -1,7 +1,7 @@
 """einopt's native code, built with the system C compiler: the C sources (``native/``), the compiler
 and its flags, and the link step that makes a kernel library of TVM's object code and einopt's shim.
 
-What is built, and how it is checked and loaded, is ``einopt.runtime.kernels``'s (the custom-op
+What is built, and how it is checked and loaded, is :mod:`einopt.backends.tvm.kernels`'s (the custom-op
 library) and ``einopt.backends.tvm.ortkernel``'s (kernel libraries); this module only builds.
 """
 

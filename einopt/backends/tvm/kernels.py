@@ -17,10 +17,11 @@ folder of it must be this user's and not writable by others, or einopt refuses i
   process. A node whose kernel was not prepared fails when its session is made: nothing in a model
   file is ever loaded or run.
 
-``einopt.runtime.session("out.onnx")`` (this module's :func:`session`) does all of it. A plain ONNX
+``einopt.runtime.session("out.onnx")`` does all of it, through :func:`prepare_session`, the session
+hook einopt registers for the domain ``ai.einopt`` (see :mod:`einopt.runtime.sessions`). A plain ONNX
 Runtime session runs such a model after one extra line::
 
-    options = einopt.runtime.kernels.prepare("out.onnx", onnxruntime.SessionOptions())
+    options = einopt.backends.tvm.kernels.prepare("out.onnx", onnxruntime.SessionOptions())
     session = onnxruntime.InferenceSession("out.onnx", options)
 
 The first session of a model on a new machine compiles its kernels (a few seconds each, logged);
@@ -29,11 +30,8 @@ later ones, in this process or another, load them from the cache.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import functools
 import hashlib
-import io
 import logging
 import os
 import platform
@@ -55,7 +53,9 @@ from einopt.backends.tvm.build import (
     run_compiler,
 )
 from einopt.errors import ModelError, UnsupportedModelError
+from einopt.opsets import KERNEL_DOMAIN
 from einopt.runtime.cache import cache_folder, read_recorded, write_recorded
+from einopt.runtime.sessions import read_model
 
 __all__ = [
     "DOMAIN",
@@ -66,14 +66,14 @@ __all__ = [
     "library_path",
     "link_kernels",
     "prepare",
+    "prepare_session",
     "register",
-    "session",
 ]
 
 log = logging.getLogger(__name__)
 
-DOMAIN = "ai.einopt"
-"""The domain of einopt's generated-kernel nodes (``einopt.runtime.modelio.KERNEL_DOMAIN``)."""
+DOMAIN = KERNEL_DOMAIN
+"""The domain of einopt's generated-kernel nodes (:data:`einopt.opsets.KERNEL_DOMAIN`)."""
 OP_TYPE = "TvmKernel"
 
 
@@ -250,7 +250,7 @@ def prepare(model: onnx.ModelProto | str | Path | bytes, options: Any = None) ->
         einopt's cache folder is another user's, or others can write it.
     """
     if not isinstance(model, onnx.ModelProto):
-        model = _read_model(model)
+        model = read_model(model)
     descriptions = described(model)
     options = register(options)
     if not descriptions:
@@ -281,6 +281,25 @@ def prepare(model: onnx.ModelProto | str | Path | bytes, options: Any = None) ->
     return options
 
 
+def prepare_session(model: onnx.ModelProto, options: Any) -> None:
+    """The session hook of domain ``ai.einopt``: :func:`prepare` ``model``'s kernels into ``options``.
+
+    einopt's ``pyproject.toml`` registers it as the entry point ``ai.einopt`` of the group
+    ``einopt.session_domains``, by which :mod:`einopt.runtime.sessions` finds it.
+
+    Raises
+    ------
+    UnsupportedModelError
+        The kernels cannot be built here (no C compiler, a failed build), or as :func:`described`.
+    ModelError
+        As :func:`described`.
+    """
+    try:
+        prepare(model, options)  # builds the kernels the nodes describe: runs nothing of the file
+    except NativeBuildError as e:
+        raise UnsupportedModelError(f"the model runs einopt's generated kernels, and {e}") from e
+
+
 def _built_here(descriptions: Sequence[Any]) -> list[Any]:
     """Those of ``descriptions`` that no cache holds yet (compiling them is what takes time)."""
     from einopt.backends.tvm.ortkernel import is_cached
@@ -305,66 +324,3 @@ def _check_node(label: str, node: onnx.NodeProto, attrs: dict, d) -> None:
             f"{label}: it has {len(node.input)} inputs and {len(node.output)} outputs, its kernel "
             f"{len(d.inputs)} and {len(d.outputs)}"
         )
-
-
-def _read_model(model: str | Path | bytes) -> onnx.ModelProto:
-    try:
-        if isinstance(model, bytes):
-            return onnx.load_model_from_string(model)
-        return onnx.load_model(str(model), load_external_data=False)
-    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError, OSError, onnx's own errors
-        raise ModelError(f"cannot read the model: {e}") from None
-
-
-_GLOBAL_POOL_ERROR = "use_per_session_threads must be false when using a global thread pool"
-
-
-@functools.cache
-def _global_pool() -> bool:
-    """Whether this process runs ONNX Runtime with a global thread pool (``set_global_thread_pool_sizes``),
-    where every session must say it uses it: asked once, of a one-node session (ORT's environment, made
-    with the first session, cannot change afterwards)."""
-    import onnxruntime
-    from onnx import TensorProto, helper
-
-    v = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["x"], ["y"])],
-        "probe",
-        [v],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
-    )
-    probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
-    options = onnxruntime.SessionOptions()
-    options.log_severity_level = 4
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # ORT prints its failed attempt and its retry
-            onnxruntime.InferenceSession(probe, options, providers=["CPUExecutionProvider"])
-    except Exception as e:  # noqa: BLE001 - ORT raises its own error types
-        if _GLOBAL_POOL_ERROR in str(e):
-            return True
-        raise
-    return False
-
-
-def session(
-    path: str | Path | bytes,
-    options: Any = None,
-    providers: Sequence[str] = ("CPUExecutionProvider",),
-    *,
-    global_threads: bool | None = None,
-) -> Any:
-    """An ``onnxruntime.InferenceSession`` of ``path`` (a file or model bytes) that runs einopt's kernels
-    (built from the model's descriptions, see :func:`prepare`).
-
-    ``global_threads``: whether the session uses the process's global thread pool (ONNX Runtime's
-    ``use_per_session_threads = False``); None (the default) uses it where the process has one, as
-    servers and benchmarks that call ``set_global_thread_pool_sizes`` do.
-    """
-    import onnxruntime
-
-    options = prepare(path, options)
-    if global_threads or (global_threads is None and _global_pool()):
-        options.use_per_session_threads = False
-    model = path if isinstance(path, bytes) else str(path)
-    return onnxruntime.InferenceSession(model, options, providers=list(providers))

@@ -2,7 +2,7 @@
 that runs it.
 
 A model carries what to compute, never machine code. ``ort_kernel(scope)`` gives what an
-``ai.einopt::TvmKernel`` node needs (see ``einopt.runtime.kernels``): the kernel's
+``ai.einopt::TvmKernel`` node needs (see :mod:`einopt.backends.tvm.kernels`): the kernel's
 :class:`KernelDescription` (its program in einopt's expression syntax, its input and output shapes and
 its schedule, as one canonical JSON text, and the SHA-256 of that text), and the values to feed it,
 in order. The scope's direct sources (input tensors and the nested scopes it reads, first read first)
@@ -278,7 +278,7 @@ def kernel_flops(scope: ir.Scope) -> int:
 
 def ort_kernel(scope: ir.Scope, build: bool = True) -> OrtKernel:
     """``scope`` as a kernel, compiled for this CPU now unless ``build`` is False (cached per process
-    and on disk; a session builds what was not built, see ``einopt.runtime.kernels.prepare``).
+    and on disk; a session builds what was not built, see :func:`einopt.backends.tvm.kernels.prepare`).
 
     Raises
     ------
