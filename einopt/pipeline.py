@@ -35,25 +35,19 @@ from einopt.reports.result import PartResult, Result, Workspace, part_result
 from einopt.runtime import modelio
 from einopt.runtime.cache import MeasurementCache, resolve_path
 from einopt.runtime.opcost import OpCosts
-from einopt.runtime.timing import NOISE_BAND, configure_threads
-from einopt.runtime.verify import (
-    Tolerance,
-    compare_models,
-    verification_inputs,
-)
+from einopt.runtime.timing import MODEL_NOISE, NOISE_BAND, configure_threads
+from einopt.runtime.verify import Tolerance, compare_models, verification_inputs
 from einopt.search.budget import Budget
-from einopt.stages.accept import MODEL_NOISE, Decision, Timer, accept_rewrites
-from einopt.stages.context import StageContext
-from einopt.stages.export import assemble
+from einopt.stages.accept import accept
+from einopt.stages.context import ACCEPT_MODES, StageContext
 from einopt.stages.partsearch import DEFAULT_BUDGET, PartSearch, Progress, Settings, search_parts
-from einopt.stages.postopt import postoptimize
 from einopt.stages.predict import predict
 from einopt.stages.select import DEFAULT_TOP_K, select
-from einopt.stages.state import PartState, fill, start
+from einopt.stages.state import fill, start
+from einopt.stages.timer import Timer
+from einopt.stages.verify import verify_output
 
 log = logging.getLogger(__name__)
-
-ACCEPT_MODES = ("measured", "verified")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +110,7 @@ class Options:
         ``onnx`` writes eOperators as model-local functions of standard
         operators (runs in any ONNX Runtime), ``tvm`` as generated kernels
         described in the model, compiled by TVM where it runs and run by
-        einopt's custom-op library (``einopt.runtime.kernels``).
+        einopt's custom-op library (:mod:`einopt.backends.tvm.kernels`).
 
     ``budget`` (not a parameter) is the :class:`einopt.search.Budget` the
     search fields make, the one the search stage is given.
@@ -189,26 +183,35 @@ def optimize(
     why = _unworkable(original)
     if why:
         return _untouched(original, why)
-    datasets, references, data_note = (
-        verification_inputs(
-            original, seed=options.seed, input_shapes=options.input_shapes, given=options.inputs
+    inputs = (
+        _Inputs(
+            *verification_inputs(
+                original, seed=options.seed, input_shapes=options.input_shapes, given=options.inputs
+            )
         )
         if options.verify
-        else ([], [], "")
+        else _Inputs([], [], "")
     )
-    if options.verify and not datasets:
-        return _untouched(original, data_note)
-    result = _rewrite(original, options, chosen, datasets, references, data_note, clock, progress, fold=True)
+    if options.verify and not inputs.datasets:
+        return _untouched(original, inputs.note)
+    result = _rewrite(original, options, inputs, clock, progress, fold=True)
     if isinstance(result, str):  # folding broke the model (an ONNX Runtime or folding bug): try without
         log.warning("the folded model differs from the original (%s); retrying without folding", result)
-        result = _rewrite(
-            original, options, chosen, datasets, references, data_note, clock, progress, fold=False
-        )
+        result = _rewrite(original, options, inputs, clock, progress, fold=False)
     if isinstance(result, str):
         return _untouched(
             original, f"the prepared model differs from the original ({result}): it passes through"
         )
     return result
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inputs:
+    """Verification inputs, the original's outputs on them, and what the report says of them."""
+
+    datasets: Sequence[Mapping[str, np.ndarray]]
+    references: Sequence[Mapping[str, np.ndarray]]
+    note: str
 
 
 def _unworkable(model: onnx.ModelProto) -> str:
@@ -225,20 +228,18 @@ def _unworkable(model: onnx.ModelProto) -> str:
 def _rewrite(
     original: onnx.ModelProto,
     options: Options,
-    backend: backends.Backend,
-    datasets: Sequence[Mapping[str, np.ndarray]],
-    references: Sequence[Mapping[str, np.ndarray]],
-    data_note: str,
+    inputs: _Inputs,
     clock: _Clock,
     progress: Callable[[Progress], None] | None,
     fold: bool,
 ) -> Result | str:
     """Prepare, translate, search, cost, select, accept, assemble and verify; a string says why the
     prepared model is wrong."""
+    backend = backends.backend(options.kernels)
     prepared = prepare(original, options.input_shapes, fold=fold)
     model = prepared.model
     if options.verify and fold:  # the unchanged parts of an output come from the prepared model
-        folded = compare_models(references, model, datasets, options.tolerance)
+        folded = compare_models(inputs.references, model, inputs.datasets, options.tolerance)
         if not folded.ok:
             return folded.message
     clock("prepare")
@@ -247,44 +248,56 @@ def _rewrite(
     translated = [p for p in parts if p.translated]
     clock("translate")
     # timings run on the user's inputs when given (the last usable set), else on the generated ones
-    feeds = datasets[-1] if datasets else _timing_feeds(original, options)
-    timed = options.accept == "measured" and feeds is not None
+    feeds = inputs.datasets[-1] if inputs.datasets else _timing_feeds(original, options)
     store = MeasurementCache(resolve_path(options.cache))
+    timer = Timer(store, part_budget_s=options.part_budget_s, model_budget_s=options.model_budget_s)
+    ctx = StageContext(
+        original,
+        model,
+        inputs.datasets,
+        inputs.references,
+        options.tolerance,
+        feeds,
+        timer=timer if options.accept == "measured" and feeds is not None else None,
+        accept=options.accept,
+        noise=options.noise,
+        model_noise=options.model_noise,
+        backend=backend,
+        taken={f.name for f in original.functions},
+    )
     try:
         searches = _search(parts, options, store, progress)
         clock("search")
-        if timed:
+        if ctx.timed:
             configure_threads()
-            searches = predict(model, translated, searches, OpCosts(store), backend=backend)
+            searches = predict(ctx, translated, searches, OpCosts(store))
             clock("cost")
         states = fill(states, search=searches)
-        ctx = StageContext(
-            model,
-            datasets,
-            options.tolerance,
-            timer=Timer(store, part_budget_s=options.part_budget_s) if timed else None,
-            feeds=feeds,
-            taken={f.name for f in original.functions},
-            backend=backend,
-            noise=options.noise,
-        )
-        selections = select(ctx, translated, searches, top_k=options.top_k if options.max_depth > 0 else 0)
-        states = fill(states, selection=selections)
+        top_k = options.top_k if options.max_depth > 0 else 0
+        states = fill(states, selection=select(ctx, translated, searches, top_k=top_k))
         states = backend.after_selection(ctx, states)
         clock("select")
-        decided = _accept(original, model, states, feeds, store, options)
+        decided = accept(ctx, states)
     finally:
         store.close()
     states = fill(states, verdict=decided.verdicts, kept={n: True for n in decided.kept})
     clock("accept")
-    out, dropped = _assemble(original, model, states, datasets, references, options)
+    out, dropped = verify_output(ctx, states)
     states = fill(states, kept={n: False for n in dropped}, dropped=dropped)
     clock("verify model")
-    notes = _notes(prepared, data_note, decided, fold, original, out, options, kept=out is not original)
+    notes = [*prepared.notes, *([inputs.note] if inputs.note else []), *decided.notes]
+    if not fold:
+        notes.append(
+            "constant and BatchNormalization folding skipped: the folded model differed from the original"
+        )
+    notes = _notes(notes, prepared.changes, original, out, pinned=bool(options.input_shapes))
     results = tuple(part_result(s, decided.rounds, options.accept) for s in states.values())
     kept = [s for s in states.values() if s.kept]
     workspace = Workspace(
-        model, tuple(s.part for s in kept), {s.name: s.emitted for s in kept}, feeds if datasets else None
+        model,
+        tuple(s.part for s in kept),
+        {s.name: s.emitted for s in kept},
+        feeds if inputs.datasets else None,
     )
     return Result(
         out,
@@ -297,79 +310,18 @@ def _rewrite(
     )
 
 
-def _accept(
-    original: onnx.ModelProto,
-    model: onnx.ModelProto,
-    states: Mapping[str, PartState],
-    feeds: Mapping[str, np.ndarray] | None,
-    store: MeasurementCache,
-    options: Options,
-) -> Decision:
-    """Measured acceptance of every chosen candidate (:func:`einopt.stages.accept.accept_rewrites`)."""
-    chosen = {n: s.selection.chosen for n, s in states.items() if s.emitted is not None}
-    return accept_rewrites(
-        original,
-        model,
-        {n: states[n].part for n in chosen},
-        {n: c.instantiated for n, c in chosen.items()},
-        feeds,
-        mode=options.accept,
-        cache=store,
-        noise=options.noise,
-        model_noise=options.model_noise,
-        part_budget_s=options.part_budget_s,
-        model_budget_s=options.model_budget_s,
-        measured={n: c.measured for n, c in chosen.items() if c.measured},
-    )
-
-
-def _assemble(
-    original: onnx.ModelProto,
-    model: onnx.ModelProto,
-    states: Mapping[str, PartState],
-    datasets: Sequence[Mapping[str, np.ndarray]],
-    references: Sequence[Mapping[str, np.ndarray]],
-    options: Options,
-) -> tuple[onnx.ModelProto, dict[str, str]]:
-    """The output: the prepared model with every kept rewrite in it, verified against the original
-    (the input itself when nothing is kept); and why each kept rewrite was dropped, when the
-    assembled model differed from the original and every rewrite was rolled back."""
-    kept = [s for s in states.values() if s.kept]
-    if not kept:
-        return original, {}
-    out = postoptimize(assemble(model, {s.part.nodes: s.emitted for s in kept}))
-    if not options.verify:  # the input itself needs no check against its own outputs
-        return out, {}
-    final = compare_models(references, out, datasets, options.tolerance)
-    if final.ok:
-        return out, {}
-    log.warning("assembled model differs from the original (%s); rolling back every rewrite", final.message)
-    return original, {s.name: f"rolled back with the whole model: {final.message}" for s in kept}
-
-
 def _notes(
-    prepared,
-    data_note: str,
-    decided: Decision,
-    fold: bool,
-    original: onnx.ModelProto,
-    out: onnx.ModelProto,
-    options: Options,
-    kept: bool,
+    notes: list[str], changes: Sequence[str], original: onnx.ModelProto, out: onnx.ModelProto, pinned: bool
 ) -> list[str]:
-    """What the report says about the run as a whole."""
-    notes = list(prepared.notes) + ([data_note] if data_note else []) + list(decided.notes)
-    if not fold:
-        notes.append(
-            "constant and BatchNormalization folding skipped: the folded model differed from the original"
-        )
-    if not kept:  # the output is the input: what preparation changed is not in it
-        notes = [n for n in notes if n not in prepared.changes]
+    """What the report says about the run as a whole: ``notes`` (of preparation, the inputs and
+    acceptance), without what preparation ``changes`` when the output is the input itself."""
+    if out is original:  # what preparation changed is not in the output
+        notes = [n for n in notes if n not in changes]
         notes.append("no rewrite was accepted: the output is the input model, unchanged")
         return notes
     check_note = _check_output(original, out)
     notes += [check_note] if check_note else []
-    if options.input_shapes:
+    if pinned:
         notes.append("the output keeps the pinned input shapes: its rewrites were instantiated for them")
     return notes
 

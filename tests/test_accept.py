@@ -17,10 +17,14 @@ from onnx import helper, numpy_helper
 from onnx_models import append_to_output, conv_block, disable_operators
 
 from einopt.pipeline import Options, optimize
+from einopt.runtime import bench
 from einopt.runtime.cache import MeasurementCache
-from einopt.runtime.timing import Comparison, Ratio, Timing
+from einopt.runtime.timing import MODEL_NOISE, Comparison, Ratio, Timing
 from einopt.stages import accept
-from einopt.stages.accept import Timer, accept_model
+from einopt.stages import timer as timer_module
+from einopt.stages.accept import accept_model
+from einopt.stages.context import StageContext
+from einopt.stages.timer import Timer
 
 
 def _t(ms: float) -> Timing:
@@ -41,10 +45,10 @@ def _fake_time_models(monkeypatch, part_speedup: float, model_speedup):
         s = model_speedup(after) if whole else part_speedup
         return _cmp(1.0, 1.0 / s)
 
-    monkeypatch.setattr(accept.bench, "time_models", fake)
+    monkeypatch.setattr(bench, "time_models", fake)
     # the confirmation's fresh processes read the same script (one call per process)
     monkeypatch.setattr(
-        accept,
+        timer_module,
         "time_fresh",
         lambda b, a, feeds, *, processes, **kw: [fake(b, a, feeds) for _ in range(processes)],
     )
@@ -120,7 +124,7 @@ def test_disturbed_timings_accept_nothing(monkeypatch):
     """A timing disturbed twice (spread or load) accepts nothing: parts stay, the whole model rolls back."""
     disable_operators(monkeypatch)
     noisy = Comparison(Timing(2.0, 0.5, 4.0, 0.4, 20), _t(1.0), 3, 0.0)  # p90/p10 = 8
-    monkeypatch.setattr(accept.bench, "time_models", lambda *a, **k: noisy)
+    monkeypatch.setattr(bench, "time_models", lambda *a, **k: noisy)
     result = optimize(conv_block(), Options(max_depth=0, cache=False))
     assert {p.status for p in result.parts} == {"not faster"}
     assert all("disturbed by other work" in p.reason for p in result.parts)
@@ -128,12 +132,12 @@ def test_disturbed_timings_accept_nothing(monkeypatch):
     assert any("timings were disturbed by other work" in n for n in result.notes)
 
     calls = _fake_time_models(monkeypatch, 1.5, lambda m: 1.2)
-    real = accept.bench.time_models
+    real = bench.time_models
 
     def whole_noisy(before, after, fa, fb=None, **kw):
         return noisy if before.graph.name != "part" else real(before, after, fa, fb, **kw)
 
-    monkeypatch.setattr(accept.bench, "time_models", whole_noisy)
+    monkeypatch.setattr(bench, "time_models", whole_noisy)
     result = optimize(conv_block(), Options(max_depth=0, cache=False))
     assert {p.status for p in result.parts} == {"rolled back"} and calls["parts"] == 3
     assert all("disturbed" in p.reason for p in result.parts)
@@ -152,7 +156,7 @@ def test_rollback_order_smallest_gain_first_and_bisection():
             def confirm(self, before, after, feeds):
                 return [self.model(before, after, feeds, fresh=True)]
 
-        kept, rounds = accept_model(None, {}, lambda names: names, gains, FakeTimer())
+        kept, rounds = accept_model(_whole(FakeTimer()), lambda names: names, gains)
         return kept, rounds, timed
 
     # slower while "c" (the smallest gain) is in: only "c" goes
@@ -345,7 +349,7 @@ def test_a_fresh_whole_model_timing_leaves_a_part_timing_of_the_same_graphs_alon
     from einopt.stages.verify import PartPair
 
     speedups = iter([2.0, 1.5])
-    monkeypatch.setattr(accept.bench, "time_models", lambda *a, **k: _cmp(1.0, 1.0 / next(speedups)))
+    monkeypatch.setattr(bench, "time_models", lambda *a, **k: _cmp(1.0, 1.0 / next(speedups)))
     timer = Timer(MeasurementCache(tmp_path / "c.sqlite"))
     m = conv_block()
     x = {"x": np.zeros((1, 8, 6, 6), np.float32)}
@@ -403,6 +407,12 @@ def _paired(before: float, speedup: float, low: float, high: float, pairs: int =
     return Comparison(_t(before), _t(before / speedup), 3, 0.0, ratio=Ratio(speedup, low, high, pairs))
 
 
+def _whole(timer, band: float = MODEL_NOISE) -> StageContext:
+    """A context for :func:`accept_model` alone: no models (the builds are the rewrites' names), no
+    inputs, the whole-model ``timer`` and ``band``."""
+    return StageContext(None, None, feeds={}, timer=timer, model_noise=band)
+
+
 class ScriptedTimer:
     """Whole-model timings read from a script, one per call (a confirmation takes one per fresh
     process); records whether each call was fresh."""
@@ -423,11 +433,11 @@ class ScriptedTimer:
 def test_a_gain_inside_the_whole_model_band_is_not_kept():
     """1.01x with a 95% interval of 0.995-1.025x is a tie at a 2% band: nothing is kept."""
     timer = ScriptedTimer(_paired(2.0, 1.01, 0.995, 1.025))
-    kept, rounds = accept_model(None, {}, lambda names: names, {"a": 1.5}, timer, band=0.02)
+    kept, rounds = accept_model(_whole(timer, 0.02), lambda names: names, {"a": 1.5})
     assert kept == frozenset() and [r.rolled_back for r in rounds] == [("a",)]
     # the same median ratio, measured tightly enough to clear the band, is kept (after its confirmation)
     tight = _paired(2.0, 1.04, 1.03, 1.05)
-    kept, rounds = accept_model(None, {}, lambda names: names, {"a": 1.5}, ScriptedTimer(tight, tight))
+    kept, rounds = accept_model(_whole(ScriptedTimer(tight, tight)), lambda names: names, {"a": 1.5})
     assert kept == {"a"} and [r.stage for r in rounds] == ["round", "confirm"]
 
 
@@ -454,7 +464,7 @@ def test_a_neutral_rewrite_timed_inside_the_band_leaves_the_input(monkeypatch):
         whole = before.graph.name != "part"
         return _paired(1.0, 1.006, 0.99, 1.02) if whole else _cmp(1.0, 1 / 1.5)
 
-    monkeypatch.setattr(accept.bench, "time_models", fake)
+    monkeypatch.setattr(bench, "time_models", fake)
     result = optimize(model, Options(max_depth=0, cache=False))
     assert result.model.SerializeToString() == model.SerializeToString()
     rewritten = [p for p in result.parts if p.kind != "passthrough"]
@@ -471,7 +481,7 @@ def test_a_drifting_input_time_forces_a_retake():
     good = _paired(3.0, 1.25, 1.2, 1.3)  # the same gain, but the machine changed
     gains = {"a": 1.5, "b": 1.2}
     timer = ScriptedTimer(slow, good, good, good)
-    kept, rounds = accept_model(None, {}, lambda names: names, gains, timer)
+    kept, rounds = accept_model(_whole(timer), lambda names: names, gains)
     assert kept == {"a"}
     assert [r.stage for r in rounds] == ["round", "retake", "round", "confirm"]
     assert timer.fresh == [False, False, True, True]
@@ -482,7 +492,7 @@ def test_a_drifting_input_time_forces_a_retake():
         _paired(2.0 * 1.5**k, g, g - 0.05, g + 0.05)
         for k, g in zip(range(1, 4), (1.25, 1.06, 1.3), strict=False)
     ]
-    kept, rounds = accept_model(None, {}, lambda names: names, gains, ScriptedTimer(slow, *moving))
+    kept, rounds = accept_model(_whole(ScriptedTimer(slow, *moving)), lambda names: names, gains)
     assert kept == frozenset() and [r.stage for r in rounds] == [
         "round",
         "retake",
@@ -497,12 +507,12 @@ def test_a_drifting_input_time_forces_a_retake():
         _paired(2.0 * 1.5**k, g, g - 0.02, g + 0.02)
         for k, g in zip(range(1, 4), (1.25, 1.1, 1.3), strict=False)
     ]
-    kept, rounds = accept_model(None, {}, lambda names: names, gains, ScriptedTimer(slow, *moving, good))
+    kept, rounds = accept_model(_whole(ScriptedTimer(slow, *moving, good)), lambda names: names, gains)
     assert kept == {"a"} and [r.stage for r in rounds][-2:] == ["round", "confirm"]
     assert "1.080-1.120x" in rounds[-2].reason and rounds[-2].timing.before.median_ms == 2.0 * 1.5**2
     # a cached round is no yardstick: the timing after it is compared as it is
     cached = dataclasses.replace(slow, cached=True)
-    kept, rounds = accept_model(None, {}, lambda names: names, gains, ScriptedTimer(cached, good, good))
+    kept, rounds = accept_model(_whole(ScriptedTimer(cached, good, good)), lambda names: names, gains)
     assert kept == {"a"} and [r.stage for r in rounds] == ["round", "round", "confirm"]
 
 
@@ -512,7 +522,7 @@ def test_the_confirmation_is_not_retaken_for_a_drifting_input():
     good = _paired(2.0, 1.25, 1.2, 1.3)
     drifted = _paired(3.0, 1.25, 1.2, 1.3)
     timer = ScriptedTimer(good, drifted, good, processes=2)
-    kept, rounds = accept_model(None, {}, lambda names: names, {"a": 1.5}, timer)
+    kept, rounds = accept_model(_whole(timer), lambda names: names, {"a": 1.5})
     assert kept == {"a"} and [r.stage for r in rounds] == ["round", "confirm", "confirm"]
     assert "fresh process 1 of 2" in rounds[1].reason and "fresh process 2 of 2" in rounds[2].reason
 
@@ -522,13 +532,13 @@ def test_every_fresh_process_must_confirm_the_gain():
     input, and the failing reading is the one rolled back on (and the report's confirmation)."""
     good, tie = _paired(2.0, 1.25, 1.2, 1.3), _paired(2.0, 1.01, 0.99, 1.03)
     timer = ScriptedTimer(good, good, tie, processes=2)
-    kept, rounds = accept_model(None, {}, lambda names: names, {"a": 1.5}, timer)
+    kept, rounds = accept_model(_whole(timer), lambda names: names, {"a": 1.5})
     assert kept == frozenset() and [r.stage for r in rounds] == ["round", "confirm", "confirm"]
     assert rounds[1].rolled_back == () and rounds[2].rolled_back == ("a",)
     assert "fresh process 2 of 2 did not establish the gain" in rounds[2].reason
     # either order: the least reading decides
     kept, rounds = accept_model(
-        None, {}, lambda names: names, {"a": 1.5}, ScriptedTimer(good, tie, good, processes=2)
+        _whole(ScriptedTimer(good, tie, good, processes=2)), lambda names: names, {"a": 1.5}
     )
     assert kept == frozenset() and rounds[1].rolled_back == ("a",) and rounds[2].rolled_back == ()
 
@@ -571,7 +581,7 @@ def test_a_failing_child_falls_back_to_this_process(monkeypatch, tmp_path, caplo
 def test_the_fresh_confirmation_decides():
     """A round clears the band, the fresh confirmation does not: the output is the input."""
     timer = ScriptedTimer(_paired(2.0, 1.25, 1.2, 1.3), _paired(2.0, 1.01, 0.99, 1.03))
-    kept, rounds = accept_model(None, {}, lambda names: names, {"a": 1.5, "b": 1.2}, timer)
+    kept, rounds = accept_model(_whole(timer), lambda names: names, {"a": 1.5, "b": 1.2})
     assert kept == frozenset() and rounds[-1].stage == "confirm" and rounds[-1].rolled_back == ("a", "b")
     assert "did not establish" in rounds[-1].reason
 
@@ -582,7 +592,7 @@ def test_rewrites_of_a_kind_roll_back_together():
     gains = {"c": 1.2, "s1": 1.4, "s2": 1.5, "s3": 1.6}
     kinds = {"c": "Conv -> Conv", "s1": "shuffle", "s2": "shuffle", "s3": "shuffle"}
     timer = ScriptedTimer(*[_paired(2.0, 0.9, 0.88, 0.92)] * 2)
-    kept, rounds = accept_model(None, {}, lambda names: names, gains, timer, kinds=kinds)
+    kept, rounds = accept_model(_whole(timer), lambda names: names, gains, kinds)
     assert kept == frozenset() and [r.rolled_back for r in rounds] == [("c",), ("s1", "s2", "s3")]
 
 

@@ -658,7 +658,7 @@ def test_with_generated_kernels_a_candidate_is_also_tried_with_its_eoperators_as
     )
     feeds = {k: v.astype(np.float32) for k, v in random_inputs(conv, np.random.default_rng(0)).items()}
 
-    ctx = StageContext(model, [feeds], Tolerance(), timer=None, feeds=None, backend=TVM)
+    ctx = StageContext(model, model, [feeds], tolerance=Tolerance(), backend=TVM)
     chosen = select(ctx, [part], {"p": search})["p"]
 
     derived = [t for t in chosen.tried if t.candidate.trace]

@@ -18,6 +18,7 @@ from einopt.frontend.translate import translate_graph
 from einopt.runtime.cache import MeasurementCache
 from einopt.runtime.opcost import Calibration, OpCosts, Prediction, node_costs
 from einopt.search import Budget
+from einopt.stages.context import StageContext
 from einopt.stages.partsearch import PartSearch, Settings, search_parts
 from einopt.stages.predict import predict
 
@@ -266,7 +267,7 @@ def test_the_cost_stage_ranks_found_programs_by_measured_operators(tmp_path):
     searches = search_parts(parts, LSTM_SEARCH, store)
     (gates,) = [p for p in parts if len(searches[p.name].candidates) > 3]
     costs = OpCosts(store)
-    out = predict(model, parts, searches, costs)
+    out = predict(StageContext(model, model), parts, searches, costs)
     ranked = out[gates.name].candidates
     assert len(ranked) == len(searches[gates.name].candidates)
     assert [f.cost for f in ranked] == sorted(f.cost for f in ranked)
@@ -275,7 +276,7 @@ def test_the_cost_stage_ranks_found_programs_by_measured_operators(tmp_path):
     measured = costs.measured
     assert measured > 0
     # a second stage over the same searches times nothing
-    predict(model, parts, searches, costs)
+    predict(StageContext(model, model), parts, searches, costs)
     assert costs.measured == measured
     store.close()
 
@@ -289,7 +290,7 @@ def test_programs_bound_beyond_the_slack_are_not_timed(tmp_path, monkeypatch):
     searches = search_parts(parts, LSTM_SEARCH, store)
     monkeypatch.setattr(einopt.stages.predict, "SLACK", 0.0)  # every derived program is hopeless
     costs = OpCosts(store)
-    out = predict(model, parts, searches, costs)
+    out = predict(StageContext(model, model), parts, searches, costs)
     inputs = {n.cost.key for p in parts for n in _input_nodes(model, p) if n.cost.kind == "timed"}
     assert costs.measured == len(inputs)
     for p in parts:
@@ -318,7 +319,7 @@ def test_found_programs_too_big_for_memory_are_not_tried(tmp_path, monkeypatch):
     store = MeasurementCache(tmp_path / "m.sqlite")
     searches = search_parts(parts, LSTM_SEARCH, store)
     monkeypatch.setattr(einopt.stages.predict, "memory_limit", lambda: 0)  # nothing fits
-    out = predict(model, parts, searches, OpCosts(store))
+    out = predict(StageContext(model, model), parts, searches, OpCosts(store))
     derived = [f for p in parts for f in out[p.name].candidates if f.trace]
     assert derived and all(f.cost == float("inf") for f in derived)
     assert all(f.cost < float("inf") for p in parts for f in out[p.name].candidates if not f.trace)
@@ -336,7 +337,7 @@ def test_the_cost_stage_leaves_parts_without_a_search_alone(costs):
     model = prepare(lstm_cell(hidden=4), {}, fold=True).model
     parts = [p for p in translate_graph(model) if p.translated]
     searches = {p.name: PartSearch.not_searched() for p in parts}
-    assert predict(model, parts, searches, costs) == searches
+    assert predict(StageContext(model, model), parts, searches, costs) == searches
     assert costs.measured == 0
 
 

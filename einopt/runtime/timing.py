@@ -32,6 +32,10 @@ import numpy as np
 NOISE_BAND = 0.05
 """Ratios within ``1 +- NOISE_BAND`` are ties on this machine (identical models read 0.95-1.05)."""
 
+MODEL_NOISE = 0.02
+"""The whole-model band: an output is kept only when it is faster than the input by more than this, 95%
+confident (a byte-identical copy of a 2-40 ms model reads 0.99-1.02x over 300 interleaved runs)."""
+
 MAX_SPREAD = 1.5
 """A variant whose p90 / p10 exceeds this was disturbed while it ran."""
 

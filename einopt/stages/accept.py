@@ -22,8 +22,8 @@ see layout interactions inside ONNX Runtime (a Reshape between two
 convolutions breaks its blocked NCHWc chain): the whole-model measurement
 decides.
 
-Every timing goes through a :class:`Timer`, which consults the measurement
-cache first; tests pass a timer of their own.
+Every timing goes through the context's :class:`~einopt.stages.timer.Timer`, which consults the
+measurement cache first; tests pass a timer of their own.
 """
 
 from __future__ import annotations
@@ -31,20 +31,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import onnx
 
 from einopt.opsets import DEFAULT_DOMAINS
-from einopt.runtime import bench
-from einopt.runtime.cache import MeasurementCache, resolve_path
-from einopt.runtime.fresh import PROCESSES, FreshProcessError, least, time_fresh
-from einopt.runtime.graphkey import content_key, timing_key
+from einopt.runtime.fresh import least
+from einopt.runtime.graphkey import content_key
 from einopt.runtime.timing import NOISE_BAND, Comparison, configure_threads
+from einopt.stages.context import StageContext
 from einopt.stages.export import assemble
 from einopt.stages.postopt import postoptimize
+from einopt.stages.state import PartState
+from einopt.stages.timer import Timer
 from einopt.stages.verify import PartPair, part_pairs
 
 if TYPE_CHECKING:
@@ -56,164 +55,8 @@ log = logging.getLogger(__name__)
 BISECT_FROM = 8
 """With more kinds of accepted rewrites than this, a slow whole model rolls back half of them at a time."""
 
-MODEL_NOISE = 0.02
-"""The whole-model band: an output is kept only when it is faster than the input by more than this, 95%
-confident (a byte-identical copy of a 2-40 ms model reads 0.99-1.02x over 300 interleaved runs)."""
-
-MODEL_MIN_RUNS = 30
-"""Runs per side of a whole-model comparison at least, past its budget if need be: ten runs of a
-500 ms model (ViT at batch 16) cannot tell a 10% gain from a machine whose speed drifts by 10%
-between rounds (measured on a 2-vCPU VM: the confirmation's 95% interval spanned 0.95-1.17x)."""
 MAX_RETAKES = 2
 """Whole-model timings retaken while the input's own time has drifted from the first round's."""
-
-
-class Timer:
-    """Times part pairs and whole models side by side, through the measurement cache.
-
-    Parameters
-    ----------
-    cache : MeasurementCache
-        Where timings are looked up first and stored after.
-    part_budget_s, model_budget_s : float
-        Seconds of timed runs per part pair and per whole-model comparison.
-    min_runs, max_runs : int
-        Runs per side, at least and at most.
-    model_min_runs : int
-        Runs per side of a whole-model comparison at least (:data:`MODEL_MIN_RUNS`).
-    model_max_runs : int
-        Runs per side of a whole-model comparison at most: a model of a millisecond or less fits many
-        in its budget, and they narrow the medians' intervals that decide a disturbed timing.
-    processes : int
-        Fresh processes a whole-model confirmation is timed in (:data:`einopt.runtime.fresh.PROCESSES`;
-        0: in this process).
-    """
-
-    def __init__(
-        self,
-        cache: MeasurementCache,
-        *,
-        part_budget_s: float = 1.0,
-        model_budget_s: float = 10.0,
-        min_runs: int = 10,
-        max_runs: int = 200,
-        model_min_runs: int = MODEL_MIN_RUNS,
-        model_max_runs: int = 1000,
-        processes: int = PROCESSES,
-    ) -> None:
-        self.cache = cache
-        self.part_budget_s = part_budget_s
-        self.model_budget_s = model_budget_s
-        self.min_runs = min_runs
-        self.max_runs = max_runs
-        self.model_min_runs = model_min_runs
-        self.model_max_runs = model_max_runs
-        self.processes = processes
-
-    def _time(
-        self,
-        kind,
-        before,
-        after,
-        fa,
-        fb,
-        budget: float,
-        runs: tuple[int, int],
-        what: str,
-        fresh: bool = False,
-    ) -> Comparison:
-        """Cached unless ``fresh``; a disturbed new timing is made once more, and that one stays (a
-        cached one is trusted: a second run measures nothing new; delete the cache to measure afresh).
-
-        ``kind`` ("part" or "model") is in the key: where a part is the whole model, its selection
-        timing and the whole model's are the same pair of graphs, and the confirmation, always made
-        afresh, would replace the timing the part was chosen by (a second run then read it and chose
-        another candidate).
-        """
-        key = self._key(kind, before, after, fa, fb)
-
-        def timer() -> Comparison:
-            return bench.time_models(
-                before, after, fa, fb, min_runs=runs[0], max_runs=runs[1], budget_s=budget
-            )
-
-        c = self.cache.measure(key, what, timer, fresh=fresh)
-        if c.unreliable() and not c.cached:
-            log.info("%s: timing disturbed (%s), timing it again", what, c.unreliable())
-            c = self.cache.measure(key, what, timer, fresh=True)
-        return c
-
-    def _key(self, kind: str, before, after, fa, fb) -> str:
-        return self.cache.key(timing_key(before, fa, kind), timing_key(after, fb, kind))
-
-    def part(self, pair: PartPair) -> Comparison:
-        """The rewritten nodes against the original nodes, on the values that reach them."""
-        return self._time(
-            "part",
-            pair.original,
-            pair.rewritten,
-            pair.original_feeds,
-            pair.rewritten_feeds,
-            self.part_budget_s,
-            (self.min_runs, self.max_runs),
-            f"part {pair.name}",
-        )
-
-    def confirm(
-        self, before: onnx.ModelProto, after: onnx.ModelProto, feeds: Mapping[str, np.ndarray]
-    ) -> list[Comparison]:
-        """A whole model against another, timed anew in each of :attr:`processes` fresh processes
-        (:func:`einopt.runtime.fresh.time_fresh`; in this process, new sessions, when that is 0 or a
-        child fails), the whole-model budget shared between them (each still makes the minimum runs).
-        The least of the readings replaces the cached whole-model timing."""
-        if self.processes <= 0:
-            return [self.model(before, after, feeds, fresh=True)]
-        readings: list[Comparison] = []
-
-        def timer() -> Comparison:
-            readings.extend(
-                time_fresh(
-                    before,
-                    after,
-                    feeds,
-                    processes=self.processes,
-                    min_runs=self.model_min_runs,
-                    max_runs=self.model_max_runs,
-                    budget_s=self.model_budget_s / self.processes,  # the spread is between processes
-                )
-            )
-            return least(readings)
-
-        try:
-            self.cache.measure(
-                self._key("model", before, after, feeds, feeds), "whole model", timer, fresh=True
-            )
-        except FreshProcessError as e:
-            log.warning("%s; confirming in this process instead", e)
-            return [self.model(before, after, feeds, fresh=True)]
-        return readings
-
-    def model(
-        self,
-        before: onnx.ModelProto,
-        after: onnx.ModelProto,
-        feeds: Mapping[str, np.ndarray],
-        *,
-        fresh: bool = False,
-    ) -> Comparison:
-        """A whole model against another on the same inputs (``fresh``: timed anew, new sessions, even
-        when the cache holds a timing; the new one replaces it)."""
-        return self._time(
-            "model",
-            before,
-            after,
-            feeds,
-            feeds,
-            self.model_budget_s,
-            (self.model_min_runs, self.model_max_runs),
-            "whole model",
-            fresh,
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,46 +152,37 @@ def judge_parts(
 
 
 def accept_model(
-    original: onnx.ModelProto,
-    feeds: Mapping[str, np.ndarray],
+    ctx: StageContext,
     build: Callable[[frozenset[str]], onnx.ModelProto],
     gains: Mapping[str, float],
-    timer: Timer,
-    *,
-    band: float = MODEL_NOISE,
     kinds: Mapping[str, str] | None = None,
 ) -> tuple[frozenset[str], list[ModelRound]]:
     """Roll back accepted rewrites until the assembled model is faster than the input, for sure.
 
-    A model is kept when :meth:`Comparison.confirms` ``band`` (its 95%
-    speedup interval lies above ``1 + band``); then it is timed once more in
-    fresh processes (:meth:`Timer.confirm`), and kept only when every one of
-    them confirms it too (when one does not, nothing is kept). Otherwise a kind of
-    rewrites is rolled back (all of it at once; the kind whose smallest gain
-    is smallest first; half of the kinds at a time while more than
-    :data:`BISECT_FROM` remain) and the rest is timed again. A timing that
-    stays disturbed after a second try (see :meth:`Timer.model`) and does
-    not confirm a gain rolls back everything: what cannot be measured is not
-    kept. A timing whose input ran more than ``band`` away from the input of
-    the timing before it is retaken (:data:`MAX_RETAKES` times), not
-    compared, until two in a row agree; when the input keeps moving, the
-    least of those timings (the lowest bound on the speedup) is the one
-    judged.
+    A model is kept when :meth:`Comparison.confirms` the whole-model band
+    (``ctx.model_noise``: its 95% speedup interval lies above ``1 + band``);
+    then it is timed once more in fresh processes (:meth:`Timer.confirm`),
+    and kept only when every one of them confirms it too (when one does not,
+    nothing is kept). Otherwise a kind of rewrites is rolled back (all of it
+    at once; the kind whose smallest gain is smallest first; half of the
+    kinds at a time while more than :data:`BISECT_FROM` remain) and the rest
+    is timed again. A timing that stays disturbed after a second try (see
+    :meth:`Timer.model`) and does not confirm a gain rolls back everything:
+    what cannot be measured is not kept. A timing whose input ran more than
+    the band away from the input of the timing before it is retaken
+    (:data:`MAX_RETAKES` times), not compared, until two in a row agree; when
+    the input keeps moving, the least of those timings (the lowest bound on
+    the speedup) is the one judged.
 
     Parameters
     ----------
-    original : onnx.ModelProto
-        The input model (what the output must be faster than).
-    feeds : mapping
-        Inputs both models run on.
+    ctx : StageContext
+        The input model (``original``: what the output must be faster than), the inputs both models
+        run on (``feeds``), how they are timed (``timer``) and the band (``model_noise``).
     build : callable
         The assembled model with exactly the given rewrites in it.
     gains : mapping
         Accepted rewrite -> its measured speedup on its own (rollback order).
-    timer : Timer
-        How models are timed.
-    band : float
-        The whole-model noise band.
     kinds : mapping, optional
         Rewrite -> its kind (rewrites of one kind are rolled back together);
         default: each rewrite a kind of its own.
@@ -360,16 +194,17 @@ def accept_model(
         whole-model timing made (the last one, when anything is kept, the
         confirmation).
     """
+    band = ctx.model_noise
     units = _units(gains, kinds or {})
     rounds: list[ModelRound] = []
     reference: list[float] = []  # the input's median in the first round compared
     while units:
         kept = tuple(sorted(n for u in units for n in u))
         model = build(frozenset(kept))
-        t = _steady(timer, original, model, feeds, band, reference, rounds, kept)
+        t = _steady(ctx, model, kept, reference, rounds)
         if t.confirms(band):
             rounds.append(ModelRound(kept, t, (), "round", _verdict(t, band)))
-            return _confirmed(timer, original, model, feeds, band, kept, rounds)
+            return _confirmed(ctx, model, kept, rounds)
         if t.unreliable():  # what cannot be measured is not kept
             log.info("whole-model timing disturbed (%s): rolling back every rewrite", t.unreliable())
             drop = units
@@ -383,18 +218,13 @@ def accept_model(
 
 
 def _confirmed(
-    timer: Timer,
-    original: onnx.ModelProto,
-    model: onnx.ModelProto,
-    feeds: Mapping[str, np.ndarray],
-    band: float,
-    kept: tuple[str, ...],
-    rounds: list[ModelRound],
+    ctx: StageContext, model: onnx.ModelProto, kept: tuple[str, ...], rounds: list[ModelRound]
 ) -> tuple[frozenset[str], list[ModelRound]]:
     """The model that survived the rounds, timed once more in fresh processes (:meth:`Timer.confirm`):
     kept when every reading confirms the gain, that is when the least of them does (each reading is a
     ``confirm`` round; the least one, when it fails, rolls back every rewrite)."""
-    readings = timer.confirm(original, model, feeds)
+    band = ctx.model_noise
+    readings = ctx.timer.confirm(ctx.original, model, ctx.feeds)
     worst = least(readings)
     ok = worst.confirms(band)
     for k, c in enumerate(readings):
@@ -419,17 +249,14 @@ def _units(gains: Mapping[str, float], kinds: Mapping[str, str]) -> list[tuple[s
 
 
 def _steady(
-    timer: Timer,
-    original: onnx.ModelProto,
+    ctx: StageContext,
     model: onnx.ModelProto,
-    feeds: Mapping[str, np.ndarray],
-    band: float,
+    kept: tuple[str, ...],
     reference: list[float],
     rounds: list[ModelRound],
-    kept: tuple[str, ...],
 ) -> Comparison:
-    """``model`` timed against ``original``, compared only once the input's median agrees within
-    ``band`` with the input's median of the timing before it (``reference``: the last one compared in
+    """``model`` timed against the input model, compared only once the input's median agrees within
+    the band with the input's median of the timing before it (``reference``: the last one compared in
     this run; one from the cache was made on another run and says nothing about the machine now).
 
     A timing whose input drifted from the one before it is recorded as a retake and made again; the
@@ -439,7 +266,8 @@ def _steady(
     to the next, as a shared VM's can), the timing returned is the least of those made: the one with
     the lowest 95% bound on its speedup, so a gain is kept only when it held at every speed the
     machine ran at."""
-    t = timer.model(original, model, feeds)
+    band, original, feeds = ctx.model_noise, ctx.original, ctx.feeds
+    t = ctx.timer.model(original, model, feeds)
     if t.cached:
         return t
     previous = reference[-1] if reference else None
@@ -463,7 +291,7 @@ def _steady(
         log.info("whole model: %s; timing it again", why)
         rounds.append(ModelRound(kept, t, (), "retake", why))
         previous = t.before.median_ms
-        t = timer.model(original, model, feeds, fresh=True)
+        t = ctx.timer.model(original, model, feeds, fresh=True)
         made.append(t)
     return t  # not reached
 
@@ -498,81 +326,45 @@ class Decision:
     report: Mapping[str, object]
 
 
-def accept_rewrites(
-    original: onnx.ModelProto,
-    model: onnx.ModelProto,
-    parts: Mapping[str, Part],
-    emitted: Mapping[str, Instantiated],
-    feeds: Mapping[str, np.ndarray] | None,
-    *,
-    mode: str = "measured",
-    cache: bool | str | Path | MeasurementCache = True,
-    noise: float = NOISE_BAND,
-    model_noise: float = MODEL_NOISE,
-    part_budget_s: float = 1.0,
-    model_budget_s: float = 10.0,
-    measured: Mapping[str, Comparison] | None = None,
-    timer: Timer | None = None,
-) -> Decision:
-    """Measured acceptance of verified rewrites that differ from their original nodes.
+def accept(ctx: StageContext, states: Mapping[str, PartState]) -> Decision:
+    """Measured acceptance of the chosen rewrites (verified, and different from their original nodes).
 
-    Parameters
-    ----------
-    original : onnx.ModelProto
-        The input model (the whole-model yardstick).
-    model : onnx.ModelProto
-        The prepared model the parts were cut from.
-    parts, emitted : mapping
-        Part name -> the part, and -> its verified instantiation.
-    feeds : mapping or None
-        Inputs to time on (None: nothing can be timed, nothing is accepted).
-    mode : {"measured", "verified"}
-        ``verified`` keeps every rewrite, untimed.
-    cache : bool, path or MeasurementCache
-        The measurement cache (True: the default file; False: this run only;
-        an open cache is used as it is and left open).
-    noise, model_noise, part_budget_s, model_budget_s
-        See :class:`einopt.pipeline.Options`.
-    timer : Timer, optional
-        How parts and models are timed (default: a :class:`Timer` on ``cache`` with these budgets;
-        tests pass their own).
-    measured : mapping, optional
-        Part name -> its rewrite's timing against the original nodes, already
-        made (by selection): those parts are judged on it, not timed again.
+    Each part's chosen candidate (``states``: a state whose selection chose one) is judged on its
+    own, on the timing selection made of it against the original nodes (a candidate chosen without
+    one is timed here), and the accepted ones together in the whole model
+    (:func:`accept_model`). With ``ctx.accept == "verified"`` every chosen rewrite is kept, untimed;
+    without ``ctx.timer`` or ``ctx.feeds`` none is.
     """
-    report: dict[str, object] = {"mode": mode, "timed": False, "noise_band": noise, "model_band": model_noise}
-    if mode == "verified":
+    chosen = {n: s.selection.chosen for n, s in states.items() if s.emitted is not None}
+    parts = {n: states[n].part for n in chosen}
+    emitted = {n: c.instantiated for n, c in chosen.items()}
+    report: dict[str, object] = {
+        "mode": ctx.accept,
+        "timed": False,
+        "noise_band": ctx.noise,
+        "model_band": ctx.model_noise,
+    }
+    if ctx.accept == "verified":
         note = "the output was not timed (--accept verified): it may be slower than the input"
         return Decision(frozenset(emitted), {}, (), (note,) if emitted else (), report)
     if not emitted:
         return Decision(frozenset(), {}, (), (), report | {"rounds": [], "cache": None})
-    if feeds is None:
+    if not ctx.timed:
         note = "no inputs to time the rewrites on: every subprogram keeps its original nodes"
         return Decision(frozenset(), {}, (), (note,), report)
     configure_threads()
-    own = not isinstance(cache, MeasurementCache)
-    store = MeasurementCache(resolve_path(cache)) if own else cache
-    try:
-        timer = timer or Timer(store, part_budget_s=part_budget_s, model_budget_s=model_budget_s)
-        made = {n: t for n, t in (measured or {}).items() if n in emitted}
-        pairs = part_pairs(
-            model, [parts[n] for n in emitted if n not in made], emitted, feeds, epilogues=True
-        )
-        verdicts = judge_parts([*made.items(), *pairs], timer, noise)
-        gains = {n: v.timing.speedup for n, v in verdicts.items() if v.accepted}
+    made = {n: c.measured for n, c in chosen.items() if c.measured}
+    pairs = part_pairs(
+        ctx.model, [parts[n] for n in emitted if n not in made], emitted, ctx.feeds, epilogues=True
+    )
+    verdicts = judge_parts([*made.items(), *pairs], ctx.timer, ctx.noise)
+    gains = {n: v.timing.speedup for n, v in verdicts.items() if v.accepted}
 
-        def build(names: frozenset[str]) -> onnx.ModelProto:
-            return postoptimize(assemble(model, {parts[n].nodes: emitted[n] for n in names}))
+    def build(names: frozenset[str]) -> onnx.ModelProto:
+        return postoptimize(assemble(ctx.model, {parts[n].nodes: emitted[n] for n in names}))
 
-        kinds = {n: rewrite_kind(model, parts[n], emitted[n]) for n in gains}
-        kept, rounds = (
-            accept_model(original, feeds, build, gains, timer, band=model_noise, kinds=kinds)
-            if gains
-            else (frozenset(), [])
-        )
-    finally:
-        if own:
-            store.close()
+    kinds = {n: rewrite_kind(ctx.model, parts[n], emitted[n]) for n in gains}
+    kept, rounds = accept_model(ctx, build, gains, kinds) if gains else (frozenset(), [])
     unreliable = [f"{n}: {v.timing.unreliable()}" for n, v in verdicts.items() if v.timing.unreliable()]
     unreliable += [f"whole model: {r.timing.unreliable()}" for r in rounds if r.timing.unreliable()]
     notes = (_disturbed_note(unreliable),) if unreliable else ()
@@ -584,7 +376,7 @@ def accept_rewrites(
         "timed": True,
         "confirmation": confirm.as_dict() if confirm is not None else None,
         "rounds": [r.as_dict() for r in rounds],
-        "cache": store.describe(),
+        "cache": ctx.timer.cache.describe(),
         "unreliable": unreliable,
     }
     return Decision(kept, verdicts, tuple(rounds), notes, report)

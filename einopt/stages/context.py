@@ -1,4 +1,4 @@
-"""What the stages after the search read, built once by the pipeline (:class:`StageContext`)."""
+"""What every stage after translation reads, built once by the pipeline (:class:`StageContext`)."""
 
 from __future__ import annotations
 
@@ -9,45 +9,70 @@ import numpy as np
 import onnx
 
 from einopt.instantiate.backend import PORTABLE, Backend
-from einopt.runtime.timing import NOISE_BAND
+from einopt.runtime.timing import MODEL_NOISE, NOISE_BAND
 from einopt.runtime.verify import Tolerance
-from einopt.stages.accept import Timer
+from einopt.stages.timer import Timer
 
-__all__ = ["StageContext"]
+__all__ = ["ACCEPT_MODES", "StageContext"]
+
+ACCEPT_MODES = ("measured", "verified")
+"""``measured``: a rewrite is kept only when measured faster; ``verified``: every verified rewrite is
+kept, untimed."""
 
 
 @dataclasses.dataclass(frozen=True)
 class StageContext:
-    """The prepared model and how its rewrites are checked, timed and written, for selection and what
-    follows it (:func:`einopt.stages.select.select`, a backend's ``after_selection``).
+    """The input and prepared models and how their rewrites are checked, timed and written: what the
+    stages read (:func:`~einopt.stages.predict.predict`, :func:`~einopt.stages.select.select`, a
+    backend's ``after_selection``, :func:`~einopt.stages.accept.accept`,
+    :func:`~einopt.stages.verify.verify_output`), each a function of it and of the part states.
 
     Parameters
     ----------
+    original : onnx.ModelProto
+        The input model: what the output must equal, and be faster than.
     model : onnx.ModelProto
         The prepared model the parts were cut from.
     datasets : sequence
         Verification inputs (empty: nothing is verified).
+    references : sequence
+        The original's outputs on each of ``datasets``.
     tolerance : Tolerance
         Verification tolerance.
-    timer : Timer or None
-        Times candidates against the original nodes; None: untimed (``--accept verified``).
     feeds : mapping or None
-        Graph inputs the timings run on.
+        Graph inputs the timings run on (None: nothing can be timed).
+    timer : Timer or None
+        Times candidates against the original nodes, and the output against the input; None:
+        untimed (``--accept verified``, or no inputs to time on).
+    accept : {"measured", "verified"}
+        :data:`ACCEPT_MODES`.
+    noise : float
+        A rewrite must be measured at least ``1 + noise`` times faster on its own; with a backend
+        whose ties go to ``fewer_nodes``, trials within ``1 + noise`` of the fastest are ties.
+    model_noise : float
+        The whole output must be faster than the input by more than ``1 + model_noise``, 95%
+        confident.
+    backend : Backend
+        How eOperators are written (:mod:`einopt.backends`).
     taken : set of str
         Function names in the model; the stages add those of the programs they choose (the one
         mutable field: names taken are shared by every stage that writes functions).
-    backend : Backend
-        How eOperators are written (:mod:`einopt.backends`).
-    noise : float
-        With a backend whose ties go to ``fewer_nodes``, trials within ``1 + noise`` of the
-        fastest are ties.
     """
 
+    original: onnx.ModelProto
     model: onnx.ModelProto
-    datasets: Sequence[Mapping[str, np.ndarray]]
-    tolerance: Tolerance
-    timer: Timer | None
-    feeds: Mapping[str, np.ndarray] | None
-    taken: set[str] = dataclasses.field(default_factory=set)
-    backend: Backend = PORTABLE
+    datasets: Sequence[Mapping[str, np.ndarray]] = ()
+    references: Sequence[Mapping[str, np.ndarray]] = ()
+    tolerance: Tolerance = Tolerance()
+    feeds: Mapping[str, np.ndarray] | None = None
+    timer: Timer | None = None
+    accept: str = "measured"
     noise: float = NOISE_BAND
+    model_noise: float = MODEL_NOISE
+    backend: Backend = PORTABLE
+    taken: set[str] = dataclasses.field(default_factory=set)
+
+    @property
+    def timed(self) -> bool:
+        """Whether candidates and the output are timed (a timer, and inputs to time on)."""
+        return self.timer is not None and self.feeds is not None

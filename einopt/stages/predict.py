@@ -27,6 +27,7 @@ from einopt.instantiate.backend import PORTABLE, Backend
 from einopt.instantiate.program import program_model, weight_names
 from einopt.runtime.opcost import OpCosts, footprint, memory_limit, node_costs
 from einopt.search.results import Candidate
+from einopt.stages.context import StageContext
 from einopt.stages.partsearch import PartSearch
 from einopt.stages.verify import Epilogue, epilogue
 
@@ -43,20 +44,20 @@ selection's 60 s, a model stays within 5 minutes on a 2-core machine)."""
 
 
 def predict(
-    model: onnx.ModelProto,
+    ctx: StageContext,
     parts: Sequence[Part],
     searches: Mapping[str, PartSearch],
     costs: OpCosts,
     budget_s: float | None = None,
-    backend: Backend = PORTABLE,
 ) -> dict[str, PartSearch]:
     """Each part's found programs with measured-operator predictions, best predicted first.
 
     Parameters
     ----------
-    model : onnx.ModelProto
-        The prepared model the parts were cut from (the input of each part is
-        costed as its original nodes).
+    ctx : StageContext
+        The prepared model the parts were cut from (``ctx.model``: the input of each part is
+        costed as its original nodes), and how the found programs' eOperators are written
+        (``ctx.backend``: a generated kernel is compiled once it is timed, and timed like any node).
     parts : sequence of Part
         The translated subprograms.
     searches : mapping
@@ -66,9 +67,6 @@ def predict(
     budget_s : float, optional
         Seconds of node timing at most (default :data:`BUDGET_S`); nodes not
         timed by then are estimated.
-    backend : Backend
-        How the found programs' eOperators are written (:mod:`einopt.backends`) (a generated kernel is compiled once it is
-        timed, and timed like any node).
 
     Returns
     -------
@@ -77,6 +75,7 @@ def predict(
         (``timed_share`` of it from nodes timed alone) and ``estimated_cost`` the search's analytic
         estimate.
     """
+    model, backend = ctx.model, ctx.backend
     deadline = time.monotonic() + (BUDGET_S if budget_s is None else budget_s)
     types = value_types(model)
     inits = {t.name: t for t in model.graph.initializer}

@@ -22,7 +22,6 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 
-import numpy as np
 import onnx
 
 from einopt.frontend.translate import Part
@@ -30,7 +29,7 @@ from einopt.instantiate.backend import PORTABLE, Backend
 from einopt.instantiate.emit import Instantiated, instantiate, original_ops
 from einopt.opsets import KERNEL_DOMAIN, default_opset
 from einopt.runtime.timing import NOISE_BAND, Comparison
-from einopt.runtime.verify import Agreement, Tolerance, first_line
+from einopt.runtime.verify import Agreement, first_line
 from einopt.search.results import Candidate
 from einopt.stages.accept import is_unchanged
 from einopt.stages.context import StageContext
@@ -159,8 +158,7 @@ def select(
     dict
         Part name -> its :class:`Selection`, for every translated part.
     """
-    model, datasets, tolerance, timer, feeds = ctx.model, ctx.datasets, ctx.tolerance, ctx.timer, ctx.feeds
-    taken, backend, noise = ctx.taken, ctx.backend, ctx.noise
+    model, taken, backend = ctx.model, ctx.taken, ctx.backend
     budget_s = BUDGET_S if budget_s is None else budget_s
     deadline = time.monotonic() + budget_s
     opset = default_opset(model)
@@ -183,7 +181,7 @@ def select(
         _pseudo(name, i): dataclasses.replace(by_name[name], name=_pseudo(name, i)) for name, i in alive
     }
     emitted = {_pseudo(name, i): c.instantiated for (name, i), c in alive.items()}
-    timing = timer is not None and feeds is not None
+    timing = ctx.timed
     # Untimed, every trial is verified. Timed, trials go in rounds (every part's best predicted
     # one first, see _timing_order), each verified then timed, until the budget runs out: a slow
     # verification of runners-up (Longformer at batch 16) cannot leave every part's best untimed.
@@ -196,26 +194,25 @@ def select(
             for name, i in keys:
                 pending[name][i] = dataclasses.replace(pending[name][i], rejected=ran_out)
             continue
-        ok = _verified(model, keys, pseudo, emitted, pending, datasets, tolerance)
+        ok = _verified(ctx, keys, pseudo, emitted, pending)
         if not timing or not ok:
             continue
         todo = [pseudo[_pseudo(name, i)] for name, i in ok]
-        for pair in part_pairs(model, todo, {p.name: emitted[p.name] for p in todo}, feeds, epilogues=True):
+        for pair in part_pairs(
+            model, todo, {p.name: emitted[p.name] for p in todo}, ctx.feeds, epilogues=True
+        ):
             name, i = _unpseudo(pair.name)
             if time.monotonic() > deadline:
                 pending[name][i] = dataclasses.replace(pending[name][i], rejected=ran_out)
                 continue
-            t = timer.part(dataclasses.replace(pair, name=name))
+            t = ctx.timer.part(dataclasses.replace(pair, name=name))
             pending[name][i] = dataclasses.replace(pending[name][i], measured=t)
     out = {}
     for p in parts:
         if p.program is None:
             continue
         chosen, tried = choose(
-            pending[p.name],
-            timed=timer is not None and feeds is not None,
-            fewer_nodes=backend.fewer_nodes,
-            noise=noise,
+            pending[p.name], timed=timing, fewer_nodes=backend.fewer_nodes, noise=ctx.noise
         )
         if chosen is not None:
             taken |= {f.name for f in chosen.instantiated.functions}
@@ -228,15 +225,13 @@ def try_trials(ctx: StageContext, part: Part, trials: Sequence[Trial]) -> list[T
     ``timer``) timed against the part's original nodes: :func:`select`'s steps for a part that
     is not among the ones it was given (a merged group, :mod:`einopt.backends.tvm.partmerge`); a trial is
     instantiated with its own backend."""
-    model, datasets, tolerance, timer, feeds, taken = (
-        ctx.model, ctx.datasets, ctx.tolerance, ctx.timer, ctx.feeds, ctx.taken
-    )  # fmt: skip
+    model = ctx.model
     opset = default_opset(model)
     pending = {
         part.name: [
             t
             if t.instantiated is not None
-            else _instantiated(model, part, t.candidate, opset, taken, t.backend)
+            else _instantiated(model, part, t.candidate, opset, ctx.taken, t.backend)
             for t in trials
         ]
     }
@@ -247,30 +242,31 @@ def try_trials(ctx: StageContext, part: Part, trials: Sequence[Trial]) -> list[T
     ]
     pseudo = {_pseudo(part.name, i): dataclasses.replace(part, name=_pseudo(part.name, i)) for _, i in keys}
     emitted = {_pseudo(n, i): pending[n][i].instantiated for n, i in keys}
-    ok = _verified(model, keys, pseudo, emitted, pending, datasets, tolerance)
-    if timer is not None and feeds is not None and ok:
+    ok = _verified(ctx, keys, pseudo, emitted, pending)
+    if ctx.timed and ok:
         todo = [pseudo[_pseudo(n, i)] for n, i in ok]
-        for pair in part_pairs(model, todo, {p.name: emitted[p.name] for p in todo}, feeds, epilogues=True):
+        for pair in part_pairs(
+            model, todo, {p.name: emitted[p.name] for p in todo}, ctx.feeds, epilogues=True
+        ):
             name, i = _unpseudo(pair.name)
-            t = timer.part(dataclasses.replace(pair, name=name))
+            t = ctx.timer.part(dataclasses.replace(pair, name=name))
             pending[name][i] = dataclasses.replace(pending[name][i], measured=t)
     return pending[part.name]
 
 
 def _verified(
-    model: onnx.ModelProto,
+    ctx: StageContext,
     keys: list[tuple[str, int]],
     pseudo: dict[str, Part],
     emitted: dict[str, Instantiated],
     pending: dict[str, list[Trial]],
-    datasets: Sequence[Mapping[str, np.ndarray]],
-    tolerance: Tolerance,
 ) -> list[tuple[str, int]]:
     """Verify the trials ``keys`` on the values that reach their parts (recorded in ``pending``;
     one that differs, or runs too slowly to time, is rejected); the keys that passed, in order."""
-    if not datasets:
+    if not ctx.datasets:
         return list(keys)
-    checks = verify_parts(model, [pseudo[_pseudo(n, i)] for n, i in keys], emitted, datasets, tolerance)
+    parts = [pseudo[_pseudo(n, i)] for n, i in keys]
+    checks = verify_parts(ctx.model, parts, emitted, ctx.datasets, ctx.tolerance)
     ok = []
     for name, i in keys:
         check = checks[_pseudo(name, i)]

@@ -31,7 +31,6 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 
-import numpy as np
 import onnx
 
 from einopt.backends.tvm.kernelfusion import PHASE, fuse_for_kernels
@@ -51,7 +50,6 @@ from einopt.instantiate.emit import Instantiated
 from einopt.rules.derive import TraceStep
 from einopt.runtime.timing import Comparison
 from einopt.search.results import Candidate
-from einopt.stages.accept import Timer
 from einopt.stages.context import StageContext
 from einopt.stages.export import toposort
 from einopt.stages.partsearch import PartSearch
@@ -349,15 +347,8 @@ def _try_group(ctx: StageContext, group: _Side, states: Mapping[str, PartState])
     then timed head to head against the members' programs side by side: two ratios against the
     original measured at different moments are not comparable on a machine whose speed drifts.
     """
-    model, timer, feeds, backend, noise, taken = (
-        ctx.model,
-        ctx.timer,
-        ctx.feeds,
-        ctx.backend,
-        ctx.noise,
-        ctx.taken,
-    )
-    timed = timer is not None and feeds is not None
+    model, backend, noise = ctx.model, ctx.backend, ctx.noise
+    timed = ctx.timed
     trials = try_trials(
         ctx, group.part, [Trial(group.part.name, c, backend=backend) for c in (group.chosen, *group.others)]
     )
@@ -370,7 +361,7 @@ def _try_group(ctx: StageContext, group: _Side, states: Mapping[str, PartState])
     separate = _side_by_side(model, members, noise)
     rivals: tuple[Trial, ...] = ()
     if timed and separate is not None:
-        head = _head_to_head(model, group.part, separate, fused.instantiated, feeds, timer)
+        head = _head_to_head(ctx, group.part, separate, fused.instantiated)
         trace = sum((m.selection.chosen.candidate.trace for m in members if _keepable(m, noise)), ())
         rival = Trial(
             group.part.name,
@@ -395,31 +386,24 @@ def _try_group(ctx: StageContext, group: _Side, states: Mapping[str, PartState])
         all(s.cached for s in searches),
     )
     ops = tuple(model.graph.node[i].op_type for i in group.part.nodes)
-    taken |= {f.name for f in fused.instantiated.functions}
+    ctx.taken.update(f.name for f in fused.instantiated.functions)
     return PartState(group.part, ops, search, Selection(fused, (*tried, *rivals), search))
 
 
-def _head_to_head(
-    model: onnx.ModelProto,
-    part: Part,
-    separate: Instantiated,
-    fused: Instantiated,
-    feeds: Mapping[str, np.ndarray],
-    timer: Timer,
-) -> Comparison:
+def _head_to_head(ctx: StageContext, part: Part, separate: Instantiated, fused: Instantiated) -> Comparison:
     """``fused`` timed against ``separate`` (two instantiations of ``part``), side by side."""
     pairs = {
         p.name: p
         for p in part_pairs(
-            model,
+            ctx.model,
             [dataclasses.replace(part, name=n) for n in ("separate", "fused")],
             {"separate": separate, "fused": fused},
-            feeds,
+            ctx.feeds,
             epilogues=True,
         )
     }
     a, b = pairs["separate"], pairs["fused"]
-    return timer.part(PartPair(part.name, a.rewritten, a.rewritten_feeds, b.rewritten, b.rewritten_feeds))
+    return ctx.timer.part(PartPair(part.name, a.rewritten, a.rewritten_feeds, b.rewritten, b.rewritten_feeds))
 
 
 def _summed(stats: Sequence[Mapping[str, object]]) -> dict[str, object]:
