@@ -360,18 +360,47 @@ def test_the_code_fingerprint_names_the_installed_package():
     assert len(first) == 16 and first == run.code_fingerprint()
 
 
-def test_update_readme_replaces_only_its_block(tmp_path):
+def test_replace_block_replaces_only_its_block(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(
         f"a\n{tables.START}\nold\n{tables.END}\nb\n{tables.SHARED_START}\nold shared\n{tables.SHARED_END}\nc\n"
     )
-    tables.update_readme(readme, "new shared\n", tables.SHARED_START, tables.SHARED_END)
+    tables.replace_block(readme, "new shared\n", tables.SHARED_START, tables.SHARED_END)
     assert readme.read_text() == (
         f"a\n{tables.START}\nold\n{tables.END}\nb\n{tables.SHARED_START}\nnew shared\n{tables.SHARED_END}\nc\n"
     )
     readme.write_text("no markers\n")
     with pytest.raises(SystemExit, match="shared-results:start"):
-        tables.update_readme(readme, "x", tables.SHARED_START, tables.SHARED_END)
+        tables.replace_block(readme, "x", tables.SHARED_START, tables.SHARED_END)
+
+
+def test_a_run_publishes_a_section_only_when_it_covers_every_model(tmp_path, monkeypatch):
+    readme, page = tmp_path / "README.md", tmp_path / "results.md"
+    readme.write_text(f"{tables.START}\nold\n{tables.END}\n")
+    page.write_text(f"{tables.SHARED_START}\nold shared\n{tables.SHARED_END}\n")
+    monkeypatch.setattr(run, "README", readme)
+    monkeypatch.setattr(run, "TABLES", page)
+    compared = []
+    monkeypatch.setattr(run, "compare_kernels", lambda rows, command, args, whole: compared.append(whole))
+    args = SimpleNamespace(kernels="onnx", no_readme=False, size="full")
+    run.publish(args, "cmd", ([], []), ("generated\n", "shared\n"), (False, True))
+    assert "old\n" in readme.read_text() and "\nshared\n" in page.read_text()
+    run.publish(args, "cmd", ([], []), ("generated\n", "shared again\n"), (True, False))
+    assert "\ngenerated\n" in readme.read_text() and "shared again" not in page.read_text()
+    run.publish(
+        SimpleNamespace(**(args.__dict__ | {"no_readme": True})),
+        "cmd",
+        ([], []),
+        ("x\n", "y\n"),
+        (True, True),
+    )
+    assert "\ngenerated\n" in readme.read_text() and "\nshared\n" in page.read_text()
+    # another backend's run writes its comparison, never the portable run's blocks
+    tvm = SimpleNamespace(**(args.__dict__ | {"kernels": "tvm"}))
+    run.publish(tvm, "cmd", ([], []), ("x\n", "y\n"), (True, False))
+    run.publish(tvm, "cmd", ([], []), ("x\n", "y\n"), (True, True))
+    assert compared == [False, True]
+    assert "\ngenerated\n" in readme.read_text() and "\nshared\n" in page.read_text()
 
 
 def test_a_failed_side_process_shows_in_the_openvino_column():

@@ -96,11 +96,11 @@ from einopt.evaluation.tables import (
     TABLES,
     kernels_markdown,
     markdown,
+    replace_block,
     row_key,
     shared_markdown,
     shared_target,
     speedup_text,
-    update_readme,
 )
 from einopt.instantiate.backend import PORTABLE
 
@@ -500,7 +500,7 @@ def compare_kernels(rows: list[dict], command: str, args: argparse.Namespace, wh
     (args.out / "kernels.md").write_text(table)
     print(table)
     if whole and not args.no_readme and args.size == "full":
-        update_readme(TABLES, table, KERNELS_START, KERNELS_END)
+        replace_block(TABLES, table, KERNELS_START, KERNELS_END)
         print(f"{TABLES} updated (--kernels tvm beside --kernels onnx)")
 
 
@@ -526,20 +526,38 @@ def render(args: argparse.Namespace, index: Mapping | None) -> int:
         rows, shared_rows, prev["command"], args.out, prev.get("code", ""), prev.get("date")
     )
     print("\n".join(t for t in (table, shared) if t))
-    done = {row_key(r) for r in rows}
-    if args.kernels != PORTABLE.name:
-        every = done >= {(m, b) for m in MODELS for b in (1, 16)} and (
-            not index or {r["model"] for r in shared_rows} >= set(index)
-        )
-        compare_kernels(rows + shared_rows, prev["command"], args, whole=every)
-        return 0
-    if not args.no_readme and args.size == "full" and done >= {(m, b) for m in MODELS for b in (1, 16)}:
-        update_readme(README, table)
-        print("README.md updated (generated models)")
-    if not args.no_readme and index and {r["model"] for r in shared_rows} >= set(index):
-        update_readme(TABLES, shared, SHARED_START, SHARED_END)
-        print(f"{TABLES} updated (shared models)")
+    every_generated = {row_key(r) for r in rows} >= {(m, b) for m in MODELS for b in (1, 16)}
+    every_shared = {r["model"] for r in shared_rows} >= set(index or ())
+    publish(args, prev["command"], (rows, shared_rows), (table, shared), (every_generated, every_shared))
     return 0
+
+
+def publish(
+    args: argparse.Namespace,
+    command: str,
+    sections: tuple[list[dict], list[dict]],
+    tables: tuple[str, str],
+    whole: tuple[bool, bool],
+) -> None:
+    """The run's tables written where they are read (nothing with ``--no-readme``): with a backend
+    other than the portable one, ``kernels.md`` and, for a whole run, docs/results.md's kernels
+    block (:func:`compare_kernels`); else README.md's block when the run covers every generated
+    model at batch 1 and 16 at full size, and docs/results.md's shared block when it covers every
+    shared model. ``sections``: the generated and the shared rows; ``tables``: theirs; ``whole``:
+    whether each section covers every model."""
+    rows, shared_rows = sections
+    every_generated, every_shared = whole
+    if args.kernels != PORTABLE.name:
+        compare_kernels(rows + shared_rows, command, args, whole=every_generated and every_shared)
+        return
+    if args.no_readme:
+        return
+    if every_generated and args.size == "full":
+        replace_block(README, tables[0])
+        print("README.md updated (generated models)")
+    if every_shared and tables[1]:
+        replace_block(TABLES, tables[1], SHARED_START, SHARED_END)
+        print(f"{TABLES} updated (shared models)")
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
@@ -659,17 +677,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         write_summary(rows, shared_rows, command, args.out, code)
     table, shared_table = write_summary(rows, shared_rows, command, args.out, code)
     print("\n".join(t for t in (table, shared_table) if t))
-    if args.kernels != PORTABLE.name:
-        compare_kernels(rows + shared_rows, command, args, whole=everything and set(batches) == {1, 16})
-    elif (
-        not args.no_readme
-        and args.size == "full"
-        and set(batches) == {1, 16}
-        and set(generated) == set(MODELS)
-    ):
-        update_readme(README, table)
-        print("README.md updated (generated models)")
-    if not args.no_readme and index and set(shared) == set(index):
-        update_readme(TABLES, shared_table, SHARED_START, SHARED_END)
-        print(f"{TABLES} updated (shared models)")
+    every_generated = set(generated) == set(MODELS) and set(batches) == {1, 16}
+    every_shared = set(shared) == set(index or ())
+    publish(args, command, (rows, shared_rows), (table, shared_table), (every_generated, every_shared))
     return 1 if any("error" in r for r in [*rows, *shared_rows]) else 0

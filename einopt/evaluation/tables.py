@@ -340,12 +340,12 @@ def _pair_dates(paired: Sequence[dict]) -> str:
     return f"{days[0]} to {days[-1]} UTC" if days else "date not recorded"
 
 
-def update_readme(readme: Path, table: str, start: str = START, end: str = END) -> None:
-    """Replace the block between the ``start`` and ``end`` markers of ``readme`` (a Markdown page)
-    with ``table``."""
-    text = readme.read_text()
+def replace_block(page: Path, table: str, start: str = START, end: str = END) -> None:
+    """Replace the block between the ``start`` and ``end`` markers of ``page`` (a Markdown page: the
+    README's results block by default) with ``table``."""
+    text = page.read_text()
     if start not in text or end not in text:
-        raise SystemExit(f"{readme} has no {start} ... {end} block to replace")
+        raise SystemExit(f"{page} has no {start} ... {end} block to replace")
     before, rest = text.split(start, 1)
     _, after = rest.split(end, 1)
-    readme.write_text(f"{before}{start}\n{table}{end}{after}")
+    page.write_text(f"{before}{start}\n{table}{end}{after}")
