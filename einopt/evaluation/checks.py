@@ -25,6 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
+from einopt.core.cost import value_bytes
+from einopt.runtime import modelio
+from einopt.runtime.timing import Ratio, Timing, configure_threads, sample_interleaved
+from einopt.runtime.verify import Tolerance, compare, first_line
+
 OPENVINO_MISSING = "n/a (pip install openvino)"
 
 _REFERENCE_KEY = re.compile(r"([xy])(\d+)")
@@ -56,7 +61,6 @@ def split_reference(arrays: Mapping[str, np.ndarray], where: Path | str = "") ->
 def reference_agreement(got: Mapping[str, np.ndarray], expected: Sequence[np.ndarray]) -> dict:
     """Whether a model's outputs (by name, in graph order) equal PyTorch's ``y0..`` at einopt's verification
     tolerance: ``{"ok", "max_error", "message"}``."""
-    from einopt.runtime.verify import Tolerance, compare
 
     if len(got) != len(expected):
         return {
@@ -101,8 +105,6 @@ def run_side(job: SideJob) -> dict:
 
 def side_checks(job: SideJob) -> dict:
     """Run a :class:`SideJob`: ``{"openvino": ..., "pytorch": {"input": ..., "output": ...}}``."""
-    from einopt.runtime import modelio
-    from einopt.runtime.timing import configure_threads
 
     threads = configure_threads(job.threads)
     model = modelio.load_model(job.model)
@@ -175,10 +177,6 @@ def compare_openvino(
     ov = import_openvino()
     if ov is None:
         return {"speedup": None, "note": OPENVINO_MISSING}
-    from einopt.core.cost import value_bytes
-    from einopt.runtime import modelio
-    from einopt.runtime.timing import Ratio, Timing, sample_interleaved
-    from einopt.runtime.verify import Tolerance, compare, first_line
 
     available = modelio.available_bytes()
     footprint = modelio.total_tensor_bytes(model) + sum(value_bytes(model).values())

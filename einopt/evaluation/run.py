@@ -103,6 +103,7 @@ from einopt.evaluation.tables import (
     speedup_text,
 )
 from einopt.instantiate.backend import PORTABLE
+from einopt.models import MODELS
 
 SECTIONS = ("generated", "shared")
 """Words ``--models`` takes for a whole section."""
@@ -507,8 +508,6 @@ def compare_kernels(rows: list[dict], command: str, args: argparse.Namespace, wh
 def render(args: argparse.Namespace, index: Mapping | None) -> int:
     """``--render``: the tables of the run in ``args.out`` written again, measuring nothing; a row
     measured before rows recorded ``identical`` gets it from the files the run left in ``args.build``."""
-    from einopt.models import MODELS
-
     path = args.out / "summary.json"
     try:
         prev = json.loads(path.read_text())
@@ -563,8 +562,6 @@ def publish(
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Run the evaluation as ``argv`` asks (the command line's, by default), in the checkout (paths are
     relative to the working directory); the exit code: 1 when a row failed."""
-    from einopt.models import MODELS
-
     ap = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

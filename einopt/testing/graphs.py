@@ -39,9 +39,13 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
+from einopt.pipeline import Options, optimize
+from einopt.runtime.sessions import prepare_options
+from einopt.runtime.verify import Tolerance, compare
 from einopt.testing.hazards import ANY_DATA, FINITE, INPUT, Risks, computed
 
 __all__ = [
@@ -1153,13 +1157,7 @@ def _optimized_session(model: onnx.ModelProto) -> Any:
 def _session(model: onnx.ModelProto, options: Any) -> Any:
     """A CPU session of ``model``, with its generated kernels built and einopt's library registered
     where it has any."""
-    import onnxruntime as ort
-
-    from einopt.backends.tvm import kernels
-    from einopt.runtime import modelio
-
-    if modelio.uses_generated_kernels(model):
-        kernels.prepare(model, options)
+    prepare_options(model, options)
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
@@ -1170,8 +1168,6 @@ def ort_optimizer_refusal(
     it loads it at ``ORT_ENABLE_ALL`` and computes what ``ORT_DISABLE_ALL`` computes on every data set
     of ``datasets`` (``(kind, feeds)`` pairs; :func:`einopt.runtime.verify.compare`, default tolerance).
     """
-    from einopt.runtime.verify import Tolerance, compare
-
     names = [o.name for o in model.graph.output]
     try:
         session = _optimized_session(model)
@@ -1211,10 +1207,7 @@ def check_case(
     how einopt writes eOperators (``--kernels``; with generated kernels the model runs with its
     kernel library registered).
     """
-    import einopt
-    from einopt.runtime.verify import Tolerance, compare
-
-    options = einopt.Options(max_depth=max_depth, verify=False, accept="verified", kernels=kernels)
+    options = Options(max_depth=max_depth, verify=False, accept="verified", kernels=kernels)
     if max_depth:
         options = dataclasses.replace(
             options,
@@ -1224,7 +1217,7 @@ def check_case(
             deadline_s=SEARCH_DEADLINE_S,
         )
     try:
-        result = einopt.optimize(case.model, options)
+        result = optimize(case.model, options)
     except Exception as e:  # noqa: BLE001 - the fuzzer reports every exception
         return Outcome("exception", f"{type(e).__name__}: {e}")
     names = [o.name for o in case.model.graph.output]

@@ -16,8 +16,6 @@ library. Its parts, in pipeline order:
   ``ai.einopt`` that ``einopt.runtime.session`` finds by its entry point),
   :mod:`~einopt.backends.tvm.build` and ``native/`` (the C sources).
 
-Its modules are imported when a hook first needs them: importing the registry
-(:mod:`einopt.backends`) loads none of them.
 """
 
 from __future__ import annotations
@@ -26,6 +24,22 @@ import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar
+
+from einopt.backends.tvm.emit import (
+    elementwise,
+    generated_group,
+    generated_kernel,
+    inner_reductions,
+    kernel_reduction,
+    read_through_reshapes,
+)
+from einopt.backends.tvm.kernelfusion import fused_candidates
+from einopt.backends.tvm.kernelgroups import kernel_groups
+from einopt.backends.tvm.kernels import described, library_path
+from einopt.backends.tvm.ortkernel import KernelUnsupported, build_id
+from einopt.backends.tvm.partmerge import merge_parts
+from einopt.instantiate import eop
+from einopt.runtime.modelio import uses_generated_kernels
 
 if TYPE_CHECKING:
     import numpy as np
@@ -54,14 +68,11 @@ class TvmBackend:
 
     def check(self) -> None:
         """No C compiler (or an untrusted cache): one clear error before any work."""
-        from einopt.backends.tvm.kernels import library_path
 
         library_path()
 
     def check_model(self, model: onnx.ModelProto) -> None:
         """An einopt output: its kernels' descriptions are checked."""
-        from einopt.backends.tvm.kernels import described
-        from einopt.runtime.modelio import uses_generated_kernels
 
         if uses_generated_kernels(model):
             described(model)
@@ -70,7 +81,6 @@ class TvmBackend:
         """The code generator's build (compiled kernels depend on it)."""
         if not inst.has_generated_kernels:
             return None
-        from einopt.backends.tvm.ortkernel import build_id
 
         return build_id()
 
@@ -79,15 +89,12 @@ class TvmBackend:
     ) -> list[tuple[str, ...]]:
         """Element-wise bindings that read one another: one kernel, several outputs; reductions that
         are generated kernels in any case are computed with the element-wise work after them."""
-        from einopt.backends.tvm.emit import kernel_reduction
-        from einopt.backends.tvm.kernelgroups import kernel_groups
 
         outputs = set(program.outputs)
         reductions = {n for n, s in program.bindings if n not in outputs and kernel_reduction(em, s)}
         return kernel_groups(program, set(constants), reductions)
 
     def emit_group(self, em: _Emitter, names: tuple[str, ...]) -> bool:
-        from einopt.backends.tvm.emit import generated_group
 
         return generated_group(em, names)
 
@@ -95,9 +102,6 @@ class TvmBackend:
         self, em: _Emitter, scope: ir.Scope, m: OperatorMatch, label: str
     ) -> tuple[str, str] | None:
         """One generated kernel instead of a chain of element-wise nodes."""
-        from einopt.backends.tvm.emit import elementwise, generated_kernel, inner_reductions
-        from einopt.backends.tvm.ortkernel import KernelUnsupported
-        from einopt.instantiate import eop
 
         if not elementwise(m, inner_reductions(em, scope)):
             return None
@@ -107,8 +111,6 @@ class TvmBackend:
             return None
 
     def emit_eoperator(self, em: _Emitter, scope: ir.Scope, label: str, kind: str) -> tuple[str, str] | None:
-        from einopt.backends.tvm.emit import generated_kernel
-        from einopt.backends.tvm.ortkernel import KernelUnsupported
 
         try:
             return generated_kernel(em, scope, label, kind)
@@ -117,21 +119,18 @@ class TvmBackend:
             return None
 
     def finish(self, em: _Emitter, keep: set[str]) -> None:
-        from einopt.backends.tvm.emit import read_through_reshapes
 
         read_through_reshapes(em, keep)
 
     def variants(self, candidates: Sequence[Candidate]) -> list[Candidate]:
         """The candidates whose element-wise chains fuse into fewer generated kernels
         (:func:`einopt.backends.tvm.kernelfusion.fuse_for_kernels`), fused, each program once."""
-        from einopt.backends.tvm.kernelfusion import fused_candidates
 
         return fused_candidates(candidates)
 
     def after_selection(self, ctx: StageContext, states: Mapping[str, PartState]) -> Mapping[str, PartState]:
         """Seams between subprograms that one generated kernel can close
         (:func:`einopt.backends.tvm.partmerge.merge_parts`)."""
-        from einopt.backends.tvm.partmerge import merge_parts
 
         return merge_parts(ctx, states)
 

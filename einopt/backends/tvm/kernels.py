@@ -52,6 +52,7 @@ from einopt.backends.tvm.build import (
     link_kernels,
     run_compiler,
 )
+from einopt.backends.tvm.ortkernel import KernelDescriptionError, is_cached, library, read_description
 from einopt.errors import ModelError, UnsupportedModelError
 from einopt.opsets import KERNEL_DOMAIN
 from einopt.runtime.cache import cache_folder, read_recorded, write_recorded
@@ -210,7 +211,6 @@ def described(model: onnx.ModelProto) -> list[Any]:
     ModelError
         A node's description is damaged or altered, or disagrees with the node.
     """
-    from einopt.backends.tvm.ortkernel import KernelDescriptionError, read_description
 
     found: dict[str, Any] = {}
     for node in kernel_nodes(model):
@@ -255,7 +255,6 @@ def prepare(model: onnx.ModelProto | str | Path | bytes, options: Any = None) ->
     options = register(options)
     if not descriptions:
         return options
-    from einopt.backends.tvm.ortkernel import library
 
     _, lib = _loaded()
     todo = [d for d in descriptions if d.sha256 not in _PREPARED]
@@ -302,7 +301,6 @@ def prepare_session(model: onnx.ModelProto, options: Any) -> None:
 
 def _built_here(descriptions: Sequence[Any]) -> list[Any]:
     """Those of ``descriptions`` that no cache holds yet (compiling them is what takes time)."""
-    from einopt.backends.tvm.ortkernel import is_cached
 
     return [d for d in descriptions if not is_cached(d)]
 
