@@ -40,12 +40,12 @@ from einopt.runtime.verify import Tolerance, compare_models, verification_inputs
 from einopt.search.budget import Budget
 from einopt.stages.accept import accept
 from einopt.stages.context import ACCEPT_MODES, StageContext
+from einopt.stages.output import verify_output
 from einopt.stages.partsearch import DEFAULT_BUDGET, PartSearch, Progress, Settings, search_parts
 from einopt.stages.predict import predict
 from einopt.stages.select import DEFAULT_TOP_K, select
 from einopt.stages.state import fill, start
 from einopt.stages.timer import Timer
-from einopt.stages.verify import verify_output
 
 log = logging.getLogger(__name__)
 

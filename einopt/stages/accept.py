@@ -37,12 +37,11 @@ import onnx
 
 from einopt.opsets import DEFAULT_DOMAINS
 from einopt.runtime.fresh import least
-from einopt.runtime.graphkey import content_key
 from einopt.runtime.timing import NOISE_BAND, Comparison, configure_threads
 from einopt.stages.context import StageContext
 from einopt.stages.export import assemble
 from einopt.stages.postopt import postoptimize
-from einopt.stages.state import PartState
+from einopt.stages.state import PartState, Verdict
 from einopt.stages.timer import Timer
 from einopt.stages.verify import PartPair, part_pairs
 
@@ -57,16 +56,6 @@ BISECT_FROM = 8
 
 MAX_RETAKES = 2
 """Whole-model timings retaken while the input's own time has drifted from the first round's."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    """What measured acceptance decided for one rewritten subprogram."""
-
-    name: str
-    accepted: bool
-    timing: Comparison
-    reason: str
 
 
 ROUND_STAGES = ("round", "retake", "confirm")
@@ -91,36 +80,6 @@ class ModelRound:
             "stage": self.stage,
             "reason": self.reason,
         } | self.timing.as_dict()
-
-
-def is_unchanged(
-    nodes: Sequence[onnx.NodeProto],
-    new_nodes: Sequence[onnx.NodeProto],
-    constants: Mapping[str, onnx.TensorProto],
-    new_constants: Sequence[onnx.TensorProto],
-    outputs: Sequence[str],
-    opset: int,
-) -> bool:
-    """Whether a re-instantiation is the original nodes again (same ops, wiring, attributes and data).
-
-    Parameters
-    ----------
-    nodes : sequence
-        The original nodes of the subprogram.
-    new_nodes, new_constants : sequence
-        Its instantiation and the initializers that came with it.
-    constants : mapping
-        The model's initializers by name (both node groups may read them).
-    outputs : sequence
-        The subprogram's output names (shared by both groups).
-    opset : int
-        The default-domain opset (attribute defaults depend on it).
-    """
-    if [n.op_type for n in nodes] != [n.op_type for n in new_nodes]:
-        return False
-    return content_key(nodes, constants, outputs, opset) == content_key(
-        new_nodes, dict(constants) | {t.name: t for t in new_constants}, outputs, opset
-    )
 
 
 def judge_parts(

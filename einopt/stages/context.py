@@ -25,7 +25,7 @@ class StageContext:
     """The input and prepared models and how their rewrites are checked, timed and written: what the
     stages read (:func:`~einopt.stages.predict.predict`, :func:`~einopt.stages.select.select`, a
     backend's ``after_selection``, :func:`~einopt.stages.accept.accept`,
-    :func:`~einopt.stages.verify.verify_output`), each a function of it and of the part states.
+    :func:`~einopt.stages.output.verify_output`), each a function of it and of the part states.
 
     Parameters
     ----------

@@ -28,10 +28,10 @@ from einopt.frontend.translate import Part
 from einopt.instantiate.backend import PORTABLE, Backend
 from einopt.instantiate.emit import Instantiated, instantiate, original_ops
 from einopt.opsets import KERNEL_DOMAIN, default_opset
+from einopt.runtime.graphkey import content_key
 from einopt.runtime.timing import NOISE_BAND, Comparison
 from einopt.runtime.verify import Agreement, first_line
 from einopt.search.results import Candidate
-from einopt.stages.accept import is_unchanged
 from einopt.stages.context import StageContext
 from einopt.stages.partsearch import PartSearch
 from einopt.stages.verify import part_pairs, verify_parts
@@ -413,6 +413,36 @@ def _same_nodes(model: onnx.ModelProto, p: Part, inst: Instantiated, opset: int)
         inst.initializers,
         [p.names[o] for o in p.program.outputs],
         opset,
+    )
+
+
+def is_unchanged(
+    nodes: Sequence[onnx.NodeProto],
+    new_nodes: Sequence[onnx.NodeProto],
+    constants: Mapping[str, onnx.TensorProto],
+    new_constants: Sequence[onnx.TensorProto],
+    outputs: Sequence[str],
+    opset: int,
+) -> bool:
+    """Whether a re-instantiation is the original nodes again (same ops, wiring, attributes and data).
+
+    Parameters
+    ----------
+    nodes : sequence
+        The original nodes of the subprogram.
+    new_nodes, new_constants : sequence
+        Its instantiation and the initializers that came with it.
+    constants : mapping
+        The model's initializers by name (both node groups may read them).
+    outputs : sequence
+        The subprogram's output names (shared by both groups).
+    opset : int
+        The default-domain opset (attribute defaults depend on it).
+    """
+    if [n.op_type for n in nodes] != [n.op_type for n in new_nodes]:
+        return False
+    return content_key(nodes, constants, outputs, opset) == content_key(
+        new_nodes, dict(constants) | {t.name: t for t in new_constants}, outputs, opset
     )
 
 

@@ -17,14 +17,24 @@ from typing import TYPE_CHECKING
 import onnx
 
 from einopt.frontend.translate import Part
+from einopt.runtime.timing import Comparison
 
 if TYPE_CHECKING:
     from einopt.instantiate.emit import Instantiated
-    from einopt.stages.accept import Verdict
     from einopt.stages.partsearch import PartSearch
     from einopt.stages.select import Selection
 
-__all__ = ["PartState", "start", "fill"]
+__all__ = ["PartState", "Verdict", "start", "fill"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What measured acceptance (:mod:`einopt.stages.accept`) decided for one rewritten subprogram."""
+
+    name: str
+    accepted: bool
+    timing: Comparison
+    reason: str
 
 
 @dataclasses.dataclass(frozen=True)

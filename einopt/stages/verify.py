@@ -3,9 +3,6 @@ models, run on the values that really reach the part when the original model run
 verification inputs, and compared (:func:`verify_parts`). A part that differs is rolled back by
 the caller. The same pairs, with each part's :func:`epilogue`, are what part timings run.
 
-The last stage, :func:`verify_output`, assembles the output from the rewrites acceptance kept and
-verifies it whole against the input model.
-
 The comparison, the capture of intermediate values and the end-to-end check are runtime services
 (:mod:`einopt.runtime.verify`).
 """
@@ -13,7 +10,6 @@ The comparison, the capture of intermediate values and the end-to-end check are 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -24,17 +20,11 @@ import onnx
 from einopt.core.cost import value_bytes
 from einopt.frontend.partition import ELEMENTWISE_ACTIVATIONS
 from einopt.runtime import modelio
-from einopt.runtime.verify import Agreement, Tolerance, capture, compare, compare_models, subgraph_model
-from einopt.stages.export import assemble
-from einopt.stages.postopt import postoptimize
+from einopt.runtime.verify import Agreement, Tolerance, capture, compare, subgraph_model
 
 if TYPE_CHECKING:
     from einopt.frontend.translate import Part
     from einopt.instantiate.emit import Instantiated
-    from einopt.stages.context import StageContext
-    from einopt.stages.state import PartState
-
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,22 +240,3 @@ def _reads(nodes: Sequence[onnx.NodeProto], local: set[str] = frozenset()) -> li
     return list(
         dict.fromkeys(i for n in nodes for i in n.input if i and i not in produced and i not in local)
     )
-
-
-def verify_output(
-    ctx: StageContext, states: Mapping[str, PartState]
-) -> tuple[onnx.ModelProto, dict[str, str]]:
-    """The output: the prepared model with every kept rewrite in it, verified against the input model
-    on every verification input (the input itself when nothing is kept); and, when the assembled
-    model differed from the input and every rewrite was rolled back, why each kept one was dropped."""
-    kept = [s for s in states.values() if s.kept]
-    if not kept:
-        return ctx.original, {}
-    out = postoptimize(assemble(ctx.model, {s.part.nodes: s.emitted for s in kept}))
-    if not ctx.datasets:  # unverified (--no-verify)
-        return out, {}
-    final = compare_models(ctx.references, out, ctx.datasets, ctx.tolerance)
-    if final.ok:
-        return out, {}
-    log.warning("assembled model differs from the original (%s); rolling back every rewrite", final.message)
-    return ctx.original, {s.name: f"rolled back with the whole model: {final.message}" for s in kept}

@@ -1,0 +1,38 @@
+"""The last stage: the output assembled from the rewrites acceptance kept, and verified whole against
+the input model (:func:`verify_output`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import onnx
+
+from einopt.runtime.verify import compare_models
+from einopt.stages.context import StageContext
+from einopt.stages.export import assemble
+from einopt.stages.postopt import postoptimize
+from einopt.stages.state import PartState
+
+__all__ = ["verify_output"]
+
+log = logging.getLogger(__name__)
+
+
+def verify_output(
+    ctx: StageContext, states: Mapping[str, PartState]
+) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """The output: the prepared model with every kept rewrite in it, verified against the input model
+    on every verification input (the input itself when nothing is kept); and, when the assembled
+    model differed from the input and every rewrite was rolled back, why each kept one was dropped."""
+    kept = [s for s in states.values() if s.kept]
+    if not kept:
+        return ctx.original, {}
+    out = postoptimize(assemble(ctx.model, {s.part.nodes: s.emitted for s in kept}))
+    if not ctx.datasets:  # unverified (--no-verify)
+        return out, {}
+    final = compare_models(ctx.references, out, ctx.datasets, ctx.tolerance)
+    if final.ok:
+        return out, {}
+    log.warning("assembled model differs from the original (%s); rolling back every rewrite", final.message)
+    return ctx.original, {s.name: f"rolled back with the whole model: {final.message}" for s in kept}
