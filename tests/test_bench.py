@@ -104,7 +104,7 @@ def test_global_thread_pool_in_a_fresh_process(tmp_path):
         "print('ok', s['machine']['threads'])\n"
     )
     env = dict(os.environ, EINOPT_THREAD_POOL="global")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0 and out.stdout.startswith("ok"), out.stderr
 
 

@@ -121,9 +121,9 @@ def test_startup_does_not_import_tvm_or_onnxruntime():
         "heavy = [m for m in ('tvm', 'onnxruntime') if m in sys.modules]; "
         "assert not heavy, f'{heavy} imported at start-up'"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-P", "-c", code], check=True)
     out = subprocess.run(
-        [sys.executable, "-m", "einopt.cli", "--help"], check=True, capture_output=True, text=True
+        [sys.executable, "-P", "-m", "einopt.cli", "--help"], check=True, capture_output=True, text=True
     )
     assert "Commands:" in out.stdout
 

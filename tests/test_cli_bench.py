@@ -126,7 +126,7 @@ def test_python_dash_m_runs_the_registered_commands():
 
     for module in ("einopt", "einopt.cli"):
         out = subprocess.run(
-            [sys.executable, "-m", module, "bench", "--help"], capture_output=True, text=True
+            [sys.executable, "-P", "-m", module, "bench", "--help"], capture_output=True, text=True
         )
         assert out.returncode == 0 and "ORIGINAL OPTIMIZED" in out.stdout, out.stderr
 

@@ -183,7 +183,7 @@ def _into_closed_pipe(cwd, *args) -> subprocess.CompletedProcess:
     os.close(read)
     try:
         return subprocess.run(
-            [sys.executable, "-m", "einopt", *map(str, args)],
+            [sys.executable, "-P", "-m", "einopt", *map(str, args)],
             stdout=write,
             stderr=subprocess.PIPE,
             text=True,
@@ -205,7 +205,7 @@ def test_closed_stdout_pipe_is_a_quiet_normal_exit(tmp_path, command):
 def test_head_reading_two_lines_of_inspect_is_quiet(tmp_path):
     src = _save(conv_block(), tmp_path / "in.onnx")
     einopt = subprocess.Popen(
-        [sys.executable, "-m", "einopt", "inspect", str(src), "--all"],
+        [sys.executable, "-P", "-m", "einopt", "inspect", str(src), "--all"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=tmp_path,  # away from the source tree (see _into_closed_pipe)

@@ -492,7 +492,7 @@ def test_top_level_compile_is_codegen_compile():
 
 def test_import_does_not_load_tvm():
     code = "import sys, einopt, einopt.codegen; assert 'tvm' not in sys.modules, 'tvm was imported'"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-P", "-c", code], check=True)
 
 
 def test_the_rational_erf_and_tanh_are_what_their_fitting_script_gives():

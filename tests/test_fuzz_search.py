@@ -17,7 +17,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import einopt
+from einopt.testing import graphs
 from einopt.testing.graphs import GraphCase, check_case, feeds, ort_optimizer_refusal
 
 FUZZ = Path(__file__).resolve().parents[1] / "scripts" / "fuzz.py"
@@ -106,7 +106,7 @@ def test_check_case_counts_what_the_ort_optimizer_refuses(monkeypatch):
     # The fuzzer's smallest case and what einopt made of it at depth 3 before the Conv matcher
     # refused to pad a run-time weight: equal, but ONNX Runtime's Pad fusion breaks it.
     original = _case(_conv_model([], pad_input=True))
-    monkeypatch.setattr(einopt, "optimize", _fake_optimize(_conv_model(["Pad"], pad_input=True)))
+    monkeypatch.setattr(graphs, "optimize", _fake_optimize(_conv_model(["Pad"], pad_input=True)))
     assert check_case(original, 0).status == "ok"  # the check is asked for
     outcome = check_case(original, 0, ort_optimizer=True)
     assert outcome.status == "ort" and "the output does not load at ORT_ENABLE_ALL" in outcome.detail
@@ -115,7 +115,7 @@ def test_check_case_counts_what_the_ort_optimizer_refuses(monkeypatch):
 
 def test_check_case_does_not_count_what_the_original_inherits(monkeypatch):
     original = _case(_conv_model(["Pad"]))
-    monkeypatch.setattr(einopt, "optimize", _fake_optimize(original.model))
+    monkeypatch.setattr(graphs, "optimize", _fake_optimize(original.model))
     outcome = check_case(original, 0, ort_optimizer=True)
     assert outcome.status == "ok"
     assert outcome.ort_input.startswith("the original does not load at ORT_ENABLE_ALL")

@@ -314,7 +314,7 @@ def test_a_model_with_generated_kernels_runs_in_a_fresh_process_and_fails_clearl
         """
     )
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path
+        [sys.executable, "-P", "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path
     )
     assert done.returncode == 0, done.stderr
     assert "OK" in done.stdout

@@ -94,7 +94,7 @@ def hostile(tmp_path) -> tuple[Path, Path]:
 
 def _run_python(script: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
+        [sys.executable, "-P", "-c", textwrap.dedent(script)],
         capture_output=True,
         text=True,
         timeout=600,

@@ -404,4 +404,4 @@ def _binary_fields(name: str) -> dict:
 def test_import_einopt_loads_neither_numpy_nor_tvm() -> None:
     # The forms receive their namespace: the table imports neither.
     code = "import sys, einopt; heavy = [m for m in ('numpy', 'tvm') if m in sys.modules]; assert not heavy, heavy"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-P", "-c", code], check=True)

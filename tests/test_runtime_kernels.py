@@ -153,7 +153,7 @@ def test_the_library_alone_runs_no_kernel_it_was_not_handed():
             print("REFUSED:", e)
         """
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True, timeout=120)
     assert "REFUSED:" in done.stdout and "is not built in this process" in done.stdout, done.stderr
 
 
@@ -174,7 +174,7 @@ def test_the_library_builds_from_a_clean_cache_and_runs_in_a_fresh_process(tmp_p
     )
     env = {**__import__("os").environ, "EINOPT_CACHE_DIR": str(tmp_path / "cache")}
     done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, "-P", "-c", script], capture_output=True, text=True, timeout=300, env=env
     )
     assert done.returncode == 0 and done.stdout.startswith("ok"), done.stderr
     assert done.stdout.split()[1].startswith(str(tmp_path / "cache"))
@@ -195,7 +195,7 @@ def test_a_session_works_in_a_process_with_a_global_thread_pool(tmp_path):
         print("ok")
         """
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 

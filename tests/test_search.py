@@ -168,7 +168,7 @@ json.dump([[c.key, list(c.operators), [[s.phase, s.rule, s.where] for s in c.tra
 def test_candidates_do_not_depend_on_the_hash_seed(tmp_path):
     runs = [
         subprocess.run(
-            [sys.executable, "-c", _SUBPROCESS_SEARCH],
+            [sys.executable, "-P", "-c", _SUBPROCESS_SEARCH],
             env={**os.environ, "PYTHONHASHSEED": seed},
             cwd=tmp_path,  # outside the checkout, so that the installed package is imported
             check=True,

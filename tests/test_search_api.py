@@ -65,7 +65,7 @@ def test_lazy_public_names_in_a_fresh_interpreter(tmp_path):
     )
     # Run outside the checkout: there `import einopt` would find the source folder, which has no
     # `search` subpackage (it is mapped from the top-level `search/` folder at install time).
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
+    subprocess.run([sys.executable, "-P", "-c", code], check=True, cwd=tmp_path)
 
 
 def test_search_takes_a_scope():

@@ -47,7 +47,7 @@ def busy_cores():
 def _einopt(*args, cwd) -> subprocess.CompletedProcess:
     # From cwd (outside the checkout): there the installed package is imported, not the source folder.
     return subprocess.run(
-        [sys.executable, "-m", "einopt", *map(str, args)],
+        [sys.executable, "-P", "-m", "einopt", *map(str, args)],
         cwd=cwd,
         capture_output=True,
         text=True,

@@ -217,7 +217,7 @@ def test_nodes_print_in_the_syntax_whichever_module_is_imported_first():
     # The IR does not import its syntax (no import circle): the syntax installs its printer
     # (ir.set_formatter), and importing any part of einopt imports the syntax.
     code = "from einopt.core.ir import Const, Unary; print(Unary('relu', Const(1.5)))"
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-P", "-c", code], check=True, capture_output=True, text=True)
     assert out.stdout.strip() == "relu(1.5)"
 
 
