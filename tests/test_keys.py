@@ -420,7 +420,8 @@ def test_keys_do_not_depend_on_python_hash_seed():
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
         run = subprocess.run(
-            [sys.executable, "-P", "-c", _SUBPROCESS], env=env, capture_output=True, text=True, cwd=here
+            # the test modules are imported from their folder (cwd), the installed einopt from site-packages
+            [sys.executable, "-c", _SUBPROCESS], env=env, capture_output=True, text=True, cwd=here
         )
         assert run.returncode == 0, run.stderr
         outs.add(run.stdout)
