@@ -29,6 +29,7 @@ import onnx
 from einopt import backends
 from einopt.errors import UnsupportedModelError
 from einopt.frontend.fold import prepare
+from einopt.frontend.symbolic import Dims, check_assignments, representative, shapes_at
 from einopt.frontend.translate import Part, translate_graph
 from einopt.opsets import DEFAULT_DOMAINS, check_opset
 from einopt.reports.result import PartResult, Result, Workspace, part_result
@@ -39,11 +40,12 @@ from einopt.runtime.timing import MODEL_NOISE, NOISE_BAND, configure_threads
 from einopt.runtime.verify import Tolerance, compare_models, verification_inputs
 from einopt.search.budget import Budget
 from einopt.stages.accept import accept
-from einopt.stages.context import ACCEPT_MODES, StageContext
+from einopt.stages.context import ACCEPT_MODES, ShapeCheck, StageContext
 from einopt.stages.output import verify_output
 from einopt.stages.partsearch import DEFAULT_BUDGET, PartSearch, Progress, Settings, search_parts
 from einopt.stages.predict import predict
 from einopt.stages.select import DEFAULT_TOP_K, select
+from einopt.stages.shapes import general_rewrites
 from einopt.stages.state import fill, start
 from einopt.stages.timer import Timer
 
@@ -79,7 +81,13 @@ class Options:
         ``"ray://host:10001"``); needs ``pip install 'einopt[ray]'``. The
         output does not depend on it.
     input_shapes : mapping
-        Concrete shapes for graph inputs with symbolic dims.
+        Concrete shapes for graph inputs with symbolic dims: the output is written for them (a
+        static model).
+    dims : mapping
+        Representative values of symbolic dimensions by name (``{"sequence": 64}``): the model is
+        searched and timed at them, and the output keeps them symbolic where its rewrites hold at
+        other values too (:mod:`einopt.frontend.symbolic`; unnamed ones take a default by name:
+        batch 1, sequence 128, height and width 224).
     inputs : sequence
         Extra verification data sets (arrays by input name, or ``.npz`` paths).
     verify : bool
@@ -124,6 +132,7 @@ class Options:
     top_k: int = DEFAULT_TOP_K
     ray: str | None = None
     input_shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    dims: Mapping[str, int] = dataclasses.field(default_factory=dict)
     inputs: Sequence[Mapping[str, np.ndarray] | str | Path] = ()
     verify: bool = True
     seed: int = 0
@@ -183,21 +192,22 @@ def optimize(
     why = _unworkable(original)
     if why:
         return _untouched(original, why)
+    dims = representative(original, options.dims, options.input_shapes)
+    shapes = dict(options.input_shapes) | dims.shapes()
     inputs = (
         _Inputs(
-            *verification_inputs(
-                original, seed=options.seed, input_shapes=options.input_shapes, given=options.inputs
-            )
+            *verification_inputs(original, seed=options.seed, input_shapes=shapes, given=options.inputs),
+            checks=_shape_checks(original, options, dims),
         )
         if options.verify
         else _Inputs([], [], "")
     )
     if options.verify and not inputs.datasets:
         return _untouched(original, inputs.note)
-    result = _rewrite(original, options, inputs, clock, progress, fold=True)
+    result = _rewrite(original, options, inputs, clock, progress, fold=True, dims=dims)
     if isinstance(result, str):  # folding broke the model (an ONNX Runtime or folding bug): try without
         log.warning("the folded model differs from the original (%s); retrying without folding", result)
-        result = _rewrite(original, options, inputs, clock, progress, fold=False)
+        result = _rewrite(original, options, inputs, clock, progress, fold=False, dims=dims)
     if isinstance(result, str):
         return _untouched(
             original, f"the prepared model differs from the original ({result}): it passes through"
@@ -212,6 +222,19 @@ class _Inputs:
     datasets: Sequence[Mapping[str, np.ndarray]]
     references: Sequence[Mapping[str, np.ndarray]]
     note: str
+    checks: Sequence[ShapeCheck] = ()  # at other values of the symbolic dimensions the output keeps
+
+
+def _shape_checks(original: onnx.ModelProto, options: Options, dims: Dims) -> list[ShapeCheck]:
+    """Verification inputs at the other values of ``dims`` (:func:`check_assignments`) that the input
+    model runs at (an image side of 1 may be too small for its kernels: not checked)."""
+    checks = []
+    for values in check_assignments(dims):
+        shapes = dict(options.input_shapes) | shapes_at(dims, values)
+        datasets, references, _ = verification_inputs(original, seed=options.seed, input_shapes=shapes)
+        if datasets:
+            checks.append(ShapeCheck(values, datasets, references))
+    return checks
 
 
 def _unworkable(model: onnx.ModelProto) -> str:
@@ -231,12 +254,14 @@ def _rewrite(
     inputs: _Inputs,
     clock: _Clock,
     progress: Callable[[Progress], None] | None,
+    *,
     fold: bool,
+    dims: Dims,
 ) -> Result | str:
     """Prepare, translate, search, cost, select, accept, assemble and verify; a string says why the
     prepared model is wrong."""
     backend = backends.backend(options.kernels)
-    prepared = prepare(original, options.input_shapes, fold=fold)
+    prepared = prepare(original, options.input_shapes, fold=fold, representative=dims.shapes())
     model = prepared.model
     if options.verify and fold:  # the unchanged parts of an output come from the prepared model
         folded = compare_models(inputs.references, model, inputs.datasets, options.tolerance)
@@ -248,7 +273,7 @@ def _rewrite(
     translated = [p for p in parts if p.translated]
     clock("translate")
     # timings run on the user's inputs when given (the last usable set), else on the generated ones
-    feeds = inputs.datasets[-1] if inputs.datasets else _timing_feeds(original, options)
+    feeds = inputs.datasets[-1] if inputs.datasets else _timing_feeds(original, options, dims)
     store = MeasurementCache(resolve_path(options.cache))
     timer = Timer(store, part_budget_s=options.part_budget_s, model_budget_s=options.model_budget_s)
     ctx = StageContext(
@@ -264,6 +289,8 @@ def _rewrite(
         model_noise=options.model_noise,
         backend=backend,
         taken={f.name for f in original.functions},
+        dims=dims,
+        checks=inputs.checks,
     )
     try:
         searches = _search(parts, options, store, progress)
@@ -276,6 +303,7 @@ def _rewrite(
         top_k = options.top_k if options.max_depth > 0 else 0
         states = fill(states, selection=select(ctx, translated, searches, top_k=top_k))
         states = backend.after_selection(ctx, states)
+        states = general_rewrites(ctx, states)
         clock("select")
         decided = accept(ctx, states)
     finally:
@@ -290,6 +318,8 @@ def _rewrite(
         notes.append(
             "constant and BatchNormalization folding skipped: the folded model differed from the original"
         )
+    if dims.values and out is not original:
+        notes.append(_symbolic_note(dims, inputs.checks))
     notes = _notes(notes, prepared.changes, original, out, pinned=bool(options.input_shapes))
     results = tuple(part_result(s, decided.rounds, options.accept) for s in states.values())
     kept = [s for s in states.values() if s.kept]
@@ -326,9 +356,18 @@ def _notes(
     return notes
 
 
-def _timing_feeds(model: onnx.ModelProto, options: Options) -> dict[str, np.ndarray] | None:
+def _symbolic_note(dims: Dims, checks: Sequence[ShapeCheck]) -> str:
+    values = ", ".join(f"{n}={v}" for n, v in dims.values.items())
+    where = "; ".join(c.text() for c in checks) or "no other values (the input model runs at none)"
+    return (
+        f"the output keeps the symbolic dimensions {', '.join(dims.values)}: searched and timed at {values}, "
+        f"verified there and at {where}"
+    )
+
+
+def _timing_feeds(model: onnx.ModelProto, options: Options, dims: Dims) -> dict[str, np.ndarray] | None:
     try:
-        return modelio.random_inputs(model, options.seed, dict(options.input_shapes))
+        return modelio.random_inputs(model, options.seed, dict(options.input_shapes) | dims.shapes())
     except UnsupportedModelError:
         return None
 

@@ -112,7 +112,7 @@ def deconv_block(seed: int = 0, batch: int = 1) -> onnx.ModelProto:
     )
 
 
-def prelu_block(seed: int = 0) -> onnx.ModelProto:
+def prelu_block(seed: int = 0, batch: int | str = 1) -> onnx.ModelProto:
     """1x1 Conv -> PRelu with per-channel slopes in [0, 1] (FSRCNN's shrinking layer), at a small size."""
     rng = np.random.default_rng(seed)
     inits = {"W": _w(rng, 6, 4, 1, 1), "A": rng.uniform(0, 1, (6, 1, 1)).astype(np.float32)}
@@ -120,7 +120,7 @@ def prelu_block(seed: int = 0) -> onnx.ModelProto:
         helper.make_node("Conv", ["x", "W"], ["c"], name="conv"),
         helper.make_node("PRelu", ["c", "A"], ["y"], name="prelu"),
     ]
-    return make(nodes, [("x", [1, 4, 8, 8])], [("y", [1, 6, 8, 8])], inits, name="prelu_block")
+    return make(nodes, [("x", [batch, 4, 8, 8])], [("y", [batch, 6, 8, 8])], inits, name="prelu_block")
 
 
 def tiny_model(nodes, inputs, outputs, inits=(), functions=()) -> onnx.ModelProto:

@@ -722,7 +722,7 @@ def test_prepare_symbolic():
     assert prepared.notes == (
         "folded 1 BatchNormalization into Conv",
         "folded 1 BatchNormalization into Gemm",
-        "input x has symbolic dims [N]: parts depending on them pass through",
+        "input x has symbolic dims [N]: parts depending on them pass through (--dim N=VALUE searches them at VALUE)",
     )
     assert_valid(m)
     assert_interface_kept(model, m)

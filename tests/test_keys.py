@@ -421,7 +421,11 @@ def test_keys_do_not_depend_on_python_hash_seed():
         env = {**os.environ, "PYTHONHASHSEED": seed}
         run = subprocess.run(
             # the test modules are imported from their folder (cwd), the installed einopt from site-packages
-            [sys.executable, "-c", _SUBPROCESS], env=env, capture_output=True, text=True, cwd=here
+            [sys.executable, "-c", _SUBPROCESS],
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=here,
         )
         assert run.returncode == 0, run.stderr
         outs.add(run.stdout)

@@ -9,7 +9,7 @@ import sqlite3
 import numpy as np
 import onnx
 import pytest
-from onnx_models import append_to_output, conv_block, disable_operators, lstm_cell, tiny_model
+from onnx_models import append_to_output, conv_block, disable_operators, lstm_cell, prelu_block, tiny_model
 from onnx_models import assert_same_outputs as _assert_same
 from onnx_models import random_feeds as _random_feeds
 
@@ -17,6 +17,7 @@ import einopt
 from einopt import pipeline
 from einopt.errors import UnsupportedModelError
 from einopt.pipeline import Options, optimize
+from einopt.runtime import modelio
 from einopt.stages import select
 
 # These tests are about the round trip (translate, re-instantiate, verify): every verified
@@ -102,13 +103,43 @@ def test_failed_instantiation_passes_through(monkeypatch):
     _assert_same(model, result.model, _random_feeds(model))
 
 
-def test_symbolic_shapes_pass_through_unless_pinned():
+def test_a_symbolic_batch_is_searched_at_one_and_stays_symbolic():
+    model = prelu_block(batch="N")
+    result = optimize(model, Options(max_depth=2, accept="verified", cache=False, states_per_search=300))
+    assert result.changed()  # the PRelu as max(y, a*y): it holds at any batch
+    for vi in (result.model.graph.input[0], result.model.graph.output[0]):
+        assert [d.dim_value or d.dim_param for d in vi.type.tensor_type.shape.dim][0] == "N"
+    assert any("keeps the symbolic dimensions N: searched and timed at N=1" in n for n in result.notes)
+    assert any("verified there and at N=3" in n for n in result.notes)
+    for batch in (1, 2, 5):
+        feeds = modelio.random_inputs(model, batch, {"x": (batch, 4, 8, 8)})
+        _assert_same(model, result.model, feeds)
+
+
+def test_a_rewrite_that_holds_at_the_representative_batch_only_is_left_out(monkeypatch):
+    disable_operators(monkeypatch)  # eOperators: functions whose Reshapes are written for the batch of 1
     model = conv_block(batch="N")
+    result = optimize(model, VERIFIED)
+    assert not result.changed() and result.model.SerializeToString() == model.SerializeToString()
+    for p in result.parts:
+        assert p.status == "failed" and p.reason.startswith("left out: holds at the representative shape")
+        assert "at N=3" in p.reason
+
+
+def test_a_symbolic_dim_without_a_value_passes_through():
+    model = conv_block(batch="frames")  # no default for the name, no --dim
     result = optimize(model, VERIFIED)
     assert result.counts()["rewritten"] == 0
     assert any("symbolic" in p.reason for p in result.parts)
-    assert any("symbolic" in n for n in result.notes)
+    assert any("--dim frames=VALUE" in n for n in result.notes)
+    given = optimize(model, Options(max_depth=0, accept="verified", dims={"frames": 2}))
+    assert _round_tripped(given)
+    dims = [d.dim_value or d.dim_param for d in given.model.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == ["frames", 8, 6, 6]
 
+
+def test_a_pinned_input_writes_a_static_model():
+    model = conv_block(batch="N")
     pinned = optimize(model, Options(max_depth=0, accept="verified", input_shapes={"x": (2, 8, 6, 6)}))
     assert _round_tripped(pinned)
     dims = [d.dim_value or d.dim_param for d in pinned.model.graph.input[0].type.tensor_type.shape.dim]
@@ -168,8 +199,8 @@ def test_broken_folding_is_retried_without_folding(monkeypatch):
     """If the prepared (folded) model differs from the original, einopt optimizes the unfolded one."""
     real = pipeline.prepare
 
-    def bad_prepare(model, shapes, fold=True):
-        prepared = real(model, shapes, fold=fold)
+    def bad_prepare(model, shapes, fold=True, **kw):
+        prepared = real(model, shapes, fold=fold, **kw)
         if fold:
             w1 = next(t for t in prepared.model.graph.initializer if t.name == "W1")
             w1.CopyFrom(onnx.numpy_helper.from_array(np.zeros_like(onnx.numpy_helper.to_array(w1)), "W1"))

@@ -25,12 +25,23 @@ def _input_shapes(specs: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
     return dict(parse_input_shape(s) for s in specs)
 
 
+def _dims(specs: tuple[str, ...]) -> dict[str, int]:
+    out = {}
+    for spec in specs:
+        name, _, value = spec.rpartition("=")
+        if not name or not value.isdigit() or int(value) < 1:
+            raise click.BadParameter(f"{spec!r} is not NAME=VALUE with a positive VALUE", param_hint="--dim")
+        out[name] = int(value)
+    return out
+
+
 _shape_option = click.option(
     "--input-shape",
     "input_shapes",
     multiple=True,
     metavar="NAME=D0,D1,...",
-    help="Pin a graph input's shape (symbolic dims); repeatable. Without it, parts with symbolic shapes pass through.",
+    help="Pin a graph input's shape (symbolic dims); repeatable. The output is then written for that "
+    "shape alone (a static model).",
 )
 
 
@@ -101,6 +112,15 @@ _shape_option = click.option(
     help="Derived candidates per subprogram instantiated, verified and timed.",
 )
 @_shape_option
+@click.option(
+    "--dim",
+    "dims",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="The value a symbolic dimension is searched and timed at; repeatable. The output keeps it "
+    "symbolic where its rewrites hold at other values (verified at 1 and an odd value too). Default: "
+    "batch 1, sequence 128, height and width 224 (by name); other names need --dim.",
+)
 @click.option(
     "--inputs",
     "npz",
@@ -182,6 +202,7 @@ def optimize(
     ray_address,
     top_k,
     input_shapes,
+    dims,
     npz,
     no_verify,
     kernels,
@@ -230,6 +251,7 @@ def optimize(
             ray=ray_address,
             top_k=top_k,
             input_shapes=shapes,
+            dims=_dims(dims),
             inputs=extra,
             verify=not no_verify,
             seed=seed,

@@ -35,6 +35,7 @@ from einopt.frontend.onnx_graph import (
 )
 from einopt.opsets import DEFAULT_DOMAINS
 from einopt.runtime import modelio
+from einopt.runtime.verify import capture
 
 log = logging.getLogger(__name__)
 
@@ -445,12 +446,42 @@ def _symbolic_notes(m: onnx.ModelProto) -> list[str]:
         symbolic = [d.dim_param or "?" for d in tt.shape.dim if not d.HasField("dim_value")]
         if symbolic:
             dims = ", ".join(symbolic)
-            notes.append(f"input {vi.name} has symbolic dims [{dims}]: parts depending on them pass through")
+            named = [d for d in symbolic if d != "?"]
+            hint = f" (--dim {named[0]}=VALUE searches them at VALUE)" if named else ""
+            notes.append(
+                f"input {vi.name} has symbolic dims [{dims}]: parts depending on them pass through{hint}"
+            )
     return notes
 
 
+def _measure_shapes(m: onnx.ModelProto) -> None:
+    """The shapes of values that inference left unknown (behind a Reshape whose target is computed
+    from a symbolic dimension's Shape, say), measured by running ``m`` once on seeded random inputs
+    at its pinned input shapes, set as value_info in place (none when ``m`` cannot run on them)."""
+    known = static_shapes(m.graph)
+    missing = [o for n in m.graph.node for o in n.output if o and o not in known]
+    if not missing:
+        return
+    try:
+        values = capture(m, modelio.random_inputs(m, 0, {}), missing)
+    except Exception as e:  # noqa: BLE001 - then those shapes stay unknown, as without measuring
+        log.info("could not measure the shapes shape inference left unknown: %s", e)
+        return
+    declared = {vi.name: vi for vi in m.graph.value_info}
+    for name, a in values.items():
+        vi = onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+        if name in declared:
+            declared[name].CopyFrom(vi)
+        else:
+            m.graph.value_info.append(vi)
+
+
 def prepare(
-    model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] = {}, *, fold: bool = True
+    model: onnx.ModelProto,
+    input_shapes: Mapping[str, Sequence[int]] = {},
+    *,
+    fold: bool = True,
+    representative: Mapping[str, Sequence[int]] = {},
 ) -> Prepared:
     """Pin input shapes, infer shapes, fold constants and BatchNormalization.
 
@@ -462,6 +493,10 @@ def prepare(
         Concrete shapes for graph inputs (see :func:`pin_input_shapes`).
     fold
         Fold constants and BatchNormalization (off: only pin and infer shapes).
+    representative
+        Shapes for graph inputs with symbolic dims that the output keeps symbolic: set after folding,
+        for shape inference only, so that no value that depends on a symbolic dim (a Shape of it,
+        a Reshape target computed from one) is folded into a constant of the representative value.
 
     Returns
     -------
@@ -477,6 +512,7 @@ def prepare(
     m = modelio.copy_model(model)
     changes = _pin(m, input_shapes)
     if not fold:
+        _pin(m, representative)
         error = _infer(m)
         found = [f"shape inference failed ({error})"] if error else []
         return Prepared(m, tuple(changes + found + _symbolic_notes(m)), tuple(changes))
@@ -486,7 +522,12 @@ def prepare(
     bn = fold_batchnorm_in_place(m)
     for op, n in sorted(bn.items()):
         changes.append(f"folded {n} BatchNormalization into {op}")
-    if bn:
+    if representative:
+        _pin(m, representative)
+        del m.graph.value_info[:]  # inferred with symbolic dims: inferred again at the values
+    if bn or representative:
         error = _infer(m)
+    if representative:
+        _measure_shapes(m)
     found = [f"shape inference failed ({error}): shapes it would give are unknown"] if error else []
     return Prepared(m, tuple(changes + found + _symbolic_notes(m)), tuple(changes))

@@ -39,8 +39,6 @@ from einopt.opsets import DEFAULT_DOMAINS
 from einopt.runtime.fresh import least
 from einopt.runtime.timing import NOISE_BAND, Comparison, configure_threads
 from einopt.stages.context import StageContext
-from einopt.stages.export import assemble
-from einopt.stages.postopt import postoptimize
 from einopt.stages.state import PartState, Verdict
 from einopt.stages.timer import Timer
 from einopt.stages.verify import PartPair, part_pairs
@@ -294,7 +292,7 @@ def accept(ctx: StageContext, states: Mapping[str, PartState]) -> Decision:
     (:func:`accept_model`). With ``ctx.accept == "verified"`` every chosen rewrite is kept, untimed;
     without ``ctx.timer`` or ``ctx.feeds`` none is.
     """
-    chosen = {n: s.selection.chosen for n, s in states.items() if s.emitted is not None}
+    chosen = {n: s.selection.chosen for n, s in states.items() if s.emitted is not None and not s.dropped}
     parts = {n: states[n].part for n in chosen}
     emitted = {n: c.instantiated for n, c in chosen.items()}
     report: dict[str, object] = {
@@ -320,7 +318,7 @@ def accept(ctx: StageContext, states: Mapping[str, PartState]) -> Decision:
     gains = {n: v.timing.speedup for n, v in verdicts.items() if v.accepted}
 
     def build(names: frozenset[str]) -> onnx.ModelProto:
-        return postoptimize(assemble(ctx.model, {parts[n].nodes: emitted[n] for n in names}))
+        return ctx.output({parts[n].nodes: emitted[n] for n in names})
 
     kinds = {n: rewrite_kind(ctx.model, parts[n], emitted[n]) for n in gains}
     kept, rounds = accept_model(ctx, build, gains, kinds) if gains else (frozenset(), [])

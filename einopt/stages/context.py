@@ -4,20 +4,40 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
+from einopt.frontend.symbolic import Dims, keep_symbolic
 from einopt.instantiate.backend import PORTABLE, Backend
 from einopt.runtime.timing import MODEL_NOISE, NOISE_BAND
 from einopt.runtime.verify import Tolerance
+from einopt.stages.export import assemble
+from einopt.stages.postopt import postoptimize
 from einopt.stages.timer import Timer
 
-__all__ = ["ACCEPT_MODES", "StageContext"]
+if TYPE_CHECKING:
+    from einopt.instantiate.emit import Instantiated
+
+__all__ = ["ACCEPT_MODES", "ShapeCheck", "StageContext"]
 
 ACCEPT_MODES = ("measured", "verified")
 """``measured``: a rewrite is kept only when measured faster; ``verified``: every verified rewrite is
 kept, untimed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeCheck:
+    """Verification inputs at other values of the symbolic dimensions than the representative ones,
+    and the input model's outputs on them."""
+
+    values: Mapping[str, int]  # dimension name -> its value here
+    datasets: Sequence[Mapping[str, np.ndarray]]
+    references: Sequence[Mapping[str, np.ndarray]]
+
+    def text(self) -> str:
+        return ", ".join(f"{n}={v}" for n, v in self.values.items())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +77,11 @@ class StageContext:
     taken : set of str
         Function names in the model; the stages add those of the programs they choose (the one
         mutable field: names taken are shared by every stage that writes functions).
+    dims : Dims or None
+        The input's symbolic dimensions the output keeps, searched at their representative values
+        (``model`` is pinned to them; None: the output is as static as ``model``).
+    checks : sequence of ShapeCheck
+        Verification at other values of ``dims`` (:mod:`einopt.stages.shapes`).
     """
 
     original: onnx.ModelProto
@@ -71,6 +96,17 @@ class StageContext:
     model_noise: float = MODEL_NOISE
     backend: Backend = PORTABLE
     taken: set[str] = dataclasses.field(default_factory=set)
+    dims: Dims | None = None
+    checks: Sequence[ShapeCheck] = ()
+
+    def output(self, rewrites: Mapping[tuple[int, ...], Instantiated]) -> onnx.ModelProto:
+        """The prepared model with ``rewrites`` (a part's node indices -> its new nodes) in it, as the
+        output is written: the input's symbolic dimensions declared again where the context keeps them
+        (before the post-optimisation, which would fold a Shape of a pinned input into a constant)."""
+        out = assemble(self.model, rewrites)
+        if self.dims is not None and self.dims.values:
+            out = keep_symbolic(out, self.original)
+        return postoptimize(out)
 
     @property
     def timed(self) -> bool:

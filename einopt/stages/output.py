@@ -10,8 +10,6 @@ import onnx
 
 from einopt.runtime.verify import compare_models
 from einopt.stages.context import StageContext
-from einopt.stages.export import assemble
-from einopt.stages.postopt import postoptimize
 from einopt.stages.state import PartState
 
 __all__ = ["verify_output"]
@@ -23,16 +21,22 @@ def verify_output(
     ctx: StageContext, states: Mapping[str, PartState]
 ) -> tuple[onnx.ModelProto, dict[str, str]]:
     """The output: the prepared model with every kept rewrite in it, verified against the input model
-    on every verification input (the input itself when nothing is kept); and, when the assembled
-    model differed from the input and every rewrite was rolled back, why each kept one was dropped."""
+    on every verification input, and at every other shape the context checks (the input itself when
+    nothing is kept); and, when the assembled model differed from the input and every rewrite was
+    rolled back, why each kept one was dropped."""
     kept = [s for s in states.values() if s.kept]
     if not kept:
         return ctx.original, {}
-    out = postoptimize(assemble(ctx.model, {s.part.nodes: s.emitted for s in kept}))
+    out = ctx.output({s.part.nodes: s.emitted for s in kept})
     if not ctx.datasets:  # unverified (--no-verify)
         return out, {}
-    final = compare_models(ctx.references, out, ctx.datasets, ctx.tolerance)
-    if final.ok:
-        return out, {}
-    log.warning("assembled model differs from the original (%s); rolling back every rewrite", final.message)
-    return ctx.original, {s.name: f"rolled back with the whole model: {final.message}" for s in kept}
+    for refs, datasets, where in (
+        (ctx.references, ctx.datasets, ""),
+        *((c.references, c.datasets, f" at {c.text()}") for c in ctx.checks),
+    ):
+        final = compare_models(refs, out, datasets, ctx.tolerance)
+        if not final.ok:
+            why = f"{final.message}{where}"
+            log.warning("assembled model differs from the original (%s); rolling back every rewrite", why)
+            return ctx.original, {s.name: f"rolled back with the whole model: {why}" for s in kept}
+    return out, {}

@@ -34,6 +34,7 @@ from einopt.runtime.verify import Agreement, first_line
 from einopt.search.results import Candidate
 from einopt.stages.context import StageContext
 from einopt.stages.partsearch import PartSearch
+from einopt.stages.shapes import shape_specific
 from einopt.stages.verify import part_pairs, verify_parts
 
 __all__ = [
@@ -211,12 +212,25 @@ def select(
     for p in parts:
         if p.program is None:
             continue
+        pending[p.name] = _general(ctx, p, pending[p.name])
         chosen, tried = choose(
             pending[p.name], timed=timing, fewer_nodes=backend.fewer_nodes, noise=ctx.noise
         )
         if chosen is not None:
             taken |= {f.name for f in chosen.instantiated.functions}
         out[p.name] = Selection(chosen, tuple(tried), searches.get(p.name) or PartSearch.not_searched())
+    return out
+
+
+def _general(ctx: StageContext, part: Part, trials: list[Trial]) -> list[Trial]:
+    """``trials``, those that could be chosen but hold at the representative values of the model's
+    symbolic dimensions only rejected with the reason (:func:`einopt.stages.shapes.shape_specific`)."""
+    out = []
+    for t in trials:
+        why = ""
+        if t.instantiated is not None and not t.unchanged and not t.rejected:
+            why = shape_specific(ctx, part.nodes, t.instantiated)
+        out.append(dataclasses.replace(t, rejected=f"left out: {why}") if why else t)
     return out
 
 
