@@ -29,7 +29,7 @@ import onnx
 from einopt import backends
 from einopt.errors import UnsupportedModelError
 from einopt.frontend.fold import prepare
-from einopt.frontend.symbolic import Dims, check_assignments, representative, shapes_at
+from einopt.frontend.symbolic import Dims, check_assignments, representative, seen_values, shapes_at
 from einopt.frontend.translate import Part, translate_graph
 from einopt.opsets import DEFAULT_DOMAINS, check_opset
 from einopt.reports.result import PartResult, Result, Workspace, part_result
@@ -86,8 +86,9 @@ class Options:
     dims : mapping
         Representative values of symbolic dimensions by name (``{"sequence": 64}``): the model is
         searched and timed at them, and the output keeps them symbolic where its rewrites hold at
-        other values too (:mod:`einopt.frontend.symbolic`; unnamed ones take a default by name:
-        batch 1, sequence 128, height and width 224).
+        other values too (:mod:`einopt.frontend.symbolic`; without a value here, a dimension takes
+        its value in the first of ``inputs``, else a default by name: batch 1, sequence 128, height
+        and width 224).
     inputs : sequence
         Extra verification data sets (arrays by input name, or ``.npz`` paths).
     verify : bool
@@ -192,7 +193,7 @@ def optimize(
     why = _unworkable(original)
     if why:
         return _untouched(original, why)
-    dims = representative(original, options.dims, options.input_shapes)
+    dims = representative(original, _seen(original, options) | dict(options.dims), options.input_shapes)
     shapes = dict(options.input_shapes) | dims.shapes()
     inputs = (
         _Inputs(
@@ -223,6 +224,15 @@ class _Inputs:
     references: Sequence[Mapping[str, np.ndarray]]
     note: str
     checks: Sequence[ShapeCheck] = ()  # at other values of the symbolic dimensions the output keeps
+
+
+def _seen(original: onnx.ModelProto, options: Options) -> dict[str, int]:
+    """The symbolic dimensions' values in the user's first inputs (they are searched at those)."""
+    if not options.inputs:
+        return {}
+    first = options.inputs[0]
+    feeds = modelio.load_inputs(first, original) if isinstance(first, str | Path) else first
+    return seen_values(original, feeds)
 
 
 def _shape_checks(original: onnx.ModelProto, options: Options, dims: Dims) -> list[ShapeCheck]:

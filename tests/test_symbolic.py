@@ -10,10 +10,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
+from onnx_models import prelu_block
 from shared_models import SHARED
 
 from einopt.errors import ModelError
-from einopt.frontend.symbolic import check_assignments, keep_symbolic, representative, shapes_at
+from einopt.frontend.symbolic import check_assignments, keep_symbolic, representative, seen_values, shapes_at
 from einopt.pipeline import Options, optimize
 
 DYNAMIC = SHARED / "dynamic"
@@ -47,6 +48,17 @@ def test_a_wrong_dim_is_a_clear_error():
         representative(_model("batch", "sequence"), {"seq": 4})
     with pytest.raises(ModelError, match="at least 1"):
         representative(_model("batch", "sequence"), {"sequence": 0})
+
+
+def test_the_users_inputs_give_the_values_they_run_at():
+    model = _model("batch", "sequence", 64)
+    assert seen_values(model, {"x": np.zeros((2, 48, 64), np.float32)}) == {"batch": 2, "sequence": 48}
+    assert seen_values(model, {"x": np.zeros((2, 48), np.float32)}) == {}  # not the input's rank
+    prelu = prelu_block(batch="N")
+    given = {"x": np.random.default_rng(0).standard_normal((2, 4, 8, 8)).astype(np.float32)}
+    options = Options(max_depth=2, accept="verified", cache=False, states_per_search=300, inputs=[given])
+    result = optimize(prelu, options)
+    assert any("searched and timed at N=2" in n for n in result.notes)
 
 
 def test_pinned_inputs_have_no_representative_values():

@@ -3,7 +3,8 @@ the output's declarations put back.
 
 A model exported with symbolic dimensions (``batch``, ``sequence``, ``height``, ...) is searched at
 one *representative* value of each (:func:`representative`: the user's ``--dim NAME=VALUE``, else a
-default by the dimension's name, :data:`DEFAULTS`), and its output declares the input's symbolic
+value in the user's inputs (``--inputs``), else a default by the dimension's name,
+:data:`DEFAULTS`), and its output declares the input's symbolic
 dimensions again (:func:`keep_symbolic`). Whether a rewrite holds at other values is checked, not
 assumed: the output is verified at every assignment of :func:`check_assignments`, and a rewrite that
 fails at one (a Reshape written for the representative batch, say) is left out.
@@ -25,6 +26,7 @@ __all__ = [
     "check_assignments",
     "keep_symbolic",
     "representative",
+    "seen_values",
     "shapes_at",
     "symbolic_inputs",
 ]
@@ -113,6 +115,20 @@ def representative(
         n: dims for n, dims in inputs.items() if all(not isinstance(d, str) or d in values for d in dims)
     }
     return Dims(values, resolved, tuple(unresolved))
+
+
+def seen_values(model: onnx.ModelProto, feeds: Mapping[str, object]) -> dict[str, int]:
+    """The values of ``model``'s named symbolic dimensions in ``feeds`` (arrays by input name: the
+    user's inputs, at the shape a deployment runs), where an input of that rank is given."""
+    out: dict[str, int] = {}
+    for name, dims in symbolic_inputs(model, {}).items():
+        shape = getattr(feeds.get(name), "shape", None)
+        if shape is None or len(shape) != len(dims):
+            continue
+        for d, v in zip(dims, shape, strict=True):
+            if isinstance(d, str) and d != "?":
+                out.setdefault(d, int(v))
+    return out
 
 
 def shapes_at(dims: Dims, values: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
