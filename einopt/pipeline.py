@@ -193,7 +193,7 @@ def optimize(
     why = _unworkable(original)
     if why:
         return _untouched(original, why)
-    dims = representative(original, _seen(original, options) | dict(options.dims), options.input_shapes)
+    dims = representative(original, options.dims, options.input_shapes, seen=_seen(original, options))
     shapes = dict(options.input_shapes) | dims.shapes()
     inputs = (
         _Inputs(

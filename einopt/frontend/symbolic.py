@@ -82,10 +82,14 @@ def symbolic_inputs(model: onnx.ModelProto, pinned: Mapping[str, Sequence[int]])
 
 
 def representative(
-    model: onnx.ModelProto, given: Mapping[str, int], pinned: Mapping[str, Sequence[int]] = {}
+    model: onnx.ModelProto,
+    given: Mapping[str, int],
+    pinned: Mapping[str, Sequence[int]] = {},
+    seen: Mapping[str, int] = {},
 ) -> Dims:
     """The representative value of every symbolic dimension of ``model``'s inputs that ``pinned``
-    does not pin: ``given`` (``--dim``) first, else :data:`DEFAULTS` by name.
+    does not pin: ``given`` (``--dim``) first, then ``seen`` (their values in the user's inputs,
+    :func:`seen_values`), else :data:`DEFAULTS` by name.
 
     Raises
     ------
@@ -104,7 +108,11 @@ def representative(
     values: dict[str, int] = {}
     unresolved: list[str] = []
     for name in sorted(names):
-        value = given.get(name) or next((v for pattern, v in DEFAULTS if re.match(pattern, name)), None)
+        value = (
+            given.get(name)
+            or seen.get(name)
+            or next((v for pattern, v in DEFAULTS if re.match(pattern, name)), None)
+        )
         if value is None:
             unresolved.append(name)
         else:
