@@ -12,7 +12,7 @@ import onnx
 from einopt.frontend.symbolic import Dims, keep_symbolic
 from einopt.instantiate.backend import PORTABLE, Backend
 from einopt.runtime.timing import MODEL_NOISE, NOISE_BAND
-from einopt.runtime.verify import Tolerance
+from einopt.runtime.verify import Tolerance, compare_models
 from einopt.stages.export import assemble
 from einopt.stages.postopt import postoptimize
 from einopt.stages.timer import Timer
@@ -98,6 +98,7 @@ class StageContext:
     taken: set[str] = dataclasses.field(default_factory=set)
     dims: Dims | None = None
     checks: Sequence[ShapeCheck] = ()
+    _specific: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def output(self, rewrites: Mapping[tuple[int, ...], Instantiated]) -> onnx.ModelProto:
         """The prepared model with ``rewrites`` (a part's node indices -> its new nodes) in it, as the
@@ -107,6 +108,25 @@ class StageContext:
         if self.dims is not None and self.dims.values:
             out = keep_symbolic(out, self.original)
         return postoptimize(out)
+
+    def shape_specific(self, nodes: tuple[int, ...], inst: Instantiated) -> str:
+        """Why the rewrite of the part at ``nodes`` by ``inst`` holds at the representative values of
+        the symbolic dimensions only: the first of :attr:`checks` where the output with it alone
+        differs from the input, or cannot run ("" when it holds at every one)."""
+        if not self.checks:
+            return ""
+        key = (nodes, id(inst))  # checked once: selection checks its trials, a later stage what it chose
+        if key not in self._specific:
+            self._specific[key] = (inst, self._first_difference(nodes, inst))
+        return self._specific[key][1]
+
+    def _first_difference(self, nodes: tuple[int, ...], inst: Instantiated) -> str:
+        alone = self.output({nodes: inst})
+        for check in self.checks:
+            agreement = compare_models(check.references, alone, check.datasets, self.tolerance)
+            if not agreement.ok:
+                return f"holds at the representative shape only (at {check.text()}: {agreement.message})"
+        return ""
 
     @property
     def timed(self) -> bool:

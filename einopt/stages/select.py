@@ -34,7 +34,6 @@ from einopt.runtime.verify import Agreement, first_line
 from einopt.search.results import Candidate
 from einopt.stages.context import StageContext
 from einopt.stages.partsearch import PartSearch
-from einopt.stages.shapes import shape_specific
 from einopt.stages.verify import part_pairs, verify_parts
 
 __all__ = [
@@ -224,12 +223,12 @@ def select(
 
 def _general(ctx: StageContext, part: Part, trials: list[Trial]) -> list[Trial]:
     """``trials``, those that could be chosen but hold at the representative values of the model's
-    symbolic dimensions only rejected with the reason (:func:`einopt.stages.shapes.shape_specific`)."""
+    symbolic dimensions only rejected with the reason (:meth:`StageContext.shape_specific`)."""
     out = []
     for t in trials:
         why = ""
         if t.instantiated is not None and not t.unchanged and not t.rejected:
-            why = shape_specific(ctx, part.nodes, t.instantiated)
+            why = ctx.shape_specific(part.nodes, t.instantiated)
         out.append(dataclasses.replace(t, rejected=f"left out: {why}") if why else t)
     return out
 

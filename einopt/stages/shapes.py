@@ -12,43 +12,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
-from einopt.runtime.verify import compare_models
 from einopt.stages.context import StageContext
 from einopt.stages.state import PartState, fill
 
-if TYPE_CHECKING:
-    from einopt.instantiate.emit import Instantiated
-
-__all__ = ["general_rewrites", "shape_specific"]
+__all__ = ["general_rewrites"]
 
 log = logging.getLogger(__name__)
-
-
-def shape_specific(ctx: StageContext, nodes: tuple[int, ...], inst: Instantiated) -> str:
-    """Why the rewrite of the part at ``nodes`` by ``inst`` holds at the representative shape only
-    (the first checked shape where the output with it alone differs from the input, or cannot run);
-    "" when it holds at every shape the context checks."""
-    if not ctx.checks:
-        return ""
-    alone = ctx.output({nodes: inst})
-    for check in ctx.checks:
-        agreement = compare_models(check.references, alone, check.datasets, ctx.tolerance)
-        if not agreement.ok:
-            return f"holds at the representative shape only (at {check.text()}: {agreement.message})"
-    return ""
 
 
 def general_rewrites(ctx: StageContext, states: Mapping[str, PartState]) -> dict[str, PartState]:
     """``states``, each chosen rewrite that does not hold at every checked shape ``dropped`` with the
     reason (acceptance then leaves it out). Selection already chose among the trials that hold
-    (:func:`shape_specific`); this catches what was chosen after it (a backend's merged parts)."""
+    (:meth:`StageContext.shape_specific`); this catches what was chosen after it (a backend's merged parts)."""
     dropped: dict[str, str] = {}
     for name, s in states.items():
         if s.emitted is None or not ctx.checks:
             continue
-        why = shape_specific(ctx, s.part.nodes, s.emitted)
+        why = ctx.shape_specific(s.part.nodes, s.emitted)
         if why:
             dropped[name] = f"left out: {why}"
             log.info("%s: %s", name, dropped[name])
