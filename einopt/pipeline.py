@@ -194,15 +194,19 @@ def optimize(
     if why:
         return _untouched(original, why)
     dims = representative(original, options.dims, options.input_shapes, seen=_seen(original, options))
-    shapes = dict(options.input_shapes) | dims.shapes()
-    inputs = (
-        _Inputs(
-            *verification_inputs(original, seed=options.seed, input_shapes=shapes, given=options.inputs),
-            checks=_shape_checks(original, options, dims),
-        )
-        if options.verify
-        else _Inputs([], [], "")
-    )
+    inputs = _verification(original, options, dims)
+    if options.verify and not inputs.datasets and dims.values and not options.dims:
+        # the input does not run at the default values (a Reshape to a fixed size, say): its symbolic
+        # dimensions stay symbolic, and the parts that depend on them pass through, as without values
+        unresolved = Dims({}, {}, (*dims.values, *dims.unresolved))
+        fallback = _verification(original, options, unresolved)
+        if fallback.datasets:
+            values = ", ".join(f"{n}={v}" for n, v in dims.values.items())
+            why = f"the model does not run at {values} ({inputs.note}): give --dim NAME=VALUE"
+            dims, inputs = (
+                unresolved,
+                dataclasses.replace(fallback, note="; ".join(filter(None, [fallback.note, why]))),
+            )
     if options.verify and not inputs.datasets:
         return _untouched(original, inputs.note)
     result = _rewrite(original, options, inputs, clock, progress, fold=True, dims=dims)
@@ -224,6 +228,17 @@ class _Inputs:
     references: Sequence[Mapping[str, np.ndarray]]
     note: str
     checks: Sequence[ShapeCheck] = ()  # at other values of the symbolic dimensions the output keeps
+
+
+def _verification(original: onnx.ModelProto, options: Options, dims: Dims) -> _Inputs:
+    """Verification inputs at the pinned and representative shapes, and at the other shapes checked."""
+    if not options.verify:
+        return _Inputs([], [], "")
+    shapes = dict(options.input_shapes) | dims.shapes()
+    return _Inputs(
+        *verification_inputs(original, seed=options.seed, input_shapes=shapes, given=options.inputs),
+        checks=_shape_checks(original, options, dims),
+    )
 
 
 def _seen(original: onnx.ModelProto, options: Options) -> dict[str, int]:

@@ -84,6 +84,21 @@ def test_keep_symbolic_puts_the_declarations_back_and_drops_inferred_shapes():
     assert not out.graph.value_info and pinned.graph.value_info  # the argument is left as it was
 
 
+def test_a_model_that_does_not_run_at_the_default_values_keeps_them_symbolic():
+    # Relu, then a Reshape to 8 features: the model runs at 1 x 1 images only, not at 224 x 224
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, "height", "width"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])
+    shape = onnx.numpy_helper.from_array(np.array([1, 8], np.int64), "shape")
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "shape"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [x], [y], [shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    result = optimize(model, Options(max_depth=0, accept="verified"))
+    assert not result.blocked
+    assert any("does not run at height=224, width=224" in n and "--dim" in n for n in result.notes)
+    given = optimize(model, Options(max_depth=0, accept="verified", dims={"height": 1, "width": 1}))
+    assert not given.blocked and not any("does not run" in n for n in given.notes)
+
+
 def _declared(model: onnx.ModelProto) -> list[list]:
     return [
         [d.dim_value or d.dim_param for d in vi.type.tensor_type.shape.dim]
