@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 
 from einopt import backends
-from einopt.errors import UnsupportedModelError
+from einopt.errors import ModelError, UnsupportedModelError
 from einopt.frontend.fold import prepare
 from einopt.frontend.symbolic import Dims, check_assignments, representative, seen_values, shapes_at
 from einopt.frontend.translate import Part, translate_graph
@@ -40,7 +40,7 @@ from einopt.runtime.timing import MODEL_NOISE, NOISE_BAND, configure_threads
 from einopt.runtime.verify import Tolerance, compare_models, verification_inputs
 from einopt.search.budget import Budget
 from einopt.stages.accept import accept
-from einopt.stages.context import ACCEPT_MODES, ShapeCheck, StageContext
+from einopt.stages.context import ACCEPT_MODES, ShapeCheck, ShapeTiming, StageContext
 from einopt.stages.output import verify_output
 from einopt.stages.partsearch import DEFAULT_BUDGET, PartSearch, Progress, Settings, search_parts
 from einopt.stages.predict import predict
@@ -89,6 +89,10 @@ class Options:
         other values too (:mod:`einopt.frontend.symbolic`; without a value here, a dimension takes
         its value in the first of ``inputs``, else a default by name: batch 1, sequence 128, height
         and width 224).
+    time_shapes : sequence of mapping
+        Other values of symbolic dimensions (``[{"batch": 4}]``; a dimension not named keeps its
+        representative value) the output is timed at too, against the input: it is kept only where
+        it is not slower at any of them (``--time-shapes``).
     inputs : sequence
         Extra verification data sets (arrays by input name, or ``.npz`` paths).
     verify : bool
@@ -134,6 +138,7 @@ class Options:
     ray: str | None = None
     input_shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     dims: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    time_shapes: Sequence[Mapping[str, int]] = ()
     inputs: Sequence[Mapping[str, np.ndarray] | str | Path] = ()
     verify: bool = True
     seed: int = 0
@@ -207,6 +212,7 @@ def optimize(
                 unresolved,
                 dataclasses.replace(fallback, note="; ".join(filter(None, [fallback.note, why]))),
             )
+    inputs = dataclasses.replace(inputs, timings=_shape_timings(original, options, dims))
     if options.verify and not inputs.datasets:
         return _untouched(original, inputs.note)
     result = _rewrite(original, options, inputs, clock, progress, fold=True, dims=dims)
@@ -228,6 +234,7 @@ class _Inputs:
     references: Sequence[Mapping[str, np.ndarray]]
     note: str
     checks: Sequence[ShapeCheck] = ()  # at other values of the symbolic dimensions the output keeps
+    timings: Sequence[ShapeTiming] = ()  # --time-shapes
 
 
 def _verification(original: onnx.ModelProto, options: Options, dims: Dims) -> _Inputs:
@@ -239,6 +246,28 @@ def _verification(original: onnx.ModelProto, options: Options, dims: Dims) -> _I
         *verification_inputs(original, seed=options.seed, input_shapes=shapes, given=options.inputs),
         checks=_shape_checks(original, options, dims),
     )
+
+
+def _shape_timings(original: onnx.ModelProto, options: Options, dims: Dims) -> list[ShapeTiming]:
+    """Timing inputs at each of ``options.time_shapes`` (a dimension not named there at its
+    representative value).
+
+    Raises
+    ------
+    ModelError
+        A time shape names a dimension the output does not keep symbolic.
+    """
+    timings = []
+    for values in options.time_shapes:
+        unknown = sorted(set(values) - set(dims.values))
+        if unknown:
+            kept = ", ".join(dims.values) or "none"
+            raise ModelError(
+                f"--time-shapes names {', '.join(unknown)}, not a symbolic dimension kept ({kept})"
+            )
+        shapes = dict(options.input_shapes) | shapes_at(dims, dict(dims.values) | dict(values))
+        timings.append(ShapeTiming(dict(values), modelio.random_inputs(original, options.seed, shapes)))
+    return timings
 
 
 def _seen(original: onnx.ModelProto, options: Options) -> dict[str, int]:
@@ -316,6 +345,7 @@ def _rewrite(
         taken={f.name for f in original.functions},
         dims=dims,
         checks=inputs.checks,
+        timings=inputs.timings,
     )
     try:
         searches = _search(parts, options, store, progress)

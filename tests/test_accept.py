@@ -14,8 +14,9 @@ import sqlite3
 import numpy as np
 import pytest
 from onnx import helper, numpy_helper
-from onnx_models import append_to_output, conv_block, disable_operators
+from onnx_models import append_to_output, conv_block, disable_operators, prelu_block
 
+from einopt.errors import ModelError
 from einopt.pipeline import Options, optimize
 from einopt.runtime import bench
 from einopt.runtime.cache import MeasurementCache
@@ -614,3 +615,49 @@ def test_rewrite_kinds_ignore_position_and_eoperator_names():
 
     assert rewrite_kind(model, P, inst("sp0_relu")) == rewrite_kind(model, P, inst("sp7_relu"))
     assert rewrite_kind(model, P, inst("sp0_relu")).endswith("-> {Relu}")
+
+
+def _fake_by_batch(monkeypatch, speedups: dict[int, float]) -> None:
+    """Part pairs read 2x faster; whole models read ``speedups[batch of their feeds]``."""
+
+    def fake(before, after, fa, fb=None, **kw):
+        if before.graph.name == "part":
+            return _cmp(1.0, 0.5)
+        return _cmp(1.0, 1.0 / speedups[next(iter(fa.values())).shape[0]])
+
+    monkeypatch.setattr(bench, "time_models", fake)
+    monkeypatch.setattr(
+        timer_module,
+        "time_fresh",
+        lambda b, a, feeds, *, processes, **kw: [fake(b, a, feeds) for _ in range(processes)],
+    )
+
+
+# top_k 12: the predicted-fastest forms are 1x1 Convs as MatMuls between Reshapes written for the batch
+# of 1 (left out); the PRelu as max(y, a*y) after the Conv holds at any batch
+SYMBOLIC = {"max_depth": 2, "states_per_search": 300, "top_k": 12, "cache": False, "time_shapes": ({"N": 4},)}
+
+
+def test_an_output_slower_at_another_timed_shape_is_not_kept(monkeypatch):
+    _fake_by_batch(monkeypatch, {1: 1.5, 4: 0.5})
+    model = prelu_block(batch="N")
+    result = optimize(model, Options(**SYMBOLIC))
+    assert result.model.SerializeToString() == model.SerializeToString()
+    shape = [r for r in result.acceptance["rounds"] if r["stage"] == "shape"]
+    assert len(shape) == 1 and shape[0]["rolled_back"] and "at N=4: 0.500x" in shape[0]["reason"]
+    assert any("ran slower at N=4" in n for n in result.notes)
+    assert all(p.status in ("rolled back", "unchanged", "not faster") for p in result.parts)
+
+
+def test_an_output_not_slower_at_another_timed_shape_is_kept(monkeypatch):
+    _fake_by_batch(monkeypatch, {1: 1.5, 4: 1.2})
+    model = prelu_block(batch="N")
+    result = optimize(model, Options(**SYMBOLIC))
+    assert result.changed()
+    (shape,) = [r for r in result.acceptance["rounds"] if r["stage"] == "shape"]
+    assert not shape["rolled_back"] and shape["reason"] == "at N=4: 1.200x"
+
+
+def test_time_shapes_name_symbolic_dimensions_the_output_keeps():
+    with pytest.raises(ModelError, match="--time-shapes names M, not a symbolic dimension kept"):
+        optimize(prelu_block(batch="N"), Options(max_depth=0, time_shapes=({"M": 4},)))

@@ -25,12 +25,12 @@ def _input_shapes(specs: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
     return dict(parse_input_shape(s) for s in specs)
 
 
-def _dims(specs: tuple[str, ...]) -> dict[str, int]:
+def _dims(specs: tuple[str, ...], flag: str = "--dim") -> dict[str, int]:
     out = {}
     for spec in specs:
         name, _, value = spec.rpartition("=")
         if not name or not value.isdigit() or int(value) < 1:
-            raise click.BadParameter(f"{spec!r} is not NAME=VALUE with a positive VALUE", param_hint="--dim")
+            raise click.BadParameter(f"{spec!r} is not NAME=VALUE with a positive VALUE", param_hint=flag)
         out[name] = int(value)
     return out
 
@@ -122,6 +122,14 @@ _shape_option = click.option(
     "batch 1, sequence 128, height and width 224 (by name); other names need --dim.",
 )
 @click.option(
+    "--time-shapes",
+    "time_shapes",
+    multiple=True,
+    metavar="NAME=VALUE[,NAME=VALUE...]",
+    help="Other values of symbolic dimensions the output is timed at too (repeatable; a dimension not "
+    "named keeps its --dim value): it is kept only where it is not slower at any of them.",
+)
+@click.option(
     "--inputs",
     "npz",
     type=click.Path(dir_okay=False),
@@ -203,6 +211,7 @@ def optimize(
     top_k,
     input_shapes,
     dims,
+    time_shapes,
     npz,
     no_verify,
     kernels,
@@ -252,6 +261,7 @@ def optimize(
             top_k=top_k,
             input_shapes=shapes,
             dims=_dims(dims),
+            time_shapes=tuple(_dims(tuple(t.split(",")), "--time-shapes") for t in time_shapes),
             inputs=extra,
             verify=not no_verify,
             seed=seed,

@@ -427,6 +427,9 @@ def acceptance_text(report: Mapping[str, Any]) -> str:
     elif rounds:
         last = rounds[-1]
         whole = f"; whole model {speedup_text(last.get('speedup'))} with {len(last.get('kept', []))} rewrites"
+    for r in rounds:  # the confirmed model at the other --time-shapes
+        if r.get("stage") == "shape":
+            whole += f"; {r.get('reason')}" + (": the output is the input" if r.get("rolled_back") else "")
     if rounds:
         rolled = len({n for r in rounds for n in r.get("rolled_back", [])})
         retakes = sum(1 for r in rounds if r.get("stage") == "retake")

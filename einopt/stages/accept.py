@@ -56,9 +56,10 @@ MAX_RETAKES = 2
 """Whole-model timings retaken while the input's own time has drifted from the first round's."""
 
 
-ROUND_STAGES = ("round", "retake", "confirm")
+ROUND_STAGES = ("round", "retake", "confirm", "shape")
 """A whole-model timing compared (``round``), not compared because the input's own time drifted
-(``retake``), or one fresh process's reading of the surviving model in the final check (``confirm``)."""
+(``retake``), one fresh process's reading of the surviving model in the final check (``confirm``),
+or the confirmed model at another shape of its symbolic dimensions (``shape``, ``--time-shapes``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +162,8 @@ def accept_model(
         t = _steady(ctx, model, kept, reference, rounds)
         if t.confirms(band):
             rounds.append(ModelRound(kept, t, (), "round", _verdict(t, band)))
-            return _confirmed(ctx, model, kept, rounds)
+            kept_now, rounds = _confirmed(ctx, model, kept, rounds)
+            return _not_slower_elsewhere(ctx, model, kept_now, rounds)
         if t.unreliable():  # what cannot be measured is not kept
             log.info("whole-model timing disturbed (%s): rolling back every rewrite", t.unreliable())
             drop = units
@@ -193,6 +195,27 @@ def _confirmed(
         else:
             rounds.append(ModelRound(kept, c, (), "confirm", f"{where}: {_verdict(c, band)}"))
     return (frozenset(kept) if ok else frozenset()), rounds
+
+
+def _not_slower_elsewhere(
+    ctx: StageContext, model: onnx.ModelProto, kept: frozenset[str], rounds: list[ModelRound]
+) -> tuple[frozenset[str], list[ModelRound]]:
+    """The confirmed model timed against the input at each other shape of ``ctx.timings``: kept only
+    when its median is not slower than the input's beyond the band at any of them (a ``shape`` round
+    each; the first slower one rolls back every rewrite)."""
+    band = ctx.model_noise
+    for timing in ctx.timings if kept else ():
+        t = ctx.timer.model(ctx.original, model, timing.feeds)
+        slower = t.speedup * (1 + band) < 1
+        why = f"at {timing.text()}: {t.speedup:.3f}x" + (
+            f", slower beyond the {band:.0%} band" if slower else ""
+        )
+        names = tuple(sorted(kept))
+        rounds.append(ModelRound(names, t, names if slower else (), "shape", why))
+        if slower:
+            log.info("whole model: %s: rolling back every rewrite", why)
+            return frozenset(), rounds
+    return kept, rounds
 
 
 def _units(gains: Mapping[str, float], kinds: Mapping[str, str]) -> list[tuple[str, ...]]:
@@ -327,7 +350,10 @@ def accept(ctx: StageContext, states: Mapping[str, PartState]) -> Decision:
     notes = (_disturbed_note(unreliable),) if unreliable else ()
     confirms = [r for r in rounds if r.stage == "confirm"]  # the least reading is the one that decided
     confirm = min(confirms, key=lambda r: r.timing.gain_interval[0]) if confirms else None
-    if confirm is not None and not kept:
+    elsewhere = next((r for r in rounds if r.stage == "shape" and r.rolled_back), None)
+    if elsewhere is not None:
+        notes += (f"the whole model was not kept: it ran slower {elsewhere.reason}; the output is the input",)
+    elif confirm is not None and not kept:
         notes += (f"the whole model was not kept: {confirm.reason}; the output is the input",)
     report |= {
         "timed": True,

@@ -20,7 +20,7 @@ from einopt.stages.timer import Timer
 if TYPE_CHECKING:
     from einopt.instantiate.emit import Instantiated
 
-__all__ = ["ACCEPT_MODES", "ShapeCheck", "StageContext"]
+__all__ = ["ACCEPT_MODES", "ShapeCheck", "ShapeTiming", "StageContext"]
 
 ACCEPT_MODES = ("measured", "verified")
 """``measured``: a rewrite is kept only when measured faster; ``verified``: every verified rewrite is
@@ -35,6 +35,18 @@ class ShapeCheck:
     values: Mapping[str, int]  # dimension name -> its value here
     datasets: Sequence[Mapping[str, np.ndarray]]
     references: Sequence[Mapping[str, np.ndarray]]
+
+    def text(self) -> str:
+        return ", ".join(f"{n}={v}" for n, v in self.values.items())
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeTiming:
+    """Timing inputs at other values of the symbolic dimensions (``--time-shapes``): the output must
+    not be slower than the input there either."""
+
+    values: Mapping[str, int]  # dimension name -> its value here
+    feeds: Mapping[str, np.ndarray]
 
     def text(self) -> str:
         return ", ".join(f"{n}={v}" for n, v in self.values.items())
@@ -82,6 +94,9 @@ class StageContext:
         (``model`` is pinned to them; None: the output is as static as ``model``).
     checks : sequence of ShapeCheck
         Verification at other values of ``dims`` (:mod:`einopt.stages.shapes`).
+    timings : sequence of ShapeTiming
+        Whole-model timings at other values of ``dims``: the output is kept only where it is not
+        slower at any of them either (:func:`einopt.stages.accept.accept_model`).
     """
 
     original: onnx.ModelProto
@@ -98,6 +113,7 @@ class StageContext:
     taken: set[str] = dataclasses.field(default_factory=set)
     dims: Dims | None = None
     checks: Sequence[ShapeCheck] = ()
+    timings: Sequence[ShapeTiming] = ()
     _specific: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def output(self, rewrites: Mapping[tuple[int, ...], Instantiated]) -> onnx.ModelProto:
