@@ -198,7 +198,15 @@ def optimize(
     why = _unworkable(original)
     if why:
         return _untouched(original, why)
-    dims = representative(original, options.dims, options.input_shapes, seen=_seen(original, options))
+    seen = _seen(original, options)
+    clash = sorted(n for n, v in options.dims.items() if seen.get(n, v) != v)
+    if clash:  # the model is searched at one shape: the timing and part verification run on the inputs
+        given = ", ".join(f"{n}={options.dims[n]}" for n in clash)
+        raise ModelError(
+            f"--dim {given} disagrees with --inputs, which run at "
+            f"{', '.join(f'{n}={seen[n]}' for n in clash)}: give one value for each dimension"
+        )
+    dims = representative(original, options.dims, options.input_shapes, seen=seen)
     inputs = _verification(original, options, dims)
     if options.verify and not inputs.datasets and dims.values and not options.dims:
         # the input does not run at the default values (a Reshape to a fixed size, say): its symbolic

@@ -61,6 +61,12 @@ def test_the_users_inputs_give_the_values_they_run_at():
     assert any("searched and timed at N=2" in n for n in result.notes)
 
 
+def test_a_dim_that_disagrees_with_the_given_inputs_is_a_clear_error():
+    given = {"x": np.zeros((2, 4, 8, 8), np.float32)}
+    with pytest.raises(ModelError, match="--dim N=3 disagrees with --inputs, which run at N=2"):
+        optimize(prelu_block(batch="N"), Options(max_depth=0, dims={"N": 3}, inputs=[given]))
+
+
 def test_pinned_inputs_have_no_representative_values():
     assert representative(_model("batch", "sequence"), {}, {"x": (2, 5)}).values == {}
 
