@@ -198,29 +198,7 @@ def optimize(
     why = _unworkable(original)
     if why:
         return _untouched(original, why)
-    seen = _seen(original, options)
-    clash = sorted(n for n, v in options.dims.items() if seen.get(n, v) != v)
-    if clash:  # the model is searched at one shape: the timing and part verification run on the inputs
-        given = ", ".join(f"{n}={options.dims[n]}" for n in clash)
-        raise ModelError(
-            f"--dim {given} disagrees with --inputs, which run at "
-            f"{', '.join(f'{n}={seen[n]}' for n in clash)}: give one value for each dimension"
-        )
-    dims = representative(original, options.dims, options.input_shapes, seen=seen)
-    inputs = _verification(original, options, dims)
-    if options.verify and not inputs.datasets and dims.values and not options.dims:
-        # the input does not run at the default values (a Reshape to a fixed size, say): its symbolic
-        # dimensions stay symbolic, and the parts that depend on them pass through, as without values
-        unresolved = Dims({}, {}, (*dims.values, *dims.unresolved))
-        fallback = _verification(original, options, unresolved)
-        if fallback.datasets:
-            values = ", ".join(f"{n}={v}" for n, v in dims.values.items())
-            why = f"the model does not run at {values} ({inputs.note}): give --dim NAME=VALUE"
-            dims, inputs = (
-                unresolved,
-                dataclasses.replace(fallback, note="; ".join(filter(None, [fallback.note, why]))),
-            )
-    inputs = dataclasses.replace(inputs, timings=_shape_timings(original, options, dims))
+    dims, inputs = _shapes(original, options)
     if options.verify and not inputs.datasets:
         return _untouched(original, inputs.note)
     result = _rewrite(original, options, inputs, clock, progress, fold=True, dims=dims)
@@ -245,15 +223,51 @@ class _Inputs:
     timings: Sequence[ShapeTiming] = ()  # --time-shapes
 
 
+def _shapes(original: onnx.ModelProto, options: Options) -> tuple[Dims, _Inputs]:
+    """The values the model's symbolic dimensions are searched at, and the inputs it is verified and
+    timed on (:mod:`einopt.frontend.symbolic`).
+
+    Raises
+    ------
+    ModelError
+        A ``--dim`` that the ``--inputs`` contradict, or a bad ``--dim`` or ``--time-shapes``.
+    """
+    seen = _seen(original, options)
+    clash = sorted(n for n, v in options.dims.items() if seen.get(n, v) != v)
+    if clash:  # the model is searched at one shape: the timing and part verification run on the inputs
+        given = ", ".join(f"{n}={options.dims[n]}" for n in clash)
+        raise ModelError(
+            f"--dim {given} disagrees with --inputs, which run at "
+            f"{', '.join(f'{n}={seen[n]}' for n in clash)}: give one value for each dimension"
+        )
+    dims = representative(original, options.dims, options.input_shapes, seen=seen)
+    inputs = _verification(original, options, dims)
+    if options.verify and not inputs.datasets and dims.values and not options.dims:
+        # the input does not run at the default values (a Reshape to a fixed size, say): its symbolic
+        # dimensions stay symbolic, and the parts that depend on them pass through, as without values
+        unresolved = Dims({}, {}, (*dims.values, *dims.unresolved))
+        fallback = _verification(original, options, unresolved)
+        if fallback.datasets:
+            values = ", ".join(f"{n}={v}" for n, v in dims.values.items())
+            why = f"the model does not run at {values} ({inputs.note}): give --dim NAME=VALUE"
+            dims, inputs = (
+                unresolved,
+                dataclasses.replace(fallback, note="; ".join(filter(None, [fallback.note, why]))),
+            )
+    return dims, dataclasses.replace(inputs, timings=_shape_timings(original, options, dims))
+
+
 def _verification(original: onnx.ModelProto, options: Options, dims: Dims) -> _Inputs:
-    """Verification inputs at the pinned and representative shapes, and at the other shapes checked."""
+    """Verification inputs at the pinned and representative shapes, and (where the input model runs
+    at those) at the other shapes checked."""
     if not options.verify:
         return _Inputs([], [], "")
     shapes = dict(options.input_shapes) | dims.shapes()
-    return _Inputs(
-        *verification_inputs(original, seed=options.seed, input_shapes=shapes, given=options.inputs),
-        checks=_shape_checks(original, options, dims),
+    datasets, references, note = verification_inputs(
+        original, seed=options.seed, input_shapes=shapes, given=options.inputs
     )
+    checks = _shape_checks(original, options, dims) if datasets else []
+    return _Inputs(datasets, references, note, checks)
 
 
 def _shape_timings(original: onnx.ModelProto, options: Options, dims: Dims) -> list[ShapeTiming]:

@@ -514,6 +514,8 @@ def prepare(
     if not fold:
         _pin(m, representative)
         error = _infer(m)
+        if representative:
+            _measure_shapes(m)
         found = [f"shape inference failed ({error})"] if error else []
         return Prepared(m, tuple(changes + found + _symbolic_notes(m)), tuple(changes))
     folded, error = _fold_to_fixpoint(m)

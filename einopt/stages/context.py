@@ -12,7 +12,7 @@ import onnx
 from einopt.frontend.symbolic import Dims, keep_symbolic
 from einopt.instantiate.backend import PORTABLE, Backend
 from einopt.runtime.timing import MODEL_NOISE, NOISE_BAND
-from einopt.runtime.verify import Tolerance, compare_models
+from einopt.runtime.verify import Agreement, Tolerance, compare_models
 from einopt.stages.export import assemble
 from einopt.stages.postopt import postoptimize
 from einopt.stages.timer import Timer
@@ -137,12 +137,22 @@ class StageContext:
         return self._specific[key][1]
 
     def _first_difference(self, nodes: tuple[int, ...], inst: Instantiated) -> str:
-        alone = self.output({nodes: inst})
-        for check in self.checks:
-            agreement = compare_models(check.references, alone, check.datasets, self.tolerance)
+        failed = self.first_failure(self.output({nodes: inst}), self.checks)
+        if failed is None:
+            return ""
+        check, agreement = failed
+        return f"holds at the representative shape only (at {check.text()}: {agreement.message})"
+
+    def first_failure(
+        self, model: onnx.ModelProto, checks: Sequence[ShapeCheck]
+    ) -> tuple[ShapeCheck, Agreement] | None:
+        """The first of ``checks`` where ``model`` differs from the input model (or cannot run), and
+        how; None when it agrees at every one."""
+        for check in checks:
+            agreement = compare_models(check.references, model, check.datasets, self.tolerance)
             if not agreement.ok:
-                return f"holds at the representative shape only (at {check.text()}: {agreement.message})"
-        return ""
+                return check, agreement
+        return None
 
     @property
     def timed(self) -> bool:

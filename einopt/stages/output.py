@@ -8,8 +8,7 @@ from collections.abc import Mapping
 
 import onnx
 
-from einopt.runtime.verify import compare_models
-from einopt.stages.context import StageContext
+from einopt.stages.context import ShapeCheck, StageContext
 from einopt.stages.state import PartState
 
 __all__ = ["verify_output"]
@@ -30,13 +29,11 @@ def verify_output(
     out = ctx.output({s.part.nodes: s.emitted for s in kept})
     if not ctx.datasets:  # unverified (--no-verify)
         return out, {}
-    for refs, datasets, where in (
-        (ctx.references, ctx.datasets, ""),
-        *((c.references, c.datasets, f" at {c.text()}") for c in ctx.checks),
-    ):
-        final = compare_models(refs, out, datasets, ctx.tolerance)
-        if not final.ok:
-            why = f"{final.message}{where}"
-            log.warning("assembled model differs from the original (%s); rolling back every rewrite", why)
-            return ctx.original, {s.name: f"rolled back with the whole model: {why}" for s in kept}
-    return out, {}
+    here = ShapeCheck({}, ctx.datasets, ctx.references)  # the verification inputs themselves
+    failed = ctx.first_failure(out, (here, *ctx.checks))
+    if failed is None:
+        return out, {}
+    check, final = failed
+    why = final.message + (f" at {check.text()}" if check is not here else "")
+    log.warning("assembled model differs from the original (%s); rolling back every rewrite", why)
+    return ctx.original, {s.name: f"rolled back with the whole model: {why}" for s in kept}

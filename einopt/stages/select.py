@@ -211,25 +211,12 @@ def select(
     for p in parts:
         if p.program is None:
             continue
-        pending[p.name] = _general(ctx, p, pending[p.name])
         chosen, tried = choose(
             pending[p.name], timed=timing, fewer_nodes=backend.fewer_nodes, noise=ctx.noise
         )
         if chosen is not None:
             taken |= {f.name for f in chosen.instantiated.functions}
         out[p.name] = Selection(chosen, tuple(tried), searches.get(p.name) or PartSearch.not_searched())
-    return out
-
-
-def _general(ctx: StageContext, part: Part, trials: list[Trial]) -> list[Trial]:
-    """``trials``, those that could be chosen but hold at the representative values of the model's
-    symbolic dimensions only rejected with the reason (:meth:`StageContext.shape_specific`)."""
-    out = []
-    for t in trials:
-        why = ""
-        if t.instantiated is not None and not t.unchanged and not t.rejected:
-            why = ctx.shape_specific(part.nodes, t.instantiated)
-        out.append(dataclasses.replace(t, rejected=f"left out: {why}") if why else t)
     return out
 
 
@@ -274,8 +261,11 @@ def _verified(
     emitted: dict[str, Instantiated],
     pending: dict[str, list[Trial]],
 ) -> list[tuple[str, int]]:
-    """Verify the trials ``keys`` on the values that reach their parts (recorded in ``pending``;
-    one that differs, or runs too slowly to time, is rejected); the keys that passed, in order."""
+    """Verify the trials ``keys`` on the values that reach their parts, and (where the output keeps
+    symbolic dimensions) in the output at the other shapes the context checks (recorded in
+    ``pending``; one that differs, holds at the representative shape only
+    (:meth:`StageContext.shape_specific`), or runs too slowly to time, is rejected, before any
+    timing); the keys that passed, in order."""
     if not ctx.datasets:
         return list(keys)
     parts = [pseudo[_pseudo(n, i)] for n, i in keys]
@@ -290,6 +280,8 @@ def _verified(
             c = dataclasses.replace(c, rejected=f"verification failed: {check.message}")
         elif slow:
             c = dataclasses.replace(c, rejected=slow)
+        elif specific := ctx.shape_specific(pseudo[_pseudo(name, i)].nodes, c.instantiated):
+            c = dataclasses.replace(c, rejected=f"left out: {specific}")
         else:
             ok.append((name, i))
         pending[name][i] = c

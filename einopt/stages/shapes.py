@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 
 def general_rewrites(ctx: StageContext, states: Mapping[str, PartState]) -> dict[str, PartState]:
     """``states``, each chosen rewrite that does not hold at every checked shape ``dropped`` with the
-    reason (acceptance then leaves it out). Selection already chose among the trials that hold
-    (:meth:`StageContext.shape_specific`); this catches what was chosen after it (a backend's merged parts)."""
+    reason (acceptance then leaves it out). Selection rejects the trials that hold at the
+    representative shape only when it verifies them (:meth:`StageContext.shape_specific`, memoised:
+    those are not checked again); this catches what a backend's ``after_selection`` chose otherwise."""
     dropped: dict[str, str] = {}
     for name, s in states.items():
         if s.emitted is None or not ctx.checks:
