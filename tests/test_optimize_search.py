@@ -113,6 +113,7 @@ def test_candidates_past_the_selection_budget_are_not_timed_or_chosen(
     assert result.model.SerializeToString() == model.SerializeToString()
 
 
+@pytest.mark.slow
 def test_a_second_run_searches_nothing_and_times_only_the_confirmation(
     tmp_path, monkeypatch, every_candidate_timed
 ):

@@ -110,6 +110,7 @@ def _searched(result) -> dict:
 MODEL_STATES = Budget(max_depth=2, states_per_search=400, states_per_model=1_000)
 
 
+@pytest.mark.slow
 def test_the_model_states_are_shared_out_the_same_with_one_job_or_two(monkeypatch):
     """Four distinct searches share 1,000 states: a first pass of 125 each, then the ConvTranspose
     alone with its whole 400, then the subprogram with what is left (345). Two processes start the
