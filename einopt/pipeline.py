@@ -41,6 +41,7 @@ from einopt.runtime.verify import Tolerance, compare_models, verification_inputs
 from einopt.search.budget import Budget
 from einopt.stages.accept import accept
 from einopt.stages.context import ACCEPT_MODES, ShapeCheck, ShapeTiming, StageContext
+from einopt.stages.generalize import Probe
 from einopt.stages.output import verify_output
 from einopt.stages.partsearch import DEFAULT_BUDGET, PartSearch, Progress, Settings, search_parts
 from einopt.stages.predict import predict
@@ -313,6 +314,31 @@ def _shape_checks(original: onnx.ModelProto, options: Options, dims: Dims) -> li
     return checks
 
 
+def _probe(
+    original: onnx.ModelProto,
+    options: Options,
+    dims: Dims,
+    checks: Sequence[ShapeCheck],
+    parts: Sequence[Part],
+    *,
+    fold: bool,
+) -> Probe | None:
+    """The model prepared and translated at the last of ``checks`` (each symbolic dimension at an
+    odd value, other than its representative one): what tells which of a rewrite's constants are
+    sizes of which dimension (:mod:`einopt.stages.generalize`); None without such a check."""
+    if not checks or any(checks[-1].values.get(n) in (None, v) for n, v in dims.values.items()):
+        return None
+    values = dict(checks[-1].values)
+    backend = backends.backend(options.kernels)
+    try:
+        prepared = prepare(original, options.input_shapes, fold=fold, representative=shapes_at(dims, values))
+    except (ModelError, ValueError) as e:
+        log.info("not translated at %s: %s", values, e)
+        return None
+    there = translate_graph(prepared.model, fuse_activations=backend.fuse_activations)
+    return Probe.of(dims.values, values, prepared.model, there, parts)
+
+
 def _unworkable(model: onnx.ModelProto) -> str:
     """Why einopt cannot translate anything in ``model`` ("" when it can try)."""
     if not any(o.domain in DEFAULT_DOMAINS for o in model.opset_import):
@@ -368,6 +394,7 @@ def _rewrite(
         dims=dims,
         checks=inputs.checks,
         timings=inputs.timings,
+        probe=_probe(original, options, dims, inputs.checks, translated, fold=fold),
     )
     try:
         searches = _search(parts, options, store, progress)

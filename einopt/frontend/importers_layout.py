@@ -147,10 +147,23 @@ def _reshaped(view: NodeView, x, shape: Sequence[int], out: Sequence[int]) -> ir
     return _copy(view, x, out, lambda its: _unravel_ravel(shape, its))
 
 
+def _computed_target(view: NodeView) -> list[int] | None:
+    """A Reshape target computed at run time (``Shape`` -> ``Gather`` -> ``Concat``, as exporters write
+    for a symbolic batch or sequence) as the output shape shape inference found for the model as
+    prepared (None when the target is a constant, or the output's shape is not known): the part is
+    translated at the shapes the model was prepared at, and a rewrite of it is kept only where it is
+    checked to hold at other values of the symbolic dimensions too."""
+    operand = view.input(1) if view.opset >= 5 else None
+    out = view.output_shapes[0] if view.output_shapes else None
+    if operand is None or operand.value is not None or out is None or 0 in out:
+        return None
+    return list(out)
+
+
 def import_reshape(view: NodeView) -> tuple[ir.Scope, ...]:
     """``X[unravel(ravel(i))]``; ``0`` copies an input dimension (unless allowzero), ``-1`` is inferred."""
     x, shape = _data(view)
-    target = _ints_from(view, "shape", 1, since=5)
+    target = _computed_target(view) or _ints_from(view, "shape", 1, since=5)
     if target is None:
         raise Unsupported("Reshape without a target shape")
     allowzero = bool(view.attr("allowzero", 0))

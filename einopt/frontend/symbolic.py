@@ -146,10 +146,16 @@ def shapes_at(dims: Dims, values: Mapping[str, int]) -> dict[str, tuple[int, ...
 
 def check_assignments(dims: Dims) -> list[dict[str, int]]:
     """The values the output is verified at besides the representative ones: every dimension at 1,
-    then every dimension at an odd value other than its representative one (a batch of 3, a
-    sequence or an image side of about half the representative value, made odd)."""
+    then every dimension at an odd value other than any representative one and each its own (a batch
+    of 3, a sequence or an image side of about half the representative value, made odd; a width 2
+    more than its height)."""
     ones = {n: 1 for n in dims.values}
-    odd = {n: _odd(n, v) for n, v in dims.values.items()}
+    odd: dict[str, int] = {}
+    for n, v in dims.values.items():  # each its own value: a height swapped for a width shows
+        k = _odd(n, v)
+        while k in odd.values() or k in dims.values.values():
+            k += 2
+        odd[n] = k
     out = [a for a in (ones, odd) if a != dims.values]
     return [a for k, a in enumerate(out) if a not in out[:k]]
 

@@ -14,11 +14,14 @@ from einopt.instantiate.backend import PORTABLE, Backend
 from einopt.runtime.timing import MODEL_NOISE, NOISE_BAND
 from einopt.runtime.verify import Agreement, Tolerance, compare_models
 from einopt.stages.export import assemble
+from einopt.stages.generalize import Probe, generalized
 from einopt.stages.postopt import postoptimize
 from einopt.stages.timer import Timer
 
 if TYPE_CHECKING:
+    from einopt.frontend.translate import Part
     from einopt.instantiate.emit import Instantiated
+    from einopt.search.results import Candidate
 
 __all__ = ["ACCEPT_MODES", "ShapeCheck", "ShapeTiming", "StageContext"]
 
@@ -97,6 +100,9 @@ class StageContext:
     timings : sequence of ShapeTiming
         Whole-model timings at other values of ``dims``: the output is kept only where it is not
         slower at any of them either (:func:`einopt.stages.accept.accept_model`).
+    probe : Probe or None
+        The model translated at other values of ``dims``: a rewrite's sizes of them are written as
+        run-time arithmetic where the two agree on what they are (:mod:`einopt.stages.generalize`).
     """
 
     original: onnx.ModelProto
@@ -114,7 +120,9 @@ class StageContext:
     dims: Dims | None = None
     checks: Sequence[ShapeCheck] = ()
     timings: Sequence[ShapeTiming] = ()
+    probe: Probe | None = None
     _specific: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    _written: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def output(self, rewrites: Mapping[tuple[int, ...], Instantiated]) -> onnx.ModelProto:
         """The prepared model with ``rewrites`` (a part's node indices -> its new nodes) in it, as the
@@ -124,6 +132,19 @@ class StageContext:
         if self.dims is not None and self.dims.values:
             out = keep_symbolic(out, self.original)
         return postoptimize(out)
+
+    def for_any_shape(
+        self, part: Part, candidate: Candidate, inst: Instantiated, opset: int, backend: Backend
+    ) -> Instantiated:
+        """``inst`` (``candidate`` of ``part``) with the sizes of the symbolic dimensions it holds
+        computed at run time, where the probe tells which they are; as it is otherwise (the reason is
+        kept for :meth:`shape_specific`'s message)."""
+        if self.probe is None:
+            return inst
+        out, why = generalized(self.probe, part, candidate, inst, opset=opset, taken=self.taken, backend=backend)
+        if why:
+            self._written[id(out)] = (out, why)
+        return out
 
     def shape_specific(self, nodes: tuple[int, ...], inst: Instantiated) -> str:
         """Why the rewrite of the part at ``nodes`` by ``inst`` holds at the representative values of
@@ -141,7 +162,9 @@ class StageContext:
         if failed is None:
             return ""
         check, agreement = failed
-        return f"holds at the representative shape only (at {check.text()}: {agreement.message})"
+        why = self._written.get(id(inst), (None, ""))[1]
+        written = f"; its sizes stay as searched: {why}" if why else ""
+        return f"holds at the representative shape only (at {check.text()}: {agreement.message}{written})"
 
     def first_failure(
         self, model: onnx.ModelProto, checks: Sequence[ShapeCheck]

@@ -101,6 +101,12 @@ def assemble(
     nodes = toposort(
         nodes, {i.name for i in g.input} | {t.name for t in g.initializer} | {t.name for t in new_inits}
     )
+    # Nodes that computed only what the replaced ones read (a Reshape target from Shape, Gather and
+    # Concat, as exporters write for a symbolic dimension) go with them; nodes the input model
+    # computed for nothing stay.
+    was_read = {id(n) for n in _live(old, model.graph.output)}
+    reads = {id(n) for n in _live(nodes, g.output)}
+    nodes = [n for n in nodes if id(n) in reads or id(n) not in was_read]
     del g.node[:]
     g.node.extend(nodes)
 
@@ -120,6 +126,20 @@ def assemble(
         out.functions.extend(functions)
         out.ir_version = max(out.ir_version, 8)  # model-local functions need IR version 8
     return out
+
+
+def _live(nodes: Sequence[onnx.NodeProto], outputs) -> list[onnx.NodeProto]:
+    """The ``nodes`` (topologically ordered) whose outputs reach ``outputs``."""
+    needed = {o.name for o in outputs}
+    live = []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output):
+            live.append(node)
+            needed.update(i for i in node.input if i)
+            for a in node.attribute:
+                for sub in [a.g] if a.HasField("g") else a.graphs:
+                    needed.update(subgraph_reads(sub))
+    return live
 
 
 def toposort(nodes: Sequence[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:

@@ -50,6 +50,7 @@ __all__ = [
     "PartSearch",
     "Progress",
     "RayUnavailable",
+    "canonical_names",
     "search_parts",
     "weight_facts",
 ]
@@ -107,7 +108,8 @@ def weight_facts(constants: Mapping[str, np.ndarray], names: Sequence[str], exac
     return out
 
 
-def _canonical_names(program: ir.Program) -> dict[str, str]:
+def canonical_names(program: ir.Program) -> dict[str, str]:
+    """The names a part is searched in: inputs ``x0, x1, ...`` and bindings ``y0, y1, ...`` in order."""
     return {t.name: f"x{i}" for i, t in enumerate(program.inputs)} | {
         n: f"y{i}" for i, (n, _) in enumerate(program.bindings)
     }
@@ -238,7 +240,7 @@ def _task(
     label: str,
 ) -> tuple[str, dict[str, str]]:
     """The key of the search of ``program`` (added to ``tasks`` when new) and its canonical names."""
-    names = _canonical_names(program)
+    names = canonical_names(program)
     weights = [t.name for t in program.inputs if t.name in constants]
     text = str(rename_tensors(program, names))
     k = _key(text, settings, weight_facts(constants, weights, settings.exact))

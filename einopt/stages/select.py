@@ -165,11 +165,9 @@ def select(
     pending: dict[str, list[Trial]] = {}
     for p in parts:
         tries = _worth_trying(p, searches.get(p.name), top_k)
-        pending[p.name] = [_instantiated(model, p, c, opset, taken, backend) for c in tries]
-        pending[p.name] += _portable_forms(model, p, tries, pending[p.name], opset, taken)
-        pending[p.name] += [
-            _instantiated(model, p, c, opset, taken, backend) for c in backend.variants(tries)
-        ]
+        pending[p.name] = [_instantiated(ctx, p, c, opset, backend) for c in tries]
+        pending[p.name] += _portable_forms(ctx, p, tries, pending[p.name], opset)
+        pending[p.name] += [_instantiated(ctx, p, c, opset, backend) for c in backend.variants(tries)]
     by_name = {p.name: p for p in parts}
     alive = {
         (name, i): c
@@ -231,7 +229,7 @@ def try_trials(ctx: StageContext, part: Part, trials: Sequence[Trial]) -> list[T
         part.name: [
             t
             if t.instantiated is not None
-            else _instantiated(model, part, t.candidate, opset, ctx.taken, t.backend)
+            else _instantiated(ctx, part, t.candidate, opset, t.backend)
             for t in trials
         ]
     }
@@ -346,27 +344,24 @@ def _worth_trying(p: Part, search: PartSearch | None, top_k: int) -> list[Candid
 
 
 def _portable_forms(
-    model: onnx.ModelProto,
-    p: Part,
-    candidates: list[Candidate],
-    trials: list[Trial],
-    opset: int,
-    taken: set[str],
+    ctx: StageContext, p: Part, candidates: list[Candidate], trials: list[Trial], opset: int
 ) -> list[Trial]:
     """The ``candidates`` again with their eOperators as standard ops (the portable backend), each
     only where its trial has generated kernels: so that the choice between "predefined operators +
     glue" and "a generated kernel" is measured, and a kernel slower than the glue it replaces is not
     chosen."""
     return [
-        _instantiated(model, p, c, opset, taken, PORTABLE)
+        _instantiated(ctx, p, c, opset, PORTABLE)
         for c, t in zip(candidates, trials, strict=True)
         if t.instantiated is not None and t.instantiated.has_generated_kernels
     ]
 
 
-def _instantiated(
-    model: onnx.ModelProto, p: Part, candidate: Candidate, opset: int, taken: set[str], backend: Backend
-) -> Trial:
+def _instantiated(ctx: StageContext, p: Part, candidate: Candidate, opset: int, backend: Backend) -> Trial:
+    """``candidate`` of ``p`` as a trial: instantiated (where the output keeps symbolic dimensions,
+    with the sizes of those computed at run time where it can be, :mod:`einopt.stages.generalize`),
+    or rejected with the reason."""
+    model = ctx.model
     trial = Trial(p.name, candidate, backend=backend)
     try:
         inst = instantiate(
@@ -375,7 +370,7 @@ def _instantiated(
             constants=p.constants,
             opset=opset,
             prefix=p.name + "/",
-            taken_function_names=taken,
+            taken_function_names=ctx.taken,
             preferred=original_ops(model, p) if not candidate.trace else None,
             backend=backend,
         )
@@ -383,6 +378,8 @@ def _instantiated(
         log.warning("%s (%s): instantiation failed: %s", p.name, trial.label, first_line(e))
         return dataclasses.replace(trial, rejected=f"instantiation failed: {first_line(e)}")
     unchanged = not inst.functions and _same_nodes(model, p, inst, opset)
+    if not unchanged:
+        inst = ctx.for_any_shape(p, candidate, inst, opset, backend)
     if backend.generates_kernels:  # the search listed what its program runs as in the portable form
         trial = dataclasses.replace(
             trial, candidate=dataclasses.replace(candidate, operators=_operators(inst))
