@@ -441,6 +441,7 @@ def _rewrite(
         clock.seconds,
         acceptance=decided.report,
         workspace=workspace,
+        shapes=dict(options.input_shapes) | dims.shapes(),
     )
 
 

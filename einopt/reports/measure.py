@@ -101,7 +101,9 @@ def benchmark_result(
     output : str
         Where the optimized model was written (shown in the report).
     inputs : mapping, path or None
-        Benchmark inputs (an .npz path or arrays); None = seeded random inputs.
+        Benchmark inputs (an .npz path or arrays); None = seeded random inputs, of the shapes the
+        model was searched and timed at (``result.shapes``: symbolic dimensions at their
+        representative values).
     parts : bool
         Also time every rewritten subprogram on its own (:func:`measure_parts`).
     budget_s : float
@@ -120,6 +122,8 @@ def benchmark_result(
     report = result.report()
     report["model"] = str(source) if not isinstance(source, onnx.ModelProto) else source.graph.name
     report["output"] = output
+    if inputs is None and result.shapes:
+        inputs = modelio.random_inputs(modelio.load_model(source), seed, result.shapes)
     report["bench"] = bench.bench_models(
         source,
         result.model,

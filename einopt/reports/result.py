@@ -68,6 +68,9 @@ class Result:
     blocked: str = ""  # why the whole model passed through untouched, if it did
     acceptance: Mapping[str, object] = dataclasses.field(default_factory=dict)
     workspace: Workspace | None = dataclasses.field(default=None, repr=False, compare=False)
+    # The shapes of inputs with symbolic dimensions as the model was searched and timed (their
+    # representative values; pinned ones too): where a benchmark of the result runs by default.
+    shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
     def save(self, path: str | Path, *, external_data: bool | None = None) -> None:
         modelio.save_model(self.model, path, external_data=external_data)
