@@ -29,7 +29,14 @@ import onnx
 from einopt import backends
 from einopt.errors import ModelError, UnsupportedModelError
 from einopt.frontend.fold import prepare
-from einopt.frontend.symbolic import Dims, check_assignments, representative, seen_values, shapes_at
+from einopt.frontend.symbolic import (
+    DimRange,
+    Dims,
+    check_assignments,
+    representative,
+    seen_values,
+    shapes_at,
+)
 from einopt.frontend.translate import Part, translate_graph
 from einopt.opsets import DEFAULT_DOMAINS, check_opset
 from einopt.reports.result import PartResult, Result, Workspace, part_result
@@ -90,6 +97,10 @@ class Options:
         other values too (:mod:`einopt.frontend.symbolic`; without a value here, a dimension takes
         its value in the first of ``inputs``, else a default by name: batch 1, sequence 128, height
         and width 224).
+    dim_ranges : mapping
+        The values symbolic dimensions are declared to take, by name (``{"sequence":
+        DimRange(1, 512)}``): a rewrite is kept only where it holds at such values (it is verified
+        at the smallest, the largest and another one); a dimension not named takes any.
     time_shapes : sequence of mapping
         Other values of symbolic dimensions (``[{"batch": 4}]``; a dimension not named keeps its
         representative value) the output is timed at too, against the input: it is kept only where
@@ -139,6 +150,7 @@ class Options:
     ray: str | None = None
     input_shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     dims: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    dim_ranges: Mapping[str, DimRange] = dataclasses.field(default_factory=dict)
     time_shapes: Sequence[Mapping[str, int]] = ()
     inputs: Sequence[Mapping[str, np.ndarray] | str | Path] = ()
     verify: bool = True
@@ -241,7 +253,7 @@ def _shapes(original: onnx.ModelProto, options: Options) -> tuple[Dims, _Inputs]
             f"--dim {given} disagrees with --inputs, which run at "
             f"{', '.join(f'{n}={seen[n]}' for n in clash)}: give one value for each dimension"
         )
-    dims = representative(original, options.dims, options.input_shapes, seen=seen)
+    dims = representative(original, options.dims, options.input_shapes, seen=seen, ranges=options.dim_ranges)
     inputs = _verification(original, options, dims)
     if options.verify and not inputs.datasets and dims.values and not options.dims:
         # the input does not run at the default values (a Reshape to a fixed size, say): its symbolic
@@ -288,6 +300,12 @@ def _shape_timings(original: onnx.ModelProto, options: Options, dims: Dims) -> l
             raise ModelError(
                 f"--time-shapes names {', '.join(unknown)}, not a symbolic dimension kept ({kept})"
             )
+        outside = [n for n, v in values.items() if n in dims.ranges and not dims.ranges[n].holds(v)]
+        if outside:
+            n = outside[0]
+            raise ModelError(
+                f"--time-shapes {n}={values[n]} is outside its declared range {dims.ranges[n].text()}"
+            )
         shapes = dict(options.input_shapes) | shapes_at(dims, dict(dims.values) | dict(values))
         timings.append(ShapeTiming(dict(values), modelio.random_inputs(original, options.seed, shapes)))
     return timings
@@ -323,12 +341,19 @@ def _probe(
     *,
     fold: bool,
 ) -> Probe | None:
-    """The model prepared and translated at the last of ``checks`` (each symbolic dimension at an
-    odd value, other than its representative one): what tells which of a rewrite's constants are
-    sizes of which dimension (:mod:`einopt.stages.generalize`); None without such a check."""
-    if not checks or any(checks[-1].values.get(n) in (None, v) for n, v in dims.values.items()):
+    """The model prepared and translated at the first of ``checks`` where each symbolic dimension is
+    at a value of its own, other than its representative one and 1 (the odd values): what tells
+    which of a rewrite's constants are sizes of which dimension (:mod:`einopt.stages.generalize`);
+    None without such a check."""
+    probes = [
+        c.values
+        for c in checks
+        if all(c.values.get(n, v) not in (v, 1) for n, v in dims.values.items())
+        and len(set(c.values.values())) == len(c.values)
+    ]
+    if not probes:
         return None
-    values = dict(checks[-1].values)
+    values = dict(probes[0])
     backend = backends.backend(options.kernels)
     try:
         prepared = prepare(original, options.input_shapes, fold=fold, representative=shapes_at(dims, values))
@@ -442,6 +467,7 @@ def _rewrite(
         acceptance=decided.report,
         workspace=workspace,
         shapes=dict(options.input_shapes) | dims.shapes(),
+        symbolic=_symbolic_section(dims, inputs, ctx.probe) if dims.values else {},
     )
 
 
@@ -464,10 +490,25 @@ def _notes(
 def _symbolic_note(dims: Dims, checks: Sequence[ShapeCheck]) -> str:
     values = ", ".join(f"{n}={v}" for n, v in dims.values.items())
     where = "; ".join(c.text() for c in checks) or "no other values (the input model runs at none)"
+    declared = "".join(f" ({n} declared {r.text()})" for n, r in dims.ranges.items())
     return (
-        f"the output keeps the symbolic dimensions {', '.join(dims.values)}: searched and timed at {values}, "
-        f"verified there and at {where}"
+        f"the output keeps the symbolic dimensions {', '.join(dims.values)}{declared}: searched and timed "
+        f"at {values}, verified there and at {where}"
     )
+
+
+def _symbolic_section(dims: Dims, inputs: _Inputs, probe: Probe | None) -> dict:
+    """The report's ``symbolic`` section: the dimensions the output keeps, each one's searched value
+    and declared range, and the values the output was verified and timed at."""
+    return {
+        "dimensions": [
+            {"name": n, "searched_at": v, "declared": dims.ranges[n].text() if n in dims.ranges else None}
+            for n, v in dims.values.items()
+        ],
+        "verified_at": [dict(dims.values)] + [dict(c.values) for c in inputs.checks],
+        "timed_at": [dict(dims.values)] + [dict(dims.values) | dict(t.values) for t in inputs.timings],
+        "probe": dict(probe.values) if probe is not None else None,
+    }
 
 
 def _timing_feeds(model: onnx.ModelProto, options: Options, dims: Dims) -> dict[str, np.ndarray] | None:

@@ -3,15 +3,30 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx_models import assert_same_outputs
 
+from einopt.core.rewrite import rename_tensors
+from einopt.errors import ModelError
+from einopt.frontend.fold import prepare
+from einopt.frontend.symbolic import DimRange, Dims, check_assignments, keep_symbolic, parse_dim
+from einopt.frontend.translate import translate_graph
+from einopt.instantiate.backend import PORTABLE
+from einopt.instantiate.emit import instantiate
 from einopt.pipeline import Options, optimize
+from einopt.rules import get as get_rule
+from einopt.rules.base import Context
+from einopt.rules.derive import Apply, derive
 from einopt.runtime import modelio
-from einopt.stages.generalize import _Sizes
+from einopt.search.results import Candidate
+from einopt.stages.export import assemble
+from einopt.stages.generalize import Probe, _Sizes, generalized
+from einopt.stages.partsearch import canonical_names
 
 VERIFIED = Options(max_depth=0, accept="verified", cache=False)
 SHAPES = [(1, 1), (2, 48), (5, 77), (3, 128)]
@@ -118,6 +133,7 @@ def test_a_pinned_model_keeps_constant_sizes():
         (256, 390, (2, (1, 1))),  # twice that
         (16384, 4225, (1, (0, 2))),  # sequence squared
         (127, 64, None),  # sequence - 1: no product of the dimensions
+        (64, 32, None),  # half the sequence: not at an odd one
     ],
 )
 def test_a_size_is_solved_as_a_product_of_the_dimensions(rep, probe, solved):
@@ -125,6 +141,123 @@ def test_a_size_is_solved_as_a_product_of_the_dimensions(rep, probe, solved):
     assert sizes.solve(rep, probe) == solved
 
 
+def test_half_a_sequence_declared_even_is_solved():
+    sizes = _Sizes(["batch", "sequence"], [(1, 3), (128, 66)])
+    assert sizes.solve(64, 33) == (Fraction(1, 2), (0, 1))
+
+
 def test_a_size_two_products_fit_equally_is_not_solved():
     sizes = _Sizes(["height", "width"], [(224, 224), (113, 113)])  # a height and a width alike
     assert sizes.solve(224, 113) is None
+
+
+# --------------------------------------------------------------------------
+# A rewrite that depends on a dimension's value: guarded by the declared values
+# --------------------------------------------------------------------------
+
+
+def _projection() -> onnx.ModelProto:
+    """``x @ w`` over ``[batch, seq, 8]``."""
+    w = np.random.default_rng(2).standard_normal((8, 8)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    return _model(nodes, {"w": w}, hidden=8, out_shape=("batch", "seq", 8))
+
+
+def _translated(model: onnx.ModelProto, batch: int, seq: int):
+    prepared = prepare(model, representative={"x": (batch, seq, 8)})
+    (part,) = [p for p in translate_graph(prepared.model) if p.program is not None]
+    return prepared.model, part
+
+
+def _split_in_halves(part) -> Candidate:
+    """The part's sequence split at its middle (two projections, each over half of it): a
+    derivation that holds where the sequence is even only, in the part's canonical names as the
+    search takes it."""
+    names = canonical_names(part.program)
+    canon = rename_tensors(part.program, names)
+    ctx = Context({names[n]: v for n, v in part.constants.items()})
+    half = next(t for t in part.program.inputs if len(t.shape) == 3).shape[1] // 2
+    (match,) = [
+        m
+        for m in get_rule("split_expression").match(canon, ctx)
+        if f" at {half} " in getattr(m, "summary", "")
+    ]
+    trace = derive(canon, [Apply("split_expression", match.where, match.summary)], ctx, verify=False)
+    program = rename_tensors(trace.result, {v: n for n, v in names.items()})
+    return Candidate(program, trace.steps, (), 0.0)
+
+
+def _written(seq_at_probe: int):
+    model = _projection()
+    rep_model, part = _translated(model, 1, 16)
+    probe_model, there = _translated(model, 3, seq_at_probe)
+    probe = Probe.of({"batch": 1, "seq": 16}, {"batch": 3, "seq": seq_at_probe}, probe_model, [there], [part])
+    candidate = _split_in_halves(part)
+    inst = instantiate(
+        candidate.program, onnx_names=part.names, constants=part.constants, opset=17, prefix="p/"
+    )
+    out, why = generalized(probe, part, candidate, inst, opset=17, taken=set(), backend=PORTABLE)
+    return model, keep_symbolic(assemble(rep_model, {part.nodes: out}), model), inst, out, why
+
+
+def test_a_rewrite_that_needs_an_even_sequence_is_left_out_at_an_odd_one():
+    _, _, inst, out, why = _written(9)
+    assert out is inst and "is no product of the symbolic dimensions" in why and "seq=9" in why
+
+
+def test_a_rewrite_that_needs_an_even_sequence_is_kept_where_the_sequence_is_declared_even():
+    model, written, _, out, why = _written(10)
+    assert why == "" and any(n.op_type == "Div" for n in out.nodes)  # half the sequence, at run time
+    for batch, seq in [(1, 2), (2, 6), (3, 40), (1, 16)]:
+        assert_same_outputs(model, written, modelio.random_inputs(model, 5, {"x": (batch, seq, 8)}))
+
+
+def test_declared_values_choose_where_a_model_is_verified_and_probed():
+    dims = Dims({"batch": 1, "seq": 128}, {"x": ("batch", "seq", 8)}, (), {"seq": DimRange(64, 512, 64)})
+    assert check_assignments(dims) == [
+        {"batch": 1, "seq": 64},
+        {"batch": 3, "seq": 64},
+        {"batch": 1, "seq": 512},
+    ]
+    plain = Dims({"batch": 1, "h": 224, "w": 224}, {"x": ("batch", 3, "h", "w")})
+    assert check_assignments(plain) == [{"batch": 1, "h": 1, "w": 1}, {"batch": 3, "h": 113, "w": 115}]
+
+
+@pytest.mark.parametrize(
+    ("spec", "parsed"),
+    [
+        ("seq=64", ("seq", 64, None)),
+        ("seq=1..512", ("seq", None, DimRange(1, 512))),
+        ("seq=64..512/64", ("seq", None, DimRange(64, 512, 64))),
+    ],
+)
+def test_a_dim_is_a_value_or_the_values_it_takes(spec, parsed):
+    assert parse_dim(spec) == parsed
+
+
+@pytest.mark.parametrize("spec", ["seq", "seq=0", "seq=8..4", "seq=3..5/8", "seq=a..b"])
+def test_a_bad_dim_is_a_clear_error(spec):
+    with pytest.raises(ModelError):
+        parse_dim(spec)
+
+
+def test_a_value_outside_the_declared_range_is_a_clear_error():
+    with pytest.raises(ModelError, match="outside its declared range 1..64"):
+        optimize(_projection(), Options(max_depth=0, dims={"seq": 128}, dim_ranges={"seq": DimRange(1, 64)}))
+
+
+def test_the_default_value_moves_into_the_declared_range():
+    result = optimize(
+        _projection(),
+        Options(max_depth=0, accept="verified", cache=False, dim_ranges={"seq": DimRange(1, 64)}),
+    )
+    section = result.report()["symbolic"]
+    assert {d["name"]: (d["searched_at"], d["declared"]) for d in section["dimensions"]} == {
+        "batch": (1, None),
+        "seq": (64, "1..64"),
+    }
+    assert section["verified_at"] == [
+        {"batch": 1, "seq": 64},
+        {"batch": 1, "seq": 1},
+        {"batch": 3, "seq": 33},
+    ]

@@ -289,7 +289,8 @@ def _see_through(scope: ir.Scope, also: ir.Scope) -> ir.Scope:
 
 
 @pytest.mark.parametrize(
-    "elements", [pytest.param(False, marks=pytest.mark.slow), pytest.param(True, marks=pytest.mark.slow)],
+    "elements",
+    [pytest.param(False, marks=pytest.mark.slow), pytest.param(True, marks=pytest.mark.slow)],
     ids=["gather", "gather-elements"],
 )
 def test_banded_attention_structure(elements: bool) -> None:
@@ -333,7 +334,8 @@ def test_banded_attention_structure(elements: bool) -> None:
 
 
 @pytest.mark.parametrize(
-    "elements", [pytest.param(False, marks=pytest.mark.slow), pytest.param(True, marks=pytest.mark.slow)],
+    "elements",
+    [pytest.param(False, marks=pytest.mark.slow), pytest.param(True, marks=pytest.mark.slow)],
     ids=["gather", "gather-elements"],
 )
 def test_banded_attention_round_trip(elements: bool) -> None:

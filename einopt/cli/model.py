@@ -25,6 +25,25 @@ def _input_shapes(specs: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
     return dict(parse_input_shape(s) for s in specs)
 
 
+def _declared(specs: tuple[str, ...]) -> tuple[dict[str, int], dict]:
+    """``--dim``s: the values given, and the declared ranges (a name may have one of each)."""
+    # ONNX: loaded when the command runs, so that `einopt --help` stays fast
+    from einopt.errors import ModelError
+    from einopt.frontend.symbolic import parse_dim
+
+    values, ranges = {}, {}
+    for spec in specs:
+        try:
+            name, value, declared = parse_dim(spec)
+        except ModelError as e:
+            raise click.BadParameter(str(e), param_hint="--dim") from None
+        if value is not None:
+            values[name] = value
+        else:
+            ranges[name] = declared
+    return values, ranges
+
+
 def _dims(specs: tuple[str, ...], flag: str = "--dim") -> dict[str, int]:
     out = {}
     for spec in specs:
@@ -116,10 +135,11 @@ _shape_option = click.option(
     "--dim",
     "dims",
     multiple=True,
-    metavar="NAME=VALUE",
-    help="The value a symbolic dimension is searched and timed at; repeatable. The output keeps it "
-    "symbolic where its rewrites hold at other values (verified at 1 and an odd value too). Default: "
-    "batch 1, sequence 128, height and width 224 (by name); other names need --dim.",
+    metavar="NAME=VALUE|NAME=LO..HI[/STEP]",
+    help="The value a symbolic dimension is searched and timed at, or the values it takes (LO to HI, "
+    "multiples of STEP); repeatable, one of each per name. The output keeps it symbolic where its "
+    "rewrites hold at other (declared) values: verified at 1 (LO) and an odd (another declared) value, "
+    "and HI. Default value: batch 1, sequence 128, height and width 224 (by name); other names need --dim.",
 )
 @click.option(
     "--time-shapes",
@@ -249,6 +269,7 @@ def optimize(
     if not force and _same_file(source, output):
         raise CliError(f"-o {output} is the input model {source}; pass --force to overwrite it", "bad_input")
     shapes = _input_shapes(input_shapes)
+    declared = _declared(dims)
     extra = (npz,) if npz is not None else ()
     try:
         options = Options(
@@ -260,7 +281,8 @@ def optimize(
             ray=ray_address,
             top_k=top_k,
             input_shapes=shapes,
-            dims=_dims(dims),
+            dims=declared[0],
+            dim_ranges=declared[1],
             time_shapes=tuple(_dims(tuple(t.split(",")), "--time-shapes") for t in time_shapes),
             inputs=extra,
             verify=not no_verify,

@@ -22,7 +22,9 @@ from einopt.errors import ModelError
 
 __all__ = [
     "DEFAULTS",
+    "DimRange",
     "Dims",
+    "parse_dim",
     "check_assignments",
     "keep_symbolic",
     "representative",
@@ -41,6 +43,65 @@ batch 1, a sequence of 128, images of 224 x 224. A dimension none of them names 
 
 
 @dataclasses.dataclass(frozen=True)
+class DimRange:
+    """The values a symbolic dimension is declared to take (``--dim sequence=1..512``, or
+    ``--dim sequence=64..512/64`` for multiples of 64): its rewrites are kept only where they hold at
+    such values, and it is verified at the smallest and the largest of them."""
+
+    lo: int
+    hi: int
+    step: int = 1
+
+    def __post_init__(self) -> None:
+        if self.lo < 1 or self.step < 1 or self.hi < self.lo:
+            raise ModelError(f"{self.text()}: need 1 <= LO <= HI and a STEP of at least 1")
+        if self.low > self.hi:
+            raise ModelError(f"{self.text()}: no multiple of {self.step} in {self.lo}..{self.hi}")
+
+    def holds(self, value: int) -> bool:
+        return self.lo <= value <= self.hi and value % self.step == 0
+
+    @property
+    def low(self) -> int:
+        return -(-self.lo // self.step) * self.step
+
+    @property
+    def high(self) -> int:
+        return self.hi // self.step * self.step
+
+    def nearest(self, target: int, avoid: Sequence[int] = (), odd: bool = False) -> int | None:
+        """The declared value nearest ``target`` (odd ones first with ``odd``) not in ``avoid``."""
+        values = range(self.low, self.high + 1, self.step)
+        allowed = [v for v in values if v not in avoid]
+        if odd and any(v % 2 for v in allowed):
+            allowed = [v for v in allowed if v % 2]
+        return min(allowed, key=lambda v: (abs(v - target), v), default=None)
+
+    def text(self) -> str:
+        return f"{self.lo}..{self.hi}" + (f"/{self.step}" if self.step != 1 else "")
+
+
+def parse_dim(spec: str) -> tuple[str, int | None, DimRange | None]:
+    """``NAME=VALUE``, ``NAME=LO..HI`` or ``NAME=LO..HI/STEP`` (``--dim``): the name, the value and
+    the declared range (either may be None).
+
+    Raises
+    ------
+    ModelError
+        Not one of those forms.
+    """
+    form = re.fullmatch(r"\s*([^=\s]+)\s*=\s*(?:(\d+)|(\d+)\s*\.\.\s*(\d+)(?:\s*/\s*(\d+))?)\s*", spec)
+    if form is None:
+        raise ModelError(f"{spec!r} is not NAME=VALUE, NAME=LO..HI or NAME=LO..HI/STEP")
+    name, value, lo, hi, step = form.groups()
+    if value is not None:
+        if int(value) < 1:
+            raise ModelError(f"{spec!r}: a dimension is at least 1")
+        return name, int(value), None
+    return name, None, DimRange(int(lo), int(hi), int(step or 1))
+
+
+@dataclasses.dataclass(frozen=True)
 class Dims:
     """The symbolic dimensions of a model's inputs, and the value each is searched at.
 
@@ -53,11 +114,15 @@ class Dims:
     unresolved : tuple of str
         Symbolic dimensions without a value (no ``--dim``, no default): their inputs stay symbolic
         and the parts that depend on them pass through.
+    ranges : mapping
+        Dimension name -> the values it is declared to take (``--dim NAME=LO..HI[/STEP]``); a
+        dimension not named takes any value of at least 1.
     """
 
     values: Mapping[str, int]
     inputs: Mapping[str, tuple[int | str, ...]]
     unresolved: tuple[str, ...] = ()
+    ranges: Mapping[str, DimRange] = dataclasses.field(default_factory=dict)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """The inputs with every dimension resolved, at the representative values."""
@@ -86,19 +151,22 @@ def representative(
     given: Mapping[str, int],
     pinned: Mapping[str, Sequence[int]] = {},
     seen: Mapping[str, int] = {},
+    ranges: Mapping[str, DimRange] = {},
 ) -> Dims:
     """The representative value of every symbolic dimension of ``model``'s inputs that ``pinned``
     does not pin: ``given`` (``--dim``) first, then ``seen`` (their values in the user's inputs,
-    :func:`seen_values`), else :data:`DEFAULTS` by name.
+    :func:`seen_values`), else :data:`DEFAULTS` by name; with a declared range (``ranges``), the
+    default's nearest declared value (the middle of the range for a name without a default).
 
     Raises
     ------
     ModelError
-        ``given`` names a dimension the model's inputs do not have, or a value below 1.
+        ``given`` or ``ranges`` name a dimension the model's inputs do not have, a value below 1, or
+        a value (given, or seen in the inputs) outside the dimension's declared range.
     """
     inputs = symbolic_inputs(model, pinned)
     names = {d for dims in inputs.values() for d in dims if isinstance(d, str) and d != "?"}
-    unknown = sorted(set(given) - names)
+    unknown = sorted((set(given) | set(ranges)) - names)
     if unknown:
         have = ", ".join(sorted(names)) or "none"
         raise ModelError(f"--dim names {', '.join(unknown)}, not a symbolic dimension of the inputs ({have})")
@@ -108,11 +176,19 @@ def representative(
     values: dict[str, int] = {}
     unresolved: list[str] = []
     for name in sorted(names):
-        value = (
-            given.get(name)
-            or seen.get(name)
-            or next((v for pattern, v in DEFAULTS if re.match(pattern, name)), None)
-        )
+        declared = ranges.get(name)
+        for where, value in (("--dim", given.get(name)), ("--inputs", seen.get(name))):
+            if value is not None and declared is not None and not declared.holds(int(value)):
+                raise ModelError(
+                    f"{where} runs {name} at {value}, outside its declared range {declared.text()}"
+                )
+        value = given.get(name) or seen.get(name)
+        if value is None:
+            default = next((v for pattern, v in DEFAULTS if re.match(pattern, name)), None)
+            if declared is not None:
+                value = declared.nearest(default or (declared.low + declared.high) // 2)
+            else:
+                value = default
         if value is None:
             unresolved.append(name)
         else:
@@ -122,7 +198,7 @@ def representative(
     resolved = {
         n: dims for n, dims in inputs.items() if all(not isinstance(d, str) or d in values for d in dims)
     }
-    return Dims(values, resolved, tuple(unresolved))
+    return Dims(values, resolved, tuple(unresolved), {n: r for n, r in ranges.items() if n in values})
 
 
 def seen_values(model: onnx.ModelProto, feeds: Mapping[str, object]) -> dict[str, int]:
@@ -148,15 +224,22 @@ def check_assignments(dims: Dims) -> list[dict[str, int]]:
     """The values the output is verified at besides the representative ones: every dimension at 1,
     then every dimension at an odd value other than any representative one and each its own (a batch
     of 3, a sequence or an image side of about half the representative value, made odd; a width 2
-    more than its height)."""
-    ones = {n: 1 for n in dims.values}
-    odd: dict[str, int] = {}
+    more than its height). A dimension with a declared range (:class:`DimRange`) is at its smallest
+    declared value first, at the declared value nearest that odd one next, and at its largest last."""
+    low = {n: dims.ranges[n].low if n in dims.ranges else 1 for n in dims.values}
+    other: dict[str, int] = {}
     for n, v in dims.values.items():  # each its own value: a height swapped for a width shows
-        k = _odd(n, v)
-        while k in odd.values() or k in dims.values.values():
-            k += 2
-        odd[n] = k
-    out = [a for a in (ones, odd) if a != dims.values]
+        avoid = [*other.values(), *dims.values.values()]
+        declared = dims.ranges.get(n)
+        if declared is None:
+            k = _odd(n, v)
+            while k in avoid:
+                k += 2
+        else:
+            k = declared.nearest(_odd(n, v), avoid, odd=True) or declared.nearest(v, [v]) or v
+        other[n] = k
+    high = {n: dims.ranges[n].high if n in dims.ranges else v for n, v in dims.values.items()}
+    out = [a for a in (low, other, *([high] if dims.ranges else [])) if a != dims.values]
     return [a for k, a in enumerate(out) if a not in out[:k]]
 
 

@@ -37,11 +37,22 @@ TIE_TEXT = "tie: within noise"
 NOT_MEASURED = "not measured (use --bench)"
 BIG_MODEL_ROWS = 25  # above this, the terminal lists only the subprograms whose nodes were rewritten
 LOAD_KEYS = ("load", "loadavg", "load_average")  # optional machine keys: 1, 5, 15 minute load average
-STATUSES = ("accepted", "rewritten", "unchanged", "not faster", "rolled back", "failed", "passed through")
+STATUSES = (
+    "accepted",
+    "rewritten",
+    "unchanged",
+    "not faster",
+    "rolled back",
+    "left out",
+    "failed",
+    "passed through",
+)
 """accepted: measured faster, in the output; rewritten: in the output, not timed (--accept verified);
 unchanged: re-instantiated as the same nodes; not faster: verified equal, measured no faster (the
 original nodes stay); rolled back: faster on its own, but the whole model was slower with it;
-failed: instantiation or verification failed; passed through: not translated."""
+left out: the rewrite holds at the representative values of the model's symbolic dimensions only
+(it depends on a dimension's value: the original nodes stay); failed: instantiation or verification
+failed; passed through: not translated."""
 CHANGED = ("accepted", "rewritten", "not faster", "rolled back")  # new nodes that differ were made
 KINDS = ("linear", "activation", "passthrough")
 
@@ -60,6 +71,7 @@ STATUS_STYLES = {
     "unchanged": "dim",
     "not faster": "yellow",
     "rolled back": "red",
+    "left out": "yellow",
     "failed": "red",
     "passed through": "dim",
 }
@@ -399,7 +411,8 @@ def counts_text(counts: Mapping[str, int]) -> str:
 
 def setbacks(counts: Mapping[str, int]) -> list[str]:
     """``["1 rolled back", "2 failed"]``: the subprogram counts a reader should not miss."""
-    return [f"{counts[k]} {k.replace('_', ' ')}" for k in ("rolled_back", "failed") if counts.get(k)]
+    keys = ("rolled_back", "left_out", "failed")
+    return [f"{counts[k]} {k.replace('_', ' ')}" for k in keys if counts.get(k)]
 
 
 def acceptance_text(report: Mapping[str, Any]) -> str:
@@ -468,7 +481,7 @@ def split_parts(parts: Sequence[Mapping[str, Any]]) -> tuple[list, list, str]:
     """
     if len(parts) <= BIG_MODEL_ROWS:
         return list(parts), [], ""
-    listed = (*CHANGED, "failed")
+    listed = (*CHANGED, "left out", "failed")
     shown = [p for p in parts if p["status"] in listed]
     rest = [p for p in parts if p["status"] not in listed]
     if not rest:
@@ -499,7 +512,7 @@ def _parts_table(report: Mapping[str, Any]) -> Table | None:
         if p["status"] in CHANGED:
             change += " -> " + ops_text(p["new_ops"], limit=4)
         status = Text(p["status"], style=STATUS_STYLES.get(p["status"], ""))
-        if p["status"] in ("not faster", "rolled back", "failed") and p.get("reason"):
+        if p["status"] in ("not faster", "rolled back", "left out", "failed") and p.get("reason"):
             status.append(f" ({p['reason']})", style="dim")
         row: list[Any] = [shorten(p["name"], 36), change, status]
         if searched:

@@ -274,6 +274,25 @@ def _environment() -> jinja2.Environment:
     )
 
 
+def _symbolic(section: Mapping | None) -> dict | None:
+    """The symbolic dimensions' table rows (dimension, searched at, declared values) and the shapes
+    the output was verified and timed at, as text."""
+    if not section:
+        return None
+
+    def shape(values: Mapping) -> str:
+        return ", ".join(f"{k}={v}" for k, v in values.items())
+
+    return {
+        "rows": [
+            (d["name"], str(d["searched_at"]), d.get("declared") or "any") for d in section["dimensions"]
+        ],
+        "verified": [shape(v) for v in section.get("verified_at") or []],
+        "timed": [shape(v) for v in section.get("timed_at") or []],
+        "left_out": list(section.get("left_out") or []),
+    }
+
+
 def render_html(report: dict) -> str:
     """The report as one self-contained HTML page (inline CSS and SVG, no scripts).
 
@@ -314,6 +333,7 @@ def render_html(report: dict) -> str:
         ],
         "searched_parts": any(p.get("search") for p in report.get("subprograms") or []),
         "blocked": report.get("blocked") or "",
+        "symbolic": _symbolic(report.get("symbolic")),
         "notes": [
             t
             for t in (

@@ -23,7 +23,7 @@ from einopt.reports.report import CHANGED, REPORT_VERSION, STATUSES
 from einopt.runtime import modelio
 from einopt.runtime.timing import Comparison
 from einopt.stages.accept import ModelRound
-from einopt.stages.select import NOT_TIMED, Selection
+from einopt.stages.select import LEFT_OUT, NOT_TIMED, Selection
 from einopt.stages.state import PartState
 
 __all__ = ["PartResult", "Result", "Workspace", "part_result", "part_bench", "search_summary"]
@@ -71,6 +71,9 @@ class Result:
     # The shapes of inputs with symbolic dimensions as the model was searched and timed (their
     # representative values; pinned ones too): where a benchmark of the result runs by default.
     shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    # Where the output keeps symbolic dimensions: each one's searched value and declared range, and
+    # the values the output was verified and timed at (the report's ``symbolic`` section).
+    symbolic: Mapping[str, object] = dataclasses.field(default_factory=dict)
 
     def save(self, path: str | Path, *, external_data: bool | None = None) -> None:
         modelio.save_model(self.model, path, external_data=external_data)
@@ -116,7 +119,14 @@ class Result:
             "subprograms": [_part_dict(p) for p in self.parts],
             "search": search_summary(self.parts),
             "bench": None,
+            "symbolic": self._symbolic(),
         }
+
+    def _symbolic(self) -> dict | None:
+        if not self.symbolic:
+            return None
+        left_out = [p.name for p in self.parts if p.status == "left out"]
+        return dict(self.symbolic) | {"left_out": left_out}
 
     def with_part_timings(self, timings: Mapping[str, Mapping[str, float]]) -> Result:
         """A copy whose parts carry ``timings[name]`` (see :func:`einopt.reports.measure.measure_parts`)."""
@@ -198,6 +208,9 @@ def part_result(state: PartState, rounds: Sequence[ModelRound], accept: str) -> 
         else:
             status = "failed"
             reason = first.rejected if first is not None else "nothing to instantiate"
+            specific = next((t.rejected for t in selection.tried if t.rejected.startswith(LEFT_OUT)), "")
+            if specific and not any(t.verified is not None and not t.verified.ok for t in selection.tried):
+                status, reason = "left out", specific[len(LEFT_OUT) :]
         new_ops = _new_ops(first.instantiated) if first is not None and first.instantiated else ()
         return PartResult(p.name, p.kind, ops, status, reason, new_ops, text, None, search=search)
     err = chosen.verified.max_abs_error if chosen.verified is not None else None
@@ -206,6 +219,8 @@ def part_result(state: PartState, rounds: Sequence[ModelRound], accept: str) -> 
     if state.kept:
         status = "accepted" if accept == "measured" else "rewritten"
         reason = verdict.reason if verdict else "verified, not timed"
+    elif state.dropped.startswith(LEFT_OUT):
+        status, reason, new_ops = "left out", state.dropped[len(LEFT_OUT) :], ()
     elif state.dropped:
         status, reason, new_ops = "failed", state.dropped, ()
     elif verdict is not None and verdict.accepted:

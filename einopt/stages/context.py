@@ -141,7 +141,9 @@ class StageContext:
         kept for :meth:`shape_specific`'s message)."""
         if self.probe is None:
             return inst
-        out, why = generalized(self.probe, part, candidate, inst, opset=opset, taken=self.taken, backend=backend)
+        out, why = generalized(
+            self.probe, part, candidate, inst, opset=opset, taken=self.taken, backend=backend
+        )
         if why:
             self._written[id(out)] = (out, why)
         return out

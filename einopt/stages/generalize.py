@@ -25,6 +25,7 @@ import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 
 import numpy as np
 import onnx
@@ -189,19 +190,21 @@ class _Sizes:
     names: list[str]
     values: list[tuple[int, int]]
 
-    def solve(self, rep: int, probe: int) -> tuple[int, tuple[int, ...]] | None:
+    def solve(self, rep: int, probe: int) -> tuple[Fraction, tuple[int, ...]] | None:
         """``(c, exponents)`` with ``rep`` and ``probe`` both ``c * prod(dim ** e)`` at their values
-        (exponents all 0 for a size equal at both); None when no product, or more than one of the
-        fewest factors, fits."""
+        (exponents all 0 for a size equal at both; ``c`` a fraction for half a sequence, which the
+        probe has only where the user declares even values); None when no product, or more than one
+        of the fewest factors, fits."""
         n = len(self.values)
         if rep == probe:
-            return rep, (0,) * n
+            return Fraction(rep), (0,) * n
         fits = []
         for e in itertools.product(range(MAX_EXPONENT + 1), repeat=n):
             at_rep = math.prod(r**k for (r, _), k in zip(self.values, e, strict=True))
             at_probe = math.prod(p**k for (_, p), k in zip(self.values, e, strict=True))
-            if any(e) and rep % at_rep == 0 and rep // at_rep * at_probe == probe:
-                fits.append((sum(e), rep // at_rep, e))
+            c = Fraction(rep, at_rep)
+            if any(e) and c * at_probe == probe:
+                fits.append((sum(e), c, e))
         if not fits:
             return None
         fewest = min(f[0] for f in fits)
@@ -242,7 +245,11 @@ def _rewritten(
     for (i, j), (rep, probe) in slots.items():
         entries = [sizes.solve(int(r), int(p)) for r, p in zip(rep, probe, strict=True)]
         if any(e is None for e in entries):
-            bad = next(f"{int(r)} (at {where}: {int(p)})" for r, p, e in zip(rep, probe, entries, strict=True) if e is None)
+            bad = next(
+                f"{int(r)} (at {where}: {int(p)})"
+                for r, p, e in zip(rep, probe, entries, strict=True)
+                if e is None
+            )
             return inst, f"a size {bad} in {nodes[i].op_type} is no product of the symbolic dimensions"
         reshape = nodes[i].op_type == "Reshape" and j == 1 and not _allowzero(nodes[i])
         value = writer.vector(entries, infer_one=reshape)
@@ -250,11 +257,17 @@ def _rewritten(
             return inst, f"no input of the part gives the sizes of {nodes[i].op_type} {nodes[i].name}"
         nodes[i].input[j] = value
     read = {x for n in (*writer.nodes, *nodes) for x in n.input}
-    inits = [t for t in (*inst.initializers, *writer.inits) if t.name in read or t.data_type != onnx.TensorProto.INT64]
+    inits = [
+        t
+        for t in (*inst.initializers, *writer.inits)
+        if t.name in read or t.data_type != onnx.TensorProto.INT64
+    ]
     return dataclasses.replace(inst, nodes=(*writer.nodes, *nodes), initializers=tuple(inits)), ""
 
 
-def _differing(a: Instantiated, b: Instantiated) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] | str:
+def _differing(
+    a: Instantiated, b: Instantiated
+) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] | str:
     """The input slots ``(node, input)`` where ``a`` reads an integer constant and ``b`` (the same nodes
     otherwise) another of the same length: their values; why not, when the nodes differ otherwise."""
     if len(a.nodes) != len(b.nodes) or [n.op_type for n in a.nodes] != [n.op_type for n in b.nodes]:
@@ -310,18 +323,20 @@ class _Writer:
         self.inits: list[onnx.TensorProto] = []
         self.memo: dict[tuple, str] = {}
 
-    def vector(self, entries: list[tuple[int, tuple[int, ...]]], infer_one: bool) -> str | None:
+    def vector(self, entries: list[tuple[Fraction, tuple[int, ...]]], infer_one: bool) -> str | None:
         """The 1-D int64 value of ``entries`` (each ``(c, exponents)``); with ``infer_one`` (a
         Reshape's target) the most composite symbolic entry is ``-1``."""
         symbolic = [k for k, (_, e) in enumerate(entries) if any(e)]
         if infer_one and symbolic:
             k = max(symbolic, key=lambda k: (sum(entries[k][1]), k))
-            entries = [(-1, (0,) * len(entries[k][1])) if i == k else x for i, x in enumerate(entries)]
+            entries = [
+                (Fraction(-1), (0,) * len(entries[k][1])) if i == k else x for i, x in enumerate(entries)
+            ]
         pieces: list[str] = []
         run: list[int] = []
         for c, e in entries:
             if not any(e):
-                run.append(c)
+                run.append(int(c))
                 continue
             if run:
                 pieces.append(self.constant(run))
@@ -336,15 +351,20 @@ class _Writer:
             return pieces[0]
         return self.node("Concat", pieces, "sizes", axis=0)
 
-    def size(self, c: int, e: tuple[int, ...]) -> str | None:
-        """A ``[1]`` value: ``c`` times the product of the dimensions to the powers ``e``."""
+    def size(self, c: Fraction, e: tuple[int, ...]) -> str | None:
+        """A ``[1]`` value: ``c`` times the product of the dimensions to the powers ``e`` (a fraction
+        as a multiplication and an exact division)."""
         factors = self._cover(e)
         if factors is None:
             return None
         value = self.node("Mul", factors[:2], "size") if len(factors) > 1 else factors[0]
         for f in factors[2:]:
             value = self.node("Mul", [value, f], "size")
-        return self.node("Mul", [value, self.constant([c])], "size") if c != 1 else value
+        if c.numerator != 1:
+            value = self.node("Mul", [value, self.constant([c.numerator])], "size")
+        if c.denominator != 1:
+            value = self.node("Div", [value, self.constant([c.denominator])], "size")
+        return value
 
     def _cover(self, e: tuple[int, ...]) -> list[str] | None:
         """Dimension values (``[1]`` each) whose product is the dimensions to the powers ``e``."""

@@ -43,6 +43,7 @@ __all__ = [
     "DEFAULT_TOP_K",
     "BUDGET_S",
     "NOT_TIMED",
+    "LEFT_OUT",
     "select",
     "try_trials",
     "choose",
@@ -59,6 +60,9 @@ SLOW_RUN = 4.0
 """A trial whose one verification run took this many times the original's (and over
 :data:`SLOW_RUN_S`) is not timed: no noise hides a loss that large, and timing it would cost minutes."""
 SLOW_RUN_S = 0.2
+LEFT_OUT = "left out: "
+"""How the reason of a trial that holds at the representative values of symbolic dimensions only
+starts (:meth:`~einopt.stages.context.StageContext.shape_specific`)."""
 NOT_TIMED = "not timed"
 """How the reason of a trial the selection had no time left for starts."""
 BUDGET_S = 60.0
@@ -227,9 +231,7 @@ def try_trials(ctx: StageContext, part: Part, trials: Sequence[Trial]) -> list[T
     opset = default_opset(model)
     pending = {
         part.name: [
-            t
-            if t.instantiated is not None
-            else _instantiated(ctx, part, t.candidate, opset, t.backend)
+            t if t.instantiated is not None else _instantiated(ctx, part, t.candidate, opset, t.backend)
             for t in trials
         ]
     }
@@ -279,7 +281,7 @@ def _verified(
         elif slow:
             c = dataclasses.replace(c, rejected=slow)
         elif specific := ctx.shape_specific(pseudo[_pseudo(name, i)].nodes, c.instantiated):
-            c = dataclasses.replace(c, rejected=f"left out: {specific}")
+            c = dataclasses.replace(c, rejected=LEFT_OUT + specific)
         else:
             ok.append((name, i))
         pending[name][i] = c

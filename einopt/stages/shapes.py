@@ -14,6 +14,7 @@ import logging
 from collections.abc import Mapping
 
 from einopt.stages.context import StageContext
+from einopt.stages.select import LEFT_OUT
 from einopt.stages.state import PartState, fill
 
 __all__ = ["general_rewrites"]
@@ -32,6 +33,6 @@ def general_rewrites(ctx: StageContext, states: Mapping[str, PartState]) -> dict
             continue
         why = ctx.shape_specific(s.part.nodes, s.emitted)
         if why:
-            dropped[name] = f"left out: {why}"
+            dropped[name] = LEFT_OUT + why
             log.info("%s: %s", name, dropped[name])
     return fill(states, dropped=dropped)
