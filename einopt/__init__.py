@@ -46,6 +46,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "cuda_source": ("einopt.codegen", "cuda_source"),
     "optimize": ("einopt.pipeline", "optimize"),
     "Options": ("einopt.pipeline", "Options"),
+    "DimRange": ("einopt.frontend.symbolic", "DimRange"),
     "translate": ("einopt.frontend.translate", "translate_graph"),
     "search": ("einopt.search", ""),  # the package
     "superoptimize": ("einopt.search", "search"),

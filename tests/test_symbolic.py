@@ -144,6 +144,8 @@ def test_an_exporters_dynamic_model_keeps_its_symbolic_dims(name):
     )
     assert result.verified
     assert _declared(result.model) == _declared(model)
+    if name != "basic_block_dynamic":  # rewrites written for any batch and sequence (image size) are kept
+        assert result.counts()["rewritten"] >= {"bert_tiny_dynamic": 5, "prelu_net_dynamic": 4}[name]
     for k, shape in enumerate(SHAPES[name]):
         feeds = _random(model, shape, k)
         for a, b in zip(_run(model, feeds), _run(result.model, feeds), strict=True):
