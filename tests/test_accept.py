@@ -25,7 +25,7 @@ from einopt.runtime.timing import MODEL_NOISE, Comparison, Ratio, Timing
 from einopt.stages import accept
 from einopt.stages import timer as timer_module
 from einopt.stages.accept import accept_model
-from einopt.stages.context import StageContext
+from einopt.stages.context import ShapeTiming, StageContext
 from einopt.stages.timer import Timer
 
 
@@ -665,3 +665,22 @@ def test_an_output_not_slower_at_another_timed_shape_is_kept(monkeypatch):
 def test_time_shapes_name_symbolic_dimensions_the_output_keeps():
     with pytest.raises(ModelError, match="--time-shapes names M, not a symbolic dimension kept"):
         optimize(prelu_block(batch="N"), Options(max_depth=0, time_shapes=({"M": 4},)))
+
+
+def test_a_kind_slower_at_another_timed_shape_is_rolled_back_and_the_rest_kept():
+    """Two rewrites, both faster at the searched shape; with both the model is slower at N=4: the one
+    of least gain goes, and the rest is timed again (searched shape, confirmation, N=4) and kept."""
+    good, slow = _paired(2.0, 1.3, 1.25, 1.35), _paired(2.0, 0.8, 0.78, 0.82)
+    timer = ScriptedTimer(good, good, slow, good, good, good)
+    ctx = dataclasses.replace(_whole(timer), timings=(ShapeTiming({"N": 4}, {}),))
+    kept, rounds = accept_model(ctx, lambda names: names, {"a": 1.5, "b": 1.2})
+    assert kept == {"a"}
+    assert [(r.stage, r.rolled_back) for r in rounds] == [
+        ("round", ()),
+        ("confirm", ()),
+        ("shape", ("b",)),
+        ("round", ()),
+        ("confirm", ()),
+        ("shape", ()),
+    ]
+    assert rounds[2].reason == "at N=4: 0.800x, slower beyond the 2% band"

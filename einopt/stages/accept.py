@@ -121,7 +121,10 @@ def accept_model(
     (``ctx.model_noise``: its 95% speedup interval lies above ``1 + band``);
     then it is timed once more in fresh processes (:meth:`Timer.confirm`),
     and kept only when every one of them confirms it too (when one does not,
-    nothing is kept). Otherwise a kind of rewrites is rolled back (all of it
+    nothing is kept), then timed at each other shape of ``ctx.timings``
+    (``--time-shapes``): slower than the input beyond the band at one of them,
+    the kind of least gain is rolled back and the rest timed again from the
+    start. Otherwise a kind of rewrites is rolled back (all of it
     at once; the kind whose smallest gain is smallest first; half of the
     kinds at a time while more than :data:`BISECT_FROM` remain) and the rest
     is timed again. A timing that stays disturbed after a second try (see
@@ -163,7 +166,10 @@ def accept_model(
         if t.confirms(band):
             rounds.append(ModelRound(kept, t, (), "round", _verdict(t, band)))
             kept_now, rounds = _confirmed(ctx, model, kept, rounds)
-            return _not_slower_elsewhere(ctx, model, kept_now, rounds)
+            if not kept_now or not _slower_elsewhere(ctx, model, kept, units[0], rounds):
+                return kept_now, rounds
+            units = units[1:]  # slower at another shape: the kind of least gain goes, the rest is timed again
+            continue
         if t.unreliable():  # what cannot be measured is not kept
             log.info("whole-model timing disturbed (%s): rolling back every rewrite", t.unreliable())
             drop = units
@@ -197,25 +203,28 @@ def _confirmed(
     return (frozenset(kept) if ok else frozenset()), rounds
 
 
-def _not_slower_elsewhere(
-    ctx: StageContext, model: onnx.ModelProto, kept: frozenset[str], rounds: list[ModelRound]
-) -> tuple[frozenset[str], list[ModelRound]]:
-    """The confirmed model timed against the input at each other shape of ``ctx.timings``: kept only
-    when its median is not slower than the input's beyond the band at any of them (a ``shape`` round
-    each; the first slower one rolls back every rewrite)."""
+def _slower_elsewhere(
+    ctx: StageContext,
+    model: onnx.ModelProto,
+    kept: tuple[str, ...],
+    unit: tuple[str, ...],
+    rounds: list[ModelRound],
+) -> bool:
+    """Whether the confirmed ``model`` runs slower than the input beyond the band at one of the other
+    shapes of ``ctx.timings`` (a ``shape`` round each, up to the first slower one, which rolls back
+    ``unit``: the kind of rewrites of least gain)."""
     band = ctx.model_noise
-    for timing in ctx.timings if kept else ():
+    for timing in ctx.timings:
         t = ctx.timer.model(ctx.original, model, timing.feeds)
         slower = t.speedup * (1 + band) < 1
         why = f"at {timing.text()}: {t.speedup:.3f}x" + (
             f", slower beyond the {band:.0%} band" if slower else ""
         )
-        names = tuple(sorted(kept))
-        rounds.append(ModelRound(names, t, names if slower else (), "shape", why))
+        rounds.append(ModelRound(kept, t, unit if slower else (), "shape", why))
         if slower:
-            log.info("whole model: %s: rolling back every rewrite", why)
-            return frozenset(), rounds
-    return kept, rounds
+            log.info("whole model: %s: rolling back %s", why, ", ".join(unit))
+            return True
+    return False
 
 
 def _units(gains: Mapping[str, float], kinds: Mapping[str, str]) -> list[tuple[str, ...]]:
@@ -351,8 +360,10 @@ def accept(ctx: StageContext, states: Mapping[str, PartState]) -> Decision:
     confirms = [r for r in rounds if r.stage == "confirm"]  # the least reading is the one that decided
     confirm = min(confirms, key=lambda r: r.timing.gain_interval[0]) if confirms else None
     elsewhere = next((r for r in rounds if r.stage == "shape" and r.rolled_back), None)
-    if elsewhere is not None:
+    if elsewhere is not None and not kept:
         notes += (f"the whole model was not kept: it ran slower {elsewhere.reason}; the output is the input",)
+    elif elsewhere is not None:
+        notes += (f"rewrites were rolled back where the model ran slower {elsewhere.reason}",)
     elif confirm is not None and not kept:
         notes += (f"the whole model was not kept: {confirm.reason}; the output is the input",)
     report |= {
