@@ -312,12 +312,25 @@ def _shape_timings(original: onnx.ModelProto, options: Options, dims: Dims) -> l
 
 
 def _seen(original: onnx.ModelProto, options: Options) -> dict[str, int]:
-    """The symbolic dimensions' values in the user's first inputs (they are searched at those)."""
+    """The symbolic dimensions' values in the user's first inputs (they are searched at those).
+
+    Raises
+    ------
+    ModelError
+        The inputs give an input that ``--input-shape`` pins another shape.
+    """
     if not options.inputs:
         return {}
-    first = options.inputs[0]
-    feeds = modelio.load_inputs(first, original) if isinstance(first, str | Path) else first
-    return seen_values(original, feeds)
+    loaded = [modelio.load_inputs(f, original) if isinstance(f, str | Path) else f for f in options.inputs]
+    for feeds in loaded:
+        for name, shape in options.input_shapes.items():
+            got = getattr(feeds.get(name), "shape", None)
+            if got is not None and tuple(got) != tuple(shape):
+                raise ModelError(
+                    f"--inputs give {name} the shape {list(got)}, but --input-shape pins it to "
+                    f"{list(shape)}: give one shape"
+                )
+    return seen_values(original, loaded[0])
 
 
 def _shape_checks(original: onnx.ModelProto, options: Options, dims: Dims) -> list[ShapeCheck]:

@@ -261,3 +261,10 @@ def test_the_default_value_moves_into_the_declared_range():
         {"batch": 1, "seq": 1},
         {"batch": 3, "seq": 33},
     ]
+
+
+def test_inputs_of_another_shape_than_a_pinned_one_are_a_clear_error():
+    model = _projection()
+    x = np.zeros((2, 4, 8), np.float32)
+    with pytest.raises(ModelError, match=r"--inputs give x the shape \[2, 4, 8\], but --input-shape pins it"):
+        optimize(model, Options(max_depth=0, input_shapes={"x": (1, 4, 8)}, inputs=({"x": x},)))
