@@ -354,15 +354,16 @@ def _probe(
     *,
     fold: bool,
 ) -> Probe | None:
-    """The model prepared and translated at the first of ``checks`` where each symbolic dimension is
-    at a value of its own, other than its representative one and 1 (the odd values): what tells
-    which of a rewrite's constants are sizes of which dimension (:mod:`einopt.stages.generalize`);
-    None without such a check."""
+    """The model prepared and translated at the first of ``checks`` (without verification: of
+    :func:`check_assignments`) where each symbolic dimension is at a value of its own, other than its
+    representative one and 1 (the odd values): what tells which of a rewrite's constants are sizes
+    of which dimension (:mod:`einopt.stages.generalize`); None without such values, or when the
+    model does not prepare at them."""
     probes = [
-        c.values
-        for c in checks
-        if all(c.values.get(n, v) not in (v, 1) for n, v in dims.values.items())
-        and len(set(c.values.values())) == len(c.values)
+        values
+        for values in ([c.values for c in checks] or check_assignments(dims))
+        if all(values.get(n, v) not in (v, 1) for n, v in dims.values.items())
+        and len(set(values.values())) == len(values)
     ]
     if not probes:
         return None

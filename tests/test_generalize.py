@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnx_models import assert_same_outputs
+from onnx_models import assert_same_outputs, disable_operators
 
 from einopt.core.rewrite import rename_tensors
 from einopt.errors import ModelError
@@ -268,3 +268,15 @@ def test_inputs_of_another_shape_than_a_pinned_one_are_a_clear_error():
     x = np.zeros((2, 4, 8), np.float32)
     with pytest.raises(ModelError, match=r"--inputs give x the shape \[2, 4, 8\], but --input-shape pins it"):
         optimize(model, Options(max_depth=0, input_shapes={"x": (1, 4, 8)}, inputs=({"x": x},)))
+
+
+def test_unverified_a_rewrite_is_kept_symbolic_only_where_the_probe_writes_it_for_every_shape(monkeypatch):
+    model = _split_heads()  # its rewrite's sizes are computed at run time: kept, and right at any shape
+    result = optimize(model, Options(max_depth=0, accept="verified", cache=False, verify=False))
+    assert result.changed()
+    for batch, seq in SHAPES:
+        assert_same_outputs(model, result.model, _feeds(model, batch, seq))
+    disable_operators(monkeypatch)  # eOperators: functions written for the searched shape
+    result = optimize(model, Options(max_depth=0, accept="verified", cache=False, verify=False))
+    assert not result.changed()
+    assert all(p.status == "left out" for p in result.parts if p.kind != "passthrough")

@@ -153,11 +153,21 @@ class StageContext:
         the symbolic dimensions only: the first of :attr:`checks` where the output with it alone
         differs from the input, or cannot run ("" when it holds at every one)."""
         if not self.checks:
-            return ""
+            return self._unchecked(inst)
         key = (nodes, id(inst))  # checked once: selection checks its trials, a later stage what it chose
         if key not in self._specific:
             self._specific[key] = (inst, self._first_difference(nodes, inst))
         return self._specific[key][1]
+
+    def _unchecked(self, inst: Instantiated) -> str:
+        """Why a rewrite holds at the representative values only when nothing is verified at other
+        values (no verification, or the input runs at none of them): the probe's word alone."""
+        if self.dims is None or not self.dims.values:
+            return ""
+        if self.probe is None:
+            return "not checked at other values of the symbolic dimensions (nothing is verified there)"
+        why = self._written.get(id(inst), (None, ""))[1]
+        return f"holds at the representative shape only (its sizes stay as searched: {why})" if why else ""
 
     def _first_difference(self, nodes: tuple[int, ...], inst: Instantiated) -> str:
         failed = self.first_failure(self.output({nodes: inst}), self.checks)

@@ -266,8 +266,14 @@ def _verified(
     ``pending``; one that differs, holds at the representative shape only
     (:meth:`StageContext.shape_specific`), or runs too slowly to time, is rejected, before any
     timing); the keys that passed, in order."""
-    if not ctx.datasets:
-        return list(keys)
+    if not ctx.datasets:  # unverified: only what the probe tells of other shapes (StageContext._unchecked)
+        ok = []
+        for name, i in keys:
+            if specific := ctx.shape_specific(pseudo[_pseudo(name, i)].nodes, pending[name][i].instantiated):
+                pending[name][i] = dataclasses.replace(pending[name][i], rejected=LEFT_OUT + specific)
+            else:
+                ok.append((name, i))
+        return ok
     parts = [pseudo[_pseudo(n, i)] for n, i in keys]
     checks = verify_parts(ctx.model, parts, emitted, ctx.datasets, ctx.tolerance)
     ok = []

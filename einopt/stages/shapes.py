@@ -29,7 +29,7 @@ def general_rewrites(ctx: StageContext, states: Mapping[str, PartState]) -> dict
     those are not checked again); this catches what a backend's ``after_selection`` chose otherwise."""
     dropped: dict[str, str] = {}
     for name, s in states.items():
-        if s.emitted is None or not ctx.checks:
+        if s.emitted is None:
             continue
         why = ctx.shape_specific(s.part.nodes, s.emitted)
         if why:
