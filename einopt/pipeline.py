@@ -34,6 +34,7 @@ from einopt.frontend.symbolic import (
     Dims,
     check_assignments,
     representative,
+    second_probe,
     seen_values,
     shapes_at,
 )
@@ -356,9 +357,9 @@ def _probe(
 ) -> Probe | None:
     """The model prepared and translated at the first of ``checks`` (without verification: of
     :func:`check_assignments`) where each symbolic dimension is at a value of its own, other than its
-    representative one and 1 (the odd values): what tells which of a rewrite's constants are sizes
-    of which dimension (:mod:`einopt.stages.generalize`); None without such values, or when the
-    model does not prepare at them."""
+    representative one and 1 (the odd values), and at larger ones (:func:`second_probe`): what tells
+    which of a rewrite's constants are sizes of which dimension (:mod:`einopt.stages.generalize`);
+    None without such values, or when the model does not prepare at the first."""
     probes = [
         values
         for values in ([c.values for c in checks] or check_assignments(dims))
@@ -367,15 +368,20 @@ def _probe(
     ]
     if not probes:
         return None
-    values = dict(probes[0])
     backend = backends.backend(options.kernels)
-    try:
-        prepared = prepare(original, options.input_shapes, fold=fold, representative=shapes_at(dims, values))
-    except (ModelError, ValueError) as e:
-        log.info("not translated at %s: %s", values, e)
-        return None
-    there = translate_graph(prepared.model, fuse_activations=backend.fuse_activations)
-    return Probe.of(dims.values, values, prepared.model, there, parts)
+    translations = []
+    for values in (dict(probes[0]), second_probe(dims, probes[0])):
+        try:
+            shapes = shapes_at(dims, values)
+            prepared = prepare(original, options.input_shapes, fold=fold, representative=shapes)
+        except (ModelError, ValueError) as e:  # the first is needed; the second only checks
+            log.info("not translated at %s: %s", values, e)
+            if not translations:
+                return None
+            continue
+        there = translate_graph(prepared.model, fuse_activations=backend.fuse_activations)
+        translations.append((values, prepared.model, there))
+    return Probe.of(dims.values, translations, parts)
 
 
 def _unworkable(model: onnx.ModelProto) -> str:

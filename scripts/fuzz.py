@@ -1,6 +1,6 @@
 """Graph fuzzer: random ONNX models through ``einopt.optimize`` without verification, compared in ONNX Runtime.
 
-    python scripts/fuzz.py --graphs 5000 [--seed 0] [--max-depth 0] [--special/--no-special] [--kernels onnx|tvm] [--out fuzz-failures]
+    python scripts/fuzz.py --graphs 5000 [--seed 0] [--max-depth 0] [--special/--no-special] [--kernels onnx|tvm] [--symbolic] [--out fuzz-failures]
 
 Graph ``k`` of seed ``s`` is a random chain/DAG of 2-8 operators (opset 17,
 every op the importers translate; see ``einopt/testing/graphs.py``), built
@@ -21,6 +21,10 @@ integers, and special values (``0``, ``-0``, ``+-inf``, NaN, ``+-1e30``,
 ``3e38``, small integers mixed into ordinary data; ``--no-special`` skips
 them). ``--kernels tvm`` writes eOperators and element-wise chains as
 generated kernels (einopt's kernel library registered in every session).
+``--symbolic`` declares every graph input's first dimension a symbolic
+``batch``: einopt searches it at 1 and writes rewrites that hold at any batch
+(their sizes computed at run time) or leaves them out; the output is compared
+at each batch of 1, 2, 3 and 5 that the input model runs at.
 
 What "equal" means on special values: the same IEEE result as ONNX Runtime
 gives the original, position by position. Huge finite values are kept out of
@@ -63,7 +67,7 @@ os.environ.setdefault("EINOPT_THREAD_POOL", "per-session")
 import numpy as np  # noqa: E402 - after the thread pool setting
 import onnx  # noqa: E402
 
-from einopt.testing.graphs import DATA_KINDS, RngDraw, build_graph, check_case  # noqa: E402
+from einopt.testing.graphs import DATA_KINDS, RngDraw, build_graph, check_case, symbolic_case  # noqa: E402
 
 STATUS_TEXT = {
     "ok": "ok",
@@ -97,6 +101,12 @@ def main(argv: list[str] | None = None) -> int:
         default="onnx",
         help="how einopt writes eOperators (default onnx; tvm: generated kernels)",
     )
+    parser.add_argument(
+        "--symbolic",
+        action="store_true",
+        help="declare every graph input's first dimension a symbolic batch (searched at 1, compared at "
+        "each batch of 1, 2, 3, 5 the input runs at)",
+    )
     parser.add_argument("--out", type=Path, default=Path("fuzz-failures"), help="folder for failing models")
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
     args = parser.parse_args(argv)
@@ -113,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     for k in range(args.graphs):
         rng = np.random.default_rng([args.seed, k])
         case = build_graph(RngDraw(rng), rng)
+        if args.symbolic:
+            case = symbolic_case(case)
         outcome = check_case(
             case, k, kinds, max_depth=args.max_depth, ort_optimizer=True, kernels=args.kernels
         )

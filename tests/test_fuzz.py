@@ -34,6 +34,7 @@ from einopt.testing.graphs import (
     check_case,
     feeds,
     graphs,
+    symbolic_case,
 )
 from einopt.testing.hazards import ANY_DATA, FINITE, INPUT, computed
 
@@ -335,3 +336,15 @@ def test_a_reduce_mean_equal_to_an_earlier_nodes_mean_is_bound_before_its_reader
     result = einopt.optimize(model, einopt.Options(max_depth=0, accept="verified", kernels=kernels))
     assert all(p.status != "passed through" for p in result.parts)
     assert compare(modelio.run(model, feeds), modelio.run(result.model, feeds), Tolerance()).ok
+
+
+@settings(max_examples=150)
+@given(graphs(), st.integers(0, 2**32 - 1))
+def test_random_graphs_with_a_symbolic_batch_optimize_to_models_equal_at_every_batch(
+    case: GraphCase, seed: int
+) -> None:
+    """The first dimension of every input a symbolic batch: searched at 1, the output must equal the
+    input at each batch of 1, 2, 3 and 5 the input runs at (its rewrites' sizes computed at run time,
+    or left out); ``scripts/fuzz.py --symbolic`` is the long run."""
+    outcome = check_case(symbolic_case(case), seed)
+    assert outcome.status == "ok", f"{outcome.status} on {outcome.kind} data: {outcome.detail}"

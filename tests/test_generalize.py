@@ -190,8 +190,11 @@ def _split_in_halves(part) -> Candidate:
 def _written(seq_at_probe: int):
     model = _projection()
     rep_model, part = _translated(model, 1, 16)
-    probe_model, there = _translated(model, 3, seq_at_probe)
-    probe = Probe.of({"batch": 1, "seq": 16}, {"batch": 3, "seq": seq_at_probe}, probe_model, [there], [part])
+    translations = []
+    for batch, seq in [(3, seq_at_probe), (7, 2 * seq_at_probe)]:
+        at, there = _translated(model, batch, seq)
+        translations.append(({"batch": batch, "seq": seq}, at, [there]))
+    probe = Probe.of({"batch": 1, "seq": 16}, translations, [part])
     candidate = _split_in_halves(part)
     inst = instantiate(
         candidate.program, onnx_names=part.names, constants=part.constants, opset=17, prefix="p/"

@@ -26,6 +26,7 @@ __all__ = [
     "Dims",
     "parse_dim",
     "check_assignments",
+    "second_probe",
     "keep_symbolic",
     "representative",
     "seen_values",
@@ -241,6 +242,29 @@ def check_assignments(dims: Dims) -> list[dict[str, int]]:
     high = {n: dims.ranges[n].high if n in dims.ranges else v for n, v in dims.values.items()}
     out = [a for a in (low, other, *([high] if dims.ranges else [])) if a != dims.values]
     return [a for k, a in enumerate(out) if a not in out[:k]]
+
+
+def second_probe(dims: Dims, first: Mapping[str, int]) -> dict[str, int]:
+    """Values of the dimensions besides the representative ones and ``first`` (the odd check values)
+    at which the output's sizes are checked once more (:mod:`einopt.stages.generalize`): as far above
+    the representative value as ``first`` is below it (a batch: 4 more than ``first``), odd and each
+    its own; a declared range's nearest value. Two values of a dimension that are both small can agree
+    by accident (a Slice of the last 3 rows of a batch of 1 and of 3 reads it whole); this one is
+    larger."""
+    out: dict[str, int] = {}
+    for n, v in dims.values.items():
+        f = first.get(n, v)
+        target = 2 * v - f if 2 * v - f > f + 1 else f + 4
+        avoid = [*out.values(), *dims.values.values(), *first.values(), 1]
+        declared = dims.ranges.get(n)
+        if declared is None:
+            k = target | 1
+            while k in avoid:
+                k += 2
+        else:
+            k = declared.nearest(target, avoid, odd=True) or declared.nearest(target, avoid) or f
+        out[n] = k
+    return out
 
 
 def _odd(name: str, value: int) -> int:

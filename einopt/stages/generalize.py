@@ -57,46 +57,62 @@ attention scores flattened)."""
 
 
 @dataclasses.dataclass(frozen=True)
-class Probe:
-    """The model prepared and translated at other values of its symbolic dimensions.
+class Translation:
+    """The model prepared and translated at one assignment of its symbolic dimensions.
 
     Parameters
     ----------
-    rep : mapping
-        Dimension name -> its representative value (what the parts were searched at).
     values : mapping
-        Dimension name -> its value at the probe (each differs from its representative one).
+        Dimension name -> its value here (each differs from its representative one).
     model : onnx.ModelProto
-        The model prepared at the probe.
+        The model prepared at ``values``.
     parts : mapping
-        Part name -> the part translated at the probe, for the parts cut from the same nodes as at
-        the representative values.
+        Part name -> the part translated here, for the parts cut from the same nodes as at the
+        representative values.
     """
 
-    rep: Mapping[str, int]
     values: Mapping[str, int]
     model: onnx.ModelProto
     parts: Mapping[str, Part]
 
-    @classmethod
-    def of(
-        cls, rep: Mapping[str, int], values: Mapping[str, int], model: onnx.ModelProto, parts, searched
-    ) -> Probe:
-        """The probe of ``parts`` (translated from ``model`` at ``values``) for the ``searched`` parts
-        (translated at ``rep``): those cut from the same nodes, with a program of the same inputs."""
-        mine = {p.name: p for p in searched if p.program is not None}
-        same = {
-            p.name: p
-            for p in parts
-            if p.program is not None
-            and p.name in mine
-            and p.nodes == mine[p.name].nodes
-            and [t.name for t in p.program.inputs] == [t.name for t in mine[p.name].program.inputs]
-        }
-        return cls(dict(rep), dict(values), model, same)
-
     def text(self) -> str:
         return ", ".join(f"{n}={v}" for n, v in self.values.items())
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """The model translated at other values of its symbolic dimensions: sizes are solved from the
+    first (``at[0]``, the odd check values) and must hold at the others (a larger value each: two
+    small values can agree by accident, :func:`~einopt.frontend.symbolic.second_probe`)."""
+
+    rep: Mapping[str, int]  # dimension name -> its representative value (what the parts were searched at)
+    at: tuple[Translation, ...]
+
+    @property
+    def values(self) -> Mapping[str, int]:
+        return self.at[0].values
+
+    @classmethod
+    def of(cls, rep: Mapping[str, int], translations, searched) -> Probe:
+        """The probe of ``translations`` (``(values, model, parts)`` each, the parts translated from
+        ``model`` at ``values``) for the ``searched`` parts (translated at ``rep``): of each, the parts
+        cut from the same nodes, with a program of the same inputs."""
+        mine = {p.name: p for p in searched if p.program is not None}
+        at = []
+        for values, model, parts in translations:
+            same = {
+                p.name: p
+                for p in parts
+                if p.program is not None
+                and p.name in mine
+                and p.nodes == mine[p.name].nodes
+                and [t.name for t in p.program.inputs] == [t.name for t in mine[p.name].program.inputs]
+            }
+            at.append(Translation(dict(values), model, same))
+        return cls(dict(rep), tuple(at))
+
+    def text(self) -> str:
+        return self.at[0].text()
 
 
 def generalized(
@@ -105,28 +121,34 @@ def generalized(
     """``inst`` (``candidate`` of ``part`` instantiated at the representative values) with its integer
     constants that are sizes of symbolic dimensions computed at run time, and "" ; or ``inst`` as it
     is and why it could not be (it is then checked, and left out, as written)."""
-    there = probe.parts.get(part.name)
-    if there is None:
-        return inst, f"the part is cut otherwise at {probe.text()}"
-    program = _replayed(there, part, candidate)
-    if isinstance(program, str):
-        return inst, program
-    try:
-        other = instantiate(
-            program,
-            onnx_names=there.names,
-            constants=there.constants,
-            opset=opset,
-            prefix=part.name + "/",
-            taken_function_names=taken,
-            preferred=original_ops(probe.model, there) if not candidate.trace else None,
-            backend=backend,
-        )
-    except Exception as e:  # noqa: BLE001 - the rewrite then stays as written, and is checked so
-        return inst, f"not instantiated at {probe.text()}: {e}"
-    sizes = _Sizes(list(probe.rep), [(probe.rep[n], probe.values[n]) for n in probe.rep])
-    sources = _sources(part, there, sizes)
-    return _rewritten(inst, other, sizes, sources, part.name + "/", probe.text())
+    others: list[tuple[Translation, Instantiated]] = []
+    for t in probe.at:
+        there = t.parts.get(part.name)
+        if there is None:  # an empty Slice there, say: what it computes depends on the values
+            return inst, f"the part is cut or translated otherwise at {t.text()}"
+        program = _replayed(there, part, candidate)
+        if isinstance(program, str):
+            return inst, f"{program} (at {t.text()})"
+        try:
+            other = instantiate(
+                program,
+                onnx_names=there.names,
+                constants=there.constants,
+                opset=opset,
+                prefix=part.name + "/",
+                taken_function_names=taken,
+                preferred=original_ops(t.model, there) if not candidate.trace else None,
+                backend=backend,
+            )
+        except Exception as e:  # noqa: BLE001 - the rewrite then stays as written, and is checked so
+            return inst, f"not instantiated at {t.text()}: {e}"
+        others.append((t, other))
+    names = list(probe.rep)
+    sizes = _Sizes(names, [(probe.rep[n], *(t.values[n] for t, _ in others)) for n in names])
+    sources = _sources(part, [t.parts[part.name] for t, _ in others], sizes)
+    return _rewritten(
+        inst, [i for _, i in others], sizes, sources, part.name + "/", [t.text() for t, _ in others]
+    )
 
 
 # --------------------------------------------------------------------------
@@ -157,7 +179,7 @@ def _replay(program: ir.Program, constants, trace: Sequence[TraceStep]) -> ir.Pr
         except DerivationError:
             new = _by_form(current, step, ctx)
             if new is None:
-                return f"{step.rule} at {step.where} does not apply at other values of the dimensions"
+                return f"{step.rule} at {step.where} does not apply"
         current = normalize(new, ctx, DEFAULT_SCHEDULE)
     return rename_tensors(current, {v: n for n, v in names.items()})
 
@@ -185,25 +207,26 @@ def _by_form(program: ir.Program, step: TraceStep, ctx: Context) -> ir.Program |
 
 @dataclasses.dataclass(frozen=True)
 class _Sizes:
-    """Dimension names and each one's (representative, probe) value."""
+    """Dimension names and each one's values: representative first, then at each probe."""
 
     names: list[str]
-    values: list[tuple[int, int]]
+    values: list[tuple[int, ...]]
 
-    def solve(self, rep: int, probe: int) -> tuple[Fraction, tuple[int, ...]] | None:
-        """``(c, exponents)`` with ``rep`` and ``probe`` both ``c * prod(dim ** e)`` at their values
-        (exponents all 0 for a size equal at both; ``c`` a fraction for half a sequence, which the
-        probe has only where the user declares even values); None when no product, or more than one
-        of the fewest factors, fits."""
+    def solve(self, *at: int) -> tuple[Fraction, tuple[int, ...]] | None:
+        """``(c, exponents)`` with the size ``at[k]`` (representative first, then each probe's)
+        ``c * prod(dim ** e)`` at every one of the values (exponents all 0 for a size equal at all;
+        ``c`` a fraction for half a sequence, which the probes have only where the user declares
+        even values); None when no product, or more than one of the fewest factors, fits."""
         n = len(self.values)
-        if rep == probe:
-            return Fraction(rep), (0,) * n
+        if len(set(at)) == 1:
+            return Fraction(at[0]), (0,) * n
         fits = []
         for e in itertools.product(range(MAX_EXPONENT + 1), repeat=n):
-            at_rep = math.prod(r**k for (r, _), k in zip(self.values, e, strict=True))
-            at_probe = math.prod(p**k for (_, p), k in zip(self.values, e, strict=True))
-            c = Fraction(rep, at_rep)
-            if any(e) and c * at_probe == probe:
+            powers = [
+                math.prod(v[k] ** p for v, p in zip(self.values, e, strict=True)) for k in range(len(at))
+            ]
+            c = Fraction(at[0], powers[0])
+            if any(e) and all(c * w == a for w, a in zip(powers, at, strict=True)):
                 fits.append((sum(e), c, e))
         if not fits:
             return None
@@ -212,16 +235,16 @@ class _Sizes:
         return (best[0][1], best[0][2]) if len(best) == 1 else None
 
 
-def _sources(part: Part, there: Part, sizes: _Sizes) -> list[tuple[str, int, tuple[int, ...]]]:
+def _sources(part: Part, probed: Sequence[Part], sizes: _Sizes) -> list[tuple[str, int, tuple[int, ...]]]:
     """``(ONNX name, axis, exponents)`` of each dimension of the part's run-time inputs that is a
     product of symbolic dimensions (coefficient 1): where the rewrite reads their values."""
-    at_probe = {t.name: t.shape for t in there.program.inputs}
+    shapes = [{t.name: t.shape for t in p.program.inputs} for p in probed]
     out = []
     for t in part.program.inputs:
-        if t.name in part.constants or t.name not in part.names or t.name not in at_probe:
+        if t.name in part.constants or t.name not in part.names or any(t.name not in s for s in shapes):
             continue
-        for axis, (r, p) in enumerate(zip(t.shape, at_probe[t.name], strict=False)):
-            fit = sizes.solve(r, p)
+        for axis, r in enumerate(t.shape):
+            fit = sizes.solve(r, *(s[t.name][axis] for s in shapes))
             if fit is not None and fit[0] == 1 and any(fit[1]):
                 out.append((part.names[t.name], axis, fit[1]))
     return out
@@ -233,24 +256,31 @@ def _sources(part: Part, there: Part, sizes: _Sizes) -> list[tuple[str, int, tup
 
 
 def _rewritten(
-    inst: Instantiated, other: Instantiated, sizes: _Sizes, sources, prefix: str, where: str
+    inst: Instantiated, others: list[Instantiated], sizes: _Sizes, sources, prefix: str, where: list[str]
 ) -> tuple[Instantiated, str]:
-    slots = _differing(inst, other)
-    if isinstance(slots, str):
-        return inst, f"{slots} at {where}"
+    slots: dict[tuple[int, int], list[np.ndarray]] = {}
+    for k, other in enumerate(others):
+        differing = _differing(inst, other)
+        if isinstance(differing, str):
+            return inst, f"{differing} at {where[k]}"
+        for key, (_, value) in differing.items():  # a slot equal at one probe may differ at the next
+            slots.setdefault(key, [])
     if not slots:
         return inst, ""
+    values = {key: _slot_values(inst, others, key) for key in slots}
     writer = _Writer(inst, sources, prefix)
     nodes = [_copy(n) for n in inst.nodes]
-    for (i, j), (rep, probe) in slots.items():
-        entries = [sizes.solve(int(r), int(p)) for r, p in zip(rep, probe, strict=True)]
+    for (i, j), vectors in values.items():
+        entries = [sizes.solve(*(int(v) for v in column)) for column in zip(*vectors, strict=True)]
         if any(e is None for e in entries):
             bad = next(
-                f"{int(r)} (at {where}: {int(p)})"
-                for r, p, e in zip(rep, probe, entries, strict=True)
-                if e is None
+                column for column, e in zip(zip(*vectors, strict=True), entries, strict=True) if e is None
             )
-            return inst, f"a size {bad} in {nodes[i].op_type} is no product of the symbolic dimensions"
+            seen = "; ".join(f"at {w}: {int(v)}" for w, v in zip(where, bad[1:], strict=True))
+            return (
+                inst,
+                f"a size {int(bad[0])} ({seen}) in {nodes[i].op_type} is no product of the symbolic dimensions",
+            )
         reshape = nodes[i].op_type == "Reshape" and j == 1 and not _allowzero(nodes[i])
         value = writer.vector(entries, infer_one=reshape)
         if value is None:
@@ -263,6 +293,17 @@ def _rewritten(
         if t.name in read or t.data_type != onnx.TensorProto.INT64
     ]
     return dataclasses.replace(inst, nodes=(*writer.nodes, *nodes), initializers=tuple(inits)), ""
+
+
+def _slot_values(inst: Instantiated, others: list[Instantiated], key: tuple[int, int]) -> list[np.ndarray]:
+    """The integer vector node ``key[0]`` reads at input ``key[1]`` in ``inst`` and in each of
+    ``others`` (the same nodes but for such constants)."""
+    i, j = key
+    out = []
+    for x in (inst, *others):
+        name = x.nodes[i].input[j]
+        out.append(next(numpy_helper.to_array(t) for t in x.initializers if t.name == name))
+    return out
 
 
 def _differing(

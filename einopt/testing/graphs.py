@@ -56,6 +56,8 @@ __all__ = [
     "GraphCase",
     "RngDraw",
     "build_graph",
+    "symbolic_case",
+    "BATCHES",
     "graphs",
     "feeds",
     "check_case",
@@ -1066,6 +1068,37 @@ def graphs(draw: st.DrawFn, ops: Sequence[str] | None = None) -> GraphCase:
     return build_graph(_HypothesisDraw(draw), rng, ops)
 
 
+BATCHES = (1, 2, 3, 5)
+"""The values of the symbolic batch a :func:`symbolic_case` is compared at (the input model runs at
+some of them: a Reshape or a Concat with a constant of its first dimension ties it to one)."""
+
+
+def symbolic_case(case: GraphCase) -> GraphCase:
+    """``case`` with the first dimension of every graph input declared as the symbolic ``batch`` (its
+    outputs' sizes left unknown): einopt searches it at batch 1 and must write rewrites that hold at any
+    batch the input runs at, or leave them out."""
+    m = onnx.ModelProto()
+    m.CopyFrom(case.model)
+    for vi in m.graph.input:
+        dims = vi.type.tensor_type.shape.dim
+        if dims:
+            dims[0].dim_param = "batch"
+    for vi in m.graph.output:  # of unknown size, of the same rank
+        for d in vi.type.tensor_type.shape.dim:
+            d.Clear()
+    return GraphCase(m, case.ops, case.specials)
+
+
+def _at_batch(case: GraphCase, batch: int) -> GraphCase:
+    m = onnx.ModelProto()
+    m.CopyFrom(case.model)
+    for vi in m.graph.input:
+        dims = vi.type.tensor_type.shape.dim
+        if dims and dims[0].dim_param == "batch":
+            dims[0].dim_value = batch
+    return GraphCase(m, case.ops, case.specials)
+
+
 def feeds(case: GraphCase, rng: np.random.Generator, kind: str) -> dict[str, np.ndarray]:
     """Input data for every graph input: ``"ordinary"``, ``"integer"`` or ``"special"`` values.
 
@@ -1205,7 +1238,8 @@ def check_case(
     Runtime's graph optimizations on (:func:`ort_optimizer_refusal`): status
     ``ort`` when it mishandles the output but not the original. ``kernels`` is
     how einopt writes eOperators (``--kernels``; with generated kernels the model runs with its
-    kernel library registered).
+    kernel library registered). A :func:`symbolic_case` is compared at each of :data:`BATCHES` the
+    input model runs at.
     """
     options = Options(max_depth=max_depth, verify=False, accept="verified", kernels=kernels)
     if max_depth:
@@ -1233,20 +1267,26 @@ def check_case(
         )
     rng = np.random.default_rng(seed)
     datasets = []
-    for kind in kinds:
-        data = feeds(case, rng, kind)
-        datasets.append((kind, data))
+    symbolic = any(
+        d.dim_param == "batch" for vi in case.model.graph.input for d in vi.type.tensor_type.shape.dim
+    )
+    for kind, batch in [(k, b) for k in kinds for b in (BATCHES if symbolic else (None,))]:
+        data = feeds(_at_batch(case, batch) if batch else case, rng, kind)
         try:
             ref = dict(zip(names, original.run(names, data), strict=True))
         except Exception as e:  # noqa: BLE001
+            if batch is not None:  # the input model does not take that batch: nothing to compare there
+                continue
             return Outcome("invalid", f"the original does not run: {e}")
+        datasets.append((kind, data))
         try:
             got = dict(zip(names, optimized.run(names, data), strict=True))
         except Exception as e:  # noqa: BLE001
-            return Outcome("exception", f"the output does not run: {e}", kind, result.model)
+            at = f" at batch {batch}" if batch else ""
+            return Outcome("exception", f"the output does not run{at}: {e}", kind, result.model)
         c = compare(ref, got, Tolerance())
         if not c.ok:
-            return Outcome("wrong", c.message, kind, result.model)
+            return Outcome("wrong", c.message + (f" (at batch {batch})" if batch else ""), kind, result.model)
     if ort_optimizer:
         refused = ort_optimizer_refusal(result.model, datasets)
         if refused is not None:
