@@ -258,16 +258,15 @@ def _sources(part: Part, probed: Sequence[Part], sizes: _Sizes) -> list[tuple[st
 def _rewritten(
     inst: Instantiated, others: list[Instantiated], sizes: _Sizes, sources, prefix: str, where: list[str]
 ) -> tuple[Instantiated, str]:
-    slots: dict[tuple[int, int], list[np.ndarray]] = {}
+    slots: set[tuple[int, int]] = set()
     for k, other in enumerate(others):
         differing = _differing(inst, other)
         if isinstance(differing, str):
             return inst, f"{differing} at {where[k]}"
-        for key, (_, value) in differing.items():  # a slot equal at one probe may differ at the next
-            slots.setdefault(key, [])
+        slots |= set(differing)  # a slot equal at one probe may differ at the next
     if not slots:
         return inst, ""
-    values = {key: _slot_values(inst, others, key) for key in slots}
+    values = {key: _slot_values(inst, others, key) for key in sorted(slots)}
     writer = _Writer(inst, sources, prefix)
     nodes = [_copy(n) for n in inst.nodes]
     for (i, j), vectors in values.items():
