@@ -235,19 +235,31 @@ class _Sizes:
         return (best[0][1], best[0][2]) if len(best) == 1 else None
 
 
-def _sources(part: Part, probed: Sequence[Part], sizes: _Sizes) -> list[tuple[str, int, tuple[int, ...]]]:
-    """``(ONNX name, axis, exponents)`` of each dimension of the part's run-time inputs that is a
-    product of symbolic dimensions (coefficient 1): where the rewrite reads their values."""
-    shapes = [{t.name: t.shape for t in p.program.inputs} for p in probed]
-    out = []
+@dataclasses.dataclass(frozen=True)
+class _Sources:
+    """Where a rewrite reads sizes: ``dims`` lists ``(ONNX name, axis, exponents)`` of each dimension
+    of the part's run-time inputs that is a product of symbolic dimensions (coefficient 1);
+    ``shapes`` gives each such input's whole shape, solved (a Reshape back to it reads its
+    ``Shape``)."""
+
+    dims: list[tuple[str, int, tuple[int, ...]]]
+    shapes: dict[str, list[tuple[Fraction, tuple[int, ...]]]]
+
+
+def _sources(part: Part, probed: Sequence[Part], sizes: _Sizes) -> _Sources:
+    at = [{t.name: t.shape for t in p.program.inputs} for p in probed]
+    dims, shapes = [], {}
     for t in part.program.inputs:
-        if t.name in part.constants or t.name not in part.names or any(t.name not in s for s in shapes):
+        if t.name in part.constants or t.name not in part.names or any(t.name not in s for s in at):
             continue
-        for axis, r in enumerate(t.shape):
-            fit = sizes.solve(r, *(s[t.name][axis] for s in shapes))
+        name = part.names[t.name]
+        fits = [sizes.solve(r, *(s[t.name][axis] for s in at)) for axis, r in enumerate(t.shape)]
+        for axis, fit in enumerate(fits):
             if fit is not None and fit[0] == 1 and any(fit[1]):
-                out.append((part.names[t.name], axis, fit[1]))
-    return out
+                dims.append((name, axis, fit[1]))
+        if all(f is not None for f in fits):
+            shapes.setdefault(name, fits)
+    return _Sources(dims, shapes)
 
 
 # --------------------------------------------------------------------------
@@ -364,8 +376,12 @@ class _Writer:
         self.memo: dict[tuple, str] = {}
 
     def vector(self, entries: list[tuple[Fraction, tuple[int, ...]]], infer_one: bool) -> str | None:
-        """The 1-D int64 value of ``entries`` (each ``(c, exponents)``); with ``infer_one`` (a
-        Reshape's target) the most composite symbolic entry is ``-1``."""
+        """The 1-D int64 value of ``entries`` (each ``(c, exponents)``): an input's ``Shape`` when they
+        are its shape; with ``infer_one`` (a Reshape's target) the most composite symbolic entry
+        ``-1``."""
+        whole = next((src for src, shape in self.sources.shapes.items() if shape == entries), None)
+        if whole is not None:
+            return self.node("Shape", [whole], "shape_of")
         symbolic = [k for k, (_, e) in enumerate(entries) if any(e)]
         if infer_one and symbolic:
             k = max(symbolic, key=lambda k: (sum(entries[k][1]), k))
@@ -409,7 +425,7 @@ class _Writer:
     def _cover(self, e: tuple[int, ...]) -> list[str] | None:
         """Dimension values (``[1]`` each) whose product is the dimensions to the powers ``e``."""
         left, out = list(e), []
-        for src, axis, have in sorted(self.sources, key=lambda s: -sum(s[2])):
+        for src, axis, have in sorted(self.sources.dims, key=lambda s: -sum(s[2])):
             while any(left) and all(h <= k for h, k in zip(have, left, strict=True)):
                 out.append(self.dimension(src, axis))
                 left = [k - h for h, k in zip(have, left, strict=True)]
