@@ -256,14 +256,16 @@ def _shapes(original: onnx.ModelProto, options: Options) -> tuple[Dims, _Inputs]
         )
     dims = representative(original, options.dims, options.input_shapes, seen=seen, ranges=options.dim_ranges)
     inputs = _verification(original, options, dims)
-    if options.verify and not inputs.datasets and dims.values and not options.dims:
+    runs = inputs.datasets if options.verify else _runs_at(original, options, dims.shapes())
+    if not runs and dims.values and not options.dims:
         # the input does not run at the default values (a Reshape to a fixed size, say): its symbolic
         # dimensions stay symbolic, and the parts that depend on them pass through, as without values
         unresolved = Dims({}, {}, (*dims.values, *dims.unresolved))
         fallback = _verification(original, options, unresolved)
-        if fallback.datasets:
+        if fallback.datasets or not options.verify:
             values = ", ".join(f"{n}={v}" for n, v in dims.values.items())
-            why = f"the model does not run at {values} ({inputs.note}): give --dim NAME=VALUE"
+            where = f" ({inputs.note})" if inputs.note else ""
+            why = f"the model does not run at {values}{where}: give --dim NAME=VALUE"
             dims, inputs = (
                 unresolved,
                 dataclasses.replace(fallback, note="; ".join(filter(None, [fallback.note, why]))),
@@ -365,6 +367,7 @@ def _probe(
         for values in ([c.values for c in checks] or check_assignments(dims))
         if all(values.get(n, v) not in (v, 1) for n, v in dims.values.items())
         and len(set(values.values())) == len(values)
+        and (checks or _runs_at(original, options, shapes_at(dims, values)))  # checks run there
     ]
     if not probes:
         return None
@@ -382,6 +385,18 @@ def _probe(
         there = translate_graph(prepared.model, fuse_activations=backend.fuse_activations)
         translations.append((values, prepared.model, there))
     return Probe.of(dims.values, translations, parts)
+
+
+def _runs_at(original: onnx.ModelProto, options: Options, shapes: Mapping[str, tuple[int, ...]]) -> bool:
+    """Whether the input model runs on generated inputs of ``shapes`` (without verification, the
+    values of symbolic dimensions are chosen among those where it does)."""
+    try:
+        datasets, _, _ = verification_inputs(
+            original, seed=options.seed, input_shapes=dict(options.input_shapes) | dict(shapes)
+        )
+    except ModelError:
+        return False
+    return bool(datasets)
 
 
 def _unworkable(model: onnx.ModelProto) -> str:
