@@ -373,7 +373,8 @@ def _probe(
         return None
     backend = backends.backend(options.kernels)
     translations = []
-    for values in (dict(probes[0]), second_probe(dims, probes[0])):
+    larger = [v for v in second_probe(dims, probes[0]) if _runs_at(original, options, shapes_at(dims, v))]
+    for values in (dict(probes[0]), *larger[:1]):
         try:
             shapes = shapes_at(dims, values)
             prepared = prepare(original, options.input_shapes, fold=fold, representative=shapes)
@@ -542,7 +543,7 @@ def _symbolic_section(dims: Dims, inputs: _Inputs, probe: Probe | None) -> dict:
         ],
         "verified_at": [dict(dims.values)] + [dict(c.values) for c in inputs.checks],
         "timed_at": [dict(dims.values)] + [dict(dims.values) | dict(t.values) for t in inputs.timings],
-        "probe": dict(probe.values) if probe is not None else None,
+        "probes": [dict(t.values) for t in probe.at] if probe is not None else [],
     }
 
 

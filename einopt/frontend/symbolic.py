@@ -244,26 +244,34 @@ def check_assignments(dims: Dims) -> list[dict[str, int]]:
     return [a for k, a in enumerate(out) if a not in out[:k]]
 
 
-def second_probe(dims: Dims, first: Mapping[str, int]) -> dict[str, int]:
+def second_probe(dims: Dims, first: Mapping[str, int]) -> list[dict[str, int]]:
     """Values of the dimensions besides the representative ones and ``first`` (the odd check values)
-    at which the output's sizes are checked once more (:mod:`einopt.stages.generalize`): as far above
-    the representative value as ``first`` is below it (a batch: 4 more than ``first``), odd and each
-    its own; a declared range's nearest value. Two values of a dimension that are both small can agree
-    by accident (a Slice of the last 3 rows of a batch of 1 and of 3 reads it whole); this one is
-    larger."""
-    out: dict[str, int] = {}
-    for n, v in dims.values.items():
-        f = first.get(n, v)
-        target = 2 * v - f if 2 * v - f > f + 1 else f + 4
-        avoid = [*out.values(), *dims.values.values(), *first.values(), 1]
-        declared = dims.ranges.get(n)
-        if declared is None:
-            k = target | 1
-            while k in avoid:
-                k += 2
-        else:
-            k = declared.nearest(target, avoid, odd=True) or declared.nearest(target, avoid) or f
-        out[n] = k
+    at which the output's sizes are checked once more (:mod:`einopt.stages.generalize`), best
+    first: as far above the representative value as ``first`` is below it (a batch: 4 more than
+    ``first``), then half-way between ``first`` and the representative value (a model may take no
+    longer sequence than the one it is searched at); odd and each its own, a declared range's
+    nearest value. Two values of a dimension that are both small can agree by accident (a Slice of
+    the last 3 rows of a batch of 1 and of 3 reads it whole); these are larger."""
+    out = []
+    for above in (True, False):
+        values: dict[str, int] = {}
+        for n, v in dims.values.items():
+            f = first.get(n, v)
+            if above:
+                target = 2 * v - f if 2 * v - f > f + 1 else f + 4
+            else:
+                target = (f + v) // 2 if abs(v - f) > 3 else f + 2
+            avoid = [*values.values(), *dims.values.values(), *first.values(), 1]
+            declared = dims.ranges.get(n)
+            if declared is None:
+                k = target | 1
+                while k in avoid:
+                    k += 2
+            else:
+                k = declared.nearest(target, avoid, odd=True) or declared.nearest(target, avoid) or f
+            values[n] = k
+        if values not in out:
+            out.append(values)
     return out
 
 
