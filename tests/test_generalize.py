@@ -283,3 +283,24 @@ def test_unverified_a_rewrite_is_kept_symbolic_only_where_the_probe_writes_it_fo
     result = optimize(model, Options(max_depth=0, accept="verified", cache=False, verify=False))
     assert not result.changed()
     assert all(p.status == "left out" for p in result.parts if p.kind != "passthrough")
+
+
+def test_a_reshape_target_the_caller_may_feed_is_not_read_as_its_inferred_shape():
+    """An initializer listed as a graph input (older exporters) can be overridden by a feed: a Reshape
+    target of that kind passes through, as before (the part would otherwise drop it and leave the
+    input declared with nothing to read it)."""
+    target = np.array([4, 16], np.int64)
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "t"], ["r"]), helper.make_node("Relu", ["r"], ["y"])],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4, 4]),
+            helper.make_tensor_value_info("t", TensorProto.INT64, [2]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])],
+        [numpy_helper.from_array(target, "t")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    result = optimize(model, VERIFIED)
+    reshape = next(p for p in result.parts if "Reshape" in p.ops)
+    assert reshape.kind == "passthrough" and "not a constant" in reshape.reason

@@ -150,13 +150,14 @@ def _reshaped(view: NodeView, x, shape: Sequence[int], out: Sequence[int]) -> ir
 def _computed_target(view: NodeView) -> list[int] | None:
     """A Reshape target computed at run time (``Shape`` -> ``Gather`` -> ``Concat``, as exporters write
     for a symbolic batch or sequence) as the output shape shape inference found for the model as
-    prepared (None when the target is a constant, or the output's shape is not known): the part is
+    prepared (None when the target is a constant, a graph input, or the output's shape is not
+    known): the part is
     translated at the shapes the model was prepared at, and a rewrite of it is kept only where it is
     checked to hold at other values of the symbolic dimensions too."""
     operand = view.input(1) if view.opset >= 5 else None
     out = view.output_shapes[0] if view.output_shapes else None
-    if operand is None or operand.value is not None or out is None or 0 in out:
-        return None
+    if operand is None or operand.value is not None or operand.fed or out is None or 0 in out:
+        return None  # a constant, or a target the caller feeds (an overridable initializer)
     return list(out)
 
 

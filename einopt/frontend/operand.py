@@ -41,6 +41,7 @@ class Operand:
     shape: tuple[int, ...] | None
     elem_type: int  # onnx.TensorProto data type
     value: np.ndarray | None = None
+    fed: bool = False  # a graph input: what the caller feeds (an initializer listed as an input too)
 
 
 @dataclasses.dataclass(eq=False)

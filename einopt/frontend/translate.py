@@ -105,6 +105,7 @@ class _Translator:
         self._arrays: dict[str, np.ndarray] = {}
         self.names = _Names()
         self.new_constants: dict[str, np.ndarray] = {}
+        self.fed = {i.name for i in model.graph.input}
 
     def array(self, name: str) -> np.ndarray | None:
         if name not in self.constant_protos:
@@ -124,7 +125,7 @@ class _Translator:
         expr = None
         if elem == _FLOAT and shape is not None and all(d > 0 for d in shape):
             expr = ir.Tensor(self.names(name), shape)
-        return Operand(name, expr, shape, elem, value)
+        return Operand(name, expr, shape, elem, value, fed=name in self.fed)
 
     def view(self, node: onnx.NodeProto, operands: Mapping[str, Operand]) -> NodeView:
         inputs = tuple(operands[n] if n else None for n in node.input)
