@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from fractions import Fraction
 
 import numpy as np
@@ -304,3 +305,22 @@ def test_a_reshape_target_the_caller_may_feed_is_not_read_as_its_inferred_shape(
     result = optimize(model, VERIFIED)
     reshape = next(p for p in result.parts if "Reshape" in p.ops)
     assert reshape.kind == "passthrough" and "not a constant" in reshape.reason
+
+
+def test_the_report_and_the_html_say_which_dimensions_stayed_symbolic_and_what_was_left_out(monkeypatch):
+    from einopt.reports.report import validate_report
+    from einopt.reports.report_html import render_html
+
+    disable_operators(monkeypatch)  # eOperators written for the searched shape: left out
+    result = optimize(_split_heads(), VERIFIED)
+    report = json.loads(json.dumps(result.report() | {"model": "m.onnx", "output": "o.onnx"}))
+    validate_report(report)  # as written to a file
+    section = report["symbolic"]
+    assert [d["name"] for d in section["dimensions"]] == ["batch", "seq"]
+    assert section["left_out"] and section["left_out"] == [
+        p.name for p in result.parts if p.status == "left out"
+    ]
+    assert section["probes"][0] == {"batch": 3, "seq": 65}
+    html = render_html(report)
+    assert "<h2>Symbolic dimensions</h2>" in html and "batch=3, seq=65" in html
+    assert section["left_out"][0] in html and 'class="badge left-out"' in html
