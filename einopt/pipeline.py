@@ -362,19 +362,23 @@ def _probe(
     representative one and 1 (the odd values), and at larger ones (:func:`second_probe`): what tells
     which of a rewrite's constants are sizes of which dimension (:mod:`einopt.stages.generalize`);
     None without such values, or when the model does not prepare at the first."""
-    probes = [
-        values
-        for values in ([c.values for c in checks] or check_assignments(dims))
-        if all(values.get(n, v) not in (v, 1) for n, v in dims.values.items())
-        and len(set(values.values())) == len(values)
-        and (checks or _runs_at(original, options, shapes_at(dims, values)))  # checks run there
-    ]
-    if not probes:
+    first = next(
+        (
+            dict(values)
+            for values in ([c.values for c in checks] or check_assignments(dims))
+            if all(values.get(n, v) not in (v, 1) for n, v in dims.values.items())
+            and len(set(values.values())) == len(values)
+            and (checks or _runs_at(original, options, shapes_at(dims, values)))  # checks run there
+        ),
+        None,
+    )
+    if first is None:
         return None
     backend = backends.backend(options.kernels)
     translations = []
-    larger = [v for v in second_probe(dims, probes[0]) if _runs_at(original, options, shapes_at(dims, v))]
-    for values in (dict(probes[0]), *larger[:1]):
+    runs = (v for v in second_probe(dims, first) if _runs_at(original, options, shapes_at(dims, v)))
+    larger = next(runs, None)
+    for values in (first, *([larger] if larger is not None else [])):
         try:
             shapes = shapes_at(dims, values)
             prepared = prepare(original, options.input_shapes, fold=fold, representative=shapes)

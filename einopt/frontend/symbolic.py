@@ -230,15 +230,9 @@ def check_assignments(dims: Dims) -> list[dict[str, int]]:
     low = {n: dims.ranges[n].low if n in dims.ranges else 1 for n in dims.values}
     other: dict[str, int] = {}
     for n, v in dims.values.items():  # each its own value: a height swapped for a width shows
-        avoid = [*other.values(), *dims.values.values()]
         declared = dims.ranges.get(n)
-        if declared is None:
-            k = _odd(n, v)
-            while k in avoid:
-                k += 2
-        else:
-            k = declared.nearest(_odd(n, v), avoid, odd=True) or declared.nearest(v, [v]) or v
-        other[n] = k
+        k = _own(declared, _odd(n, v), [*other.values(), *dims.values.values()])
+        other[n] = k or declared.nearest(v, [v]) or v
     high = {n: dims.ranges[n].high if n in dims.ranges else v for n, v in dims.values.items()}
     out = [a for a in (low, other, *([high] if dims.ranges else [])) if a != dims.values]
     return [a for k, a in enumerate(out) if a not in out[:k]]
@@ -262,17 +256,22 @@ def second_probe(dims: Dims, first: Mapping[str, int]) -> list[dict[str, int]]:
             else:
                 target = (f + v) // 2 if abs(v - f) > 3 else f + 2
             avoid = [*values.values(), *dims.values.values(), *first.values(), 1]
-            declared = dims.ranges.get(n)
-            if declared is None:
-                k = target | 1
-                while k in avoid:
-                    k += 2
-            else:
-                k = declared.nearest(target, avoid, odd=True) or declared.nearest(target, avoid) or f
-            values[n] = k
+            values[n] = _own(dims.ranges.get(n), target, avoid) or f
         if values not in out:
             out.append(values)
     return out
+
+
+def _own(declared: DimRange | None, target: int, avoid: Sequence[int]) -> int | None:
+    """The value nearest ``target`` that is odd (where the declared values have odd ones) and not in
+    ``avoid``: ``target`` made odd, and 2 more until free; among ``declared`` values, None when they
+    are all taken."""
+    if declared is not None:
+        return declared.nearest(target, avoid, odd=True)
+    k = target | 1
+    while k in avoid:
+        k += 2
+    return k
 
 
 def _odd(name: str, value: int) -> int:

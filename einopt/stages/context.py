@@ -166,15 +166,19 @@ class StageContext:
             return ""
         if self.probe is None:
             return "not checked at other values of the symbolic dimensions (nothing is verified there)"
-        why = self._written.get(id(inst), (None, ""))[1]
+        why = self._not_written(inst)
         return f"holds at the representative shape only (its sizes stay as searched: {why})" if why else ""
+
+    def _not_written(self, inst: Instantiated) -> str:
+        """Why :meth:`for_any_shape` left ``inst``'s sizes as searched ("" when it did not)."""
+        return self._written.get(id(inst), (None, ""))[1]
 
     def _first_difference(self, nodes: tuple[int, ...], inst: Instantiated) -> str:
         failed = self.first_failure(self.output({nodes: inst}), self.checks)
         if failed is None:
             return ""
         check, agreement = failed
-        why = self._written.get(id(inst), (None, ""))[1]
+        why = self._not_written(inst)
         written = f"; its sizes stay as searched: {why}" if why else ""
         return f"holds at the representative shape only (at {check.text()}: {agreement.message}{written})"
 

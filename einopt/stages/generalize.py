@@ -121,12 +121,18 @@ def generalized(
     """``inst`` (``candidate`` of ``part`` instantiated at the representative values) with its integer
     constants that are sizes of symbolic dimensions computed at run time, and "" ; or ``inst`` as it
     is and why it could not be (it is then checked, and left out, as written)."""
+    if candidate.trace:  # the replay must give the candidate's own program at the representative values
+        again = _replay(part.program, part.constants, candidate.trace)
+        if isinstance(again, str) or str(again) != str(candidate.program):
+            return inst, "its derivation is not replayed as the search took it"
     others: list[tuple[Translation, Instantiated]] = []
     for t in probe.at:
         there = t.parts.get(part.name)
         if there is None:  # an empty Slice there, say: what it computes depends on the values
             return inst, f"the part is cut or translated otherwise at {t.text()}"
-        program = _replayed(there, part, candidate)
+        program = (
+            _replay(there.program, there.constants, candidate.trace) if candidate.trace else there.program
+        )
         if isinstance(program, str):
             return inst, f"{program} (at {t.text()})"
         try:
@@ -154,18 +160,6 @@ def generalized(
 # --------------------------------------------------------------------------
 # The candidate at the probe: its derivation replayed
 # --------------------------------------------------------------------------
-
-
-def _replayed(there: Part, part: Part, candidate: Candidate) -> ir.Program | str:
-    """``candidate``'s program derived from the probe's part as the search derived it (its trace,
-    in the part's canonical names); a reason instead when a step does not apply there, or when the
-    replay does not give the candidate's program at the representative values either."""
-    if not candidate.trace:
-        return there.program
-    again = _replay(part.program, part.constants, candidate.trace)
-    if isinstance(again, str) or str(again) != str(candidate.program):
-        return "its derivation is not replayed as the search took it"
-    return _replay(there.program, there.constants, candidate.trace)
 
 
 def _replay(program: ir.Program, constants, trace: Sequence[TraceStep]) -> ir.Program | str:
@@ -275,7 +269,7 @@ def _rewritten(
         differing = _differing(inst, other)
         if isinstance(differing, str):
             return inst, f"{differing} at {where[k]}"
-        slots |= set(differing)  # a slot equal at one probe may differ at the next
+        slots |= differing  # a slot equal at one probe may differ at the next
     if not slots:
         return inst, ""
     values = {key: _slot_values(inst, others, key) for key in sorted(slots)}
@@ -317,11 +311,9 @@ def _slot_values(inst: Instantiated, others: list[Instantiated], key: tuple[int,
     return out
 
 
-def _differing(
-    a: Instantiated, b: Instantiated
-) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] | str:
+def _differing(a: Instantiated, b: Instantiated) -> set[tuple[int, int]] | str:
     """The input slots ``(node, input)`` where ``a`` reads an integer constant and ``b`` (the same nodes
-    otherwise) another of the same length: their values; why not, when the nodes differ otherwise."""
+    otherwise) another of the same length; why not, when the nodes differ otherwise."""
     if len(a.nodes) != len(b.nodes) or [n.op_type for n in a.nodes] != [n.op_type for n in b.nodes]:
         return "written with other operators"
     if [f.SerializeToString() for f in a.functions] != [f.SerializeToString() for f in b.functions]:
@@ -329,7 +321,7 @@ def _differing(
     va = {t.name: numpy_helper.to_array(t) for t in a.initializers}
     vb = {t.name: numpy_helper.to_array(t) for t in b.initializers}
     same: dict[str, str] = {}  # b's value names -> a's
-    out = {}
+    out = set()
     for i, (na, nb) in enumerate(zip(a.nodes, b.nodes, strict=True)):
         if (na.domain, len(na.input), len(na.output)) != (nb.domain, len(nb.input), len(nb.output)):
             return "written with other operators"
@@ -347,7 +339,7 @@ def _differing(
                 continue
             if u.dtype != np.int64 or u.ndim != 1 or u.shape != v.shape:
                 return f"{na.op_type} {na.name} reads a constant of the searched shape"
-            out[(i, j)] = (u, v)
+            out.add((i, j))
         same.update(zip(nb.output, na.output, strict=True))
     return out
 

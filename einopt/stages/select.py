@@ -266,22 +266,15 @@ def _verified(
     ``pending``; one that differs, holds at the representative shape only
     (:meth:`StageContext.shape_specific`), or runs too slowly to time, is rejected, before any
     timing); the keys that passed, in order."""
-    if not ctx.datasets:  # unverified: only what the probe tells of other shapes (StageContext._unchecked)
-        ok = []
-        for name, i in keys:
-            if specific := ctx.shape_specific(pseudo[_pseudo(name, i)].nodes, pending[name][i].instantiated):
-                pending[name][i] = dataclasses.replace(pending[name][i], rejected=LEFT_OUT + specific)
-            else:
-                ok.append((name, i))
-        return ok
     parts = [pseudo[_pseudo(n, i)] for n, i in keys]
-    checks = verify_parts(ctx.model, parts, emitted, ctx.datasets, ctx.tolerance)
+    # unverified: only what the probe tells of other shapes (StageContext._unchecked)
+    checks = verify_parts(ctx.model, parts, emitted, ctx.datasets, ctx.tolerance) if ctx.datasets else {}
     ok = []
     for name, i in keys:
-        check = checks[_pseudo(name, i)]
-        c = dataclasses.replace(pending[name][i], verified=check)
-        slow = _slow(check.run_seconds)
-        if not check.ok:
+        check = checks.get(_pseudo(name, i))
+        c = pending[name][i] if check is None else dataclasses.replace(pending[name][i], verified=check)
+        slow = _slow(check.run_seconds) if check is not None else ""
+        if check is not None and not check.ok:
             log.warning("%s (%s): candidate differs from the original: %s", name, c.label, check.message)
             c = dataclasses.replace(c, rejected=f"verification failed: {check.message}")
         elif slow:
