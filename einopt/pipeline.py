@@ -106,6 +106,10 @@ class Options:
         Other values of symbolic dimensions (``[{"batch": 4}]``; a dimension not named keeps its
         representative value) the output is timed at too, against the input: it is kept only where
         it is not slower at any of them (``--time-shapes``).
+    specialize : bool
+        A rewrite that holds at the representative values only is kept there, behind a run-time
+        test of the input shapes, the input's own nodes running at every other value
+        (:mod:`einopt.stages.specialize`); False: it is left out (``--no-specialize``).
     inputs : sequence
         Extra verification data sets (arrays by input name, or ``.npz`` paths).
     verify : bool
@@ -153,6 +157,7 @@ class Options:
     dims: Mapping[str, int] = dataclasses.field(default_factory=dict)
     dim_ranges: Mapping[str, DimRange] = dataclasses.field(default_factory=dict)
     time_shapes: Sequence[Mapping[str, int]] = ()
+    specialize: bool = True
     inputs: Sequence[Mapping[str, np.ndarray] | str | Path] = ()
     verify: bool = True
     seed: int = 0
@@ -460,6 +465,7 @@ def _rewrite(
         checks=inputs.checks,
         timings=inputs.timings,
         probe=_probe(original, options, dims, inputs.checks, translated, fold=fold),
+        specialize=options.specialize,
     )
     try:
         searches = _search(parts, options, store, progress)
@@ -489,6 +495,12 @@ def _rewrite(
         )
     if dims.values and out is not original:
         notes.append(_symbolic_note(dims, inputs.checks))
+        only = [s.name for s in states.values() if s.kept and s.emitted is not None and s.emitted.only_at]
+        if only:
+            notes.append(
+                f"{len(only)} rewrite(s) run at the searched values only, the input's own nodes at other "
+                f"values (they hold there only; --no-specialize leaves them out): {', '.join(only)}"
+            )
     notes = _notes(notes, prepared.changes, original, out, pinned=bool(options.input_shapes))
     results = tuple(part_result(s, decided.rounds, options.accept) for s in states.values())
     kept = [s for s in states.values() if s.kept]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from fractions import Fraction
 
@@ -281,9 +282,16 @@ def test_unverified_a_rewrite_is_kept_symbolic_only_where_the_probe_writes_it_fo
     for batch, seq in SHAPES:
         assert_same_outputs(model, result.model, _feeds(model, batch, seq))
     disable_operators(monkeypatch)  # eOperators: functions written for the searched shape
-    result = optimize(model, Options(max_depth=0, accept="verified", cache=False, verify=False))
+    unverified = Options(max_depth=0, accept="verified", cache=False, verify=False, specialize=False)
+    result = optimize(model, unverified)
     assert not result.changed()
     assert all(p.status == "left out" for p in result.parts if p.kind != "passthrough")
+    # run at the searched shape only, the input's own nodes elsewhere: right at any shape unverified too
+    result = optimize(model, dataclasses.replace(unverified, specialize=True))
+    assert result.changed()
+    assert all(p.only_at == "batch=1, seq=128" for p in result.parts if p.kind != "passthrough")
+    for batch, seq in SHAPES:
+        assert_same_outputs(model, result.model, _feeds(model, batch, seq))
 
 
 def test_a_reshape_target_the_caller_may_feed_is_not_read_as_its_inferred_shape():
@@ -312,7 +320,7 @@ def test_the_report_and_the_html_say_which_dimensions_stayed_symbolic_and_what_w
     from einopt.reports.report_html import render_html
 
     disable_operators(monkeypatch)  # eOperators written for the searched shape: left out
-    result = optimize(_split_heads(), VERIFIED)
+    result = optimize(_split_heads(), dataclasses.replace(VERIFIED, specialize=False))
     report = json.loads(json.dumps(result.report() | {"model": "m.onnx", "output": "o.onnx"}))
     validate_report(report)  # as written to a file
     section = report["symbolic"]

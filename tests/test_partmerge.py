@@ -109,7 +109,12 @@ def test_with_generated_kernels_selection_prefers_fewer_nodes_among_ties():
     from einopt.stages.select import Trial, choose
 
     def trial(speedup: float, nodes: int) -> Trial:
-        return Trial("p", NS(depth=3), instantiated=NS(nodes=[None] * nodes), measured=NS(speedup=speedup))
+        return Trial(
+            "p",
+            NS(depth=3),
+            instantiated=NS(nodes=[None] * nodes, only_at=None),
+            measured=NS(speedup=speedup),
+        )
 
     many, few, slow = trial(2.77, 9), trial(2.70, 5), trial(2.40, 3)
     best, tried = choose([many, few, slow], timed=True, fewer_nodes=True)

@@ -150,6 +150,14 @@ _shape_option = click.option(
     "named keeps its --dim value): it is kept only where it is not slower at any of them.",
 )
 @click.option(
+    "--specialize/--no-specialize",
+    default=True,
+    show_default=True,
+    help="A rewrite that holds at the searched values of the symbolic dimensions only is kept there: "
+    "the output tests its input shapes at run time and runs the input's own nodes at other values. "
+    "--no-specialize leaves such rewrites out.",
+)
+@click.option(
     "--inputs",
     "npz",
     type=click.Path(dir_okay=False),
@@ -232,6 +240,7 @@ def optimize(
     input_shapes,
     dims,
     time_shapes,
+    specialize,
     npz,
     no_verify,
     kernels,
@@ -284,6 +293,7 @@ def optimize(
             dims=declared[0],
             dim_ranges=declared[1],
             time_shapes=tuple(_dims(tuple(t.split(",")), "--time-shapes") for t in time_shapes),
+            specialize=specialize,
             inputs=extra,
             verify=not no_verify,
             seed=seed,

@@ -125,18 +125,30 @@ class Choice:
 
 
 @dataclasses.dataclass(frozen=True)
+class AtShape:
+    """A rewrite run at one assignment of a model's symbolic dimensions only."""
+
+    rewrite: Instantiated  # what runs there
+    values: str  # the assignment, e.g. "batch=1, sequence=128"
+    why: str  # why the rewrite holds there only
+
+
+@dataclasses.dataclass(frozen=True)
 class Instantiated:
     """ONNX pieces computing a program: add them to a graph (and the functions to the model)."""
 
     nodes: tuple[onnx.NodeProto, ...]  # topologically ordered
     initializers: tuple[onnx.TensorProto, ...]
-    functions: tuple[onnx.FunctionProto, ...]  # eOperators, domain "einopt.eop"
+    functions: tuple[onnx.FunctionProto, ...]  # eOperators, domain "einopt.eop" (and einopt.shape)
     choices: tuple[Choice, ...]
     # With ``light``: the large initializers' names, types and shapes, without their values.
     placeholders: tuple[onnx.ValueInfoProto, ...] = ()
     # Types and shapes of the values ONNX shape inference cannot infer (outputs of operators outside
     # the default domain, such as ONNX Runtime's com.microsoft ones).
     value_info: tuple[onnx.ValueInfoProto, ...] = ()
+    # Set when these nodes run a rewrite at the searched shape of a model's symbolic dimensions
+    # only, and the input's own nodes at every other (:mod:`einopt.stages.specialize`).
+    only_at: AtShape | None = None
 
     @property
     def has_generated_kernels(self) -> bool:

@@ -93,7 +93,7 @@ def program_model(
         + list(inst.initializers),
         value_info=list(inst.value_info),
     )
-    opsets = [helper.make_opsetid("", opset), *missing_opsets(inst.nodes)]
+    opsets = [helper.make_opsetid("", opset), *missing_opsets(inst.nodes, functions=inst.functions)]
     model = helper.make_model(
         graph, opset_imports=opsets, functions=list(inst.functions), producer_name="einopt"
     )

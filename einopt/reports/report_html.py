@@ -290,6 +290,7 @@ def _symbolic(section: Mapping | None) -> dict | None:
         "verified": [shape(v) for v in section.get("verified_at") or []],
         "timed": [shape(v) for v in section.get("timed_at") or []],
         "left_out": list(section.get("left_out") or []),
+        "searched_only": list(section.get("searched_shape_only") or []),
     }
 
 

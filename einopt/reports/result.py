@@ -46,6 +46,7 @@ class PartResult:
         None  # original_ms, optimized_ms, speedup (and its speedup_95), cached, unreliable
     )
     search: Mapping[str, object] | None = None  # its search's counts and the candidates tried
+    only_at: str = ""  # its rewrite runs at these values of the symbolic dimensions only ("": at all)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +127,8 @@ class Result:
         if not self.symbolic:
             return None
         left_out = [p.name for p in self.parts if p.status == "left out"]
-        return dict(self.symbolic) | {"left_out": left_out}
+        only = [p.name for p in self.parts if p.only_at and p.status in ("accepted", "rewritten")]
+        return dict(self.symbolic) | {"left_out": left_out, "searched_shape_only": only}
 
     def with_part_timings(self, timings: Mapping[str, Mapping[str, float]]) -> Result:
         """A copy whose parts carry ``timings[name]`` (see :func:`einopt.reports.measure.measure_parts`)."""
@@ -219,6 +221,8 @@ def part_result(state: PartState, rounds: Sequence[ModelRound], accept: str) -> 
     if state.kept:
         status = "accepted" if accept == "measured" else "rewritten"
         reason = verdict.reason if verdict else "verified, not timed"
+        if (at := chosen.instantiated.only_at) is not None:
+            reason += f"; run at {at.values} only (the input's nodes at other values): it {at.why}"
     elif state.dropped.startswith(LEFT_OUT):
         status, reason, new_ops = "left out", state.dropped[len(LEFT_OUT) :], ()
     elif state.dropped:
@@ -229,7 +233,9 @@ def part_result(state: PartState, rounds: Sequence[ModelRound], accept: str) -> 
         status, reason = "not faster", verdict.reason
     else:
         status, reason = "not faster", "could not be timed: the original nodes stay"
-    return PartResult(p.name, p.kind, ops, status, reason, new_ops, text, err, trace, bench, search)
+    at = chosen.instantiated.only_at
+    only_at = at.values if at is not None else ""
+    return PartResult(p.name, p.kind, ops, status, reason, new_ops, text, err, trace, bench, search, only_at)
 
 
 def _search_report(selection: Selection) -> dict[str, object]:
@@ -274,4 +280,6 @@ def _rollback_reason(name: str, rounds: Sequence[ModelRound]) -> str:
 
 
 def _new_ops(inst: Instantiated) -> tuple[str, ...]:
+    if inst.only_at is not None:  # what runs at the searched shape (the input's nodes elsewhere)
+        inst = inst.only_at.rewrite
     return tuple(n.op_type if n.domain in DEFAULT_DOMAINS else f"{n.domain}.{n.op_type}" for n in inst.nodes)

@@ -101,17 +101,31 @@ _ORT_ERRORS = _ort_errors()
 
 
 def missing_opsets(
-    nodes: Iterable[onnx.NodeProto], present: Iterable[onnx.OperatorSetIdProto] = ()
+    nodes: Iterable[onnx.NodeProto],
+    present: Iterable[onnx.OperatorSetIdProto] = (),
+    functions: Iterable[onnx.FunctionProto] = (),
 ) -> list[onnx.OperatorSetIdProto]:
-    """Opset imports (version 1) for the non-default domains ``nodes`` use that ``present`` lacks.
+    """Opset imports (version 1) for the non-default domains ``nodes`` (their subgraphs, and the
+    bodies of ``functions``) use that ``present`` lacks.
 
-    einopt adds nodes in two such domains, both at version 1: its eOperators' model-local
-    functions and ONNX Runtime's contrib operators (``com.microsoft``). A model holding them
-    must import their domains, or ONNX Runtime refuses to load it.
+    einopt adds nodes in three such domains, all at version 1: its eOperators' model-local
+    functions, the functions that run a rewrite at the searched shape only, and ONNX Runtime's
+    contrib operators (``com.microsoft``). A model holding them must import their domains, or ONNX
+    Runtime refuses to load it.
     """
     have = {o.domain for o in present} | {"", "ai.onnx"}
-    need = dict.fromkeys(n.domain for n in nodes if n.domain not in have)
-    return [onnx.helper.make_opsetid(d, 1) for d in need]
+    need = dict.fromkeys(
+        n.domain for n in (*_all_nodes(nodes), *_all_nodes(n for f in functions for n in f.node))
+    )
+    return [onnx.helper.make_opsetid(d, 1) for d in need if d not in have]
+
+
+def _all_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
+    for n in nodes:
+        yield n
+        for a in n.attribute:
+            for g in [a.g] if a.HasField("g") else a.graphs:
+                yield from _all_nodes(g.node)
 
 
 def tensor_nbytes(t: TensorProto) -> int | None:

@@ -163,7 +163,7 @@ def subgraph_model(
         [onnx.ValueInfoProto(name=o) for o in outputs],
         initializer=list(initializers),
     )
-    opsets = [*template.opset_import, *modelio.missing_opsets(nodes, template.opset_import)]
+    opsets = [*template.opset_import, *modelio.missing_opsets(nodes, template.opset_import, functions)]
     m = onnx.helper.make_model(graph, opset_imports=opsets, functions=list(functions))
     m.ir_version = max(template.ir_version, 8 if functions else template.ir_version)
     return m

@@ -11,11 +11,13 @@ import onnx
 
 from einopt.frontend.symbolic import Dims, keep_symbolic
 from einopt.instantiate.backend import PORTABLE, Backend
+from einopt.instantiate.emit import AtShape
 from einopt.runtime.timing import MODEL_NOISE, NOISE_BAND
 from einopt.runtime.verify import Agreement, Tolerance, compare_models
 from einopt.stages.export import assemble
 from einopt.stages.generalize import Probe, generalized
 from einopt.stages.postopt import postoptimize
+from einopt.stages.specialize import specialized
 from einopt.stages.timer import Timer
 
 if TYPE_CHECKING:
@@ -103,6 +105,9 @@ class StageContext:
     probe : Probe or None
         The model translated at other values of ``dims``: a rewrite's sizes of them are written as
         run-time arithmetic where the two agree on what they are (:mod:`einopt.stages.generalize`).
+    specialize : bool
+        A rewrite that holds at the representative values of ``dims`` only is kept there, behind a
+        run-time test of the input shapes (:mod:`einopt.stages.specialize`); False: left out.
     """
 
     original: onnx.ModelProto
@@ -121,6 +126,7 @@ class StageContext:
     checks: Sequence[ShapeCheck] = ()
     timings: Sequence[ShapeTiming] = ()
     probe: Probe | None = None
+    specialize: bool = True
     _specific: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
     _written: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
@@ -159,11 +165,29 @@ class StageContext:
             self._specific[key] = (inst, self._first_difference(nodes, inst))
         return self._specific[key][1]
 
+    def at_searched_shape(self, part: Part, inst: Instantiated, why: str, prefix: str) -> Instantiated | None:
+        """``inst`` (a rewrite of ``part`` that holds at the representative values of the symbolic
+        dimensions only, ``why``) run there only, and the part's own nodes at every other value, if
+        it can be written so and holds at every checked value so; None otherwise."""
+        if not self.specialize or self.dims is None or not self.dims.values:
+            return None
+        values = self.dims.values
+        shapes = {  # inputs with a dimension left unresolved stay symbolic: so do the parts they reach
+            name: tuple(values[d] if isinstance(d, str) else d for d in dims)
+            for name, dims in self.dims.inputs.items()
+            if all(isinstance(d, int) or d in values for d in dims)
+        }
+        at = AtShape(inst, ", ".join(f"{n}={v}" for n, v in values.items()), why)
+        out = specialized(self.model, part, inst, shapes, prefix=prefix, taken=self.taken, at=at)
+        if out is None or self.shape_specific(part.nodes, out):
+            return None
+        return out
+
     def _unchecked(self, inst: Instantiated) -> str:
         """Why a rewrite holds at the representative values only when nothing is verified at other
         values (no verification, or the input runs at none of them): the probe's word alone."""
-        if self.dims is None or not self.dims.values:
-            return ""
+        if self.dims is None or not self.dims.values or inst.only_at is not None:
+            return ""  # run at the representative values only: the input's own nodes at the others
         if self.probe is None:
             return "not checked at other values of the symbolic dimensions (nothing is verified there)"
         why = self._not_written(inst)

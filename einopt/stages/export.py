@@ -121,7 +121,7 @@ def assemble(
     del g.value_info[:]
     g.value_info.extend(vis)
 
-    out.opset_import.extend(missing_opsets(nodes, out.opset_import))
+    out.opset_import.extend(missing_opsets(nodes, out.opset_import, functions))
     if functions:
         out.functions.extend(functions)
         out.ir_version = max(out.ir_version, 8)  # model-local functions need IR version 8

@@ -263,9 +263,10 @@ def _verified(
 ) -> list[tuple[str, int]]:
     """Verify the trials ``keys`` on the values that reach their parts, and (where the output keeps
     symbolic dimensions) in the output at the other shapes the context checks (recorded in
-    ``pending``; one that differs, holds at the representative shape only
-    (:meth:`StageContext.shape_specific`), or runs too slowly to time, is rejected, before any
-    timing); the keys that passed, in order."""
+    ``pending``; one that differs, or runs too slowly to time, is rejected, before any timing; one
+    that holds at the representative shape only (:meth:`StageContext.shape_specific`) is kept
+    there, behind a run-time shape test, where it can be (:meth:`StageContext.at_searched_shape`:
+    ``emitted`` then holds that form), and left out where not); the keys that passed, in order."""
     parts = [pseudo[_pseudo(n, i)] for n, i in keys]
     # unverified: only what the probe tells of other shapes (StageContext._unchecked)
     checks = verify_parts(ctx.model, parts, emitted, ctx.datasets, ctx.tolerance) if ctx.datasets else {}
@@ -280,7 +281,13 @@ def _verified(
         elif slow:
             c = dataclasses.replace(c, rejected=slow)
         elif specific := ctx.shape_specific(pseudo[_pseudo(name, i)].nodes, c.instantiated):
-            c = dataclasses.replace(c, rejected=LEFT_OUT + specific)
+            there = ctx.at_searched_shape(pseudo[_pseudo(name, i)], c.instantiated, specific, name + "/")
+            if there is None:
+                c = dataclasses.replace(c, rejected=LEFT_OUT + specific)
+            else:  # kept at the representative shape only, the part's own nodes elsewhere
+                c = dataclasses.replace(c, instantiated=there)
+                emitted[_pseudo(name, i)] = there
+                ok.append((name, i))
         else:
             ok.append((name, i))
         pending[name][i] = c
@@ -458,7 +465,9 @@ def choose(
     With ``fewer_nodes`` (generated kernels, whose point is to remove kernels), the trial with the
     fewest nodes among those measured within ``1 + noise`` of the fastest (default :data:`NOISE_BAND`:
     ties on this machine) is chosen instead: InfoGAN's phases as four Convs and one kernel rather
-    than four Convs, four Reshapes and one kernel, measured 2.70x against 2.77x.
+    than four Convs, four Reshapes and one kernel, measured 2.70x against 2.77x. A trial that runs
+    its rewrite at the searched shape only (:mod:`einopt.stages.specialize`) gives way to one that
+    holds at every shape and is measured within ``1 + noise`` of it (untimed: to any that holds).
     """
     ok = [c for c in trials if c.instantiated is not None and not c.unchanged and not c.rejected]
     if timed:
@@ -467,11 +476,17 @@ def choose(
         if fewer_nodes and best is not None:
             ties = [c for c in ok if c.measured.speedup * (1 + noise) >= best.measured.speedup]
             best = min(ties, key=lambda c: (len(c.instantiated.nodes), -c.measured.speedup))
+        if best is not None and best.instantiated.only_at is not None:
+            everywhere = [c for c in ok if c.instantiated.only_at is None]
+            general = max(everywhere, key=lambda c: c.measured.speedup, default=None)
+            if general is not None and general.measured.speedup * (1 + noise) >= best.measured.speedup:
+                best = general  # a tie at the searched shape: the rewrite that holds at every shape
     else:
         # untimed, the forms of one candidate cost the same: generated kernels go to fewer nodes
         best = min(
             ok,
             key=lambda c: (
+                c.instantiated.only_at is not None,  # what holds at every shape first
                 c.candidate.cost,
                 len(c.instantiated.nodes) if fewer_nodes else 0,
                 c.candidate.depth,
@@ -483,6 +498,13 @@ def choose(
         if c is best or c.rejected:
             tried.append(c)
         elif timed and c.measured is not None and c.measured.speedup > best.measured.speedup:
+            if c.instantiated.only_at is not None and best.instantiated.only_at is None:
+                why = (
+                    f"measured {c.measured.speedup:.2f}x, a tie with the chosen within noise, at the "
+                    f"searched shape only (the chosen holds at every shape)"
+                )
+                tried.append(dataclasses.replace(c, rejected=why))
+                continue
             why = (
                 f"measured {c.measured.speedup:.2f}x, a tie with the chosen within noise, with more nodes "
                 f"({len(c.instantiated.nodes)} against {len(best.instantiated.nodes)})"
