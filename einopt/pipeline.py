@@ -33,6 +33,8 @@ from einopt.frontend.symbolic import (
     DimRange,
     Dims,
     check_assignments,
+    declared_shapes,
+    keep_symbolic,
     representative,
     second_probe,
     seen_values,
@@ -466,6 +468,7 @@ def _rewrite(
         timings=inputs.timings,
         probe=_probe(original, options, dims, inputs.checks, translated, fold=fold),
         specialize=options.specialize,
+        declared=declared_shapes(keep_symbolic(model, original)) if dims.values else {},
     )
     try:
         searches = _search(parts, options, store, progress)
@@ -509,6 +512,7 @@ def _rewrite(
         tuple(s.part for s in kept),
         {s.name: s.emitted for s in kept},
         feeds if inputs.datasets else None,
+        ctx.declared,
     )
     return Result(
         out,

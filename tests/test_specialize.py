@@ -14,11 +14,13 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 from onnx_models import assert_same_outputs, conv_block, disable_operators
 
+from einopt.frontend.symbolic import declared_shapes
 from einopt.frontend.translate import Part
 from einopt.instantiate.emit import Instantiated
 from einopt.opsets import KERNEL_DOMAIN
 from einopt.pipeline import Options, optimize
 from einopt.runtime import modelio
+from einopt.runtime.verify import subgraph_model
 from einopt.stages.export import assemble
 from einopt.stages.select import Trial, choose
 from einopt.stages.specialize import SHAPE_DOMAIN, specialized
@@ -116,3 +118,36 @@ def test_a_tie_at_the_searched_shape_goes_to_the_rewrite_that_holds_at_every_sha
     assert best is general and "searched shape only" in tried[0].rejected
     assert choose([faster, general], timed=True)[0] is faster  # clearly faster there: kept there
     assert choose([special, general], timed=False)[0] is general
+
+
+def test_parts_are_timed_with_their_inputs_declared_as_the_output_declares_them():
+    model = conv_block(batch="N")
+    declared = declared_shapes(model)
+    assert declared["x"] == ("N", 8, 6, 6) and declared["y"][0] == "N"
+    assert all(isinstance(d, int) for d in declared["c1"][1:])  # Conv keeps the size it can tell
+    x = np.zeros((1, 8, 6, 6), np.float32)
+    part = subgraph_model(model, [model.graph.node[1]], {"c1": x}, ["r1"], declared=declared)
+    dims = [d.dim_param or d.dim_value for d in part.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == list(declared["c1"])
+    static = subgraph_model(model, [model.graph.node[1]], {"c1": x}, ["r1"])
+    assert [d.dim_value for d in static.graph.input[0].type.tensor_type.shape.dim] == [1, 8, 6, 6]
+
+
+def test_a_model_that_keeps_symbolic_dimensions_times_its_parts_so(monkeypatch):
+    from einopt.stages import context
+
+    seen = []
+    real = context.part_pairs
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("declared"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(context, "part_pairs", spy)
+    disable_operators(monkeypatch)  # rewritten at depth 0: something to time
+    options = Options(max_depth=0, cache=False, part_budget_s=0.1, model_budget_s=0.5)
+    optimize(conv_block(batch="N"), options)
+    assert seen and all(d and d["x"] == ("N", 8, 6, 6) for d in seen)
+    seen.clear()
+    optimize(conv_block(batch="N"), dataclasses.replace(options, input_shapes={"x": (1, 8, 6, 6)}))
+    assert seen and not any(seen)  # pinned: a static output, timed static

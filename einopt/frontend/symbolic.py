@@ -293,3 +293,22 @@ def keep_symbolic(out: onnx.ModelProto, original: onnx.ModelProto) -> onnx.Model
             vi.type.CopyFrom(declared[vi.name].type)
     del m.graph.value_info[:]
     return m
+
+
+def declared_shapes(model: onnx.ModelProto) -> dict[str, tuple[int | str | None, ...]]:
+    """The dims ONNX shape inference gives ``model``'s values from its graph inputs' symbolic ones, for
+    the values that have one it cannot tell as a number: a name where it carries one through, None
+    where it cannot say (what ONNX Runtime knows of them in the output)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except (onnx.shape_inference.InferenceError, ValueError):  # noqa: PERF203 - too large, or invalid
+        return {}
+    out: dict[str, tuple[int | str | None, ...]] = {}
+    for vi in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+            continue
+        dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+        if not all(isinstance(d, int) for d in dims):
+            out[vi.name] = dims
+    return out

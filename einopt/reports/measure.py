@@ -62,7 +62,7 @@ def measure_parts(
     feeds = ws.feeds if ws.feeds is not None else modelio.random_inputs(ws.model, seed)
     per_part = budget_s / len(todo)
     timings: dict[str, dict[str, float]] = {}
-    for pair in part_pairs(ws.model, todo, ws.emitted, feeds, epilogues=True):
+    for pair in part_pairs(ws.model, todo, ws.emitted, feeds, epilogues=True, declared=ws.declared):
         t = bench.time_models(
             pair.original,
             pair.rewritten,

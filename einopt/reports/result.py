@@ -57,6 +57,7 @@ class Workspace:
     parts: tuple[Part, ...]  # the parts whose rewrite is in the output
     emitted: Mapping[str, Instantiated]
     feeds: Mapping[str, np.ndarray] | None  # the first verification inputs (None: unverified)
+    declared: Mapping[str, tuple] = dataclasses.field(default_factory=dict)  # StageContext.declared
 
 
 @dataclasses.dataclass(frozen=True)

@@ -148,11 +148,20 @@ def subgraph_model(
     outputs: Sequence[str],
     initializers: Sequence[onnx.TensorProto] = (),
     functions: Sequence[onnx.FunctionProto] = (),
+    declared: Mapping[str, Sequence[int | str | None]] | None = None,
 ) -> onnx.ModelProto:
-    """A standalone model of ``nodes`` whose graph inputs are typed after ``inputs``'s arrays."""
+    """A standalone model of ``nodes`` whose graph inputs are typed after ``inputs``'s arrays; an
+    input in ``declared`` has those dims instead (a name for a symbolic one, None for an unknown
+    one: ONNX Runtime runs a model whose shapes it cannot know otherwise)."""
     init_names = {t.name for t in initializers}
+    declared = declared or {}
+
+    def dims(n: str, a: np.ndarray) -> list:
+        d = declared.get(n)
+        return list(d) if d is not None and len(d) == a.ndim else list(a.shape)
+
     graph_inputs = [
-        onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape))
+        onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), dims(n, a))
         for n, a in inputs.items()
         if n not in init_names
     ]

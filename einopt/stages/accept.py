@@ -41,7 +41,7 @@ from einopt.runtime.timing import NOISE_BAND, Comparison, configure_threads
 from einopt.stages.context import StageContext
 from einopt.stages.state import PartState, Verdict
 from einopt.stages.timer import Timer
-from einopt.stages.verify import PartPair, part_pairs
+from einopt.stages.verify import PartPair
 
 if TYPE_CHECKING:
     from einopt.frontend.translate import Part
@@ -343,9 +343,7 @@ def accept(ctx: StageContext, states: Mapping[str, PartState]) -> Decision:
         return Decision(frozenset(), {}, (), (note,), report)
     configure_threads()
     made = {n: c.measured for n, c in chosen.items() if c.measured}
-    pairs = part_pairs(
-        ctx.model, [parts[n] for n in emitted if n not in made], emitted, ctx.feeds, epilogues=True
-    )
+    pairs = ctx.part_pairs([parts[n] for n in emitted if n not in made], emitted)
     verdicts = judge_parts([*made.items(), *pairs], ctx.timer, ctx.noise)
     gains = {n: v.timing.speedup for n, v in verdicts.items() if v.accepted}
 

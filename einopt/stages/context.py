@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,6 +19,7 @@ from einopt.stages.generalize import Probe, generalized
 from einopt.stages.postopt import postoptimize
 from einopt.stages.specialize import specialized
 from einopt.stages.timer import Timer
+from einopt.stages.verify import PartPair, part_pairs
 
 if TYPE_CHECKING:
     from einopt.frontend.translate import Part
@@ -108,6 +109,10 @@ class StageContext:
     specialize : bool
         A rewrite that holds at the representative values of ``dims`` only is kept there, behind a
         run-time test of the input shapes (:mod:`einopt.stages.specialize`); False: left out.
+    declared : mapping
+        Value name -> its dims as the output declares them (a name for a symbolic one, None for one
+        not known; :func:`~einopt.frontend.symbolic.declared_shapes`): parts are timed with their
+        inputs declared so (:meth:`part_pairs`).
     """
 
     original: onnx.ModelProto
@@ -127,6 +132,7 @@ class StageContext:
     timings: Sequence[ShapeTiming] = ()
     probe: Probe | None = None
     specialize: bool = True
+    declared: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
     _specific: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
     _written: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
@@ -138,6 +144,12 @@ class StageContext:
         if self.dims is not None and self.dims.values:
             out = keep_symbolic(out, self.original)
         return postoptimize(out)
+
+    def part_pairs(self, parts: Sequence[Part], emitted: Mapping[str, Instantiated]) -> Iterator[PartPair]:
+        """Each of ``parts`` (its nodes of :attr:`model`, and ``emitted``'s) as two models to time, on
+        the values :attr:`feeds` produce, each with its epilogue, inputs declared as the output
+        declares them."""
+        return part_pairs(self.model, parts, emitted, self.feeds, epilogues=True, declared=self.declared)
 
     def for_any_shape(
         self, part: Part, candidate: Candidate, inst: Instantiated, opset: int, backend: Backend

@@ -34,7 +34,7 @@ from einopt.runtime.verify import Agreement, first_line
 from einopt.search.results import Candidate
 from einopt.stages.context import StageContext
 from einopt.stages.partsearch import PartSearch
-from einopt.stages.verify import part_pairs, verify_parts
+from einopt.stages.verify import verify_parts
 
 __all__ = [
     "Trial",
@@ -200,9 +200,7 @@ def select(
         if not timing or not ok:
             continue
         todo = [pseudo[_pseudo(name, i)] for name, i in ok]
-        for pair in part_pairs(
-            model, todo, {p.name: emitted[p.name] for p in todo}, ctx.feeds, epilogues=True
-        ):
+        for pair in ctx.part_pairs(todo, {p.name: emitted[p.name] for p in todo}):
             name, i = _unpseudo(pair.name)
             if time.monotonic() > deadline:
                 pending[name][i] = dataclasses.replace(pending[name][i], rejected=ran_out)
@@ -245,9 +243,7 @@ def try_trials(ctx: StageContext, part: Part, trials: Sequence[Trial]) -> list[T
     ok = _verified(ctx, keys, pseudo, emitted, pending)
     if ctx.timed and ok:
         todo = [pseudo[_pseudo(n, i)] for n, i in ok]
-        for pair in part_pairs(
-            model, todo, {p.name: emitted[p.name] for p in todo}, ctx.feeds, epilogues=True
-        ):
+        for pair in ctx.part_pairs(todo, {p.name: emitted[p.name] for p in todo}):
             name, i = _unpseudo(pair.name)
             t = ctx.timer.part(dataclasses.replace(pair, name=name))
             pending[name][i] = dataclasses.replace(pending[name][i], measured=t)

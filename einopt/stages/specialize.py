@@ -60,7 +60,9 @@ def specialized(
         {*inputs, *outputs, *(x for n in (*old, *inst.nodes) for x in (*n.input, *n.output))} | local
     )
 
-    then_graph = _branch("then", inst.nodes, outputs, names, inst.initializers, inst.value_info)
+    read = {x for n in inst.nodes for x in n.input}
+    constants = [t for t in inst.initializers if t.name in read]  # ONNX Runtime warns of the others
+    then_graph = _branch("then", inst.nodes, outputs, names, constants, inst.value_info)
     else_graph = _branch("else", old, outputs, names)
     body = _shape_test(shapes, names)
     body.append(

@@ -96,6 +96,7 @@ def part_pairs(
     feeds: Mapping[str, np.ndarray],
     max_bytes: int = CAPTURE_BYTES,
     epilogues: bool = False,
+    declared: Mapping[str, Sequence[int | str | None]] | None = None,
 ) -> Iterator[PartPair]:
     """For each part, its original nodes and its new nodes as two models on the values ``feeds`` produce.
 
@@ -116,6 +117,10 @@ def part_pairs(
         Append each part's :func:`epilogue` to both its models (for timing: what ONNX Runtime
         fuses across the part's boundary is then in both), instead of ending at the part's outputs
         (for checking them).
+    declared : mapping, optional
+        Dims of values (by name) as the output declares them where it keeps symbolic dimensions: a
+        part's inputs are declared so in both its models (ONNX Runtime runs some forms slower where
+        it cannot know a shape: they are timed as the output runs them).
     """
     nodes = list(model.graph.node)
     boundary: dict[str, tuple[list[str], list[str]]] = {}
@@ -146,7 +151,9 @@ def part_pairs(
             new_feeds = {n: values[n] for n in new_in}
             yield PartPair(
                 p.name,
-                subgraph_model(model, old_nodes, old_feeds, outputs, _constants(old_nodes, consts)),
+                subgraph_model(
+                    model, old_nodes, old_feeds, outputs, _constants(old_nodes, consts), declared=declared
+                ),
                 old_feeds,
                 subgraph_model(
                     model,
@@ -155,6 +162,7 @@ def part_pairs(
                     outputs,
                     [*inst.initializers, *_constants(new_nodes, consts)],
                     inst.functions,
+                    declared,
                 ),
                 new_feeds,
             )

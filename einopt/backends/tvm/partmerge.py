@@ -55,7 +55,7 @@ from einopt.stages.export import toposort
 from einopt.stages.partsearch import PartSearch
 from einopt.stages.select import Selection, Trial, choose, try_trials
 from einopt.stages.state import PartState
-from einopt.stages.verify import PartPair, part_pairs
+from einopt.stages.verify import PartPair
 
 __all__ = ["compose", "merge_parts", "MERGE_RULE", "BUDGET_S"]
 
@@ -394,12 +394,9 @@ def _head_to_head(ctx: StageContext, part: Part, separate: Instantiated, fused: 
     """``fused`` timed against ``separate`` (two instantiations of ``part``), side by side."""
     pairs = {
         p.name: p
-        for p in part_pairs(
-            ctx.model,
+        for p in ctx.part_pairs(
             [dataclasses.replace(part, name=n) for n in ("separate", "fused")],
             {"separate": separate, "fused": fused},
-            ctx.feeds,
-            epilogues=True,
         )
     }
     a, b = pairs["separate"], pairs["fused"]
