@@ -348,3 +348,23 @@ def test_random_graphs_with_a_symbolic_batch_optimize_to_models_equal_at_every_b
     or left out); ``scripts/fuzz.py --symbolic`` is the long run."""
     outcome = check_case(symbolic_case(case), seed)
     assert outcome.status == "ok", f"{outcome.status} on {outcome.kind} data: {outcome.detail}"
+
+
+@pytest.mark.parametrize(
+    ("op", "inputs", "shapes", "valid"),
+    [
+        ("PRelu", ["x", "s"], {"x": [1, 1], "s": [1]}, True),
+        ("PRelu", ["x", "s"], {"x": [1, 1], "s": [2]}, False),  # the input broadcasts to the slope
+        ("Einsum", ["x", "s"], {"x": [2, 3], "s": [4, 3]}, True),
+        ("Einsum", ["x", "s"], {"x": [1, 3], "s": [2, 3]}, False),  # a bound to 1 and 2
+    ],
+)
+def test_a_batch_is_valid_only_where_onnx_rules_hold_not_only_shape_inference(op, inputs, shapes, valid):
+    from einopt.testing.graphs import _einsum_letters_agree, _prelu_slopes_fit
+
+    attrs = {"equation": "ab,cb->ac"} if op == "Einsum" and valid else {"equation": "ab,ab->ab"}
+    node = helper.make_node(op, inputs, ["y"], **(attrs if op == "Einsum" else {}))
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in shapes.items()], []
+    )
+    assert (_einsum_letters_agree(graph) and _prelu_slopes_fit(graph)) == valid

@@ -19,7 +19,7 @@ from einopt.frontend.fold import prepare
 from einopt.frontend.symbolic import DimRange, Dims, check_assignments, keep_symbolic, parse_dim
 from einopt.frontend.translate import translate_graph
 from einopt.instantiate.backend import PORTABLE
-from einopt.instantiate.emit import instantiate
+from einopt.instantiate.emit import Instantiated, instantiate
 from einopt.pipeline import Options, optimize
 from einopt.rules import get as get_rule
 from einopt.rules.base import Context
@@ -332,3 +332,35 @@ def test_the_report_and_the_html_say_which_dimensions_stayed_symbolic_and_what_w
     html = render_html(report)
     assert "<h2>Symbolic dimensions</h2>" in html and "batch=3, seq=65" in html
     assert section["left_out"][0] in html and 'class="badge left-out"' in html
+
+
+def test_a_rewrite_whose_output_nothing_reads_any_more_goes_with_its_producers():
+    """A part folded to a constant leaves the rewrite of the part before it with no reader: it goes,
+    like the input's nodes that computed only for the replaced ones (kept, it read a value no node
+    writes any more)."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["x", "k"], ["v6"]),
+            helper.make_node("Transpose", ["v6"], ["v7"], perm=[1, 0]),
+            helper.make_node("ReduceMax", ["v7"], ["v8"], keepdims=1),
+            helper.make_node("Add", ["v8", "c"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])],
+        [
+            numpy_helper.from_array(np.array([4, 1], np.int64), "k"),
+            numpy_helper.from_array(np.zeros((1, 1), np.float32), "c"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    transpose = Instantiated((helper.make_node("Reshape", ["v6", "p/shape"], ["v7"]),), (), (), ())
+    folded = Instantiated(
+        (helper.make_node("Identity", ["q/y"], ["y"]),),
+        (numpy_helper.from_array(np.ones((1, 1), np.float32), "q/y"),),
+        (),
+        (),
+    )
+    out = assemble(model, {(1,): transpose, (3,): folded})
+    onnx.checker.check_model(out, full_check=True)
+    assert [n.op_type for n in out.graph.node] == ["Identity"]

@@ -102,11 +102,12 @@ def assemble(
         nodes, {i.name for i in g.input} | {t.name for t in g.initializer} | {t.name for t in new_inits}
     )
     # Nodes that computed only what the replaced ones read (a Reshape target from Shape, Gather and
-    # Concat, as exporters write for a symbolic dimension) go with them; nodes the input model
-    # computed for nothing stay.
-    was_read = {id(n) for n in _live(old, model.graph.output)}
+    # Concat, as exporters write for a symbolic dimension) go with them, and so do new nodes whose
+    # outputs nothing reads any more (a part folded to a constant leaves its producers' rewrites
+    # with no reader); nodes the input model computed for nothing stay.
+    was_dead = {id(n) for n in old} - {id(n) for n in _live(old, model.graph.output)}
     reads = {id(n) for n in _live(nodes, g.output)}
-    nodes = [n for n in nodes if id(n) in reads or id(n) not in was_read]
+    nodes = [n for n in nodes if id(n) in reads or id(n) in was_dead]
     del g.node[:]
     g.node.extend(nodes)
 

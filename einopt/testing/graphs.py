@@ -1094,9 +1094,55 @@ def _valid_at(case: GraphCase, batch: int) -> bool:
     """Whether ONNX's strict shape inference accepts ``case`` at ``batch`` (ONNX Runtime runs some
     models that do not fit, a Concat of 0 rows, reading memory nothing wrote)."""
     try:
-        onnx.shape_inference.infer_shapes(_at_batch(case, batch).model, strict_mode=True, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(
+            _at_batch(case, batch).model, strict_mode=True, data_prop=True
+        )
     except Exception:  # noqa: BLE001 - any refusal: the batch is not one the model takes
         return False
+    return _einsum_letters_agree(inferred.graph) and _prelu_slopes_fit(inferred.graph)
+
+
+def _shapes(graph: onnx.GraphProto) -> dict[str, list[int | None]]:
+    out = {
+        vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+        for vi in (*graph.input, *graph.value_info, *graph.output)
+    }
+    return out | {t.name: list(t.dims) for t in graph.initializer}
+
+
+def _prelu_slopes_fit(graph: onnx.GraphProto) -> bool:
+    """Whether every PRelu's slope broadcasts to its input (ONNX's rule; ONNX Runtime also takes a
+    slope its input broadcasts to, and shape inference says the output has the input's shape)."""
+    shapes = _shapes(graph)
+    for node in graph.node:
+        if node.op_type != "PRelu":
+            continue
+        x, slope = shapes.get(node.input[0]), shapes.get(node.input[1])
+        if x is None or slope is None:
+            continue
+        if len(slope) > len(x) or any(
+            s not in (1, d) for s, d in zip(reversed(slope), reversed(x), strict=False) if None not in (s, d)
+        ):
+            return False
+    return True
+
+
+def _einsum_letters_agree(graph: onnx.GraphProto) -> bool:
+    """Whether every Einsum's letter labels dimensions of one size (ONNX's rule: only an ellipsis
+    broadcasts). Shape inference does not check it, and ONNX Runtime broadcasts a 1 anyway, where
+    inference keeps the 1: a batch of 1 against a letter bound to 4 elsewhere."""
+    shapes = _shapes(graph)
+    for node in graph.node:
+        if node.op_type != "Einsum":
+            continue
+        equation = next(a.s.decode() for a in node.attribute if a.name == "equation").replace(" ", "")
+        sizes: dict[str, int] = {}
+        for term, name in zip(equation.split("->")[0].split(","), node.input, strict=False):
+            if "." in term:  # an ellipsis: its dimensions broadcast
+                continue
+            for letter, n in zip(term, shapes.get(name) or [], strict=False):
+                if letter.isalpha() and n is not None and sizes.setdefault(letter, n) != n:
+                    return False
     return True
 
 
