@@ -79,6 +79,22 @@ def test_bad_input_shape_spec(tmp_path):
     assert result.exit_code == EXIT_CODES["bad_input"] and "nosuch" in result.output
 
 
+@pytest.mark.parametrize(
+    ("flag", "spec", "says"),
+    [
+        ("--dim", "N=two", "is not NAME=VALUE, NAME=LO..HI or NAME=LO..HI/STEP"),
+        ("--dim", "N=0", "a dimension is at least 1"),
+        ("--time-shapes", "N=2,M", "is not NAME=VALUE"),
+        ("--time-shapes", "N=1..4", "give one value (NAME=VALUE), not a range"),
+    ],
+)
+def test_a_bad_dimension_value_is_a_usage_error_and_writes_nothing(tmp_path, flag, spec, says):
+    src = _save(conv_block(batch="N"), tmp_path / "in.onnx")
+    result = run("optimize", src, "-o", tmp_path / "o.onnx", flag, spec)
+    assert result.exit_code == 2 and says in result.output and flag in result.output
+    assert not (tmp_path / "o.onnx").exists()
+
+
 @pytest.mark.parametrize("opset", [1, 6, 99])
 def test_an_unsupported_opset_exits_6_with_one_line_and_writes_nothing(opset, tmp_path):
     model = conv_block()

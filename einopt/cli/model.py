@@ -25,7 +25,7 @@ def _input_shapes(specs: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
     return dict(parse_input_shape(s) for s in specs)
 
 
-def _declared(specs: tuple[str, ...]) -> tuple[dict[str, int], dict]:
+def _declared(specs: tuple[str, ...], flag: str = "--dim") -> tuple[dict[str, int], dict]:
     """``--dim``s: the values given, and the declared ranges (a name may have one of each)."""
     # ONNX: loaded when the command runs, so that `einopt --help` stays fast
     from einopt.errors import ModelError
@@ -36,7 +36,7 @@ def _declared(specs: tuple[str, ...]) -> tuple[dict[str, int], dict]:
         try:
             name, value, declared = parse_dim(spec)
         except ModelError as e:
-            raise click.BadParameter(str(e), param_hint="--dim") from None
+            raise click.BadParameter(str(e), param_hint=flag) from None
         if value is not None:
             values[name] = value
         else:
@@ -44,14 +44,14 @@ def _declared(specs: tuple[str, ...]) -> tuple[dict[str, int], dict]:
     return values, ranges
 
 
-def _dims(specs: tuple[str, ...], flag: str = "--dim") -> dict[str, int]:
-    out = {}
-    for spec in specs:
-        name, _, value = spec.rpartition("=")
-        if not name or not value.isdigit() or int(value) < 1:
-            raise click.BadParameter(f"{spec!r} is not NAME=VALUE with a positive VALUE", param_hint=flag)
-        out[name] = int(value)
-    return out
+def _values(specs: tuple[str, ...], flag: str) -> dict[str, int]:
+    """``NAME=VALUE`` each (``--time-shapes``): a range is not a value."""
+    values, ranges = _declared(specs, flag)
+    if ranges:
+        raise click.BadParameter(
+            f"{', '.join(ranges)}: give one value (NAME=VALUE), not a range", param_hint=flag
+        )
+    return values
 
 
 _shape_option = click.option(
@@ -292,7 +292,7 @@ def optimize(
             input_shapes=shapes,
             dims=declared[0],
             dim_ranges=declared[1],
-            time_shapes=tuple(_dims(tuple(t.split(",")), "--time-shapes") for t in time_shapes),
+            time_shapes=tuple(_values(tuple(t.split(",")), "--time-shapes") for t in time_shapes),
             specialize=specialize,
             inputs=extra,
             verify=not no_verify,
