@@ -16,6 +16,7 @@ import onnx
 from onnx import TensorProto
 
 __all__ = [
+    "outer_reads",
     "subgraph_reads",
     "read_counts",
     "has_subgraph",
@@ -38,6 +39,13 @@ def subgraph_reads(graph: onnx.GraphProto) -> Iterable[str]:
             for g in [a.g] if a.HasField("g") else a.graphs:
                 yield from subgraph_reads(g)
     yield from (o.name for o in graph.output)
+
+
+def outer_reads(nodes: Iterable[onnx.NodeProto], local: Iterable[str] = ()) -> list[str]:
+    """Values ``nodes`` read that neither they nor ``local`` produce (in first-read order)."""
+    nodes = list(nodes)
+    inside = {o for n in nodes for o in n.output} | set(local)
+    return list(dict.fromkeys(i for n in nodes for i in n.input if i and i not in inside))
 
 
 def read_counts(graph: onnx.GraphProto) -> collections.Counter[str]:

@@ -219,10 +219,11 @@ def part_result(state: PartState, rounds: Sequence[ModelRound], accept: str) -> 
     err = chosen.verified.max_abs_error if chosen.verified is not None else None
     new_ops = _new_ops(chosen.instantiated)
     trace = chosen.candidate.trace_text()
+    at = chosen.instantiated.only_at
     if state.kept:
         status = "accepted" if accept == "measured" else "rewritten"
         reason = verdict.reason if verdict else "verified, not timed"
-        if (at := chosen.instantiated.only_at) is not None:
+        if at is not None:
             reason += f"; run at {at.values} only (the input's nodes at other values): it {at.why}"
     elif state.dropped.startswith(LEFT_OUT):
         status, reason, new_ops = "left out", state.dropped[len(LEFT_OUT) :], ()
@@ -234,7 +235,6 @@ def part_result(state: PartState, rounds: Sequence[ModelRound], accept: str) -> 
         status, reason = "not faster", verdict.reason
     else:
         status, reason = "not faster", "could not be timed: the original nodes stay"
-    at = chosen.instantiated.only_at
     only_at = at.values if at is not None else ""
     return PartResult(p.name, p.kind, ops, status, reason, new_ops, text, err, trace, bench, search, only_at)
 

@@ -183,14 +183,8 @@ class StageContext:
         it can be written so and holds at every checked value so; None otherwise."""
         if not self.specialize or self.dims is None or not self.dims.values:
             return None
-        values = self.dims.values
-        shapes = {  # inputs with a dimension left unresolved stay symbolic: so do the parts they reach
-            name: tuple(values[d] if isinstance(d, str) else d for d in dims)
-            for name, dims in self.dims.inputs.items()
-            if all(isinstance(d, int) or d in values for d in dims)
-        }
-        at = AtShape(inst, ", ".join(f"{n}={v}" for n, v in values.items()), why)
-        out = specialized(self.model, part, inst, shapes, prefix=prefix, taken=self.taken, at=at)
+        at = AtShape(inst, ", ".join(f"{n}={v}" for n, v in self.dims.values.items()), why)
+        out = specialized(self.model, part, inst, self.dims.shapes(), prefix=prefix, taken=self.taken, at=at)
         if out is None or self.shape_specific(part.nodes, out):
             return None
         return out

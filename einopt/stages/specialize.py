@@ -23,9 +23,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from einopt.frontend.onnx_graph import FreshNames, has_subgraph
+from einopt.frontend.onnx_graph import FreshNames, has_subgraph, outer_reads
 from einopt.frontend.translate import Part
 from einopt.instantiate.emit import AtShape, Instantiated
+from einopt.opsets import default_opset
 from einopt.runtime.modelio import missing_opsets
 
 __all__ = ["SHAPE_DOMAIN", "specialized"]
@@ -54,8 +55,7 @@ def specialized(
         return None
     outputs = [part.names[o] for o in part.program.outputs]
     local = {t.name for t in inst.initializers}
-    reads = _reads(inst.nodes, local) + _reads(old, set())
-    inputs = list(dict.fromkeys([*shapes, *reads]))
+    inputs = list(dict.fromkeys([*shapes, *outer_reads(inst.nodes, local), *outer_reads(old)]))
     names = FreshNames(
         {*inputs, *outputs, *(x for n in (*old, *inst.nodes) for x in (*n.input, *n.output))} | local
     )
@@ -72,7 +72,7 @@ def specialized(
     used = {f.name for f in inst.functions} | taken
     fname = FreshNames(used).fresh(prefix.rstrip("/") + "_at_searched_shape")
     present = {o.domain: o.version for o in model.opset_import}
-    domains = {"": present.get("", present.get("ai.onnx", 1))}
+    domains = {"": default_opset(model)}
     for o in missing_opsets([*inst.nodes, *old]):
         domains[o.domain] = present.get(o.domain, o.version)
     searched = ", ".join(f"{n}: {list(s)}" for n, s in shapes.items())
@@ -89,12 +89,6 @@ def specialized(
     return dataclasses.replace(
         inst, nodes=(call,), initializers=(), functions=(*inst.functions, fn), value_info=(), only_at=at
     )
-
-
-def _reads(nodes: Sequence[onnx.NodeProto], local: set[str]) -> list[str]:
-    """Values ``nodes`` read from outside themselves and ``local`` (in first-read order)."""
-    produced = {o for n in nodes for o in n.output}
-    return [i for n in nodes for i in n.input if i and i not in produced and i not in local]
 
 
 def _branch(

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 
 from einopt.core.cost import value_bytes
+from einopt.frontend.onnx_graph import outer_reads
 from einopt.frontend.partition import ELEMENTWISE_ACTIVATIONS
 from einopt.runtime import modelio
 from einopt.runtime.verify import Agreement, Tolerance, capture, compare, subgraph_model
@@ -132,8 +133,8 @@ def part_pairs(
         inst = emitted[p.name]
         old = [nodes[i] for i in p.nodes]
         boundary[p.name] = (
-            _reads(old, set(consts)),
-            _reads(inst.nodes, {t.name for t in inst.initializers} | set(consts)),
+            outer_reads(old, consts),
+            outer_reads(inst.nodes, {t.name for t in inst.initializers} | set(consts)),
         )
     for group in _groups(parts, boundary, _value_bytes(model, feeds), max_bytes):
         values = capture(model, feeds, {n for p in group for n in sum(boundary[p.name], [])})
@@ -240,11 +241,3 @@ def _run_timed(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> tuple
     t = time.perf_counter()
     out = modelio.run(sess, feeds)
     return out, time.perf_counter() - t
-
-
-def _reads(nodes: Sequence[onnx.NodeProto], local: set[str] = frozenset()) -> list[str]:
-    """Values the nodes read from outside themselves (in first-read order)."""
-    produced = {o for n in nodes for o in n.output}
-    return list(
-        dict.fromkeys(i for n in nodes for i in n.input if i and i not in produced and i not in local)
-    )
